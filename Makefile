@@ -1,0 +1,25 @@
+# Developer shortcuts; .ci/run and README use the same commands.
+PY ?= .venv/bin/python
+
+.PHONY: venv test test-fast demo bench clean
+venv: .venv/.installed
+.venv/.installed: setup.py
+	python3 -m venv .venv
+	.venv/bin/pip install -q --upgrade pip
+	.venv/bin/pip install -q -e '.[test]'
+	touch $@
+
+test: venv
+	$(PY) -m pytest -q
+
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow"
+
+demo: venv
+	bash recipes/abnet/run_local.sh
+
+bench: venv
+	for b in benchmarks/*.py; do $(PY) $$b; done
+
+clean:
+	rm -rf build dist *.egg-info .pytest_cache runs

@@ -1,0 +1,133 @@
+"""Turn parsed YAML into frozen dataclasses, rejecting unknown keys and wrong types with their full path."""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration file or value is invalid; the message names the key path and the fix."""
+
+
+def from_dict(cls: type[T], data: Any, path: str = "") -> T:
+    """Build dataclass `cls` from `data` (a mapping), checking keys and types recursively.
+
+    `path` is the dotted key path of `data` inside its file, used in error messages.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or '<top>'}: expected a mapping for {cls.__name__}, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(map(str, data)) - set(fields))
+    if unknown:
+        where = ", ".join(_join(path, k) for k in unknown)
+        raise ConfigError(f"unknown key {where}; allowed keys here: {', '.join(sorted(fields))}")
+    kwargs = {}
+    for name, field in fields.items():
+        key_path = _join(path, name)
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], key_path)
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"missing required key {key_path}")
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{path or '<top>'}: {exc}") from exc
+
+
+def load_yaml(cls: type[T], file: str | Path) -> T:
+    """Load YAML `file` into dataclass `cls`; errors name the file and the key."""
+    file = Path(file)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read config ({exc.strerror}); check the path") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+    if data is None:
+        data = {}
+    try:
+        return from_dict(cls, data)
+    except ConfigError as exc:
+        raise ConfigError(f"{file}: {exc}") from exc
+
+
+def to_dict(obj: Any) -> Any:
+    """Inverse of `from_dict`: plain dicts, lists and scalars, ready for `yaml.safe_dump`."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _convert(arg, value, path)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {value!r} matches none of {tp}")
+    if origin is typing.Literal:
+        if value not in args:
+            raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(repr, args))}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, path)
+    if origin in (list, tuple) or tp in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {value!r}")
+        item_tp = args[0] if args else Any
+        items = [_convert(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
+        return tuple(items)  # tuples keep frozen configs hashable and immutable
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+        kt, vt = (args or (Any, Any))
+        return {_convert(kt, k, path): _convert(vt, v, _join(path, k)) for k, v in value.items()}
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return value
+    if isinstance(tp, type) and not isinstance(value, tp):
+        raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")
+    return value

@@ -1,0 +1,190 @@
+"""Switch-server configuration (`D/<cluster>/switch.yaml` as written by `nebula-admin provision`).
+
+Relative file paths inside the YAML are resolved against the YAML file's own directory by
+`load_switch_config`, so a provisioned directory can be moved as a whole.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nebula.config._schema import ConfigError, load_yaml
+
+LANES = ("control", "activation", "gradient", "bulk")
+
+
+def split_host_port(address: str, what: str = "address") -> tuple[str, int]:
+    """Parse `host:port` (IPv6 as `[::1]:port`); raise ValueError naming `what` and the fix."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{what} {address!r} is not host:port (e.g. 127.0.0.1:7000)")
+    return host.strip("[]"), int(port)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TLSFiles:
+    """PEM files of this switch's TLS identity; all are required (there is no plaintext WAN mode)."""
+
+    ca: str  # federation CA certificate
+    cert: str  # this switch's certificate (role `switch`)
+    key: str  # its private key
+    crl: str  # the federation CRL; re-read on reload
+    key_passphrase_env: str | None = None  # environment variable holding the key's passphrase, if encrypted
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PeerConfig:
+    """One peer cluster's switch server."""
+
+    cluster: str
+    address: str  # host:port of its WAN listener
+
+    def __post_init__(self) -> None:
+        split_host_port(self.address, f"peer {self.cluster!r} address")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerIdentity:
+    """A worker credential the switch accepts on its local ZeroMQ side (CURVE public key)."""
+
+    name: str
+    account: str  # account every message of this worker is attributed to
+    curve_public_key: str  # Z85, 40 characters
+    jobs: tuple[str, ...] = ("*",)  # jobs this worker may join; "*" = any job of its account
+
+    def __post_init__(self) -> None:
+        if len(self.curve_public_key) != 40:
+            raise ValueError(f"worker {self.name!r}: curve_public_key must be 40 Z85 characters")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LocalConfig:
+    """Cluster-private side: where workers reach the switch, and how they authenticate."""
+
+    endpoint: str  # ZeroMQ endpoint the switch binds, e.g. tcp://127.0.0.1:7101
+    curve_secret_key: str  # file holding the switch's CURVE key pair (ZeroMQ certificate format)
+    workers: tuple[WorkerIdentity, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ShapeConfig:
+    """User-space WAN emulation on outgoing peer links; None/0 = unshaped."""
+
+    rate_mbit: float | None = None
+    delay_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.rate_mbit is not None and self.rate_mbit <= 0:
+            raise ValueError(f"link.shape.rate_mbit={self.rate_mbit} must be > 0 (or omit it for no limit)")
+        if self.delay_ms < 0:
+            raise ValueError(f"link.shape.delay_ms={self.delay_ms} must be >= 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LinkConfig:
+    """Peer-link framing, buffering and flow control."""
+
+    chunk_bytes: int = 256 * 1024  # a message larger than this travels as several frames
+    max_message_bytes: int = 4 * 1024**3  # larger messages are refused with an error to the sender
+    retransmit_buffer_bytes: int = 256 * 1024**2  # unacknowledged bytes kept per peer for resume
+    memory_cap_bytes: int = 512 * 1024**2  # queued bytes per switch before senders are held back
+    reconnect_initial_s: float = 0.2
+    reconnect_max_s: float = 5.0
+    shape: ShapeConfig = field(default_factory=ShapeConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("chunk_bytes", "max_message_bytes", "retransmit_buffer_bytes", "memory_cap_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"link.{name}={getattr(self, name)} must be > 0")
+        if self.chunk_bytes > self.retransmit_buffer_bytes:
+            raise ValueError("link.chunk_bytes must not exceed link.retransmit_buffer_bytes")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LimitsConfig:
+    """Rate limits; None = unlimited."""
+
+    peer_rate_mbit: float | None = None
+    account_rate_mbit: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuditConfig:
+    """Where the switch writes its tamper-evident audit log and with which Ed25519 key it signs checkpoints."""
+
+    log: str
+    signing_key: str
+    checkpoint_every: int = 1000
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MetricsConfig:
+    """Prometheus endpoint; listen None disables it."""
+
+    listen: str | None = "127.0.0.1:0"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SwitchConfig:
+    """One cluster's switch server."""
+
+    federation: str
+    cluster: str
+    listen: str  # host:port of the WAN (TLS) listener; port 0 picks a free one
+    tls: TLSFiles
+    local: LocalConfig
+    audit: AuditConfig
+    peers: tuple[PeerConfig, ...] = ()
+    link: LinkConfig = field(default_factory=LinkConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    state_dir: str | None = None  # durable sequence/ack state for resume across restarts
+
+    def __post_init__(self) -> None:
+        split_host_port(self.listen, "listen")
+        seen = set()
+        for peer in self.peers:
+            if peer.cluster == self.cluster:
+                raise ValueError(f"peer cluster {peer.cluster!r} is this switch's own cluster; remove it from peers")
+            if peer.cluster in seen:
+                raise ValueError(f"peer cluster {peer.cluster!r} is listed twice under peers")
+            seen.add(peer.cluster)
+
+    def peer(self, cluster: str) -> PeerConfig:
+        """The peer entry for `cluster`, or KeyError naming the known ones."""
+        for p in self.peers:
+            if p.cluster == cluster:
+                return p
+        raise KeyError(f"no peer for cluster {cluster!r}; known: {', '.join(p.cluster for p in self.peers) or 'none'}")
+
+
+_PATH_FIELDS = {
+    "tls": ("ca", "cert", "key", "crl"),
+    "local": ("curve_secret_key",),
+    "audit": ("log", "signing_key"),
+}
+
+
+def resolve_paths(cfg: SwitchConfig, base: Path) -> SwitchConfig:
+    """Return `cfg` with relative file paths made absolute against `base`."""
+
+    def fix(p: str | None) -> str | None:
+        return p if p is None or Path(p).is_absolute() else str((base / p).resolve())
+
+    changes = {}
+    for section, names in _PATH_FIELDS.items():
+        sub = getattr(cfg, section)
+        changes[section] = dataclasses.replace(sub, **{n: fix(getattr(sub, n)) for n in names})
+    changes["state_dir"] = fix(cfg.state_dir)
+    return dataclasses.replace(cfg, **changes)
+
+
+def load_switch_config(file: str | Path) -> SwitchConfig:
+    """Load and validate a switch YAML file; relative paths are taken from the file's directory."""
+    file = Path(file)
+    cfg = load_yaml(SwitchConfig, file)
+    try:
+        return resolve_paths(cfg, file.resolve().parent)
+    except ValueError as exc:  # pragma: no cover - resolve only joins paths
+        raise ConfigError(f"{file}: {exc}") from exc

@@ -1,0 +1,1 @@
+"""Runnable jobs built on nebula's public API (abnet, electra, federated, balance)."""

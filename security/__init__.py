@@ -1,0 +1,1 @@
+"""Security layer: certificate authority and lifecycle, TLS contexts, accounts and grants, tamper-evident audit log."""

@@ -1,0 +1,63 @@
+"""Shared fixtures: a reaper for every child process a test starts, and small helpers."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Procs:
+    """Starts real child processes in their own process group and kills every one at teardown."""
+
+    def __init__(self) -> None:
+        self.children: list[subprocess.Popen] = []
+
+    def start(self, args: list[str], **kwargs) -> subprocess.Popen:
+        env = dict(os.environ, **kwargs.pop("env", {}))
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        kwargs.setdefault("stdout", subprocess.PIPE)
+        kwargs.setdefault("stderr", subprocess.STDOUT)
+        kwargs.setdefault("text", True)
+        proc = subprocess.Popen(args, env=env, start_new_session=True, **kwargs)
+        self.children.append(proc)
+        return proc
+
+    def python(self, *args: str, **kwargs) -> subprocess.Popen:
+        """Start `python ARGS...` with this interpreter."""
+        return self.start([sys.executable, *args], **kwargs)
+
+    def reap(self) -> None:
+        for proc in self.children:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for proc in self.children:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=10)
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+@pytest.fixture
+def procs():
+    """Start real subprocesses; all of them (and their process groups) are killed after the test."""
+    p = Procs()
+    try:
+        yield p
+    finally:
+        p.reap()

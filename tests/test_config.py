@@ -1,0 +1,64 @@
+"""nebula.config: YAML into frozen dataclasses; unknown keys and bad types rejected with their full path."""
+import dataclasses
+
+import pytest
+import yaml
+
+from nebula.config import ConfigError, SwitchConfig, from_dict, load_switch_config, to_dict
+
+MINIMAL = {
+    "federation": "fed",
+    "cluster": "A",
+    "listen": "127.0.0.1:0",
+    "tls": {"ca": "ca.pem", "cert": "switch.pem", "key": "switch.key", "crl": "crl.pem"},
+    "local": {"endpoint": "tcp://127.0.0.1:7000", "curve_secret_key": "switch.key_secret",
+              "workers": [{"name": "w0", "account": "alice", "curve_public_key": "x" * 40}]},
+    "audit": {"log": "audit.log", "signing_key": "audit.key"},
+    "peers": [{"cluster": "B", "address": "127.0.0.1:7001"}],
+    "link": {"shape": {"rate_mbit": 60, "delay_ms": 30}},
+}
+
+
+def test_round_trip_and_frozen(tmp_path):
+    f = tmp_path / "switch.yaml"
+    f.write_text(yaml.safe_dump(MINIMAL))
+    cfg = load_switch_config(f)
+    assert cfg.peer("B").address == "127.0.0.1:7001"
+    assert cfg.link.shape.rate_mbit == 60.0
+    assert cfg.tls.ca == str(tmp_path / "ca.pem")  # relative paths resolve against the file
+    assert cfg.local.workers[0].jobs == ("*",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.cluster = "C"
+    again = from_dict(SwitchConfig, to_dict(cfg))
+    assert again == cfg
+
+
+def test_unknown_key_named_with_full_path():
+    bad = {**MINIMAL, "link": {"shape": {"rate_mbit": 60, "dealy_ms": 3}}}
+    with pytest.raises(ConfigError, match=r"link\.shape\.dealy_ms"):
+        from_dict(SwitchConfig, bad)
+
+
+def test_wrong_type_and_missing_key():
+    with pytest.raises(ConfigError, match=r"peers\[0\]\.address"):
+        from_dict(SwitchConfig, {**MINIMAL, "peers": [{"cluster": "B", "address": 7001}]})
+    with pytest.raises(ConfigError, match="missing required key tls"):
+        from_dict(SwitchConfig, {k: v for k, v in MINIMAL.items() if k != "tls"})
+
+
+def test_validation_quotes_value_and_fix():
+    with pytest.raises(ConfigError, match="host:port"):
+        from_dict(SwitchConfig, {**MINIMAL, "peers": [{"cluster": "B", "address": "nohost"}]})
+    with pytest.raises(ConfigError, match="own cluster"):
+        from_dict(SwitchConfig, {**MINIMAL, "peers": [{"cluster": "A", "address": "h:1"}]})
+    with pytest.raises(ConfigError, match="rate_mbit"):
+        from_dict(SwitchConfig, {**MINIMAL, "link": {"shape": {"rate_mbit": -1}}})
+
+
+def test_file_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="missing.yaml"):
+        load_switch_config(tmp_path / "missing.yaml")
+    f = tmp_path / "bad.yaml"
+    f.write_text("cluster: [unclosed")
+    with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
+        load_switch_config(f)
