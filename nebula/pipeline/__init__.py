@@ -1,0 +1,23 @@
+"""Cross-cluster pipeline runtime: stages on clusters, autograd-aware boundaries through the switch servers.
+
+A recipe implements `Recipe` / `Stage` (see nebula.pipeline.stage); the job file (nebula.config.job) places its
+stages on clusters; `nebula launch job.yaml --cluster C` starts that cluster's ranks, each of which calls `run`.
+"""
+from nebula.pipeline.data import rank_micro_batches, step_ids
+from nebula.pipeline.links import ChannelLink, Link, PeerLost, QueueLink, queue_pair
+from nebula.pipeline.stage import Recipe, Stage, StageContext, StageOutput, load_recipe
+
+__all__ = [
+    "Recipe",
+    "Stage",
+    "StageContext",
+    "StageOutput",
+    "load_recipe",
+    "step_ids",
+    "rank_micro_batches",
+    "Link",
+    "ChannelLink",
+    "QueueLink",
+    "queue_pair",
+    "PeerLost",
+]

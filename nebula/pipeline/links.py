@@ -1,0 +1,253 @@
+"""Point-to-point message links between paired ranks of two clusters, and the background I/O around them.
+
+`Link` is the small interface the runtime needs (send frames, receive one message). `ChannelLink` carries it over
+`nebula.channel` (through the switch servers); `QueueLink` is an in-process pair for unit tests of the schedule.
+`Outbox` encodes and sends in a background thread (so compute overlaps the link); `Mailbox` receives and decodes
+in a background thread and hands tensors out by key (step, micro-batch, index), so arrival order does not matter.
+"""
+from __future__ import annotations
+
+import abc
+import logging
+import queue
+import struct
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["Link", "ChannelLink", "QueueLink", "queue_pair", "Outbox", "Mailbox", "PeerLost", "LinkStats"]
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("<qii")  # step, micro-batch, index: every boundary message starts with it
+Key = tuple[int, int, int]
+
+
+class PeerLost(RuntimeError):
+    """The peer cluster stayed silent (or unreachable) longer than the job's peer_timeout_s."""
+
+    def __init__(self, cluster: str, message: str) -> None:
+        super().__init__(message)
+        self.cluster = cluster
+
+
+class Link(abc.ABC):
+    """One direction of a boundary between this rank and one rank of a peer cluster."""
+
+    peer_cluster: str
+    peer_rank: int
+
+    @abc.abstractmethod
+    def send(self, frames: Sequence[bytes | memoryview], lane: str) -> Future:
+        """Queue one message made of `frames`; the future completes when it has left this process."""
+
+    @abc.abstractmethod
+    def recv(self, timeout_s: float) -> bytes:
+        """Next message; TimeoutError when none arrived within `timeout_s`."""
+
+    def close(self) -> None:
+        """Release resources (the endpoint owner closes the connection)."""
+
+
+class ChannelLink(Link):
+    """A link over a `nebula.channel` channel (ordered, exactly-once, through the switch servers)."""
+
+    def __init__(self, endpoint: Any, peer_cluster: str, peer_rank: int, name: str) -> None:
+        self.peer_cluster, self.peer_rank, self.name = peer_cluster, peer_rank, name
+        self._ch = endpoint.channel(peer_cluster, peer_rank, name)
+
+    def send(self, frames: Sequence[bytes | memoryview], lane: str) -> Future:
+        """Hand the frames to the channel's background sender."""
+        return self._ch.send(list(frames), lane=lane)
+
+    def recv(self, timeout_s: float) -> bytes:
+        """Receive one message; channel errors (PeerUnavailable, ChannelError) propagate."""
+        return self._ch.recv(timeout_s=timeout_s)
+
+
+class QueueLink(Link):
+    """In-process link: what one end sends, the other receives (for unit tests of the pure schedule logic)."""
+
+    def __init__(self, out_q: "queue.Queue[bytes]", in_q: "queue.Queue[bytes]", peer_cluster: str = "peer",
+                 peer_rank: int = 0) -> None:
+        self._out, self._in = out_q, in_q
+        self.peer_cluster, self.peer_rank = peer_cluster, peer_rank
+
+    def send(self, frames: Sequence[bytes | memoryview], lane: str) -> Future:
+        """Concatenate the frames into one message, as a channel delivers them."""
+        self._out.put(b"".join(bytes(f) for f in frames))
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def recv(self, timeout_s: float) -> bytes:
+        """Block up to `timeout_s` for the next message."""
+        try:
+            return self._in.get(timeout=timeout_s)
+        except queue.Empty:
+            raise TimeoutError(f"nothing received within {timeout_s} s") from None
+
+
+def queue_pair(a: str = "A", b: str = "B") -> tuple[QueueLink, QueueLink]:
+    """Two connected in-process links: the first is cluster `a`'s end, the second `b`'s."""
+    ab: queue.Queue = queue.Queue()
+    ba: queue.Queue = queue.Queue()
+    return QueueLink(ab, ba, peer_cluster=b), QueueLink(ba, ab, peer_cluster=a)
+
+
+@dataclass(slots=True)
+class LinkStats:
+    """Counters one boundary direction accumulates; the runtime reads and resets them every step."""
+
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    messages_sent: int = 0
+    messages_recv: int = 0
+    codec_s: float = 0.0  # encode + decode time, spent in background threads
+
+    def take(self) -> "LinkStats":
+        """Return a copy and reset the counters."""
+        out = LinkStats(self.bytes_sent, self.bytes_recv, self.messages_sent, self.messages_recv, self.codec_s)
+        self.bytes_sent = self.bytes_recv = self.messages_sent = self.messages_recv = 0
+        self.codec_s = 0.0
+        return out
+
+
+def _codec_api() -> tuple[Any, Any, Any]:
+    from nebula.compress import decode_from_frames, encode_to_frames, get_codec
+
+    return get_codec, encode_to_frames, decode_from_frames
+
+
+class Outbox:
+    """Encodes arrays with a per-direction codec and sends them, in one background thread (order kept)."""
+
+    def __init__(self, link: Link, lane: str, stats: LinkStats) -> None:
+        self.link, self.lane, self.stats = link, lane, stats
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"send-{link.peer_cluster}")
+        self._codecs: dict[str, Any] = {}  # stateful codecs keep their state per direction, one instance per spec
+        self._pending: list[Future] = []
+        self._lock = threading.Lock()
+
+    def send(self, key: Key, array: np.ndarray, codec: str) -> None:
+        """Encode and send `array` under `key` in the background; errors surface in `flush`."""
+        fut = self._pool.submit(self._send, key, array, codec)
+        with self._lock:
+            self._pending.append(fut)
+
+    def _send(self, key: Key, array: np.ndarray, codec: str) -> None:
+        get_codec, encode_to_frames, _ = _codec_api()
+        if codec not in self._codecs:
+            self._codecs[codec] = get_codec(codec)
+        t0 = time.perf_counter()
+        frames = encode_to_frames(self._codecs[codec], array)
+        self.stats.codec_s += time.perf_counter() - t0
+        header = _HEADER.pack(*key)
+        nbytes = len(header) + sum(len(memoryview(f).cast("B")) for f in frames)
+        self.link.send([header, *frames], self.lane).result()
+        self.stats.bytes_sent += nbytes
+        self.stats.messages_sent += 1
+
+    def flush(self) -> None:
+        """Wait until every queued message has been handed to the link; re-raise the first send error."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for fut in pending:
+            fut.result()
+
+    def close(self) -> None:
+        """Stop the sender thread (after what is queued)."""
+        self._pool.shutdown(wait=True, cancel_futures=False)
+
+
+def _transient(exc: BaseException) -> bool:
+    """Errors that may heal while we wait (the peer cluster's switch is down or unreachable)."""
+    return isinstance(exc, (ConnectionError, OSError)) or type(exc).__name__ == "PeerUnavailable"
+
+
+class Mailbox:
+    """Receives and decodes messages of one link in a background thread; `get(key)` waits for a given key."""
+
+    def __init__(self, link: Link, stats: LinkStats, *, peer_timeout_s: float, what: str) -> None:
+        self.link, self.stats, self.peer_timeout_s, self.what = link, stats, peer_timeout_s, what
+        self._items: dict[Key, np.ndarray] = {}
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None  # last transient error (peer switch unreachable)
+        self._fatal: BaseException | None = None  # refused or malformed message: this boundary cannot go on
+        self._last_heard = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"recv-{link.peer_cluster}-{what}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        _, _, decode_from_frames = _codec_api()
+        while not self._stop.is_set():
+            try:
+                data = self.link.recv(timeout_s=0.5)
+            except TimeoutError:
+                continue
+            except Exception as exc:  # noqa: BLE001 - reported by get()
+                with self._cond:
+                    if _transient(exc):  # the peer's switch may come back within the timeout
+                        self._error = exc
+                    else:
+                        self._fatal = exc
+                    self._cond.notify_all()
+                if self._fatal is not None:
+                    return
+                self._stop.wait(0.5)
+                continue
+            try:
+                view = memoryview(data)
+                key = _HEADER.unpack_from(view)
+                t0 = time.perf_counter()
+                array = decode_from_frames([view[_HEADER.size:]], like="numpy")
+                self.stats.codec_s += time.perf_counter() - t0
+            except Exception as exc:  # noqa: BLE001 - a malformed message is fatal for this boundary
+                with self._cond:
+                    self._fatal = exc
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self.stats.bytes_recv += len(view)
+                self.stats.messages_recv += 1
+                self._items[key] = array
+                self._error = None
+                self._last_heard = time.monotonic()
+                self._cond.notify_all()
+
+    def get(self, key: Key) -> np.ndarray:
+        """The array sent under `key`; waits up to peer_timeout_s of silence, then raises PeerLost."""
+        start = time.monotonic()
+        next_warn = 10.0
+        with self._cond:
+            while key not in self._items:
+                if self._fatal is not None:
+                    raise RuntimeError(f"{self.what} from cluster {self.link.peer_cluster}: {self._fatal}") \
+                        from self._fatal
+                waited = time.monotonic() - start
+                silent = time.monotonic() - max(self._last_heard, start)
+                if silent >= self.peer_timeout_s:
+                    why = f" (last error: {self._error})" if self._error else ""
+                    raise PeerLost(self.link.peer_cluster,
+                                   f"peer cluster {self.link.peer_cluster} (rank {self.link.peer_rank}) sent nothing "
+                                   f"for {silent:.0f} s while waiting for {self.what} step {key[0]} micro-batch "
+                                   f"{key[1]}{why}; gave up after peer_timeout_s={self.peer_timeout_s:g}. Restart "
+                                   "all clusters of the job: they resume from the last common checkpoint")
+                if waited >= next_warn:
+                    log.warning("waiting for peer cluster %s rank %d: %s step %d micro-batch %d (%.0f s, giving up "
+                                "after %g s of silence)%s", self.link.peer_cluster, self.link.peer_rank, self.what,
+                                key[0], key[1], waited, self.peer_timeout_s,
+                                f"; {self._error}" if self._error else "")
+                    next_warn += 10.0
+                self._cond.wait(timeout=min(1.0, self.peer_timeout_s))
+            return self._items.pop(key)
+
+    def close(self) -> None:
+        """Stop the receiver thread."""
+        self._stop.set()
+        self._thread.join(timeout=2.0)
