@@ -1,1 +1,31 @@
-"""Security layer: certificate authority and lifecycle, TLS contexts, accounts and grants, tamper-evident audit log."""
+"""Security layer: certificate authority and lifecycle, TLS contexts, accounts and grants, tamper-evident audit log.
+
+Submodules (import what you need): `identity`, `ca`, `tls`, `audit`, `curve`, `provision`, `accounts`, `cli`.
+"""
+from security.errors import (
+    AccessDenied,
+    AccountError,
+    AccountLocked,
+    AuditError,
+    AuthenticationFailed,
+    CAError,
+    IdentityError,
+    SecurityError,
+    TLSConfigError,
+)
+from security.identity import ROLES, Identity, identity_of
+
+__all__ = [
+    "AccessDenied",
+    "AccountError",
+    "AccountLocked",
+    "AuditError",
+    "AuthenticationFailed",
+    "CAError",
+    "IdentityError",
+    "SecurityError",
+    "TLSConfigError",
+    "ROLES",
+    "Identity",
+    "identity_of",
+]
