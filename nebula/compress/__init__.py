@@ -1,0 +1,56 @@
+"""Communication compression between clusters: codecs named by spec strings, exact byte accounting, wire frames.
+
+Spec grammar: ``name`` or ``name(arg, key=value, ...)``; an element codec may take another codec as its inner
+argument, and then compresses that codec's float parts (``fp16(svd(0.6))`` = the paper's FP16 over SVD(0.6)).
+Relative errors below are ||x - decoded|| / ||x||.
+
+Lossless
+  none                      identity; raw bytes of any dtype.
+Paper codecs (Nebula-I §2.3, Table 5)
+  fp16[(inner)]             IEEE half: 2 bytes/element; error <= 2^-11 relative per element; max |x| 65504.
+  int8[(inner)]             8-bit integers with one absmax scale per tensor: |error| <= max|x|/254.
+  svd(r)                    full SVD of the [B*T, H] matrix (leading dims flattened), keep round(r*min(m,n)) >= 1
+                            singular values, send U, S, V^T (k(m+n+1) values); r in (0, 1]; svd(1.0) is exact to
+                            float precision. Larger than the tensor when k(m+n+1) > m*n (e.g. square matrices, r > ~0.5).
+Better codecs
+  bf16[(inner)]             bfloat16 (round to nearest even): 2 bytes/element, FP32 range, 2^-8 relative.
+  int8_row[(inner)]         INT8 with one FP32 scale per row of the last dimension.
+  int8_block[(inner,] [block=64])   INT8 with one FP32 scale per `block` consecutive elements.
+  int4_block[(inner,] [block=64])   4-bit (levels -7..7) per block, two per byte: |error| <= max|block|/14.
+  lowrank(rank=K | ratio=R | energy=E, power=2, oversample=8, warm=1, seed=0)
+                            rank-k factors P=U*S [m,k], Q=V^T [k,n] by randomized range finding with `power`
+                            iterations; the start block is the previous call's right singular vectors (warm start,
+                            state per instance). energy=E keeps the fewest singular values holding E of ||x||^2.
+                            Falls back to the exact SVD when the sketch would cover half the smaller dimension.
+  topk(f)                   the round(f*n) largest |x| as int32 indices + values; f in (0, 1].
+  ef(inner)                 error feedback: sends inner(x + e), keeps e = (x + e) - decoded per tensor shape, so the
+                            sum of decoded tensors tracks the sum of inputs (use for lossy gradient codecs).
+  auto(budget[, cand, ...], mbit=100, every=500)
+                            measures every candidate (default: casts, int8/int4 variants, fp16/int8 lowrank at the
+                            matching energy) on the first tensor of a shape and every `every` tensors, then sends with
+                            the one minimising encode + bytes/bandwidth + decode among those within `budget` relative
+                            error; update_bandwidth(bytes_per_s) re-decides.
+
+Rules for every codec: integer, bool, complex and empty tensors pass through losslessly; NaN/Inf input to a lossy
+codec raises NonFiniteError; unknown names raise SpecError listing the known ones; float16/bfloat16 inputs are
+computed in float32, float64 in float64, and decode returns the input's kind, shape and dtype (numpy has no
+bfloat16: a bfloat16 tensor decoded as numpy comes back as float32). Stateful codecs (ef, lowrank, auto) keep state
+per instance: use one instance per channel and direction. Decoding needs no state: every node of an Encoded names
+the codec that decodes it. Wire format: ``encode_to_frames`` gives a header frame (magic NBC1, JSON codec tree,
+dtypes, shapes) and one zero-copy frame per payload; ``Encoded.nbytes`` is exactly the sum of the frame lengths.
+"""
+from . import cast, feedback, integer, lowrank, sparse  # noqa: F401  (register codecs)
+from .auto import AutoCodec, Measurement
+from .base import (Codec, CodecError, Encoded, NonFiniteError, SpecError, decode, get_codec, known_codecs,
+                   relative_error)
+from .config import CompressionConfig
+from .feedback import ErrorFeedbackCodec
+from .frames import FrameError, decode_from_frames, encode_to_frames, encoded_to_frames, frames_to_encoded
+from .lowrank import LowRankCodec, SVDCodec
+from .spec import parse_spec
+
+__all__ = [
+    "Codec", "Encoded", "CodecError", "NonFiniteError", "SpecError", "FrameError", "get_codec", "known_codecs",
+    "decode", "relative_error", "encode_to_frames", "encoded_to_frames", "frames_to_encoded", "decode_from_frames",
+    "CompressionConfig", "AutoCodec", "Measurement", "ErrorFeedbackCodec", "LowRankCodec", "SVDCodec", "parse_spec",
+]

@@ -1,0 +1,290 @@
+"""Codec interface, the Encoded tree, the registry of codecs by name, and stateless decoding."""
+from __future__ import annotations
+
+import functools
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, ClassVar, Iterator
+
+import numpy as np
+
+from . import backend as B
+from .spec import SpecError, SpecNode, format_spec, parse_spec
+
+__all__ = [
+    "Codec", "ElementCodec", "Encoded", "CodecError", "NonFiniteError", "SpecError", "register", "get_codec",
+    "known_codecs", "decode", "relative_error", "check_finite", "raw_encoded",
+]
+
+
+class CodecError(ValueError):
+    """An input cannot be encoded, or an Encoded cannot be decoded; the message names the problem and the fix."""
+
+
+class NonFiniteError(CodecError):
+    """A lossy codec was given NaN or Inf values (they would decode as garbage)."""
+
+
+@dataclass(eq=False)
+class Encoded:
+    """A compressed tensor: a tree whose leaves are arrays (numpy or paddle) and whose nodes name their codec.
+
+    `codec` is the spec that decodes this node without any state; `dtype`/`shape` are what it decodes to;
+    `parts` maps names to arrays or child nodes; `meta` holds small JSON scalars; `kind` is 'numpy' or 'paddle';
+    `spec` (root only) is the full spec of the codec that produced it.
+    """
+
+    codec: str
+    dtype: str
+    shape: tuple[int, ...]
+    parts: dict[str, Any]
+    meta: dict[str, Any] = field(default_factory=dict)
+    kind: str = "numpy"
+    spec: str | None = None
+    _header: bytes | None = field(default=None, repr=False)
+
+    def leaves(self) -> Iterator[Any]:
+        """Payload arrays in wire order (depth first, parts in insertion order)."""
+        for v in self.parts.values():
+            if isinstance(v, Encoded):
+                yield from v.leaves()
+            else:
+                yield v
+
+    @property
+    def payload_nbytes(self) -> int:
+        """Bytes of all payload arrays."""
+        return sum(B.nbytes_of(a) for a in self.leaves())
+
+    @property
+    def header(self) -> bytes:
+        """The serialised self-describing header frame (built once)."""
+        if self._header is None:
+            from .frames import build_header
+
+            self._header = build_header(self)
+        return self._header
+
+    @property
+    def nbytes(self) -> int:
+        """Exact number of bytes this tensor occupies on the wire: header plus every payload."""
+        return len(self.header) + self.payload_nbytes
+
+
+def raw_encoded(x: Any, spec: str | None = "none") -> Encoded:
+    """Lossless passthrough node (integer, bool, empty tensors and the `none` codec)."""
+    return Encoded("none", B.dtype_name(x), B.shape_of(x), {"data": x}, kind=B.kind_of(x), spec=spec)
+
+
+def check_finite(x: Any, spec: str) -> float:
+    """Return max|x|, raising NonFiniteError if x holds NaN or Inf (x is float and non-empty)."""
+    if B.is_paddle(x):
+        import paddle
+
+        amax = float(paddle.max(paddle.abs(x)))
+        if not math.isfinite(amax) or bool(paddle.isnan(x).any()):
+            _raise_nonfinite(int(paddle.isnan(x).sum()), int(paddle.isinf(x).sum()), spec)
+        return amax
+    amax = float(max(x.max(), -x.min()))
+    if not math.isfinite(amax):
+        _raise_nonfinite(int(np.isnan(x).sum()), int(np.isinf(x).sum()), spec)
+    return amax
+
+
+def _raise_nonfinite(num_nan: int, num_inf: int, spec: str) -> None:
+    raise NonFiniteError(
+        f"codec {spec!r}: input holds {num_nan} NaN and {num_inf} Inf values; lossy compression would send "
+        f"garbage. Fix the diverging computation (lower the learning rate, clip gradients) or send with codec 'none'")
+
+
+def relative_error(x: Any, y: Any) -> float:
+    """||x - y|| / ||x|| in float64 (0 when both are zero, inf when only x is)."""
+    if B.is_paddle(x):
+        x = x.numpy()
+    if B.is_paddle(y):
+        y = y.numpy()
+    x = np.asarray(x, dtype=np.float64).ravel()
+    y = np.asarray(y, dtype=np.float64).ravel()
+    den = float(np.linalg.norm(x))
+    num = float(np.linalg.norm(x - y))
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+class Codec(ABC):
+    """A compressor/decompressor named by a spec string; stateful codecs keep state per instance."""
+
+    name: ClassVar[str]
+    lossy: ClassVar[bool] = True
+
+    @property
+    @abstractmethod
+    def spec(self) -> str:
+        """Canonical spec string of this codec instance."""
+
+    @classmethod
+    @abstractmethod
+    def from_spec(cls, node: SpecNode) -> "Codec":
+        """Build the codec from a parsed spec, validating its arguments."""
+
+    def encode(self, x: Any) -> Encoded:
+        """Compress x (numpy array or paddle.Tensor); integer, bool and empty tensors pass through losslessly."""
+        x = _check_input(x, self.spec)
+        dt = B.dtype_name(x)
+        if not self.lossy or not B.is_float_dtype(dt) or B.numel(x) == 0:
+            return raw_encoded(x, self.spec)
+        enc = self._encode(B.cast(x, B.compute_dtype(dt)))
+        return replace(enc, dtype=dt, shape=B.shape_of(x), kind=B.kind_of(x), spec=self.spec, _header=None)
+
+    def decode(self, enc: Encoded) -> Any:
+        """Decompress to the same kind, shape and dtype as the encoded input."""
+        return decode(enc)
+
+    @abstractmethod
+    def _encode(self, x: Any) -> Encoded:
+        """Encode a non-empty, finite-checked-by-codec, contiguous float tensor; the node decodes to x's shape."""
+
+    @abstractmethod
+    def _decode(self, enc: Encoded, parts: dict[str, Any]) -> Any:
+        """Rebuild the float tensor of node `enc` from its already decoded parts."""
+
+    def __repr__(self) -> str:
+        return f"<codec {self.spec}>"
+
+
+class ElementCodec(Codec):
+    """A codec that maps each element (or block) on its own; with an inner codec it compresses the inner's parts."""
+
+    def __init__(self, inner: Codec | None = None):
+        self.inner = inner
+
+    @property
+    def leaf_spec(self) -> str:
+        """Spec of this codec without its inner codec (the spec of its own nodes)."""
+        return self.name
+
+    @property
+    def spec(self) -> str:
+        if self.inner is None:
+            return self.leaf_spec
+        node = parse_spec(self.leaf_spec)
+        return format_spec(SpecNode(node.name, (parse_spec(self.inner.spec),) + node.args, node.kwargs))
+
+    def _encode(self, x: Any) -> Encoded:
+        if self.inner is None:
+            return self._encode_leaf(x)
+        return self._wrap(self.inner._encode(x))
+
+    def _wrap(self, enc: Encoded) -> Encoded:
+        parts = {}
+        for k, v in enc.parts.items():
+            if isinstance(v, Encoded):
+                parts[k] = self._wrap(v)
+            elif B.is_float_dtype(B.dtype_name(v)) and B.numel(v) > 0:
+                parts[k] = self._encode_leaf(B.contiguous(v))
+            else:
+                parts[k] = v
+        return replace(enc, parts=parts, _header=None)
+
+    @abstractmethod
+    def _encode_leaf(self, x: Any) -> Encoded:
+        """Encode one float array as a node of spec `leaf_spec`."""
+
+    usage: ClassVar[str] = ""
+
+    @classmethod
+    def from_spec(cls, node: SpecNode) -> "ElementCodec":
+        inner, rest = split_inner(node, cls.usage)
+        parse_args(rest, (), {}, cls.usage)
+        return cls(inner)
+
+
+def split_inner(node: SpecNode, usage: str) -> tuple[Codec | None, SpecNode]:
+    """Separate the (at most one) nested codec argument of an element codec from its numeric arguments."""
+    inner = [a for a in node.args if isinstance(a, SpecNode)]
+    if len(inner) > 1:
+        raise SpecError(f"codec {format_spec(node)!r}: takes at most one inner codec; usage: {usage}")
+    rest = SpecNode(node.name, tuple(a for a in node.args if not isinstance(a, SpecNode)), node.kwargs)
+    return (codec_from_node(inner[0]) if inner else None), rest
+
+
+_REGISTRY: dict[str, type[Codec]] = {}
+
+
+def register(cls: type[Codec]) -> type[Codec]:
+    """Class decorator adding a codec class to the registry under its `name`."""
+    if cls.name in _REGISTRY:
+        raise ValueError(f"codec name {cls.name!r} registered twice")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def known_codecs() -> list[str]:
+    """Names of every registered codec."""
+    return sorted(_REGISTRY)
+
+
+def codec_from_node(node: SpecNode) -> Codec:
+    """Instantiate the codec a parsed spec names."""
+    cls = _REGISTRY.get(node.name)
+    if cls is None:
+        raise SpecError(f"unknown codec {node.name!r}; known codecs: {', '.join(known_codecs())}")
+    return cls.from_spec(node)
+
+
+def get_codec(spec: str | Codec) -> Codec:
+    """A new codec instance for `spec` (e.g. 'fp16(svd(0.6))'); a Codec passes through unchanged."""
+    if isinstance(spec, Codec):
+        return spec
+    return codec_from_node(parse_spec(spec))
+
+
+@functools.lru_cache(maxsize=256)
+def _decoder(spec: str) -> Codec:
+    return get_codec(spec)
+
+
+def decode(enc: Encoded) -> Any:
+    """Decode any Encoded tree without codec state (nodes name their codec)."""
+    if not isinstance(enc, Encoded):
+        raise CodecError(f"decode expects an Encoded (from Codec.encode), got {type(enc).__name__}")
+    parts = {k: decode(v) if isinstance(v, Encoded) else v for k, v in enc.parts.items()}
+    y = _decoder(enc.codec)._decode(enc, parts)
+    if B.shape_of(y) != enc.shape:
+        y = B.reshape(y, enc.shape)
+    if B.is_paddle(y) or enc.dtype != "bfloat16":
+        return B.cast(y, enc.dtype)
+    return B.cast(y, "float32")  # numpy has no bfloat16; float32 holds every bfloat16 value exactly
+
+
+def _check_input(x: Any, spec: str) -> Any:
+    if isinstance(x, np.generic):
+        x = np.asarray(x)
+    if not isinstance(x, np.ndarray) and not B.is_paddle(x):
+        raise CodecError(f"codec {spec!r}: expected a numpy.ndarray or paddle.Tensor, got {type(x).__name__}; "
+                         f"convert with numpy.asarray(x) first")
+    dt = B.dtype_name(x)
+    if dt not in B.WIRE_DTYPES:
+        raise CodecError(f"codec {spec!r}: dtype {dt!r} cannot be sent; use one of {', '.join(B.WIRE_DTYPES)}")
+    return B.contiguous(x)
+
+
+def parse_args(node: SpecNode, positional: tuple[str, ...], allowed: dict[str, Callable[[Any], bool]],
+               hint: str) -> dict[str, Any]:
+    """Map a spec's positional and keyword args to names, checking count, names and value predicates."""
+    if len(node.args) > len(positional):
+        raise SpecError(f"codec {format_spec(node)!r}: too many arguments; usage: {hint}")
+    values = dict(zip(positional, node.args))
+    for k, v in node.kwargs:
+        if k not in allowed:
+            raise SpecError(f"codec {format_spec(node)!r}: unknown argument {k!r}; usage: {hint}")
+        if k in values:
+            raise SpecError(f"codec {format_spec(node)!r}: argument {k!r} given twice; usage: {hint}")
+        values[k] = v
+    for k, v in values.items():
+        if not allowed[k](v):
+            raise SpecError(f"codec {format_spec(node)!r}: invalid value {format_spec(v) if isinstance(v, SpecNode) else v!r}"
+                            f" for {k!r}; usage: {hint}")
+    return values

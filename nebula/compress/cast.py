@@ -1,0 +1,71 @@
+"""Lossless identity and floating-point narrowing codecs: `none`, `fp16`, `bf16`."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import backend as B
+from . import quantize as Q
+from .base import Codec, CodecError, ElementCodec, Encoded, check_finite, parse_args, register, raw_encoded
+from .spec import SpecNode
+
+__all__ = ["NoneCodec", "FP16Codec", "BF16Codec"]
+
+
+@register
+class NoneCodec(Codec):
+    """Identity: the raw bytes of the tensor, any dtype, bit exact."""
+
+    name = "none"
+    lossy = False
+
+    @property
+    def spec(self) -> str:
+        return "none"
+
+    @classmethod
+    def from_spec(cls, node: SpecNode) -> "NoneCodec":
+        parse_args(node, (), {}, "none")
+        return cls()
+
+    def _encode(self, x: Any) -> Encoded:
+        return raw_encoded(x)
+
+    def _decode(self, enc: Encoded, parts: dict[str, Any]) -> Any:
+        data = parts["data"]
+        if not B.is_paddle(data) and enc.dtype == "bfloat16":
+            return Q.from_bf16(data, "float32")
+        return data
+
+
+@register
+class FP16Codec(ElementCodec):
+    """IEEE half precision: 2 bytes per element, relative error <= 2^-11 (paper: FP16 activations)."""
+
+    name = "fp16"
+    usage = "fp16 or fp16(inner), e.g. fp16(svd(0.6))"
+
+    def _encode_leaf(self, x: Any) -> Encoded:
+        amax = check_finite(x, self.spec)
+        try:
+            h = Q.to_fp16(x, amax)
+        except OverflowError as exc:
+            raise CodecError(f"codec {self.spec!r}: {exc}") from None
+        return Encoded(self.leaf_spec, B.dtype_name(x), B.shape_of(x), {"h": h}, kind=B.kind_of(x))
+
+    def _decode(self, enc: Encoded, parts: dict[str, Any]) -> Any:
+        return Q.from_fp16(parts["h"], B.compute_dtype(enc.dtype))
+
+
+@register
+class BF16Codec(ElementCodec):
+    """bfloat16: 2 bytes per element, FP32's range, relative error <= 2^-8."""
+
+    name = "bf16"
+    usage = "bf16 or bf16(inner)"
+
+    def _encode_leaf(self, x: Any) -> Encoded:
+        check_finite(x, self.spec)
+        return Encoded(self.leaf_spec, B.dtype_name(x), B.shape_of(x), {"b": Q.to_bf16(x)}, kind=B.kind_of(x))
+
+    def _decode(self, enc: Encoded, parts: dict[str, Any]) -> Any:
+        return Q.from_bf16(parts["b"], B.compute_dtype(enc.dtype))

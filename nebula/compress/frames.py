@@ -1,0 +1,166 @@
+"""Self-describing wire format: one header frame (codec tree, dtypes, shapes) followed by one frame per payload array."""
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import backend as B
+from .base import Codec, CodecError, Encoded, decode, get_codec
+
+__all__ = ["FrameError", "MAGIC", "build_header", "encoded_to_frames", "encode_to_frames", "frames_to_encoded",
+           "decode_from_frames"]
+
+MAGIC = b"NBC1"
+_PREFIX = struct.Struct("<4sI")
+_MAX_HEADER = 1 << 20
+_MAX_DEPTH = 16
+
+
+class FrameError(CodecError):
+    """Frames that do not parse as an encoded tensor (truncated, corrupted, or from another protocol)."""
+
+
+def _node_json(enc: Encoded) -> dict[str, Any]:
+    parts = []
+    for name, v in enc.parts.items():
+        if isinstance(v, Encoded):
+            parts.append([name, _node_json(v)])
+        else:
+            parts.append([name, {"a": B.dtype_name(v), "s": list(B.shape_of(v))}])
+    node: dict[str, Any] = {"c": enc.codec, "d": enc.dtype, "s": list(enc.shape), "p": parts}
+    if enc.meta:
+        node["m"] = enc.meta
+    return node
+
+
+def build_header(enc: Encoded) -> bytes:
+    """The header frame of `enc`: magic, JSON length, JSON describing the codec tree and every payload."""
+    doc = {"v": 1, "spec": enc.spec or enc.codec, "kind": enc.kind, "tree": _node_json(enc)}
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    return _PREFIX.pack(MAGIC, len(body)) + body
+
+
+def _byte_view(a: Any) -> memoryview:
+    h = B.to_host(a)
+    return memoryview(h.reshape(-1).view(np.uint8))
+
+
+def encoded_to_frames(enc: Encoded) -> list[bytes | memoryview]:
+    """Header plus zero-copy views of the payloads (GPU payloads are copied to the host once)."""
+    return [enc.header] + [_byte_view(a) for a in enc.leaves()]
+
+
+def encode_to_frames(codec: Codec | str, x: Any) -> list[bytes | memoryview]:
+    """Encode x with `codec` (pass an instance to keep a stateful codec's state) and return its wire frames."""
+    return encoded_to_frames(get_codec(codec).encode(x))
+
+
+def _shape(v: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(v, list) or len(v) > 32 or not all(isinstance(d, int) and d >= 0 for d in v):
+        raise FrameError(f"malformed header: {where} shape {v!r} is not a list of non-negative ints")
+    return tuple(v)
+
+
+def _dtype(v: Any, where: str) -> str:
+    if v not in B.WIRE_DTYPES:
+        raise FrameError(f"malformed header: {where} dtype {v!r} is unknown; known: {', '.join(B.WIRE_DTYPES)}")
+    return v
+
+
+def _parse_node(node: Any, payloads: list[tuple[str, tuple[int, ...]]], depth: int) -> dict[str, Any]:
+    if depth > _MAX_DEPTH or not isinstance(node, dict) or not {"c", "d", "s", "p"} <= node.keys():
+        raise FrameError("malformed header: codec node must be an object with keys c, d, s, p (nested at most "
+                         f"{_MAX_DEPTH} deep)")
+    if not isinstance(node["c"], str) or not isinstance(node["p"], list):
+        raise FrameError("malformed header: codec name must be a string and parts a list")
+    parts = []
+    for item in node["p"]:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], dict)):
+            raise FrameError(f"malformed header: part {item!r} is not [name, description]")
+        name, desc = item
+        if "a" in desc:
+            payloads.append((_dtype(desc["a"], f"part {name!r}"), _shape(desc.get("s"), f"part {name!r}")))
+            parts.append((name, len(payloads) - 1))
+        else:
+            parts.append((name, _parse_node(desc, payloads, depth + 1)))
+    meta = node.get("m", {})
+    if not isinstance(meta, dict):
+        raise FrameError("malformed header: meta must be an object")
+    return {"c": node["c"], "d": _dtype(node["d"], "node"), "s": _shape(node["s"], "node"), "m": meta, "p": parts}
+
+
+def _read_header(first: Any) -> tuple[dict[str, Any], int]:
+    mv = memoryview(first).cast("B")
+    if len(mv) < _PREFIX.size:
+        raise FrameError(f"first frame has {len(mv)} bytes, shorter than the {_PREFIX.size}-byte prefix; not an "
+                         "encoded tensor")
+    magic, length = _PREFIX.unpack(mv[: _PREFIX.size])
+    if magic != MAGIC:
+        raise FrameError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r}): these frames are not an encoded tensor "
+                         "or come from an incompatible version")
+    if length > _MAX_HEADER or _PREFIX.size + length > len(mv):
+        raise FrameError(f"header length {length} exceeds the frame ({len(mv)} bytes); the frame is truncated")
+    try:
+        doc = json.loads(bytes(mv[_PREFIX.size: _PREFIX.size + length]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FrameError(f"header is not valid JSON ({exc}); the frame is corrupted") from None
+    if not isinstance(doc, dict) or doc.get("v") != 1 or doc.get("kind") not in ("numpy", "paddle"):
+        raise FrameError("header lacks version 1 / kind numpy|paddle; sender and receiver versions differ")
+    return doc, _PREFIX.size + length
+
+
+def frames_to_encoded(frames: Sequence[Any], like: str | None = None, place: Any = None) -> Encoded:
+    """Parse wire frames back into an Encoded tree (payloads become views of the frames where possible)."""
+    if isinstance(frames, (bytes, bytearray, memoryview)):
+        frames = [frames]
+    if not frames:
+        raise FrameError("no frames given; expected a header frame and payload frames")
+    doc, header_len = _read_header(frames[0])
+    kind = like or doc["kind"]
+    if kind not in ("numpy", "paddle"):
+        raise FrameError(f"like={like!r}: use 'numpy', 'paddle' or None (the sender's kind)")
+    payloads: list[tuple[str, tuple[int, ...]]] = []
+    tree = _parse_node(doc.get("tree"), payloads, 0)
+    sizes = [int(np.prod(s, dtype=np.int64)) * B.WIRE_DTYPES[d] for d, s in payloads]
+    bufs = [memoryview(f).cast("B") for f in frames[1:]]
+    first_rest = memoryview(frames[0]).cast("B")[header_len:]
+    if len(first_rest) == 0 and len(bufs) == len(sizes) and all(len(b) == n for b, n in zip(bufs, sizes)):
+        views = bufs
+    else:
+        stream = first_rest if not bufs else memoryview(b"".join([first_rest, *bufs]))
+        if len(stream) != sum(sizes):
+            raise FrameError(f"payload is {len(stream)} bytes but the header declares {sum(sizes)}; frames were "
+                             "truncated, reordered or mixed with another message")
+        views, off = [], 0
+        for n in sizes:
+            views.append(stream[off: off + n])
+            off += n
+    arrays = []
+    for (dt, shape), view in zip(payloads, views):
+        a = np.frombuffer(view, dtype=np.uint16 if dt == "bfloat16" else dt).reshape(shape)
+        arrays.append(B.from_host(a, dt, kind, place))
+
+    def build(node: dict[str, Any], root: bool) -> Encoded:
+        parts = {name: build(v, False) if isinstance(v, dict) else arrays[v] for name, v in node["p"]}
+        return Encoded(node["c"], node["d"], node["s"], parts, dict(node["m"]), kind,
+                       doc.get("spec") if root else None)
+
+    return build(tree, True)
+
+
+def decode_from_frames(frames: Sequence[Any], like: str | None = None, place: Any = None) -> Any:
+    """Decode wire frames to a numpy array or paddle.Tensor (like=None: the sender's kind)."""
+    enc = frames_to_encoded(frames, like, place)
+    try:
+        y = decode(enc)
+    except CodecError:
+        raise
+    except (KeyError, ValueError, TypeError, IndexError) as exc:
+        raise FrameError(f"frames declare codec {enc.codec!r} but its parts do not fit it ({exc!r}); the frames "
+                         "are corrupted or come from an incompatible version") from None
+    if isinstance(y, np.ndarray) and not y.flags.writeable:
+        y = y.copy()  # payload views of read-only frames must not leak out as read-only arrays
+    return y

@@ -1,0 +1,161 @@
+"""Low-rank codecs: the paper's `svd(r)` (full SVD, keep a fraction of singular values) and `lowrank` (randomized, warm-started)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import backend as B
+from . import factorize as F
+from .base import Codec, CodecError, Encoded, check_finite, parse_args, register
+from .spec import SpecNode
+
+__all__ = ["SVDCodec", "LowRankCodec"]
+
+
+def _is_ratio(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1
+
+
+def _is_count(lo: int, hi: int):
+    return lambda v: isinstance(v, int) and lo <= v <= hi
+
+
+def _matrix(x: Any, spec: str) -> Any:
+    check_finite(x, spec)
+    return B.reshape(x, F.matrix_shape(B.shape_of(x)))
+
+
+def _check_factors(enc: Encoded, p: Any, q: Any) -> None:
+    m, n = F.matrix_shape(enc.shape)
+    ps, qs = B.shape_of(p), B.shape_of(q)
+    if len(ps) != 2 or len(qs) != 2 or ps[0] != m or qs[1] != n or ps[1] != qs[0]:
+        raise CodecError(f"codec {enc.codec!r}: factor shapes {ps} and {qs} do not rebuild shape {enc.shape}; "
+                         "the frames are corrupted or from another version")
+
+
+@register
+class SVDCodec(Codec):
+    """The paper's SVD(r): full SVD of the [B*T, H] matrix, keep round(r*min(m,n)) singular values, send U, S, V^T."""
+
+    name = "svd"
+    usage = "svd(r) with r in (0, 1], the fraction of singular values kept, e.g. svd(0.6)"
+
+    def __init__(self, ratio: float):
+        self.ratio = ratio
+
+    @property
+    def spec(self) -> str:
+        return f"svd({self.ratio!r})"
+
+    @classmethod
+    def from_spec(cls, node: SpecNode) -> "SVDCodec":
+        args = parse_args(node, ("r",), {"r": _is_ratio}, cls.usage)
+        if "r" not in args:
+            raise CodecError(f"codec 'svd' needs the fraction of singular values to keep; usage: {cls.usage}")
+        return cls(args["r"])
+
+    def _encode(self, x: Any) -> Encoded:
+        a = _matrix(x, self.spec)
+        m, n = B.shape_of(a)
+        u, s, vt = F.truncated_svd(a, F.keep_count(self.ratio, m, n))
+        return Encoded(self.spec, B.dtype_name(x), B.shape_of(x), {"u": u, "s": s, "vt": vt}, kind=B.kind_of(x))
+
+    def _decode(self, enc: Encoded, parts: dict[str, Any]) -> Any:
+        u, s, vt = parts["u"], parts["s"], parts["vt"]
+        _check_factors(enc, u, vt)
+        return F.reconstruct(u * B.reshape(s, (1, B.numel(s))), vt)
+
+
+@register
+class LowRankCodec(Codec):
+    """Rank-k factors P [m,k] = U S, Q [k,n] = V^T by randomized range finding; warm-started across calls."""
+
+    name = "lowrank"
+    usage = ("lowrank(rank=K) | lowrank(ratio=R) | lowrank(energy=E), optional power=2 (iterations), "
+             "oversample=8, warm=1, seed=0; K >= 1, R and E in (0, 1]")
+
+    def __init__(self, *, rank: int | None = None, ratio: float | None = None, energy: float | None = None,
+                 power: int = 2, oversample: int = 8, warm: int = 1, seed: int = 0):
+        self.rank, self.ratio, self.energy = rank, ratio, energy
+        self.power, self.oversample, self.warm, self.seed = power, oversample, warm, seed
+        self._rng = np.random.default_rng(seed)
+        self._state: dict[tuple, tuple[Any, int]] = {}  # per matrix signature: (start block, last rank)
+
+    @property
+    def spec(self) -> str:
+        target = (f"rank={self.rank}" if self.rank is not None else
+                  f"ratio={self.ratio!r}" if self.ratio is not None else f"energy={self.energy!r}")
+        extra = [f"{k}={v}" for k, v, d in (("power", self.power, 2), ("oversample", self.oversample, 8),
+                                            ("warm", self.warm, 1), ("seed", self.seed, 0)) if v != d]
+        return f"lowrank({', '.join([target, *extra])})"
+
+    @classmethod
+    def from_spec(cls, node: SpecNode) -> "LowRankCodec":
+        args = parse_args(node, ("rank",), {
+            "rank": _is_count(1, 1 << 30), "ratio": _is_ratio, "energy": _is_ratio, "power": _is_count(0, 16),
+            "oversample": _is_count(0, 1 << 16), "warm": _is_count(0, 1), "seed": _is_count(0, 2**63 - 1)}, cls.usage)
+        if sum(k in args for k in ("rank", "ratio", "energy")) != 1:
+            raise CodecError(f"codec 'lowrank' needs exactly one of rank=, ratio=, energy=; usage: {cls.usage}")
+        return cls(**args)
+
+    def reset(self) -> None:
+        """Forget the warm-start state (e.g. after the tensor's statistics changed abruptly)."""
+        self._state.clear()
+
+    def _start_block(self, a: Any, key: tuple, width: int) -> Any:
+        n = B.shape_of(a)[1]
+        prev = self._state.get(key)[0] if (self.warm and key in self._state) else None
+        have = 0 if prev is None else min(width, B.shape_of(prev)[1])
+        if have == width:
+            return prev[:, :width]
+        g = self._rng.standard_normal((n, width - have)).astype(B.dtype_name(a))
+        g = B.from_host(g, B.dtype_name(a), B.kind_of(a), getattr(a, "place", None))
+        if prev is None:
+            return g
+        if B.is_paddle(a):
+            import paddle
+
+            return paddle.concat([prev[:, :have], g], axis=1)
+        return np.concatenate([prev[:, :have], g], axis=1)
+
+    def _factor(self, a: Any, key: tuple) -> tuple[Any, Any, Any, int]:
+        m, n = B.shape_of(a)
+        full = min(m, n)
+        if self.energy is not None:
+            total = F.squared_norm(a)
+            prev = self._state.get(key)
+            k0 = prev[1] if (prev is not None and self.warm) else min(full, 16)
+            width = min(full, k0 + self.oversample)
+            while True:
+                if 2 * width >= full:
+                    u, s, vt = F.truncated_svd(a, full)
+                    width = full
+                else:
+                    u, s, vt = F.randomized_svd(a, width, self.power, self._start_block(a, key, width))
+                k = F.energy_rank(s, total, self.energy) if total > 0 else 1
+                if k is not None or width == full:
+                    return u, s, vt, max(1, min(k or width, width))
+                width = min(full, 2 * width)
+        k = self.rank if self.rank is not None else F.keep_count(self.ratio, m, n)
+        k = min(k, full)
+        width = min(full, k + self.oversample)
+        if 2 * width >= full:  # a sketch this wide costs as much as the exact SVD
+            u, s, vt = F.truncated_svd(a, k)
+            return u, s, vt, k
+        u, s, vt = F.randomized_svd(a, width, self.power, self._start_block(a, key, width))
+        return u, s, vt, k
+
+    def _encode(self, x: Any) -> Encoded:
+        a = _matrix(x, self.spec)
+        key = (B.shape_of(a)[1], B.dtype_name(a), B.kind_of(a), str(getattr(a, "place", "")))
+        u, s, vt, k = self._factor(a, key)
+        if self.warm:
+            self._state[key] = (B.contiguous(vt.T if not B.is_paddle(vt) else vt.transpose([1, 0])), k)
+        p = B.contiguous(u[:, :k] * B.reshape(s[:k], (1, k)))
+        return Encoded(f"lowrank(rank={k})", B.dtype_name(x), B.shape_of(x), {"p": p, "q": B.contiguous(vt[:k])},
+                       kind=B.kind_of(x))
+
+    def _decode(self, enc: Encoded, parts: dict[str, Any]) -> Any:
+        _check_factors(enc, parts["p"], parts["q"])
+        return F.reconstruct(parts["p"], parts["q"])
