@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import getpass
 import hashlib
 import json
 import os
@@ -30,6 +31,7 @@ from security.errors import AuditError
 
 __all__ = [
     "AuditLog",
+    "default_actor",
     "Checkpoint",
     "VerifyReport",
     "GENESIS",
@@ -46,6 +48,16 @@ __all__ = [
 
 GENESIS = "0" * 64
 _RECORD_KEYS = frozenset({"seq", "time", "actor", "action", "target", "outcome", "detail", "prev", "hash"})
+
+
+def default_actor() -> str:
+    """Who is acting, for audit records: $NEBULA_ACTOR, else the OS user."""
+    if os.environ.get("NEBULA_ACTOR"):
+        return os.environ["NEBULA_ACTOR"]
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry for this uid (e.g. some containers)
+        return f"uid:{os.getuid()}"
 
 
 def checkpoints_path(log: str | os.PathLike) -> Path:

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from security._files import PUBLIC, atomic_write, read_file
+from security.audit import AuditLog, default_actor, generate_signing_key
 from security.errors import CAError, IdentityError
 from security.identity import Identity, check_name, identity_of
 
@@ -236,15 +237,13 @@ class CertificateAuthority:
             db.executescript(_SCHEMA)
             db.execute("INSERT OR REPLACE INTO meta VALUES ('federation', ?)", (federation,))
         os.chmod(directory / "index.db", 0o600)
-        from security.audit import generate_signing_key
-
         if not (directory / "audit_signing.key").exists():
             generate_signing_key(directory / "audit_signing.key")
         atomic_write(directory / "ca.pem", cert.public_bytes(serialization.Encoding.PEM), PUBLIC)
         ca = cls(directory, cert, passphrase)
         ca._key = key
         ca._write_crl_to(ca.crl_path)
-        ca._audit("ca.init", ca.cert_path.name, detail={"federation": federation, "serial": format_serial(cert.serial_number),
+        ca.audit_event("ca.init", ca.cert_path.name, detail={"federation": federation, "serial": format_serial(cert.serial_number),
                                                           "encrypted": bool(pw)})
         log.info("initialised CA for federation %s in %s", federation, directory)
         return ca
@@ -277,12 +276,10 @@ class CertificateAuthority:
         db.row_factory = sqlite3.Row
         return db
 
-    def _audit(self, action: str, target: str, outcome: str = "ok", detail: dict | None = None) -> None:
-        from security.audit import AuditLog
-
-        actor = os.environ.get("NEBULA_ACTOR") or os.environ.get("USER") or "unknown"
+    def audit_event(self, action: str, target: str, outcome: str = "ok", detail: dict | None = None) -> None:
+        """Append one record to the CA's audit log (every CA operation calls this)."""
         with AuditLog(self.audit_path, self.dir / "audit_signing.key") as audit:
-            audit.append(actor, action, target, outcome, detail)
+            audit.append(default_actor(), action, target, outcome, detail)
 
     def _sign_leaf(self, public_key, ident: Identity, days: int | None, dns: Iterable[str],
                    ips: Iterable[str], renewed_from: int | None = None) -> x509.Certificate:
@@ -359,7 +356,7 @@ class CertificateAuthority:
         key_path = atomic_write(out_dir / f"{stem}.key",
                                 key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc))
         cert_path = atomic_write(out_dir / f"{stem}.pem", cert.public_bytes(serialization.Encoding.PEM))
-        self._audit("cert.issue", ident.uri, detail={"serial": format_serial(cert.serial_number),
+        self.audit_event("cert.issue", ident.uri, detail={"serial": format_serial(cert.serial_number),
                                                       "not_after": _iso(cert.not_valid_after_utc)})
         return IssuedCert(cert_path, key_path, cert.serial_number)
 
@@ -391,7 +388,7 @@ class CertificateAuthority:
         cert = self._sign_leaf(csr.public_key(), ident, days, dns, ips)
         out = Path(out) if out is not None else csr_path.with_suffix(".pem")
         atomic_write(out, cert.public_bytes(serialization.Encoding.PEM), PUBLIC)
-        self._audit("cert.sign_csr", ident.uri, detail={"serial": format_serial(cert.serial_number),
+        self.audit_event("cert.sign_csr", ident.uri, detail={"serial": format_serial(cert.serial_number),
                                                          "csr": str(csr_path)})
         return out
 
@@ -415,7 +412,7 @@ class CertificateAuthority:
         path = self.dir / "certs" / f"{format_serial(cert.serial_number)}.pem"
         if out is not None:
             path = atomic_write(out, cert.public_bytes(serialization.Encoding.PEM), PUBLIC)
-        self._audit("cert.renew", ident.uri, detail={"old_serial": format_serial(serial),
+        self.audit_event("cert.renew", ident.uri, detail={"old_serial": format_serial(serial),
                                                       "serial": format_serial(cert.serial_number)})
         if revoke_old:
             self.revoke(serial, "superseded")
@@ -442,7 +439,7 @@ class CertificateAuthority:
             db.execute("UPDATE certs SET status='revoked', revoked_at=?, reason=? WHERE serial=?",
                        (_iso(_now()), reason, format_serial(serial)))
         self._write_crl_to(self.crl_path)
-        self._audit("cert.revoke", row["identity"], detail={"serial": format_serial(serial), "reason": reason})
+        self.audit_event("cert.revoke", row["identity"], detail={"serial": format_serial(serial), "reason": reason})
 
     def write_crl(self, path: str | os.PathLike | None = None, days: int = CRL_DAYS) -> Path:
         """Write a fresh CRL (next update in `days`) to `path` (default: the CA's `crl.pem`)."""
@@ -452,7 +449,7 @@ class CertificateAuthority:
         self._write_crl_to(path, days)
         if path != self.crl_path:  # keep the CA's own copy as fresh as the exported one
             self._write_crl_to(self.crl_path, days)
-        self._audit("crl.write", str(path), detail={"next_update_days": days})
+        self.audit_event("crl.write", str(path), detail={"next_update_days": days})
         return path
 
     def _write_crl_to(self, path: Path, days: int = CRL_DAYS) -> None:

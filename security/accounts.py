@@ -1,0 +1,398 @@
+"""Accounts (SQLite, scrypt hashes, lockout), per-account namespaces and owner-granted, audited resource access.
+
+A home directory holds `accounts.db`, `users/<name>/{data,jobs,checkpoints}` (0700 each), and the audit log
+`audit.log` with its signing key. Another account's resource is reached only through `open_resource`, which
+checks for a live grant and writes an audit record either way.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import sqlite3
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from security._time import iso, utcnow
+from security.audit import AuditLog, default_actor, generate_signing_key
+from security.errors import AccessDenied, AccountError, AccountLocked, AuthenticationFailed, IdentityError
+from security.identity import check_name
+
+__all__ = [
+    "Accounts",
+    "Account",
+    "Grant",
+    "ACCOUNT_ROLES",
+    "NAMESPACE_DIRS",
+    "hash_password",
+    "verify_password",
+    "default_actor",
+]
+
+log = logging.getLogger(__name__)
+
+ACCOUNT_ROLES = ("admin", "user")
+NAMESPACE_DIRS = ("data", "jobs", "checkpoints")
+SCRYPT_N = 2**17  # OWASP's recommended cost for scrypt (128 MiB with r=8)
+SCRYPT_R = 8
+SCRYPT_P = 1
+MIN_PASSWORD = 8
+_READ_MODES = ("r", "rb")
+_OWNER_MODES = ("r", "rb", "w", "wb", "a", "ab")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS users (
+    name TEXT PRIMARY KEY,
+    role TEXT NOT NULL,
+    pw_hash TEXT NOT NULL,
+    failed INTEGER NOT NULL DEFAULT 0,
+    locked INTEGER NOT NULL DEFAULT 0,
+    created TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS grants (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    owner TEXT NOT NULL REFERENCES users(name),
+    grantee TEXT NOT NULL REFERENCES users(name),
+    resource TEXT NOT NULL,
+    created TEXT NOT NULL,
+    expires TEXT,
+    revoked TEXT
+);
+"""
+
+
+def hash_password(password: str, *, n: int = SCRYPT_N, r: int = SCRYPT_R, p: int = SCRYPT_P) -> str:
+    """scrypt hash of `password` with a random salt, as `scrypt$n$r$p$salt$hash` (base64)."""
+    salt = secrets.token_bytes(16)
+    digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, maxmem=_maxmem(n, r, p), dklen=32)
+    return "$".join(["scrypt", str(n), str(r), str(p), base64.b64encode(salt).decode(), base64.b64encode(digest).decode()])
+
+
+def _maxmem(n: int, r: int, p: int) -> int:
+    return 128 * r * (n + p + 2) + (1 << 20)
+
+
+def verify_password(password: str, stored: str) -> bool:
+    """True if `password` matches the stored scrypt hash (constant-time comparison)."""
+    try:
+        scheme, n, r, p, salt, digest = stored.split("$")
+        n, r, p = int(n), int(r), int(p)
+        salt_b, want = base64.b64decode(salt), base64.b64decode(digest)
+    except ValueError:
+        return False
+    if scheme != "scrypt":
+        return False
+    got = hashlib.scrypt(password.encode(), salt=salt_b, n=n, r=r, p=p, maxmem=_maxmem(n, r, p), dklen=len(want))
+    return hmac.compare_digest(got, want)
+
+
+@dataclass(frozen=True, slots=True)
+class Account:
+    """One account as listed: never carries the password hash."""
+
+    name: str
+    role: str
+    locked: bool
+    failed_attempts: int
+    created: str
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """Read access for `grantee` to `resource` (a path in `owner`'s namespace, or a directory prefix of it)."""
+
+    id: int
+    owner: str
+    grantee: str
+    resource: str
+    created: str
+    expires: str | None
+    revoked: str | None
+
+    @property
+    def status(self) -> str:
+        """active, expired or revoked (as of now)."""
+        if self.revoked:
+            return "revoked"
+        if self.expires is not None and self.expires <= iso(utcnow()):
+            return "expired"
+        return "active"
+
+    def covers(self, resource: str) -> bool:
+        """True if this grant's resource is `resource` or a directory that contains it."""
+        return resource == self.resource or resource.startswith(self.resource.rstrip("/") + "/")
+
+
+def _resource(resource: str) -> str:
+    """Normalised relative resource path; rejects absolute paths and `..` (no escape from a namespace)."""
+    if not isinstance(resource, str) or not resource.strip("/"):
+        raise AccountError(f"resource {resource!r} is empty; name a path inside the owner's namespace, e.g. data/x")
+    parts = [p for p in resource.split("/") if p not in ("", ".")]
+    if resource.startswith("/") or ".." in parts:
+        raise AccountError(f"resource {resource!r} must be a relative path inside the owner's namespace "
+                           "(no leading / and no ..), e.g. data/corpus.txt")
+    return "/".join(parts)
+
+
+class Accounts:
+    """The account store of one home directory; a context manager (closing writes the audit checkpoint)."""
+
+    def __init__(self, home: str | os.PathLike, *, scrypt_n: int = SCRYPT_N, max_failures: int = 5,
+                 create: bool = True) -> None:
+        if max_failures < 1:
+            raise ValueError(f"max_failures={max_failures} must be >= 1")
+        if scrypt_n < 2 or scrypt_n & (scrypt_n - 1):
+            raise ValueError(f"scrypt_n={scrypt_n} must be a power of two >= 2")
+        self.home = Path(home)
+        self.scrypt_n = scrypt_n
+        self.max_failures = max_failures
+        if not (self.home / "accounts.db").exists():
+            if not create:
+                raise AccountError(f"no account database in {self.home}; create one with "
+                                   f"`nebula-admin user add --home {self.home} ...`")
+            self.home.mkdir(parents=True, exist_ok=True)
+            os.chmod(self.home, 0o700)
+        with closing(self._db()) as db, db:
+            db.executescript(_SCHEMA)
+        os.chmod(self.home / "accounts.db", 0o600)
+        if not (self.home / "audit_signing.key").exists():
+            generate_signing_key(self.home / "audit_signing.key")
+        self.audit = AuditLog(self.home / "audit.log", self.home / "audit_signing.key")
+
+    def _db(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.home / "accounts.db", timeout=30, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA foreign_keys = ON")
+        return db
+
+    def close(self) -> None:
+        """Close the audit log (writes a final signed checkpoint)."""
+        self.audit.close()
+
+    def __enter__(self) -> "Accounts":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- users
+    def _user(self, db: sqlite3.Connection, name: str) -> sqlite3.Row:
+        row = db.execute("SELECT * FROM users WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise AccountError(f"unknown user {name!r}; see `nebula-admin user list` or add it with `user add`")
+        return row
+
+    def _check_password(self, password: str) -> None:
+        if not isinstance(password, str) or len(password) < MIN_PASSWORD:
+            raise AccountError(f"password is too short; use at least {MIN_PASSWORD} characters")
+
+    def add_user(self, name: str, password: str, role: str = "user", *, actor: str | None = None) -> Account:
+        """Create account `name` (unique) with a scrypt-hashed password and its 0700 namespace."""
+        actor = actor or default_actor()
+        try:
+            check_name(name, "user name")
+        except IdentityError as exc:
+            raise AccountError(str(exc)) from None
+        if role not in ACCOUNT_ROLES:
+            raise AccountError(f"role {role!r} is unknown; use one of {', '.join(ACCOUNT_ROLES)}")
+        self._check_password(password)
+        pw_hash = hash_password(password, n=self.scrypt_n)
+        try:
+            with closing(self._db()) as db:
+                db.execute("INSERT INTO users (name, role, pw_hash, created) VALUES (?,?,?,?)",
+                           (name, role, pw_hash, iso(utcnow())))
+        except sqlite3.IntegrityError:
+            self.audit.append(actor, "user.add", name, "failed", {"why": "duplicate"})
+            raise AccountError(f"user {name!r} already exists; pick another name or use `user passwd`") from None
+        ns = self.namespace(name)
+        for sub in NAMESPACE_DIRS:
+            (ns / sub).mkdir(parents=True, exist_ok=True)
+            os.chmod(ns / sub, 0o700)
+        os.chmod(ns, 0o700)
+        os.chmod(ns.parent, 0o700)
+        self.audit.append(actor, "user.add", name, "ok", {"role": role})
+        return self.user(name)
+
+    def user(self, name: str) -> Account:
+        """The account `name` (AccountError if unknown)."""
+        with closing(self._db()) as db:
+            r = self._user(db, name)
+        return Account(r["name"], r["role"], bool(r["locked"]), r["failed"], r["created"])
+
+    def list_users(self) -> list[Account]:
+        """Every account, by name."""
+        with closing(self._db()) as db:
+            rows = db.execute("SELECT * FROM users ORDER BY name").fetchall()
+        return [Account(r["name"], r["role"], bool(r["locked"]), r["failed"], r["created"]) for r in rows]
+
+    def set_password(self, name: str, password: str, *, actor: str | None = None) -> None:
+        """Replace `name`'s password (also clears its failure counter)."""
+        actor = actor or default_actor()
+        self._check_password(password)
+        with closing(self._db()) as db:
+            self._user(db, name)
+            db.execute("UPDATE users SET pw_hash = ?, failed = 0 WHERE name = ?",
+                       (hash_password(password, n=self.scrypt_n), name))
+        self.audit.append(actor, "user.passwd", name)
+
+    def lock(self, name: str, *, actor: str | None = None) -> None:
+        """Lock `name`: logins and resource access are refused until unlocked."""
+        self._set_locked(name, True, actor or default_actor())
+
+    def unlock(self, name: str, *, actor: str | None = None) -> None:
+        """Unlock `name` and reset its failure counter."""
+        self._set_locked(name, False, actor or default_actor())
+
+    def _set_locked(self, name: str, locked: bool, actor: str) -> None:
+        with closing(self._db()) as db:
+            self._user(db, name)
+            db.execute("UPDATE users SET locked = ?, failed = CASE WHEN ? THEN failed ELSE 0 END WHERE name = ?",
+                       (int(locked), int(locked), name))
+        self.audit.append(actor, "user.lock" if locked else "user.unlock", name)
+
+    def authenticate(self, name: str, password: str) -> Account:
+        """Check `name`'s password; after `max_failures` consecutive failures the account locks."""
+        with closing(self._db()) as db:
+            try:
+                row = self._user(db, name)
+            except AccountError:
+                self.audit.append(name, "login", name, "failed", {"why": "unknown user"})
+                raise AuthenticationFailed(f"login failed for {name!r}: unknown user or wrong password") from None
+            if row["locked"]:
+                self.audit.append(name, "login", name, "denied", {"why": "locked"})
+                raise AccountLocked(f"account {name!r} is locked; an admin can run `nebula-admin user unlock {name}`")
+            ok = verify_password(password, row["pw_hash"])
+            db.execute("BEGIN IMMEDIATE")
+            if ok:
+                db.execute("UPDATE users SET failed = 0 WHERE name = ?", (name,))
+            else:
+                db.execute("UPDATE users SET failed = failed + 1, locked = (failed + 1 >= ?) WHERE name = ?",
+                           (self.max_failures, name))
+            failed = db.execute("SELECT failed FROM users WHERE name = ?", (name,)).fetchone()[0]
+            db.execute("COMMIT")
+        if ok:
+            self.audit.append(name, "login", name, "ok")
+            return self.user(name)
+        locked_now = failed >= self.max_failures
+        self.audit.append(name, "login", name, "failed", {"failures": failed, "locked": locked_now})
+        if locked_now:
+            self.audit.append(name, "user.lock", name, "ok", {"why": f"{failed} failed logins"})
+            raise AccountLocked(f"account {name!r} is now locked after {failed} failed logins; an admin can run "
+                                f"`nebula-admin user unlock {name}`")
+        raise AuthenticationFailed(f"login failed for {name!r}: unknown user or wrong password "
+                                   f"({self.max_failures - failed} attempts left before lockout)")
+
+    def namespace(self, name: str) -> Path:
+        """The account's private directory (holds data/, jobs/, checkpoints/)."""
+        check_name(name, "user name")
+        return self.home / "users" / name
+
+    # ---- grants
+    def add_grant(self, owner: str, to: str, resource: str, expires: dt.datetime | None = None, *,
+                  actor: str | None = None) -> Grant:
+        """Let `to` read `owner`'s `resource` (a path or directory in owner's namespace) until `expires`."""
+        actor = actor or default_actor()
+        resource = _resource(resource)
+        if owner == to:
+            raise AccountError(f"{owner!r} already owns {resource!r}; a grant needs another user as --to")
+        if expires is not None:
+            if expires.tzinfo is None:
+                expires = expires.replace(tzinfo=dt.timezone.utc)
+            if expires <= utcnow():
+                raise AccountError(f"expiry {iso(expires)} is in the past; give a future time such as 7d")
+        with closing(self._db()) as db:
+            self._user(db, owner)
+            self._user(db, to)
+            cur = db.execute("INSERT INTO grants (owner, grantee, resource, created, expires) VALUES (?,?,?,?,?)",
+                             (owner, to, resource, iso(utcnow()), None if expires is None else iso(expires)))
+            gid = cur.lastrowid
+        self.audit.append(actor, "grant.add", f"{owner}:{resource}",
+                          detail={"id": gid, "to": to, "expires": None if expires is None else iso(expires)})
+        return self.grant(gid)
+
+    def grant(self, grant_id: int) -> Grant:
+        """The grant with `grant_id`."""
+        with closing(self._db()) as db:
+            r = db.execute("SELECT * FROM grants WHERE id = ?", (grant_id,)).fetchone()
+        if r is None:
+            raise AccountError(f"grant {grant_id} does not exist; see `nebula-admin grant list`")
+        return Grant(r["id"], r["owner"], r["grantee"], r["resource"], r["created"], r["expires"], r["revoked"])
+
+    def revoke_grant(self, grant_id: int, *, actor: str | None = None) -> None:
+        """Withdraw grant `grant_id` now."""
+        actor = actor or default_actor()
+        g = self.grant(grant_id)
+        if g.revoked:
+            raise AccountError(f"grant {grant_id} is already revoked (at {g.revoked})")
+        with closing(self._db()) as db:
+            db.execute("UPDATE grants SET revoked = ? WHERE id = ?", (iso(utcnow()), grant_id))
+        self.audit.append(actor, "grant.revoke", f"{g.owner}:{g.resource}", detail={"id": grant_id, "to": g.grantee})
+
+    def list_grants(self, owner: str | None = None, to: str | None = None) -> list[Grant]:
+        """Grants, optionally only those of `owner` and/or to `to`."""
+        q, args = "SELECT * FROM grants WHERE 1=1", []
+        if owner is not None:
+            q, args = q + " AND owner = ?", args + [owner]
+        if to is not None:
+            q, args = q + " AND grantee = ?", args + [to]
+        with closing(self._db()) as db:
+            rows = db.execute(q + " ORDER BY id", args).fetchall()
+        return [Grant(r["id"], r["owner"], r["grantee"], r["resource"], r["created"], r["expires"], r["revoked"])
+                for r in rows]
+
+    # ---- the one access path to resources
+    def open_resource(self, actor: str, owner: str, resource: str, mode: str = "rb") -> IO:
+        """Open `owner`'s `resource` for `actor`: owners freely, others read-only with a live grant; audited."""
+        target = f"{owner}:{resource}"
+        try:
+            handle, how = self._open_checked(actor, owner, resource, mode)
+        except AccountError as exc:
+            self.audit.append(actor, "data.open", target, "denied", {"mode": mode, "why": str(exc)})
+            raise
+        self.audit.append(actor, "data.open", target, "ok", {"mode": mode, "via": how})
+        return handle
+
+    def _open_checked(self, actor: str, owner: str, resource: str, mode: str) -> tuple[IO, str]:
+        with closing(self._db()) as db:
+            a = self._user(db, actor)
+            self._user(db, owner)
+        if a["locked"]:
+            raise AccountLocked(f"account {actor!r} is locked; an admin can run `nebula-admin user unlock {actor}`")
+        rel = _resource(resource)
+        how = "owner"
+        if actor != owner:
+            if mode not in _READ_MODES:
+                raise AccessDenied(f"{actor!r} may only read {owner!r}'s resources (grants are read-only); "
+                                   f"open with mode 'rb'")
+            grants = [g for g in self.list_grants(owner=owner, to=actor) if g.covers(rel)]
+            live = [g for g in grants if g.status == "active"]
+            if not live:
+                if any(g.status == "expired" for g in grants):
+                    last = max(g.expires for g in grants if g.status == "expired")
+                    raise AccessDenied(f"grant for {actor!r} on {owner}:{rel} expired at {last}; ask {owner!r} "
+                                       f"for a new one (`nebula-admin grant add --owner {owner} --to {actor} "
+                                       f"--resource {rel}`)")
+                raise AccessDenied(f"{actor!r} has no grant on {owner}:{rel}; ask {owner!r} to run "
+                                   f"`nebula-admin grant add --owner {owner} --to {actor} --resource {rel}`")
+            how = f"grant {live[0].id}"
+        elif mode not in _OWNER_MODES:
+            raise AccountError(f"mode {mode!r} is not supported; use one of {', '.join(_OWNER_MODES)}")
+        ns = self.namespace(owner).resolve()
+        path = (ns / rel).resolve()
+        if path != ns and ns not in path.parents:  # a symlink inside the namespace must not lead out of it
+            raise AccessDenied(f"resource {owner}:{rel} resolves outside {owner!r}'s namespace; refused")
+        try:
+            if mode in _READ_MODES:
+                return open(path, mode), how
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC), 0o600)
+            return os.fdopen(fd, mode), how
+        except FileNotFoundError:
+            raise AccountError(f"resource {owner}:{rel} does not exist") from None
+        except IsADirectoryError:
+            raise AccountError(f"resource {owner}:{rel} is a directory; name a file inside it") from None
