@@ -5,6 +5,8 @@ stages on clusters; `nebula launch job.yaml --cluster C` starts that cluster's r
 """
 from nebula.pipeline.data import rank_micro_batches, step_ids
 from nebula.pipeline.links import ChannelLink, Link, PeerLost, QueueLink, queue_pair
+from nebula.pipeline.metrics import MetricsWriter, read_metrics
+from nebula.pipeline.runtime import RunResult, Wiring, replace_steps, run
 from nebula.pipeline.stage import Recipe, Stage, StageContext, StageOutput, load_recipe
 
 __all__ = [
@@ -20,4 +22,10 @@ __all__ = [
     "QueueLink",
     "queue_pair",
     "PeerLost",
+    "run",
+    "RunResult",
+    "Wiring",
+    "replace_steps",
+    "MetricsWriter",
+    "read_metrics",
 ]

@@ -1,0 +1,35 @@
+"""`nebula launch job.yaml --cluster C`: start one cluster's ranks of a job (wraps paddle.distributed.launch)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nebula.config._schema import ConfigError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the `launch` subcommand."""
+    p = subparsers.add_parser("launch", help="start this cluster's ranks of a job",
+                              description=__doc__)
+    p.add_argument("job", help="job YAML file (the same file on every cluster)")
+    p.add_argument("--cluster", required=True, help="id of the cluster this command starts")
+    p.add_argument("--intra", action="store_true", help="run every stage inside this cluster (comparison mode)")
+    p.add_argument("--node-rank", type=int, default=0, help="index of this node when the cluster has nodes > 1")
+    p.add_argument("--log-dir", default=None, help="per-rank logs (default: <metrics.dir>/log/<cluster>)")
+    p.add_argument("--check", action="store_true", help="validate the job and print the command, start nothing")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate the job, then run the cluster's ranks; exit 2 on a bad config."""
+    from nebula.launch import build_command, launch, prepare
+
+    try:
+        if args.check:
+            cfg = prepare(args.job, args.cluster, intra=args.intra)
+            print(" ".join(build_command(args.job, cfg, args.cluster, intra=args.intra, node_rank=args.node_rank,
+                                         log_dir=args.log_dir)))
+            return 0
+        return launch(args.job, args.cluster, intra=args.intra, node_rank=args.node_rank, log_dir=args.log_dir)
+    except ConfigError as exc:
+        print(f"nebula launch: invalid job: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,4 @@
+"""Per-cluster launcher: validates the job, then starts the cluster's ranks with paddle.distributed.launch."""
+from nebula.launch.launcher import build_command, launch, prepare
+
+__all__ = ["build_command", "launch", "prepare"]

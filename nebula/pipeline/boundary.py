@@ -1,0 +1,145 @@
+"""Stage boundary operations as Paddle autograd functions.
+
+`SendActivation` runs "send forward" in its forward (the activation leaves for the next stage) and "receive
+backward" in its backward (its gradient comes back from the next stage). `RecvActivation` runs "receive forward"
+(the activation arrives as a leaf that requires grad) and "send backward" (the gradient that autograd computes
+for it goes back to the previous stage). Codecs are chosen per direction and step by the `Boundary`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import time
+
+import numpy as np
+import paddle
+from paddle.autograd import PyLayer
+
+from nebula.pipeline.links import Key, Link, LinkStats, Mailbox, Outbox
+
+__all__ = ["Boundary", "SendActivation", "RecvActivation", "send_forward", "recv_forward"]
+
+
+class Boundary:
+    """This rank's end of one stage boundary: an activation link, a gradient link and a control link."""
+
+    def __init__(self, *, side: str, act: Link, grad: Link, ctl: Link, codec: Callable[[str, int], str],
+                 peer_timeout_s: float) -> None:
+        if side not in ("upstream", "downstream"):
+            raise ValueError(f"side {side!r} must be upstream (sends activations) or downstream (receives them)")
+        self.side = side
+        self.peer_cluster, self.peer_rank = act.peer_cluster, act.peer_rank
+        self.stats = LinkStats()
+        self._codec = codec  # (direction, step) -> codec spec
+        out_link, in_link = (act, grad) if side == "upstream" else (grad, act)
+        out_lane = "activation" if side == "upstream" else "gradient"
+        self.outbox = Outbox(out_link, out_lane, self.stats)
+        self.mailbox = Mailbox(in_link, self.stats, peer_timeout_s=peer_timeout_s,
+                               what="gradient" if side == "upstream" else "activation")
+        self.ctl_out = Outbox(ctl, "control", self.stats)
+        self.ctl_in = Mailbox(ctl, self.stats, peer_timeout_s=peer_timeout_s, what="control message")
+        self._grads_sent: set[Key] = set()
+        self.received: list[tuple[Key, tuple[list[int], Any]]] = []  # float activations whose gradients are owed
+        self.wait_s = 0.0  # time the compute thread spent blocked on this boundary
+
+    def send_array(self, key: Key, x: np.ndarray, direction: str) -> None:
+        """Queue `x` for the peer with the codec for `direction` at step key[0]."""
+        self.outbox.send(key, x, self._codec(direction, key[0]))
+
+    def recv_array(self, key: Key) -> np.ndarray:
+        """Wait for the array under `key` on the incoming data link (counts as link wait)."""
+        return self._timed_get(self.mailbox, key)
+
+    def _timed_get(self, box: Mailbox, key: Key) -> np.ndarray:
+        t0 = time.perf_counter()
+        try:
+            return box.get(key)
+        finally:
+            self.wait_s += time.perf_counter() - t0
+
+    def send_gradient(self, key: Key, g: paddle.Tensor) -> None:
+        """Send the gradient of the activation received under `key` (downstream side)."""
+        self._grads_sent.add(key)
+        self.send_array(key, g.numpy(), "backward")
+
+    def finish_gradients(self) -> None:
+        """Send zeros for received activations that did not reach the loss, so the upstream rank never hangs."""
+        for key, (shape, dtype) in self.received:
+            if key not in self._grads_sent:
+                self.send_array(key, np.zeros(shape, dtype=dtype), "backward")
+        self._grads_sent.clear()
+        self.received.clear()
+
+    def send_control(self, key: Key, x: np.ndarray) -> None:
+        """Send a small control array (sync tensor, checkpoint agreement), uncompressed."""
+        self.ctl_out.send(key, np.ascontiguousarray(x), "none")
+
+    def recv_control(self, key: Key) -> np.ndarray:
+        """Receive a control array sent under `key`."""
+        return self._timed_get(self.ctl_in, key)
+
+    def flush(self) -> None:
+        """Wait until everything queued has left (counts as link wait)."""
+        t0 = time.perf_counter()
+        self.outbox.flush()
+        self.ctl_out.flush()
+        self.wait_s += time.perf_counter() - t0
+
+    def close(self) -> None:
+        """Flush and stop the background threads."""
+        self.outbox.close()
+        self.ctl_out.close()
+        self.mailbox.close()
+        self.ctl_in.close()
+
+
+class SendActivation(PyLayer):
+    """Forward: send the activation to the next stage, return a scalar token. Backward: receive its gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: paddle.Tensor, boundary: Boundary, key: Key) -> paddle.Tensor:
+        ctx.boundary, ctx.key = boundary, key
+        ctx.shape, ctx.dtype = list(x.shape), x.dtype
+        boundary.send_array(key, x.numpy(), "forward")
+        return paddle.zeros([1], dtype="float32")
+
+    @staticmethod
+    def backward(ctx: Any, dtoken: paddle.Tensor) -> paddle.Tensor:
+        g = ctx.boundary.recv_array(ctx.key)
+        if list(g.shape) != ctx.shape:
+            raise RuntimeError(f"gradient for step {ctx.key[0]} micro-batch {ctx.key[1]} from cluster "
+                               f"{ctx.boundary.peer_cluster} has shape {list(g.shape)}, expected {ctx.shape}")
+        return paddle.to_tensor(g).astype(ctx.dtype)
+
+
+class RecvActivation(PyLayer):
+    """Forward: pass the received activation on. Backward: send its gradient to the previous stage."""
+
+    @staticmethod
+    def forward(ctx: Any, x: paddle.Tensor, boundary: Boundary, key: Key) -> paddle.Tensor:
+        ctx.boundary, ctx.key = boundary, key
+        return paddle.assign(x)
+
+    @staticmethod
+    def backward(ctx: Any, dy: paddle.Tensor) -> paddle.Tensor:
+        ctx.boundary.send_gradient(ctx.key, dy)
+        return dy
+
+
+def send_forward(x: paddle.Tensor, boundary: Boundary, key: Key) -> paddle.Tensor | None:
+    """Send `x` downstream; returns a token whose backward fetches x's gradient (None if x needs no gradient)."""
+    if x.stop_gradient or not paddle.is_floating_point(x):
+        boundary.send_array(key, x.numpy(), "forward")
+        return None
+    return SendActivation.apply(x, boundary, key)
+
+
+def recv_forward(boundary: Boundary, key: Key, *, with_grad: bool = True) -> paddle.Tensor:
+    """Receive the activation under `key`; when it is floating point its gradient goes back on backward."""
+    arr = boundary.recv_array(key)
+    x = paddle.to_tensor(arr)
+    if not with_grad or not np.issubdtype(arr.dtype, np.floating):
+        return x
+    x.stop_gradient = False
+    boundary.received.append((key, (list(arr.shape), arr.dtype)))
+    return RecvActivation.apply(x, boundary, key)

@@ -1,0 +1,112 @@
+"""Consistent checkpoints: each cluster saves its stages at the same steps; a marker file commits each save.
+
+Layout: ``<dir>/step_<N>/<stage>/model.pdparams``, ``optimizer.pdopt`` and ``<dir>/step_<N>/<cluster>.json``
+(written last, so a step directory counts for a cluster only once its marker exists). An intra-cluster run writes
+every stage in the same layout, which is what makes hot start of an inter-cluster run from it possible.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["step_dir", "save", "local_steps", "load", "prune", "checkpoint_step"]
+
+
+def step_dir(root: str | Path, step: int) -> Path:
+    """Directory of the checkpoint taken after `step` completed steps."""
+    return Path(root) / f"step_{step:08d}"
+
+
+def save(root: str | Path, step: int, cluster: str, stages: dict[str, tuple[Any, Any]], meta: dict) -> Path:
+    """Save each stage's (layer, optimizer) state, then the cluster's marker; returns the step directory."""
+    import paddle
+
+    d = step_dir(root, step)
+    for name, (layer, opt) in stages.items():
+        sd = d / name
+        sd.mkdir(parents=True, exist_ok=True)
+        paddle.save(layer.state_dict(), str(sd / "model.pdparams"))
+        paddle.save(_rename(opt.state_dict(), _param_names(layer)), str(sd / "optimizer.pdopt"))
+    marker = d / f"{cluster}.json"
+    tmp = marker.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({**meta, "step": step, "cluster": cluster, "stages": sorted(stages),
+                               "time": time.time()}))
+    os.replace(tmp, marker)  # atomic: the marker appears only after every stage file is written
+    return d
+
+
+def local_steps(root: str | Path | None, cluster: str, stage_names: list[str]) -> list[int]:
+    """Steps for which this cluster has a committed checkpoint holding all of `stage_names`."""
+    if not root or not Path(root).is_dir():
+        return []
+    out = []
+    for d in Path(root).glob("step_*"):
+        try:
+            step = int(d.name[5:])
+        except ValueError:
+            continue
+        if (d / f"{cluster}.json").is_file() and all((d / n / "model.pdparams").is_file() for n in stage_names):
+            out.append(step)
+    return sorted(out)
+
+
+def checkpoint_step(d: str | Path) -> int:
+    """The step recorded in a step directory's markers (any cluster's)."""
+    d = Path(d)
+    for marker in sorted(d.glob("*.json")) if d.is_dir() else []:
+        return int(json.loads(marker.read_text())["step"])
+    raise FileNotFoundError(f"{d} is not a checkpoint step directory (no <cluster>.json marker); point "
+                            "checkpoint.init_from at a step_<N> directory")
+
+
+def load(d: str | Path, stages: dict[str, tuple[Any, Any]], *, optimizer: bool = True) -> int:
+    """Load each stage's state from step directory `d`; returns its step. Missing stages raise FileNotFoundError."""
+    import paddle
+
+    d = Path(d)
+    step = checkpoint_step(d)
+    for name, (layer, opt) in stages.items():
+        f = d / name / "model.pdparams"
+        if not f.is_file():
+            have = sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
+            raise FileNotFoundError(f"checkpoint {d} has no stage {name!r} (it has {have or 'nothing'})")
+        layer.set_state_dict(paddle.load(str(f)))
+        o = d / name / "optimizer.pdopt"
+        if optimizer and o.is_file():
+            to_runtime = {v: k for k, v in _param_names(layer).items()}
+            opt.set_state_dict(_rename(paddle.load(str(o)), to_runtime))
+    return step
+
+
+def prune(root: str | Path, cluster: str, stage_names: list[str], keep: int) -> None:
+    """Remove this cluster's files from all but the newest `keep` of its checkpoints."""
+    steps = local_steps(root, cluster, stage_names)
+    for step in steps[:-keep] if keep > 0 else steps:
+        d = step_dir(root, step)
+        (d / f"{cluster}.json").unlink(missing_ok=True)
+        for n in stage_names:
+            shutil.rmtree(d / n, ignore_errors=True)
+        if not any(d.iterdir()):
+            d.rmdir()
+
+
+def _param_names(layer: Any) -> dict[str, str]:
+    """Runtime parameter name (e.g. linear_7.w_0, depends on creation order) -> structured name (fc.weight)."""
+    return {p.name: f"@{n}" for n, p in layer.named_parameters()}
+
+
+def _rename(state: dict, names: dict[str, str]) -> dict:
+    """Rename optimizer state keys by their parameter-name prefix, so checkpoints load in any process."""
+    order = sorted(names, key=len, reverse=True)
+    out = {}
+    for key, value in state.items():
+        for old in order:
+            if key == old or key.startswith(old + "_"):
+                key = names[old] + key[len(old):]
+                break
+        out[key] = value
+    return out
