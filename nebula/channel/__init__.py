@@ -1,0 +1,4 @@
+"""Worker-side channels through the switch server: addressed, ordered, exactly-once streams between ranks of a job."""
+from nebula.channel.endpoint import Channel, ChannelError, Endpoint, PeerUnavailable
+
+__all__ = ["Channel", "ChannelError", "Endpoint", "PeerUnavailable"]

@@ -1,0 +1,132 @@
+"""`nebula-switch`: serve (run a switch server), status (links and throughput), probe (end-to-end link test)."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+
+from nebula.config import ConfigError
+from nebula.config.switch import load_switch_config
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from switch_server.server import SwitchError, SwitchServer
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_switch_config(args.config)
+        server = SwitchServer(cfg, args.config)
+    except (ConfigError, SwitchError) as exc:
+        print(f"nebula-switch: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        loop = asyncio.get_running_loop()
+        try:
+            wan, local = await server.start()
+        except (SwitchError, OSError) as exc:
+            print(f"nebula-switch: {exc}", file=sys.stderr)
+            await server.stop()
+            return 2
+        stop = asyncio.Event()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, server.reload)
+        print(f"listening wan={wan} local={local}", flush=True)
+        await stop.wait()
+        await server.stop()
+        return 0
+
+    return asyncio.run(main())
+
+
+def _status(args: argparse.Namespace) -> int:
+    from switch_server.server import status_path
+
+    try:
+        cfg = load_switch_config(args.config)
+    except ConfigError as exc:
+        print(f"nebula-switch: {exc}", file=sys.stderr)
+        return 2
+    path = status_path(cfg)
+    try:
+        st = json.loads(path.read_text())
+    except (OSError, ValueError):
+        print(f"nebula-switch: no status at {path}; is the switch of cluster {cfg.cluster} running?", file=sys.stderr)
+        return 1
+    age = time.time() - st["time"]
+    if args.json:
+        print(json.dumps(st))
+        return 0 if age < 10 else 1
+    stale = f"  (STALE: last written {age:.0f} s ago; the switch is not running)" if age >= 10 else ""
+    print(f"switch {st['cluster']} epoch {st['epoch']} pid {st['pid']}{stale}")
+    print(f"  wan {st['wan']}  local {st['local']}  metrics {st['metrics'] or '-'}")
+    print(f"  workers {st['workers']}  queued {st['queued_bytes']} B  certificate expires {st['certificate_expires']}")
+    print(f"  {'peer':<12}{'state':<7}{'rtt ms':>9}{'out Mbit/s':>12}{'in Mbit/s':>11}{'queued B':>12}{'unacked B':>12}  last error")
+    for c, link in sorted(st["links"].items()):
+        sess = st["sessions"].get(c, {})
+        rtt = "-" if link["rtt_ms"] is None else f"{link['rtt_ms']:.2f}"
+        print(f"  {c:<12}{'up' if link['up'] else 'down':<7}{rtt:>9}{link['mbit_out']:>12.2f}"
+              f"{sess.get('mbit_in', 0.0):>11.2f}{link['queued_bytes']:>12}{link['unacked_bytes']:>12}  {link['last_error']}")
+    return 0 if age < 10 else 1
+
+
+def _probe(args: argparse.Namespace) -> int:
+    from switch_server.probe import ProbeError, probe_recv, probe_send
+
+    try:
+        if args.recv:
+            result = probe_recv(args.worker or args.config, count=args.count, job=args.job, timeout_s=args.timeout)
+        else:
+            if not args.to:
+                print("nebula-switch probe --send needs --to CLUSTER", file=sys.stderr)
+                return 2
+            result = probe_send(args.worker or args.config, to=args.to, count=args.count, size_bytes=args.bytes,
+                                job=args.job, timeout_s=args.timeout)
+    except (ProbeError, ConfigError) as exc:
+        print(f"nebula-switch probe: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result), flush=True)
+    return 0 if result.get("missing", 0) == 0 and result.get("duplicates", 0) == 0 and result.get("out_of_order", 0) == 0 else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Argument parser of nebula-switch."""
+    p = argparse.ArgumentParser(prog="nebula-switch", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="run the switch server of one cluster")
+    s.add_argument("--config", required=True, help="switch.yaml (from nebula-admin provision)")
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.set_defaults(func=_serve)
+    st = sub.add_parser("status", help="print links and throughput of a running switch")
+    st.add_argument("--config", required=True)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_status)
+    pr = sub.add_parser("probe", help="send or receive numbered test messages through the federation")
+    pr.add_argument("--config", required=True, help="switch.yaml of this cluster (worker.yaml beside it is used)")
+    pr.add_argument("--worker", help="worker.yaml to use instead of the one beside --config")
+    mode = pr.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--recv", action="store_true")
+    mode.add_argument("--send", action="store_true")
+    pr.add_argument("--to", help="destination cluster (with --send)")
+    pr.add_argument("--count", type=int, default=100)
+    pr.add_argument("--bytes", type=int, default=65536)
+    pr.add_argument("--job", default="probe")
+    pr.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each message")
+    pr.set_defaults(func=_probe)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of nebula-switch."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""Cluster-private side: a CURVE-authenticated ZeroMQ ROUTER for workers, with a ZAP handler mapping keys to accounts."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+import zmq
+import zmq.asyncio
+from zmq.utils import z85
+
+from nebula.config import LocalConfig
+from nebula.wire import FrameType, Lane, WireError, decode_frame, encode_frame
+from switch_server.lanes import LaneQueues
+
+if TYPE_CHECKING:  # pragma: no cover
+    from switch_server.server import SwitchServer
+
+log = logging.getLogger(__name__)
+
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+ZAP_DOMAIN = b"nebula"
+SNDHWM = 8  # frames queued per worker inside ZeroMQ; the rest waits in our lane queues so priorities hold
+PENDING_TTL_S = 30.0  # frames for a rank that has not said hello yet are kept this long
+
+
+@dataclass(slots=True)
+class Registration:
+    """A worker connection that said hello: who it is and what it may address."""
+
+    ident: bytes
+    account: str
+    job: str
+    rank: int
+    name: str
+    last_seen: float
+
+
+class Outbox:
+    """Frames waiting to be handed to one local worker (or to a rank not yet connected)."""
+
+    __slots__ = ("lanes", "since", "retry")
+
+    def __init__(self) -> None:
+        self.lanes = LaneQueues()
+        self.since = time.monotonic()
+        self.retry: asyncio.TimerHandle | None = None
+
+
+def bind_endpoint(endpoint: str) -> str:
+    """ZeroMQ bind form of `endpoint`: a port of 0 means any free port."""
+    if endpoint.startswith("tcp://") and endpoint.endswith(":0"):
+        return endpoint[:-2] + ":*"
+    return endpoint
+
+
+class LocalSide:
+    """ROUTER socket for the cluster's workers; attributes every frame to an account and a job."""
+
+    def __init__(self, server: SwitchServer, cfg: LocalConfig, public_key: bytes, secret_key: bytes) -> None:
+        self.server = server
+        self.cfg = cfg
+        self.ctx = zmq.asyncio.Context()
+        self.public_key = public_key
+        self.secret_key = secret_key
+        self.keys: dict[str, Any] = {}  # z85 public key -> WorkerIdentity
+        self.set_workers(cfg.workers)
+        self.by_ident: dict[bytes, Registration] = {}
+        self.by_addr: dict[tuple[str, str, int], bytes] = {}
+        self.outboxes: dict[bytes, Outbox] = {}
+        self.pending: dict[tuple[str, str, int], Outbox] = {}
+        self.endpoint = ""
+        self.router: zmq.asyncio.Socket | None = None
+        self.sync: zmq.Socket | None = None
+        self.zap: zmq.asyncio.Socket | None = None
+        self.tasks: list[asyncio.Task] = []
+        self.resume = asyncio.Event()
+        self.resume.set()
+
+    def set_workers(self, workers: tuple) -> None:
+        """Replace the accepted worker keys (hot reload)."""
+        self.keys = {w.curve_public_key: w for w in workers}
+
+    async def start(self) -> str:
+        """Bind the ZAP handler and the ROUTER; return the bound endpoint."""
+        self.zap = self.ctx.socket(zmq.REP)
+        self.zap.linger = 0
+        self.zap.bind(ZAP_ENDPOINT)
+        r = self.router = self.ctx.socket(zmq.ROUTER)
+        r.linger = 0
+        r.curve_server = True
+        r.curve_publickey = self.public_key
+        r.curve_secretkey = self.secret_key
+        r.zap_domain = ZAP_DOMAIN
+        r.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        r.sndhwm = SNDHWM
+        r.rcvhwm = 64
+        r.bind(bind_endpoint(self.cfg.endpoint))
+        # a synchronous view of the same socket: non-blocking sends and batched receives without futures
+        self.sync = zmq.Socket.shadow(r.underlying)
+        self.endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.tasks = [asyncio.create_task(self._zap_loop()), asyncio.create_task(self._recv_loop())]
+        return self.endpoint
+
+    async def stop(self) -> None:
+        """Close sockets and stop tasks."""
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.sync is not None:
+            self.sync = None
+        for s in (self.router, self.zap):
+            if s is not None:
+                s.close(0)
+        self.ctx.term()
+
+    # ---- authentication ----
+    async def _zap_loop(self) -> None:
+        assert self.zap is not None
+        while True:
+            msg = await self.zap.recv_multipart()
+            try:
+                reply = self._zap_reply(msg)
+            except Exception:  # never let one bad request stop authentication for everyone
+                log.exception("ZAP request failed")
+                reply = [b"1.0", msg[1] if len(msg) > 1 else b"", b"500", b"internal error", b"", b""]
+            await self.zap.send_multipart(reply)
+
+    def _zap_reply(self, msg: list[bytes]) -> list[bytes]:
+        version, request_id, domain, address, _identity, mechanism = msg[:6]
+        creds = msg[6:]
+        addr = address.decode(errors="replace")
+        if mechanism != b"CURVE" or not creds or len(creds[0]) != 32:
+            self.server.audit("worker", "worker_rejected", addr, "denied", {"reason": "not_curve"})
+            return [version, request_id, b"400", b"CURVE required", b"", b""]
+        key = z85.encode(creds[0]).decode()
+        worker = self.keys.get(key)
+        if worker is None:
+            self.server.metrics.refused.labels(reason="unknown_worker_key").inc()
+            self.server.audit(
+                "worker", "worker_rejected", addr, "denied", {"reason": "unknown_key", "curve_public_key": key}
+            )
+            return [version, request_id, b"400", b"unknown CURVE key; add it under local.workers", b"", b""]
+        self.server.audit(f"worker:{worker.name}", "worker_accepted", addr, "ok", {"account": worker.account})
+        # User-Id carries "name/account" so every frame names its credential and account
+        return [version, request_id, b"200", b"OK", f"{worker.name}/{worker.account}".encode(), b""]
+
+    # ---- receiving ----
+    async def _recv_loop(self) -> None:
+        assert self.router is not None
+        while True:
+            if not self.resume.is_set():
+                await self.resume.wait()  # memory cap reached: workers are held back by ZeroMQ's own limits
+            await self.router.poll(flags=zmq.POLLIN)
+            for _ in range(256):  # then yield, so links and timers run between batches
+                if not self.resume.is_set():
+                    break
+                try:
+                    parts = self.sync.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                try:
+                    await self._on_message(parts)
+                except Exception:
+                    log.exception("failed to handle a worker frame")
+            await asyncio.sleep(0)
+
+    async def _on_message(self, parts: list[zmq.Frame]) -> None:
+        ident = parts[0].bytes
+        if len(parts) not in (2, 3):
+            self.refuse(ident, "bad_parts", f"expected 1 or 2 message parts after the identity, got {len(parts) - 1}")
+            return
+        head = parts[1]
+        user = head.get("User-Id")
+        name, _, account = user.partition("/")
+        payload = parts[2].buffer if len(parts) == 3 else b""
+        try:
+            frame = decode_frame(head.buffer, payload, max_payload_bytes=self.server.cfg.link.chunk_bytes)
+        except WireError as exc:
+            self.refuse(ident, exc.code, f"malformed frame: {exc.message}")
+            return
+        t = frame.type
+        if t == FrameType.HELLO:
+            self._hello(ident, name, account, frame.meta)
+            return
+        reg = self.by_ident.get(ident)
+        if reg is None:
+            self.refuse(ident, "no_hello", "send HELLO (job, rank) before any other frame", frame)
+            return
+        reg.last_seen = time.monotonic()
+        if t not in (FrameType.DATA, FrameType.ACK):
+            self.refuse(ident, "bad_type", f"workers may send HELLO, DATA and ACK frames, not {t.name}", frame)
+            return
+        key = frame.key()
+        cluster = self.server.cfg.cluster
+        me = (key.src_cluster, key.src_rank) if t == FrameType.DATA else (key.dst_cluster, key.dst_rank)
+        if key.account != reg.account or key.job != reg.job or me != (cluster, reg.rank):
+            self.refuse(
+                ident,
+                "not_attributed",
+                f"frame names account {key.account!r} job {key.job!r} endpoint {me}, but this connection is "
+                f"account {reg.account!r} job {reg.job!r} rank {reg.rank} of cluster {cluster!r}",
+                frame,
+            )
+            return
+        if t == FrameType.DATA and frame.header.total_len > self.server.cfg.link.max_message_bytes:
+            self.refuse(
+                ident,
+                "too_large",
+                f"message of {frame.header.total_len} bytes exceeds link.max_message_bytes="
+                f"{self.server.cfg.link.max_message_bytes}; split it or raise the limit",
+                frame,
+            )
+            return
+        wait = self.server.account_bucket(reg.account).take(len(payload) + len(head.buffer))
+        if wait > 0:
+            await asyncio.sleep(wait)  # per-account rate limit
+        err = self.server.route(frame, bytes(head.buffer), payload, origin=None)
+        if err is not None:
+            self.refuse(ident, err[0], err[1], frame)
+
+    def _hello(self, ident: bytes, name: str, account: str, meta: dict) -> None:
+        job, rank = meta["job"], meta["rank"]
+        worker = next((w for w in self.keys.values() if w.name == name and w.account == account), None)
+        if meta["account"] != account:
+            self.refuse(ident, "not_attributed", f"HELLO names account {meta['account']!r} but this key belongs to {account!r}")
+            return
+        if worker is None or ("*" not in worker.jobs and job not in worker.jobs):
+            self.server.audit(f"worker:{name}", "job_rejected", job, "denied", {"account": account, "rank": rank})
+            self.refuse(ident, "job_denied", f"credential {name!r} may not join job {job!r}; allowed: {list(worker.jobs) if worker else []}")
+            return
+        addr = (account, job, rank)
+        old = self.by_addr.get(addr)
+        if old != ident:
+            if old is not None:
+                self._forget(old)
+            prev = self.by_ident.get(ident)
+            if prev is not None:
+                self.by_addr.pop((prev.account, prev.job, prev.rank), None)
+            self.by_addr[addr] = ident
+            self.by_ident[ident] = Registration(ident, account, job, rank, name, time.monotonic())
+            self.server.metrics.workers.set(len(self.by_ident))
+            log.info("worker %s account %s joined job %s as rank %d", name, account, job, rank)
+            box = self.pending.pop(addr, None)
+            if box is not None:
+                mine = self.outboxes.setdefault(ident, Outbox())
+                while (item := box.lanes.pop()) is not None:
+                    mine.lanes.push(*item)
+        else:
+            self.by_ident[ident].last_seen = time.monotonic()
+        self.send_control(ident, FrameType.WELCOME, self.server.welcome_meta())
+        self.flush(ident)
+
+    def _forget(self, ident: bytes) -> None:
+        reg = self.by_ident.pop(ident, None)
+        if reg is not None and self.by_addr.get((reg.account, reg.job, reg.rank)) == ident:
+            del self.by_addr[(reg.account, reg.job, reg.rank)]
+        box = self.outboxes.pop(ident, None)
+        if box is not None:
+            if box.retry is not None:
+                box.retry.cancel()
+            for item in box.lanes.clear():
+                self._release(item)
+        self.server.metrics.workers.set(len(self.by_ident))
+
+    # ---- sending ----
+    def refuse(self, ident: bytes, code: str, message: str, frame: Any = None) -> None:
+        """Send an ERROR frame with `code` and `message` to the worker that sent `frame`."""
+        self.server.metrics.refused.labels(reason=code).inc()
+        log.info("refused frame from worker: %s: %s", code, message)
+        meta: dict[str, Any] = {"code": code, "message": message}
+        seq = 0
+        if frame is not None and frame.type in (FrameType.DATA, FrameType.ACK):
+            meta["channel"] = frame.key().to_meta()
+            seq = frame.header.seq
+        self.send_control(ident, FrameType.ERROR, meta, seq=seq)
+
+    def send_control(self, ident: bytes, ftype: FrameType, meta: dict, seq: int = 0) -> None:
+        """Queue a control frame for one worker connection."""
+        head = encode_frame(ftype, meta, seq=seq)
+        box = self.outboxes.setdefault(ident, Outbox())
+        box.lanes.push(Lane.CONTROL, (head, b"", None, False), len(head))
+        self.flush(ident)
+
+    def deliver(self, account: str, job: str, rank: int, lane: Lane, head: bytes, payload: Any, origin: Any) -> None:
+        """Queue a frame for local rank `rank` of (account, job); held briefly if that rank has not said hello."""
+        n = len(head) + len(payload)
+        ident = self.by_addr.get((account, job, rank))
+        self.server.mem_used += n
+        if ident is None:
+            box = self.pending.get((account, job, rank))
+            if box is None:
+                box = self.pending[(account, job, rank)] = Outbox()
+            box.lanes.push(lane, (head, payload, origin, True), n)
+            return
+        box = self.outboxes.get(ident)
+        if box is None:
+            box = self.outboxes[ident] = Outbox()
+        box.lanes.push(lane, (head, payload, origin, True), n)
+        self.flush(ident)
+
+    def _release(self, item: tuple) -> None:
+        head, payload, origin, counted = item
+        n = len(head) + len(payload)
+        if counted:
+            self.server.mem_used -= n
+        if origin is not None:
+            origin.release(n)
+
+    def flush(self, ident: bytes) -> None:
+        """Hand queued frames to ZeroMQ by priority until its per-worker queue is full."""
+        box = self.outboxes.get(ident)
+        if box is None or self.sync is None:
+            return
+        if box.retry is not None:
+            box.retry.cancel()
+            box.retry = None
+        sock = self.sync
+        while True:
+            item = box.lanes.pop()
+            if item is None:
+                break
+            lane, entry, n = item
+            head, payload = entry[0], entry[1]
+            parts = [ident, head, payload] if payload else [ident, head]
+            try:
+                sock.send_multipart(parts, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                box.lanes.push_front(lane, entry, n)
+                box.retry = asyncio.get_running_loop().call_later(0.001, self.flush, ident)
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EHOSTUNREACH:  # the worker went away; its frames will be retransmitted end to end
+                    box.lanes.push_front(lane, entry, n)
+                    self._forget(ident)
+                    return
+                raise
+            if payload:
+                self.server.metrics.count("local", lane, "out", n)
+            self._release(entry)
+        self.server.maybe_resume()
+
+    def sweep(self) -> None:
+        """Drop frames held for ranks that never said hello, and registrations of workers long silent."""
+        now = time.monotonic()
+        for addr, box in list(self.pending.items()):
+            if now - box.since > PENDING_TTL_S:
+                for item in box.lanes.clear():
+                    self._release(item)
+                del self.pending[addr]
+        for ident, reg in list(self.by_ident.items()):
+            if now - reg.last_seen > 120.0:
+                self._forget(ident)
+        self.server.maybe_resume()
+
+    def hold_back(self, paused: bool) -> None:
+        """Stop (or resume) reading worker frames while over the memory cap."""
+        if paused:
+            self.resume.clear()
+        else:
+            self.resume.set()
+
+    def broadcast(self, make: Callable[[], dict]) -> None:
+        """Send a fresh WELCOME (link states) to every registered worker."""
+        meta = make()
+        for ident in list(self.by_ident):
+            self.send_control(ident, FrameType.WELCOME, meta)
