@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import backend as B
-from .base import Codec, CodecError, Encoded, decode, get_codec, parse_args, register, relative_error
-from .spec import SpecNode, format_spec, parse_spec
+from .base import Codec, CodecError, Encoded, check_finite, decode, get_codec, parse_args, register, relative_error
+from .spec import SpecError, SpecNode, format_spec, parse_spec
 
 __all__ = ["AutoCodec", "Measurement", "default_candidates", "pick"]
 
@@ -85,10 +85,10 @@ class AutoCodec(Codec):
             "budget": is_budget, "mbit": lambda v: isinstance(v, (int, float)) and v > 0,
             "every": lambda v: isinstance(v, int) and v >= 1}, cls.usage)
         if "budget" not in args:
-            raise CodecError(f"codec 'auto' needs an error budget; usage: {cls.usage}")
+            raise SpecError(f"codec 'auto' needs an error budget; usage: {cls.usage}")
         for c in cands:
             if parse_spec(c).name in ("auto", "ef"):
-                raise CodecError(f"auto: candidate {c!r} cannot be another auto or ef codec; usage: {cls.usage}")
+                raise SpecError(f"auto: candidate {c!r} cannot be another auto or ef codec; usage: {cls.usage}")
         return cls(args["budget"], cands or None, args.get("mbit", 100.0), args.get("every", 500))
 
     def update_bandwidth(self, bytes_per_s: float) -> None:
@@ -136,6 +136,7 @@ class AutoCodec(Codec):
         return ms, encs
 
     def _encode(self, x: Any) -> Encoded:
+        check_finite(x, self.spec)  # whatever is chosen, NaN/Inf is reported the same way
         key = (B.shape_of(x), B.dtype_name(x), B.kind_of(x))
         n = self._count.get(key, 0)
         self._count[key] = n + 1

@@ -66,7 +66,7 @@ def contiguous(x: Any) -> Any:
     """x itself if it is contiguous, else a contiguous copy (a strided view cannot go on the wire as is)."""
     if is_paddle(x):
         return x if x.is_contiguous() else x.contiguous()
-    return np.ascontiguousarray(x)
+    return x if x.flags.c_contiguous else x.copy(order="C")
 
 
 def compute_dtype(name: str) -> str:
@@ -96,9 +96,9 @@ def reshape(x: Any, shape: tuple[int, ...]) -> Any:
 
 def to_host(x: Any) -> np.ndarray:
     """A contiguous numpy view (CPU paddle: zero-copy via DLPack) or host copy (GPU) of x, for the wire."""
-    if not is_paddle(x):
-        return np.ascontiguousarray(x)
     x = contiguous(x)
+    if not is_paddle(x):
+        return x
     if x.place.is_cpu_place() and dtype_name(x) not in ("bfloat16", "float16", "bool"):
         try:
             return np.from_dlpack(x)

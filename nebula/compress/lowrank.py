@@ -8,7 +8,7 @@ import numpy as np
 from . import backend as B
 from . import factorize as F
 from .base import Codec, CodecError, Encoded, check_finite, parse_args, register
-from .spec import SpecNode
+from .spec import SpecError, SpecNode
 
 __all__ = ["SVDCodec", "LowRankCodec"]
 
@@ -52,7 +52,7 @@ class SVDCodec(Codec):
     def from_spec(cls, node: SpecNode) -> "SVDCodec":
         args = parse_args(node, ("r",), {"r": _is_ratio}, cls.usage)
         if "r" not in args:
-            raise CodecError(f"codec 'svd' needs the fraction of singular values to keep; usage: {cls.usage}")
+            raise SpecError(f"codec 'svd' needs the fraction of singular values to keep; usage: {cls.usage}")
         return cls(args["r"])
 
     def _encode(self, x: Any) -> Encoded:
@@ -96,7 +96,7 @@ class LowRankCodec(Codec):
             "rank": _is_count(1, 1 << 30), "ratio": _is_ratio, "energy": _is_ratio, "power": _is_count(0, 16),
             "oversample": _is_count(0, 1 << 16), "warm": _is_count(0, 1), "seed": _is_count(0, 2**63 - 1)}, cls.usage)
         if sum(k in args for k in ("rank", "ratio", "energy")) != 1:
-            raise CodecError(f"codec 'lowrank' needs exactly one of rank=, ratio=, energy=; usage: {cls.usage}")
+            raise SpecError(f"codec 'lowrank' needs exactly one of rank=, ratio=, energy=; usage: {cls.usage}")
         return cls(**args)
 
     def reset(self) -> None:

@@ -117,11 +117,15 @@ def quantize_blocks(x: Any, block: int, levels: int) -> tuple[Any, Any]:
 
 
 def _scale_round(x: np.ndarray, inv: float, q: np.ndarray) -> None:
-    inv = x.dtype.type(inv)
+    with np.errstate(over="ignore"):
+        inv_t = x.dtype.type(inv)
+    if not np.isfinite(inv_t):  # max|x| so tiny that its inverse overflows: rescale in float64 instead
+        np.copyto(q, np.rint(x.astype(np.float64) * inv), casting="unsafe")
+        return
 
     def work(a: int, b: int) -> None:
         for s, e in _sub_ranges(a, b):
-            t = x[s:e] * inv
+            t = x[s:e] * inv_t
             np.rint(t, out=t)
             np.copyto(q[s:e], t, casting="unsafe")
 
@@ -139,8 +143,10 @@ def _quantize_rows(x2: np.ndarray, q2: np.ndarray, scales: np.ndarray, levels: i
             scales[s:e] = amax / levels
             if not np.isfinite(amax).all():
                 return  # the caller sees the non-finite scale and reports it
-            inv = np.divide(levels, amax, out=np.zeros_like(amax), where=amax > 0)
-            t = xs * inv[:, None]
+            inv = np.divide(levels, amax, out=np.zeros(amax.shape), where=amax > 0)  # float64: no overflow
+            with np.errstate(over="ignore"):
+                inv_t = inv.astype(xs.dtype)
+            t = xs * inv_t[:, None] if np.isfinite(inv_t).all() else xs * inv[:, None]
             np.rint(t, out=t)
             np.copyto(q2[s:e], t, casting="unsafe")
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from . import backend as B
 from .base import Codec, CodecError, Encoded, check_finite, parse_args, register
-from .spec import SpecNode
+from .spec import SpecError, SpecNode
 
 __all__ = ["TopKCodec", "topk_select", "topk_scatter"]
 
@@ -56,7 +56,7 @@ class TopKCodec(Codec):
         ok = lambda v: isinstance(v, (int, float)) and 0 < v <= 1  # noqa: E731
         args = parse_args(node, ("f",), {"f": ok}, cls.usage)
         if "f" not in args:
-            raise CodecError(f"codec 'topk' needs the fraction of elements to keep; usage: {cls.usage}")
+            raise SpecError(f"codec 'topk' needs the fraction of elements to keep; usage: {cls.usage}")
         return cls(args["f"])
 
     def _encode(self, x: Any) -> Encoded:
