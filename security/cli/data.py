@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     for name, handler in (("read", read), ("write", write)):
         q = s.add_parser(name, help=f"{name} OWNER's RESOURCE as account --as (stdout/stdin)")
         add_home(q)
-        q.add_argument("--as", dest="actor", required=True, help="acting account")
+        q.add_argument("--as", dest="as_user", required=True, help="acting account")
         q.add_argument("--owner", required=True)
         q.add_argument("--resource", required=True)
         q.set_defaults(handler=handler)
@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def read(args: argparse.Namespace) -> int:
     """Handler of `data read`: copy the resource to stdout."""
-    with Accounts(home(args), create=False) as acc, acc.open_resource(args.actor, args.owner, args.resource) as f:
+    with Accounts(home(args), create=False) as acc, acc.open_resource(args.as_user, args.owner, args.resource) as f:
         shutil.copyfileobj(f, sys.stdout.buffer)
     sys.stdout.flush()
     return 0
@@ -33,6 +33,6 @@ def read(args: argparse.Namespace) -> int:
 def write(args: argparse.Namespace) -> int:
     """Handler of `data write`: store stdin as the resource (owners only)."""
     with Accounts(home(args), create=False) as acc, \
-            acc.open_resource(args.actor, args.owner, args.resource, "wb") as f:
+            acc.open_resource(args.as_user, args.owner, args.resource, "wb") as f:
         shutil.copyfileobj(sys.stdin.buffer, f)
     return 0
