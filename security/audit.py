@@ -211,7 +211,6 @@ class AuditLog:
     def _last_line(self, size: int) -> bytes:
         end = size
         buf = b""
-        os.lseek(self._rfd, 0, os.SEEK_SET)
         while True:
             start = max(0, end - 8192)
             chunk = os.pread(self._rfd, end - start, start)

@@ -156,3 +156,22 @@ def test_every_ca_operation_is_an_audit_record(ca, tmp_path):
     actions = [r["action"] for r in read_records(ca.audit_path)]
     assert actions == ["ca.init", "cert.issue", "cert.revoke", "crl.write"]
     assert verify_log(ca.audit_path).ok
+
+
+def test_malformed_or_mismatched_ca_files_are_named(tmp_path):
+    ca = CertificateAuthority.init(tmp_path / "ca", "demo")
+    other = CertificateAuthority.init(tmp_path / "other", "demo")
+    good_pem = ca.cert_path.read_bytes()
+    ca.cert_path.write_bytes(b"not a certificate")
+    with pytest.raises(CAError, match=r"CA certificate .*ca\.pem is not a valid PEM certificate"):
+        CertificateAuthority.open(ca.dir)
+    ca.cert_path.write_bytes(good_pem)
+    ca.key_path.write_bytes(b"-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----\n")
+    with pytest.raises(CAError, match=r"CA key .*ca\.key is not a valid PEM private key"):
+        CertificateAuthority.open(ca.dir).write_crl()
+    ca.key_path.write_bytes(other.key_path.read_bytes())
+    with pytest.raises(CAError, match="does not belong to"):
+        CertificateAuthority.open(ca.dir).issue("w", "worker", "A", out_dir=tmp_path / "w")
+    (ca.dir / "index.db").unlink()
+    with pytest.raises(CAError, match="lacks index.db"):
+        CertificateAuthority.open(ca.dir)
