@@ -1,0 +1,127 @@
+"""End to end through two real switch servers: ordered exactly-once channels, tensors, refusals, isolation."""
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+import zmq
+import zmq.auth
+
+from nebula.channel import ChannelError, Endpoint
+from nebula.wire import ChannelKey, FrameType, decode_frame, encode_frame
+from security.curve import write_curve_keypair
+from tests.switch.conftest import wait_audit, worker_yaml
+
+
+def test_relay_both_directions_in_order(two_switches):
+    fed, a, b = two_switches
+    rng = random.Random(1)
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=1) as eb:
+        ca, cb = ea.channel("B", 1, "act"), eb.channel("A", 0, "act")
+        msgs = [rng.randbytes(rng.choice([0, 1, 100, 5000, 300_000, 700_000])) for _ in range(120)]
+        # lanes reorder frames on the way; the channel still delivers in send order
+        futs = [ca.send(m, lane=rng.choice(["activation", "gradient", "bulk", "control"])) for m in msgs]
+        assert [cb.recv(timeout_s=60) for _ in msgs] == msgs
+        for f in futs:
+            assert f.result(timeout=10) is None
+        cb.send([b"ab", b"", b"cde"], lane="gradient")
+        assert [bytes(p) for p in ca.recv_parts(timeout_s=30)] == [b"ab", b"", b"cde"]
+        x = np.random.default_rng(0).standard_normal((64, 48)).astype(np.float32)
+        ca.send_tensor(x)
+        np.testing.assert_array_equal(cb.recv_tensor(timeout_s=30), x)
+        ca.send_tensor(x, codec="fp16")
+        y = cb.recv_tensor(codec="fp16", timeout_s=30)
+        assert y.dtype == np.float32 and y.shape == x.shape and np.allclose(y, x, atol=1e-2)
+        with pytest.raises(TimeoutError):
+            ca.recv(timeout_s=0.3)
+
+
+def test_refusals_reach_the_sender_and_jobs_are_isolated(two_switches):
+    fed, a, b = two_switches
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb, \
+            Endpoint.connect(worker_yaml(fed, "B"), job="other", rank=0) as eo:
+        nowhere = ea.channel("Z", 0, "x")
+        nowhere.send(b"hello")
+        with pytest.raises(ChannelError, match="unknown_destination.*'Z'"):
+            nowhere.recv(timeout_s=20)
+        ea.channel("B", 0, "x").send(b"for job j only")
+        assert eb.channel("A", 0, "x").recv(timeout_s=30) == b"for job j only"
+        with pytest.raises(TimeoutError):
+            eo.channel("A", 0, "x").recv(timeout_s=1.0)
+        # the other job's rank 0 cannot talk to job j's ranks either: it reaches only its own job
+        eo.channel("A", 0, "x").send(b"from another job")
+        with pytest.raises(TimeoutError):
+            ea.channel("B", 0, "x").recv(timeout_s=1.0)
+
+
+def _raw_worker(fed, cluster: str) -> zmq.Socket:
+    wcfg = yaml.safe_load(Path(worker_yaml(fed, cluster)).read_text())
+    public, secret = zmq.auth.load_certificate(Path(worker_yaml(fed, cluster)).parent / wcfg["curve_key"])
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.linger = 0
+    s.curve_publickey, s.curve_secretkey = public, secret
+    s.curve_serverkey = wcfg["switch_curve_public_key"].encode()
+    s.rcvtimeo = 10000
+    s.connect(wcfg["endpoint"])
+    return s
+
+
+def _next_error(s: zmq.Socket) -> dict:
+    while True:
+        parts = s.recv_multipart()
+        f = decode_frame(parts[0], parts[1] if len(parts) > 1 else b"")
+        if f.type == FrameType.ERROR:
+            return f.meta
+
+
+def test_malformed_and_oversized_frames_refused_with_reason(two_switches):
+    fed, a, b = two_switches
+    s = _raw_worker(fed, "A")
+    try:
+        key = ChannelKey("j", "nebula", "A", 5, "B", 0, "raw")
+        s.send(encode_frame(FrameType.DATA, key.to_meta(), b"x", channel_id=key.id), zmq.SNDMORE)
+        s.send(b"x")
+        assert _next_error(s)["code"] == "no_hello"
+        s.send(encode_frame(FrameType.HELLO, {"job": "j", "rank": 5, "account": "nebula", "name": "worker"}))
+        s.send(b"GET / HTTP/1.1\r\n\r\n" + b"\0" * 60)
+        err = _next_error(s)
+        assert err["code"] == "bad_magic" and "not a Nebula frame" in err["message"]
+        huge = encode_frame(FrameType.DATA, key.to_meta(), b"y" * 10, channel_id=key.id, chunk_count=1 << 20,
+                            total_len=1 << 40)
+        s.send_multipart([huge, b"y" * 10])
+        err = _next_error(s)
+        assert err["code"] == "too_large" and "max_message_bytes" in err["message"] and err["channel"]["name"] == "raw"
+        s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"z" * (1 << 20), channel_id=key.id),
+                          b"z" * (1 << 20)])
+        assert _next_error(s)["code"] == "chunk_too_large"
+        s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"abc", channel_id=key.id), b"ab"])
+        assert _next_error(s)["code"] == "truncated"
+        other = ChannelKey("j", "nebula", "A", 6, "B", 0, "raw")  # pretends to be another rank
+        s.send_multipart([encode_frame(FrameType.DATA, other.to_meta(), b"q", channel_id=other.id), b"q"])
+        assert _next_error(s)["code"] == "not_attributed"
+    finally:
+        s.close(0)
+    # the switch keeps serving everyone else
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
+        ea.channel("B", 0, "ok").send(b"still fine")
+        assert eb.channel("A", 0, "ok").recv(timeout_s=30) == b"still fine"
+
+
+def test_unknown_worker_key_refused_and_audited(two_switches, tmp_path):
+    fed, a, b = two_switches
+    data = yaml.safe_load(Path(worker_yaml(fed, "A")).read_text())
+    data["curve_key"] = str(tmp_path / "stranger.key_secret")
+    stranger = write_curve_keypair(tmp_path / "stranger.key_secret")
+    (tmp_path / "stranger.yaml").write_text(yaml.safe_dump(data))
+    with pytest.raises(ChannelError, match="refused our CURVE key"):
+        Endpoint.connect(tmp_path / "stranger.yaml", job="j", rank=0, timeout_s=15)
+    rec = wait_audit(a, lambda r: r["action"] == "worker_rejected")
+    assert rec["outcome"] == "denied" and rec["detail"]["curve_public_key"] == stranger
