@@ -70,7 +70,8 @@ def hash_password(password: str, *, n: int = SCRYPT_N, r: int = SCRYPT_R, p: int
     """scrypt hash of `password` with a random salt, as `scrypt$n$r$p$salt$hash` (base64)."""
     salt = secrets.token_bytes(16)
     digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, maxmem=_maxmem(n, r, p), dklen=32)
-    return "$".join(["scrypt", str(n), str(r), str(p), base64.b64encode(salt).decode(), base64.b64encode(digest).decode()])
+    b64 = [base64.b64encode(v).decode() for v in (salt, digest)]
+    return "$".join(["scrypt", str(n), str(r), str(p), *b64])
 
 
 def _maxmem(n: int, r: int, p: int) -> int:

@@ -243,8 +243,9 @@ class CertificateAuthority:
         ca = cls(directory, cert, passphrase)
         ca._key = key
         ca._write_crl_to(ca.crl_path)
-        ca.audit_event("ca.init", ca.cert_path.name, detail={"federation": federation, "serial": format_serial(cert.serial_number),
-                                                          "encrypted": bool(pw)})
+        ca.audit_event("ca.init", ca.cert_path.name,
+                       detail={"federation": federation, "serial": format_serial(cert.serial_number),
+                               "encrypted": bool(pw)})
         log.info("initialised CA for federation %s in %s", federation, directory)
         return ca
 
@@ -253,7 +254,8 @@ class CertificateAuthority:
         """Open an existing CA directory; the key is loaded (and its passphrase checked) on first signing use."""
         directory = Path(directory)
         if not directory.is_dir():
-            raise CAError(f"CA directory {directory} does not exist; create it with `nebula-admin ca init --dir {directory}`")
+            raise CAError(f"CA directory {directory} does not exist; "
+                          f"create it with `nebula-admin ca init --dir {directory}`")
         for needed in ("ca.pem", "ca.key", "index.db"):
             if not (directory / needed).exists():
                 raise CAError(f"CA directory {directory} lacks {needed}; it is not a CA made by `nebula-admin ca init`")

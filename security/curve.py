@@ -4,7 +4,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519

@@ -4,7 +4,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import ssl
-from pathlib import Path
 from typing import Collection
 
 from cryptography import x509
@@ -50,7 +49,8 @@ def load_crl(crl: str | os.PathLike, ca_cert: x509.Certificate | None = None) ->
     try:
         obj = x509.load_pem_x509_crl(_need(crl, "CRL"))
     except ValueError as exc:
-        raise TLSConfigError(f"CRL {crl} is not a valid PEM CRL ({exc}); regenerate it with `nebula-admin crl`") from None
+        raise TLSConfigError(f"CRL {crl} is not a valid PEM CRL ({exc}); "
+                             "regenerate it with `nebula-admin crl`") from None
     if ca_cert is not None and not obj.is_signature_valid(ca_cert.public_key()):
         raise TLSConfigError(f"CRL {crl} is not signed by the CA in use; write it with that CA's `nebula-admin crl`")
     nxt = obj.next_update_utc
@@ -105,7 +105,7 @@ def server_context(ca: str | os.PathLike, cert: str | os.PathLike, key: str | os
 
 def client_context(ca: str | os.PathLike, cert: str | os.PathLike, key: str | os.PathLike, crl: str | os.PathLike,
                    passphrase: str | bytes | None = None) -> ssl.SSLContext:
-    """Client-side context of a switch dialling a peer switch: presents its certificate, checks the peer's and the CRL."""
+    """Client-side context of a switch dialling a peer: presents its certificate, checks the peer's and the CRL."""
     return _context(ssl.PROTOCOL_TLS_CLIENT, str(ca), str(cert), str(key), str(crl), passphrase)
 
 

@@ -93,7 +93,8 @@ def test_provision_command(tmp_path, capsys):
     assert (tmp_path / "d" / "A" / "switch.yaml").exists() and (tmp_path / "d" / "B" / "worker.yaml").exists()
     code, _, err = run(capsys, "provision", "--federation", "demo", "--clusters", "A", "--out", str(tmp_path / "d"))
     assert code == 1 and "already exists" in err
-    code, _, err = run(capsys, "provision", "--federation", "demo", "--clusters", "A,../x", "--out", str(tmp_path / "e"))
+    code, _, err = run(capsys, "provision", "--federation", "demo", "--clusters", "A,../x",
+                       "--out", str(tmp_path / "e"))
     assert code == 1 and "cluster '../x' is not a valid name" in err
 
 
