@@ -21,8 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     for name, helptext, handler in (("add", "create an account and its namespace", add_user),
                                     ("passwd", "set a new password", set_password),
-                                    ("lock", "lock an account", lock_user),
-                                    ("unlock", "unlock an account and reset its failures", unlock_user),
+                                    ("lock", "lock an account", set_lock),
+                                    ("unlock", "unlock an account and reset its failures", set_lock),
                                     ("login", "check a password (failures count towards lockout)", login)):
         q = s.add_parser(name, help=helptext)
         q.add_argument("name")
@@ -58,19 +58,11 @@ def set_password(args: argparse.Namespace) -> int:
     return 0
 
 
-def lock_user(args: argparse.Namespace) -> int:
-    """Handler of `user lock`."""
+def set_lock(args: argparse.Namespace) -> int:
+    """Handler of `user lock` and `user unlock`."""
     with Accounts(home(args), create=False) as acc:
-        acc.lock(args.name)
-    print(f"locked {args.name}")
-    return 0
-
-
-def unlock_user(args: argparse.Namespace) -> int:
-    """Handler of `user unlock`."""
-    with Accounts(home(args), create=False) as acc:
-        acc.unlock(args.name)
-    print(f"unlocked {args.name}")
+        (acc.lock if args.action == "lock" else acc.unlock)(args.name)
+    print(f"{args.action}ed {args.name}")
     return 0
 
 
