@@ -299,6 +299,13 @@ def validate_job(cfg: JobConfig, cluster: str | None = None) -> list[str]:
                 raise ConfigError(f"cluster {cid!r}: switch connection file {c.worker} does not exist; run "
                                   "nebula-admin provision or fix clusters[].worker")
             _check_worker_file(c.worker, cid)
+    if cfg.checkpoint.init_from:
+        from nebula.pipeline.checkpoint import checkpoint_step
+
+        try:
+            checkpoint_step(cfg.checkpoint.init_from)
+        except (FileNotFoundError, ValueError, KeyError) as exc:
+            raise ConfigError(f"checkpoint.init_from: {exc}") from exc
     from nebula.pipeline.stage import load_recipe  # late: pipeline imports paddle
 
     recipe = load_recipe(cfg.recipe)

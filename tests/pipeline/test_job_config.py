@@ -117,3 +117,11 @@ def test_cli_check_prints_the_paddle_launch_command(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "-m paddle.distributed.launch --nnodes 1 --nproc_per_node 2" in out.stdout
     assert "worker.py --job" in out.stdout and "--cluster A" in out.stdout
+
+
+def test_hot_start_checkpoint_must_exist(tmp_path):
+    f = toy_job(tmp_path, clusters=[{"id": "A"}], stages=[{"name": "embed", "cluster": "A"},
+                                                          {"name": "head", "cluster": "A"}],
+                checkpoint={"init_from": "ckpt/step_00000100"})
+    with pytest.raises(ConfigError, match="checkpoint.init_from: .*step_00000100 is not a checkpoint step directory"):
+        validate_job(load_job_config(f), "A")

@@ -1,0 +1,84 @@
+"""A peer cluster that dies: clear report, clean exit after the timeout, and a restart that resumes exactly."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+
+import pytest
+import yaml
+
+from nebula.config.job import load_job_config
+from nebula.pipeline import read_metrics, replace_steps, run
+from tests.pipeline.federation import finish, launch, start_switches
+from tests.pipeline.helpers import TWO_STAGES, toy_job
+
+LOCAL = [{"name": "embed", "cluster": "A"}, {"name": "head", "cluster": "A"}]
+
+
+def _wait_lines(path, n, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{path} did not reach {n} lines in {timeout_s} s")
+
+
+@pytest.mark.slow
+def test_dead_peer_is_reported_then_restart_resumes_from_common_checkpoint(procs, tmp_path):
+    workers = start_switches(procs, tmp_path / "fed", ["A", "B"])
+    job = toy_job(tmp_path, steps=100000, stages=TWO_STAGES, peer_timeout_s=4,
+                  checkpoint={"dir": "ckpt", "every": 5, "keep": 2},
+                  clusters=[{"id": "A", "worker": str(workers["A"])}, {"id": "B", "worker": str(workers["B"])}])
+    pa, pb = launch(procs, job, "A"), launch(procs, job, "B")
+    _wait_lines(tmp_path / "metrics" / "B.rank0.jsonl", 12, 120)
+    os.killpg(pb.pid, signal.SIGKILL)  # cluster B dies: its launcher and every rank
+    pb.wait(10)
+    t0 = time.monotonic()
+    code, out = finish(pa, 120)
+    assert code != 0
+    assert "peer cluster B" in out and "gave up after peer_timeout_s=4" in out and "resume" in out, out[-3000:]
+    assert time.monotonic() - t0 < 60
+    done_b = len(read_metrics(tmp_path / "metrics" / "B.rank0.jsonl"))
+
+    doc = yaml.safe_load(job.read_text())
+    doc["train"]["steps"] = done_b + 6
+    job.write_text(yaml.safe_dump(doc))
+    pa, pb = launch(procs, job, "A"), launch(procs, job, "B")
+    (ca, outa), (cb, outb) = finish(pa, 180), finish(pb, 180)
+    assert ca == 0 and cb == 0, outa[-3000:] + outb[-3000:]
+    recs = read_metrics(tmp_path / "metrics" / "B.rank0.jsonl")[done_b:]
+    resumed = recs[0]["step"]
+    assert resumed % 5 == 0 and done_b - 7 <= resumed <= done_b  # the newest checkpoint both clusters had
+    assert [r["step"] for r in recs] == list(range(resumed, done_b + 6))
+    a_first = read_metrics(tmp_path / "metrics" / "A.rank0.jsonl")
+    assert resumed in [r["step"] for r in a_first]
+
+    (tmp_path / "ref").mkdir()
+    ref_cfg = load_job_config(toy_job(tmp_path / "ref", steps=done_b + 6, clusters=[{"id": "A"}], stages=LOCAL))
+    ref = run(ref_cfg, "A").losses
+    for r in recs:
+        assert r["loss"] == pytest.approx(ref[r["step"]], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_hot_start_inter_cluster_run_from_intra_cluster_checkpoint(procs, tmp_path):
+    (tmp_path / "pre").mkdir()
+    pre = load_job_config(toy_job(tmp_path / "pre", steps=8, clusters=[{"id": "A"}], stages=LOCAL,
+                                  checkpoint={"dir": "ckpt"}))
+    no_ckpt = dataclasses.replace(pre, checkpoint=dataclasses.replace(pre.checkpoint, dir=None))
+    ref = run(replace_steps(no_ckpt, 12), "A").losses  # the uninterrupted reference
+    run(pre, "A")  # the "88,000 steps inside one cluster" part, saved at step 8
+    workers = start_switches(procs, tmp_path / "fed", ["A", "B"])
+    job = toy_job(tmp_path, steps=12, stages=TWO_STAGES,
+                  checkpoint={"init_from": str(tmp_path / "pre" / "ckpt" / "step_00000008")},
+                  clusters=[{"id": "A", "worker": str(workers["A"])}, {"id": "B", "worker": str(workers["B"])}])
+    pa, pb = launch(procs, job, "A"), launch(procs, job, "B")
+    (ca, outa), (cb, outb) = finish(pa, 180), finish(pb, 180)
+    assert ca == 0 and cb == 0, outa[-3000:] + outb[-3000:]
+    recs = read_metrics(tmp_path / "metrics" / "B.rank0.jsonl")
+    assert [r["step"] for r in recs] == [8, 9, 10, 11]
+    for r in recs:
+        assert r["loss"] == pytest.approx(ref[r["step"]], rel=1e-5, abs=1e-6)
