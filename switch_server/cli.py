@@ -18,6 +18,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # asyncio repeats "socket.send() raised exception" for every write racing a cut connection; links report it once
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
     try:
         cfg = load_switch_config(args.config)
         server = SwitchServer(cfg, args.config)

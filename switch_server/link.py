@@ -74,6 +74,7 @@ class OutboundLink:
         self.credit = 0
         self.bytes_out = 0  # since start, for status
         self.last_error = ""
+        self.established = False
 
     def set_limits(self) -> None:
         """Apply link.shape and limits.peer_rate_mbit (also on hot reload)."""
@@ -122,9 +123,9 @@ class OutboundLink:
         cfg = self.server.cfg.link
         backoff = cfg.reconnect_initial_s
         while True:
-            connected = False
+            self.established = False
             try:
-                connected = await self._session()
+                await self._session()
             except asyncio.CancelledError:
                 raise
             except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as exc:
@@ -137,7 +138,7 @@ class OutboundLink:
                 log.exception("link to %s failed", self.cluster)
             finally:
                 self._close()
-            if connected:
+            if self.established:  # a cut after a working session is retried quickly
                 backoff = cfg.reconnect_initial_s
             await asyncio.sleep(backoff * (0.5 + random.random() / 2))
             backoff = min(backoff * 2, cfg.reconnect_max_s)
@@ -181,6 +182,7 @@ class OutboundLink:
         if resend:
             server.metrics.retransmits.labels(peer=self.cluster).inc(len(resend))
         self.up = True
+        self.established = True
         server.metrics.link_up.labels(peer=self.cluster).set(1)
         log.info("link to %s up (peer epoch %d, resume after %d, resending %d frames)",
                  self.cluster, self.peer_epoch, resume, len(resend))
@@ -203,8 +205,11 @@ class OutboundLink:
         wire_wake = asyncio.Event()
         wire_task = asyncio.create_task(self._wire(writer, delay_line, wire_wake)) if self.delay_s > 0 else None
         transport = writer.transport
+        burst = 0
         try:
             while not reader_task.done():
+                if transport.is_closing():
+                    raise ConnectionResetError("connection to the peer was lost")
                 if resend:
                     seq, lane, head, payload, n = resend.popleft()
                 elif self.lanes and self.rtx_bytes < cap and self.sent_bytes < self.credit:
@@ -233,8 +238,12 @@ class OutboundLink:
                         wire_task.result()
                 else:
                     write_frame(writer, head, payload)
+                    burst += 1
                     if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                         await writer.drain()
+                    elif burst >= 16:  # let acknowledgements and connection loss be seen between bursts
+                        burst = 0
+                        await asyncio.sleep(0)
                 self.bytes_out += n
                 server.metrics.count(self.cluster, lane, "out", n)
             reader_task.result()  # raises what ended the reader
@@ -255,12 +264,14 @@ class OutboundLink:
             if due > now:
                 await asyncio.sleep(due - now)
             line.popleft()
+            if writer.transport.is_closing():
+                raise ConnectionResetError("connection to the peer was lost")
             write_frame(writer, head, payload)
             if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                 await writer.drain()
 
     async def _pinger(self, writer: asyncio.StreamWriter) -> None:
-        while True:
+        while not writer.transport.is_closing():
             write_frame(writer, encode_frame(FrameType.PING, {"t": time.monotonic()}))
             await asyncio.sleep(PING_EVERY_S)
 
@@ -320,7 +331,7 @@ class InboundSession:
 
     def _send_ack(self) -> None:
         self.ack_scheduled = False
-        if self.closed:
+        if self.closed or self.writer.transport.is_closing():
             return
         st = self.server.link_in_state(self.cluster)
         write_frame(self.writer, encode_frame(FrameType.LINK_ACK, {"credit": self.credit()}, link_seq=st["last"]))
@@ -352,7 +363,8 @@ class InboundSession:
                 n = len(head) + len(payload)
                 if seq <= st["last"]:
                     continue  # already received before a reconnect
-                if seq != st["last"] + 1:
+                if st["last"] and seq != st["last"] + 1:
+                    # (with no state, e.g. after our restart, the peer resends from its oldest unacknowledged frame)
                     raise WireError("bad_sequence", f"link sequence jumped from {st['last']} to {seq}")
                 st["last"] = seq
                 self.received_bytes += n
@@ -365,6 +377,8 @@ class InboundSession:
                     server.refuse_remote(frame, err[0], err[1])
                 self.schedule_ack()
             elif t == FrameType.PING:
+                if self.writer.transport.is_closing():
+                    raise ConnectionResetError("connection to the peer was lost")
                 write_frame(self.writer, encode_frame(FrameType.PONG, {"t": frame.meta["t"]}))
             elif t == FrameType.CHECKPOINT:
                 server.receive_checkpoint(self.cluster, frame.meta["checkpoint"])
