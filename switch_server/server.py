@@ -119,6 +119,7 @@ class SwitchServer:
         for peer in self.cfg.peers:
             self._add_link(peer)
         self.tasks = [asyncio.create_task(self._periodic())]
+        self.write_status()
         self.audit(self.actor, "switch_started", self.wan_address, "ok",
                    {"epoch": self.epoch, "local": local_endpoint, "peers": [p.cluster for p in self.cfg.peers]})
         log.info("switch %s epoch %d listening wan=%s local=%s metrics=%s", self.cfg.cluster, self.epoch,
