@@ -1,7 +1,6 @@
 """Every kind of bad TLS peer is refused and audited with its reason while a good session keeps working."""
 from __future__ import annotations
 
-import json
 import socket
 import ssl
 import subprocess
@@ -107,7 +106,7 @@ def test_bad_peers_refused_with_reason(procs, federation, bad_certs):
         # the good session never noticed
         tx.send(b"after")
         assert rx.recv(timeout_s=30) == b"after"
-        st = json.loads((Path(federation["clusters"]["A"]["dir"]) / "state" / "status.json").read_text())
-        assert st["links"]["B"]["up"] is True
+    # one accepted session each way for the whole test: the good link was never dropped
     accepted = [r for r in a.audit() if r["action"] == "peer_accepted"]
-    assert accepted and all(r["detail"]["identity"].endswith("/switch/B/switch") for r in accepted)
+    assert sorted(r["detail"]["direction"] for r in accepted) == ["in", "out"]
+    assert all(r["detail"]["identity"] == "spiffe://fed/switch/B/switch" for r in accepted)
