@@ -228,3 +228,24 @@ def test_paper_nesting_quantizes_every_svd_factor():
     assert enc.payload_nbytes == 2 * k * (64 + 32 + 1)
     plain = decode(get_codec("svd(0.6)").encode(x))
     assert relative_error(plain, decode(enc)) < 1e-3
+
+
+def test_vectorised_fp16_rounding_is_bit_identical_to_ieee():
+    from nebula.compress import quantize as Q
+
+    rng = np.random.default_rng(9)
+    scales = [1, 1e-3, 1e-5, 1e-7, 3e-8, 1e-9, 100, 6e4]
+    x = np.concatenate([rng.standard_normal(20_000) * s for s in scales]).astype(np.float32)
+    x = x[np.abs(x) < 65519]
+    specials = [65504, 65519.9, -65519, 2.0**-14, 2.0**-24, 2.0**-25, 1.5 * 2.0**-25, 0.0, -0.0, 1 + 2.0**-11]
+    x = np.concatenate([x, np.array(specials, np.float32)])
+    np.testing.assert_array_equal(Q.to_fp16(x).view(np.uint16), x.astype(np.float16).view(np.uint16))
+    h = x.astype(np.float16)
+    np.testing.assert_array_equal(Q.from_fp16(h, "float32"), h.astype(np.float32))
+    with pytest.raises(OverflowError):
+        Q.to_fp16(np.array([1.0, 65520.0], np.float32))
+
+
+def test_bf16_overflow_is_an_error():
+    with pytest.raises(CodecError, match="BF16 range"):
+        get_codec("bf16").encode(np.array([3.4e38], np.float32))

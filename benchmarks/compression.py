@@ -1,0 +1,295 @@
+"""Benchmark nebula.compress on a transformer layer's real activation and gradient: bytes, error, speed, Table 5, targets.
+
+Tensors: a paddle TransformerEncoderLayer of ABNet's adapter width (d_model 512) over real text (UTF-8 bytes of the
+gettext catalogs on this machine), batch x seq x 512 output `h` and the gradient of a next-byte loss w.r.t. `h`,
+taken over a few training steps so warm-started codecs see the drift a real run has.
+
+    .venv/bin/python benchmarks/compression.py [--batch 128 --seq 64 --hidden 512 --steps 3]
+"""
+from __future__ import annotations
+
+import argparse
+import gettext
+import glob
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from nebula.compress import decode, get_codec, relative_error
+from nebula.compress import factorize as F
+
+RATES_MBIT = (60, 100, 170)
+PAPER_R = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
+# Nebula-I Table 5: forward / backward compression ratio, training speed (s/step), BLEU
+PAPER_TABLE5 = [("baseline", "none", "none", 1.00, 1.00, 4.42, 43.19), ("FP16+INT8", "fp16", "int8", 0.50, 0.25, 1.60, 38.82)] + [
+    (f"FP16(SVD({r}))+INT8", f"fp16(svd({r}))", "int8", fwd, 0.25, speed, bleu) for r, fwd, speed, bleu in [
+        (0.9, 0.45, 2.10, 39.71), (0.8, 0.40, 1.50, 41.15), (0.7, 0.34, 1.56, 40.74), (0.6, 0.30, 1.42, 41.92),
+        (0.5, 0.25, 1.24, 39.45), (0.4, 0.20, 0.94, 39.56), (0.3, 0.15, 0.90, 37.48), (0.2, 0.09, 0.86, 39.00)]]
+SMALL_RANKS = (1, 2, 5, 10)  # up to 2% of the smaller dimension (512)
+
+
+@dataclass
+class Row:
+    spec: str
+    nbytes: int
+    error: float
+    encode_s: float
+    decode_s: float
+
+
+def real_text_bytes(limit: int) -> np.ndarray:
+    """UTF-8 bytes of the English message ids in the gettext catalogs (real text, no download)."""
+    out = bytearray()
+    for path in sorted(glob.glob("/usr/share/locale/*/LC_MESSAGES/*.mo")):
+        try:
+            with open(path, "rb") as f:
+                cat = gettext.GNUTranslations(f)._catalog  # noqa: SLF001 - the catalog is the data we want
+        except (OSError, UnicodeDecodeError, gettext.error if hasattr(gettext, "error") else OSError):
+            continue
+        except Exception:  # some catalogs have odd headers; they are simply skipped
+            continue
+        for k in cat:
+            if isinstance(k, str) and k:
+                out += k.encode("utf-8", "ignore") + b"\n"
+        if len(out) >= limit:
+            break
+    if len(out) < limit:
+        out = (out or bytearray(b"no catalogs found ")) * (limit // max(1, len(out)) + 1)
+    return np.frombuffer(bytes(out[:limit]), np.uint8)
+
+
+def layer_tensors(batch: int, seq: int, hidden: int, steps: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(activation, gradient) pairs from `steps` SGD steps of embedding -> TransformerEncoderLayer -> byte head."""
+    import paddle
+    import paddle.nn as nn
+    import paddle.nn.functional as fn
+
+    paddle.seed(seed)
+    text = real_text_bytes(batch * (seq + 1) * steps)
+    emb = nn.Embedding(256, hidden)
+    layer = nn.TransformerEncoderLayer(hidden, nhead=8, dim_feedforward=4 * hidden, dropout=0.1, activation="gelu")
+    head = nn.Linear(hidden, 256)
+    pos = np.arange(seq)[:, None] / np.power(10000.0, np.arange(0, hidden, 2)[None, :] / hidden)
+    pe = np.zeros((seq, hidden), np.float32)
+    pe[:, 0::2], pe[:, 1::2] = np.sin(pos), np.cos(pos)
+    pe = paddle.to_tensor(pe)
+    params = emb.parameters() + layer.parameters() + head.parameters()
+    opt = paddle.optimizer.Adam(learning_rate=1e-3, parameters=params)
+    out = []
+    for step in range(steps):
+        chunk = text[step * batch * (seq + 1):(step + 1) * batch * (seq + 1)].reshape(batch, seq + 1).astype(np.int64)
+        ids, target = paddle.to_tensor(chunk[:, :-1]), paddle.to_tensor(chunk[:, 1:])
+        h = layer(emb(ids) * math.sqrt(hidden) + pe)
+        h.retain_grads()
+        loss = fn.cross_entropy(head(h).reshape([-1, 256]), target.reshape([-1]))
+        loss.backward()
+        out.append((h.numpy().copy(), h.grad.numpy().copy()))
+        opt.step()
+        opt.clear_grad()
+    return out
+
+
+def timed(fn: Callable[[], Any], budget_s: float = 0.4, max_reps: int = 7) -> tuple[float, Any]:
+    """Least wall time of fn over a few repetitions (the machine is shared: the minimum is the stable statistic)."""
+    times, result = [], None
+    start = time.perf_counter()
+    while len(times) < max_reps and (len(times) < 3 and time.perf_counter() - start < budget_s
+                                     or time.perf_counter() - start < budget_s / 4):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), result
+
+
+def measure(spec: str, x: np.ndarray, history: list[np.ndarray] = (), fresh_each_rep: bool = False) -> Row:
+    """Encode/decode times and error of `spec` on x; stateful codecs first see the earlier steps' tensors."""
+    codec = get_codec(spec)
+    if any(word in spec for word in ("lowrank", "auto", "ef(")):
+        for prev in history:  # warm starts and measurements see the earlier steps, as in training
+            codec.encode(prev)
+    enc_s, enc = timed(lambda: (get_codec(spec) if fresh_each_rep else codec).encode(x))
+    dec_s, y = timed(lambda: decode(enc))
+    return Row(spec, enc.nbytes, relative_error(x, y), enc_s, dec_s)
+
+
+def transfer_s(nbytes: int, mbit: float) -> float:
+    return nbytes * 8 / (mbit * 1e6)
+
+
+def print_table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    print(f"\n### {title}\n")
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |")
+
+
+def codec_table(name: str, x: np.ndarray, rows: list[Row]) -> None:
+    base = x.size * 4
+    out = []
+    for r in rows:
+        larger = " (larger than FP32!)" if r.nbytes > base else ""
+        out.append([r.spec, f"{r.nbytes / base:.4f}{larger}", f"{r.error:.4f}", f"{r.encode_s * 1e3:.1f}",
+                    f"{r.decode_s * 1e3:.1f}", *(f"{transfer_s(r.nbytes, m):.3f}" for m in RATES_MBIT)])
+    print_table(f"{name} {list(x.shape)} float32 ({base / 2**20:.1f} MiB)",
+                ["codec", "bytes/FP32", "rel. L2 err", "encode ms", "decode ms",
+                 *(f"xfer s @{m} Mbit/s" for m in RATES_MBIT)], out)
+
+
+def codec_specs() -> list[str]:
+    paper = ["none", "fp16", "int8"] + [f"fp16(svd({r}))" for r in PAPER_R] + ["svd(0.6)"]
+    better = ["bf16", "int8_row", "int8_block(64)", "int4_block(64)", "int4_block(32)"]
+    better += [f"lowrank(rank={k})" for k in SMALL_RANKS]
+    better += [f"int8_row(lowrank(ratio={x}))" for x in (0.1, 0.3, 0.6, 1.0)]
+    better += [f"int4_block(lowrank(ratio={x}), 32)" for x in (0.3, 0.6)]
+    better += ["fp16(lowrank(energy=0.9))", "fp16(lowrank(energy=0.999999))", "int8_row(lowrank(energy=0.99))",
+               "topk(0.01)", "fp16(topk(0.1))", "auto(0.01, mbit=60)"]
+    return paper + better
+
+
+def svd_shape_table(shapes: dict[str, tuple[int, int]]) -> None:
+    out = []
+    for name, (m, n) in shapes.items():
+        full = min(m, n)
+        # svd(r) sends k(m+n+1) values against m*n: larger once k > m*n/(m+n+1)
+        r_star = m * n / (m + n + 1) / full
+        bad = [r for r in PAPER_R if F.keep_count(r, m, n) * (m + n + 1) > m * n]
+        out.append([name, f"[{m}, {n}]", f"{min(1.0, r_star):.3f}" if r_star < 1 else "never",
+                    ", ".join(map(str, bad)) or "none"])
+    print_table("Where SVD is larger than the tensor it compresses (same element type)",
+                ["shape", "matrix", "svd(r) larger for r >", "paper r affected"], out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=128, help="sequences per batch (paper: 128)")
+    ap.add_argument("--seq", type=int, default=64, help="sequence length (paper: 64)")
+    ap.add_argument("--hidden", type=int, default=512, help="model width (ABNet adapter: 512)")
+    ap.add_argument("--steps", type=int, default=3, help="training steps; the last one is measured")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    steps = layer_tensors(args.batch, args.seq, args.hidden, max(2, args.steps), args.seed)
+    print(f"tensors from {len(steps)} steps of a TransformerEncoderLayer(d_model={args.hidden}) on real text "
+          f"in {time.perf_counter() - t0:.1f} s")
+    m, n = args.batch * args.seq, args.hidden
+    results: dict[str, dict[str, Row]] = {}
+    for which, idx in (("activation h (forward)", 0), ("gradient dL/dh (backward)", 1)):
+        x = steps[-1][idx]
+        history = [s[idx] for s in steps[:-1]]
+        rows = [measure(spec, x, history) for spec in codec_specs()]
+        results[which] = {r.spec: r for r in rows}
+        codec_table(which, x, rows)
+
+    act, grad = results["activation h (forward)"], results["gradient dL/dh (backward)"]
+    base = m * n * 4
+    t5 = []
+    for name, fwd, bwd, p_fwd, p_bwd, p_speed, p_bleu in PAPER_TABLE5:
+        f, b = act[fwd], grad[bwd]
+        work = f.encode_s + f.decode_s + b.encode_s + b.decode_s
+        comm60 = transfer_s(f.nbytes + b.nbytes, 60)
+        t5.append([name, f"{p_fwd:.2f}", f"{f.nbytes / base:.3f}", f"{p_bwd:.2f}", f"{b.nbytes / base:.3f}",
+                   f"{f.error:.4f}", f"{b.error:.4f}", f"{work * 1e3:.0f}", f"{comm60:.3f}", f"{work + comm60:.3f}",
+                   f"{p_speed:.2f}", f"{p_bleu:.2f}"])
+    print_table("Nebula-I Table 5 rows reproduced on this tensor pair (ours: measured; paper: as printed)",
+                ["row", "paper fwd ratio", "fwd bytes/FP32", "paper bwd ratio", "bwd bytes/FP32", "fwd err",
+                 "bwd err", "enc+dec ms", "xfer s @60", "enc+dec+xfer s", "paper s/step", "paper BLEU"], t5)
+
+    svd_shape_table({"this run (B*T, H)": (m, n), "ABNet paper batch (128*64, 768)": (128 * 64, 768),
+                     "one sequence (64, 768)": (64, 768), "small batch (8*64, 512)": (8 * 64, 512),
+                     "micro-batch (16*64, 512)": (16 * 64, 512)})
+
+    ok_all = True
+    # Target 1: lowrank vs full SVD at small ranks, warm-started across steps.
+    x = steps[-1][0]
+    a = x.reshape(m, n)
+    rows = []
+    for k in SMALL_RANKS:
+        svd_s, (u, s, vt) = timed(lambda: F.truncated_svd(a, k), budget_s=0.0, max_reps=2)
+        svd_err = relative_error(a, (u * s) @ vt)
+        low = measure(f"lowrank(rank={k})", x, [st[0] for st in steps[:-1]])
+        speedup = svd_s / low.encode_s
+        saved = transfer_s(base - low.nbytes, 60)
+        ok = speedup >= 30 and low.error <= 1.02 * svd_err and low.encode_s <= 0.05 * saved
+        ok_all &= ok
+        rows.append([str(k), f"{svd_s * 1e3:.0f}", f"{low.encode_s * 1e3:.1f}", f"{speedup:.0f}x", f"{svd_err:.4f}",
+                     f"{low.error:.4f}", f"{low.error / svd_err:.4f}", f"{100 * low.encode_s / saved:.2f}%",
+                     "PASS" if ok else "FAIL"])
+    print_table("Target: lowrank >= 30x faster than full SVD at the same rank, <= 2% more error, encode <= 5% of "
+                "the transfer time saved at 60 Mbit/s (activation, warm start across steps)",
+                ["rank", "full SVD ms", "lowrank ms", "speedup", "SVD err", "lowrank err", "err ratio",
+                 "encode / saved@60", "result"], rows)
+
+    # Target 2: the frontier of the best codecs beats fp16(svd(r)) for every paper r.
+    for which, res in results.items():
+        rows = []
+        for r in PAPER_R:
+            ref = res[f"fp16(svd({r}))"]
+            better = [c for c in res.values() if c.nbytes <= ref.nbytes and c.error < ref.error
+                      and not c.spec.startswith(("fp16(svd", "auto"))]
+            best = min(better, key=lambda c: c.error, default=None)
+            ok = best is not None
+            if which.startswith("activation"):  # the paper used fp16(svd(r)) on activations only
+                ok_all &= ok
+            rows.append([f"fp16(svd({r}))", f"{ref.nbytes / base:.4f}", f"{ref.error:.4f}",
+                         best.spec if best else "-", f"{best.nbytes / base:.4f}" if best else "-",
+                         f"{best.error:.4f}" if best else "-",
+                         ("PASS" if ok else "FAIL") if which.startswith("activation") else ("yes" if ok else "no")])
+        print_table(f"Target: a codec with no more bytes and strictly less error than each paper setting ({which})",
+                    ["paper codec", "bytes/FP32", "err", "best codec within those bytes", "bytes/FP32", "err",
+                     "result"], rows)
+
+    # Target 3: FP16 and INT8 encode+decode throughput on this CPU.
+    rows = []
+    for spec in ("fp16", "int8", "bf16", "int8_row", "int8_block(64)", "int4_block(64)"):
+        for which, res in results.items():
+            c = res[spec]
+            gbps = base / (c.encode_s + c.decode_s) / 1e9
+            target = spec in ("fp16", "int8")
+            ok = gbps >= 1.0
+            if target:
+                ok_all &= ok
+            rows.append([spec, which.split()[0], f"{c.encode_s * 1e3:.1f}", f"{c.decode_s * 1e3:.1f}",
+                         f"{gbps:.2f}", ("PASS" if ok else "FAIL") if target else "(info)"])
+    print_table("Target: FP16 and INT8 encode+decode >= 1 GB/s of FP32 input on this CPU",
+                ["codec", "tensor", "encode ms", "decode ms", "GB/s", "result"], rows)
+
+    # The paddle.Tensor path (CPU in this run): the same codecs with paddle ops, no host copies while encoding.
+    import paddle
+
+    rows = []
+    xt = paddle.to_tensor(steps[-1][0])
+    for spec in ("fp16", "bf16", "int8", "int8_block(64)", "int4_block(64)", "lowrank(rank=10)", "fp16(svd(0.6))"):
+        codec = get_codec(spec)
+        enc_s, enc = timed(lambda: codec.encode(xt))
+        dec_s, y = timed(lambda: decode(enc))
+        rows.append([spec, f"{enc_s * 1e3:.1f}", f"{dec_s * 1e3:.1f}", f"{base / (enc_s + dec_s) / 1e9:.2f}",
+                     f"{relative_error(xt, y):.4f}", str(y.place)])
+    print_table("paddle.Tensor inputs (activation; decoded on the input's device)",
+                ["codec", "encode ms", "decode ms", "GB/s", "rel. L2 err", "decoded on"], rows)
+
+    # auto: what it picks as the link bandwidth changes.
+    rows = []
+    for budget in (0.001, 0.01, 0.05):
+        for which, idx in (("activation", 0), ("gradient", 1)):
+            codec = get_codec(f"auto({budget}, mbit=60)")
+            xx = steps[-1][idx]
+            for mbit in (60, 100, 170, 10_000):
+                codec.update_bandwidth(mbit * 1e6 / 8)
+                enc = codec.encode(xx)
+                rows.append([str(budget), which, str(mbit), codec.chosen(xx.shape), f"{enc.nbytes / base:.4f}",
+                             f"{relative_error(xx, decode(enc)):.4f}"])
+    print_table("auto(budget): choice per link bandwidth (re-decided on update_bandwidth)",
+                ["budget", "tensor", "Mbit/s", "chosen", "bytes/FP32", "err"], rows)
+    print(f"\nall targets: {'PASS' if ok_all else 'FAIL'}  (total {time.perf_counter() - t0:.0f} s)")
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
