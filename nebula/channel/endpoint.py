@@ -148,6 +148,14 @@ class Endpoint:
                 ch = self._channels[k] = Channel(self, peer_cluster, peer_rank, name)
             return ch
 
+    def peer_clusters(self) -> list[str]:
+        """Clusters our switch has links to (as of its latest WELCOME)."""
+        return sorted(self._io.peers)
+
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Wait until every message sent so far is acknowledged by its receiver; False on timeout."""
+        return self._io.wait_drained(timeout_s)
+
     def close(self, flush_s: float = 10.0) -> None:
         """Wait up to `flush_s` for unacknowledged messages to be acknowledged, then stop the I/O thread."""
         if self._closed:
@@ -351,12 +359,15 @@ class _IOThread:
             return f"the link to cluster {cluster!r} is down since {time.ctime(st.get('down_since', 0))}"
         return None
 
-    def wait_drained(self, timeout_s: float) -> None:
+    def wait_drained(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.thread.is_alive():
+        while self.thread.is_alive():
             if not self.cmds and not any(t.unacked or t.waiting for t in list(self.tx.values())):
-                return
-            time.sleep(0.01)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return False
 
     def stop(self) -> None:
         self.running = False

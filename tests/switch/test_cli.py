@@ -1,0 +1,50 @@
+"""nebula-switch status and probe against real switches; Prometheus metrics; bad config fails closed."""
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from switch_server.cli import main
+from tests.switch.conftest import edit_yaml
+
+
+def test_probe_status_and_metrics(two_switches, procs, capsys):
+    fed, a, b = two_switches
+    recv = procs.python("-m", "switch_server.cli", "probe", "--config", str(b.config), "--recv", "--count", "40",
+                        "--timeout", "60")
+    assert main(["probe", "--config", str(a.config), "--send", "--to", "B", "--count", "40", "--bytes", "20000"]) == 0
+    sent = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert sent["sent"] == 40 and sent["mbit_s"] > 0
+    out, _ = recv.communicate(timeout=60)
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["received"] == 40 and result["missing"] == 0 and result["duplicates"] == 0
+    assert result["out_of_order"] == 0 and result["mbit_s"] > 0
+    assert recv.returncode == 0
+
+    time.sleep(1.5)  # one status period
+    assert main(["status", "--config", str(a.config)]) == 0
+    text = capsys.readouterr().out
+    assert "switch A" in text and "B" in text and " up " in text
+    assert main(["status", "--config", str(a.config), "--json"]) == 0
+    st = json.loads(capsys.readouterr().out)
+    assert st["links"]["B"]["up"] and st["links"]["B"]["bytes_out"] >= 40 * 20000
+    metrics = urllib.request.urlopen(f"http://{st['metrics']}/metrics", timeout=10).read().decode()
+    assert 'nebula_switch_bytes_total{direction="out",lane="activation",peer="B"}' in metrics
+    assert 'nebula_switch_link_up{peer="B"} 1.0' in metrics
+    assert "nebula_switch_certificate_expiry_seconds" in metrics and "nebula_switch_rtt_seconds" in metrics
+
+
+def test_bad_config_fails_closed(federation, capsys, tmp_path):
+    cfg = Path(federation["clusters"]["A"]["switch_yaml"])
+    edit_yaml(cfg, lambda d: d["tls"].update(crl=str(tmp_path / "missing-crl.pem")))
+    assert main(["serve", "--config", str(cfg)]) == 2
+    assert "missing-crl.pem" in capsys.readouterr().err
+    edit_yaml(cfg, lambda d: d.update(bogus=1))
+    assert main(["serve", "--config", str(cfg)]) == 2
+    assert "unknown key bogus" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["probe", "--config", str(cfg)])
