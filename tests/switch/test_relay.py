@@ -14,6 +14,7 @@ import zmq.auth
 
 from nebula.channel import ChannelError, Endpoint
 from nebula.wire import ChannelKey, FrameType, decode_frame, encode_frame
+from security.audit import peer_checkpoints_path, read_checkpoints, verify_checkpoint
 from security.curve import write_curve_keypair
 from tests.switch.conftest import wait_audit, worker_yaml
 
@@ -40,6 +41,11 @@ def test_relay_both_directions_in_order(two_switches):
         assert y.dtype == np.float32 and y.shape == x.shape and np.allclose(y, x, atol=1e-2)
         with pytest.raises(TimeoutError):
             ca.recv(timeout_s=0.3)
+    # the switches exchanged signed audit checkpoints when their links came up, and keep each other's
+    for me, peer in ((a, "B"), (b, "A")):
+        kept = read_checkpoints(peer_checkpoints_path(me.config.parent / "audit.log", peer))
+        assert kept
+        verify_checkpoint(kept[-1])
 
 
 def test_refusals_reach_the_sender_and_jobs_are_isolated(two_switches):
