@@ -17,6 +17,7 @@ MAGIC = b"NBC1"
 _PREFIX = struct.Struct("<4sI")
 _MAX_HEADER = 1 << 20
 _MAX_DEPTH = 16
+DEFAULT_MAX_BYTES = 1 << 34  # 16 GiB: a sanity bound against corrupted or hostile headers
 
 
 class FrameError(CodecError):
@@ -112,8 +113,22 @@ def _read_header(first: Any) -> tuple[dict[str, Any], int]:
     return doc, _PREFIX.size + length
 
 
-def frames_to_encoded(frames: Sequence[Any], like: str | None = None, place: Any = None) -> Encoded:
-    """Parse wire frames back into an Encoded tree (payloads become views of the frames where possible)."""
+def _check_sizes(node: dict[str, Any], max_bytes: int) -> None:
+    size = int(np.prod(node["s"], dtype=np.float64)) * B.WIRE_DTYPES[node["d"]]
+    if size > max_bytes:
+        raise FrameError(f"frames declare a {node['d']} tensor of shape {list(node['s'])} ({size} bytes), more than "
+                         f"max_bytes={max_bytes}; raise max_bytes if this tensor is expected")
+    for _, v in node["p"]:
+        if isinstance(v, dict):
+            _check_sizes(v, max_bytes)
+
+
+def frames_to_encoded(frames: Sequence[Any], like: str | None = None, place: Any = None,
+                      max_bytes: int = DEFAULT_MAX_BYTES) -> Encoded:
+    """Parse wire frames back into an Encoded tree (payloads become views of the frames where possible).
+
+    A tensor that would decode to more than `max_bytes` is refused before anything is allocated.
+    """
     if isinstance(frames, (bytes, bytearray, memoryview)):
         frames = [frames]
     if not frames:
@@ -124,6 +139,7 @@ def frames_to_encoded(frames: Sequence[Any], like: str | None = None, place: Any
         raise FrameError(f"like={like!r}: use 'numpy', 'paddle' or None (the sender's kind)")
     payloads: list[tuple[str, tuple[int, ...]]] = []
     tree = _parse_node(doc.get("tree"), payloads, 0)
+    _check_sizes(tree, max_bytes)
     sizes = [int(np.prod(s, dtype=np.int64)) * B.WIRE_DTYPES[d] for d, s in payloads]
     bufs = [memoryview(f).cast("B") for f in frames[1:]]
     first_rest = memoryview(frames[0]).cast("B")[header_len:]
@@ -151,9 +167,10 @@ def frames_to_encoded(frames: Sequence[Any], like: str | None = None, place: Any
     return build(tree, True)
 
 
-def decode_from_frames(frames: Sequence[Any], like: str | None = None, place: Any = None) -> Any:
-    """Decode wire frames to a numpy array or paddle.Tensor (like=None: the sender's kind)."""
-    enc = frames_to_encoded(frames, like, place)
+def decode_from_frames(frames: Sequence[Any], like: str | None = None, place: Any = None,
+                       max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+    """Decode wire frames to a numpy array or paddle.Tensor (like=None: the sender's kind; place: paddle device)."""
+    enc = frames_to_encoded(frames, like, place, max_bytes)
     try:
         y = decode(enc)
     except CodecError:

@@ -4,13 +4,13 @@ from __future__ import annotations
 import struct
 
 import numpy as np
+import paddle
 import pytest
 
 from nebula.compress import (CompressionConfig, FrameError, NonFiniteError, decode, decode_from_frames,
                              encode_to_frames, encoded_to_frames, get_codec, relative_error)
 from nebula.config._schema import ConfigError, from_dict
 
-paddle = pytest.importorskip("paddle")
 
 PADDLE_CODECS = ["none", "fp16", "bf16", "int8", "int8_row", "int8_block(16)", "int4_block(16)", "svd(0.5)",
                  "svd(1.0)", "fp16(svd(0.6))", "lowrank(rank=3)", "lowrank(energy=0.9)", "int8_row(lowrank(rank=3))",
@@ -123,6 +123,14 @@ def test_malformed_frames_get_clear_errors(mangle, match):
 
 def test_frame_error_is_a_value_error():
     assert issubclass(FrameError, ValueError)
+
+
+def test_frames_declaring_a_huge_tensor_are_refused_before_allocating():
+    frames = encode_to_frames("topk(0.5)", _x())
+    header = bytes(frames[0]).replace(b'"s":[4,6,10],"p"', b'"s":[400000,600000,1000000],"p"')
+    fixed = struct.pack("<4sI", b"NBC1", len(header) - 8) + header[8:]
+    with pytest.raises(FrameError, match="max_bytes"):
+        decode_from_frames([fixed] + list(frames[1:]))
 
 
 # --- config -----------------------------------------------------------------------------------------------------
