@@ -1,0 +1,185 @@
+"""Pretrained bases: load a local directory (own, PaddleNLP BERT or ELECTRA names) or run a short masked-LM pretraining."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from .model import BertConfig, BertModel, gather_rows, padding_bias
+from .tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, Tokenizer, train_tokenizer
+
+__all__ = ["PretrainedError", "save_base", "load_base", "mlm_pretrain", "mlm_loss", "ensure_base", "map_foreign_names"]
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.pdparams", "spm.model"
+
+
+class PretrainedError(ValueError):
+    """A pretrained directory that cannot serve as a base: missing files or tensors of the wrong shape."""
+
+
+def save_base(model: BertModel, tok: Tokenizer, out_dir: str | Path) -> Path:
+    """Write config.json, model.pdparams and spm.model of one base into `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paddle.save(model.state_dict(), str(out / (WEIGHTS_FILE + ".tmp")))
+    (out / (WEIGHTS_FILE + ".tmp")).replace(out / WEIGHTS_FILE)
+    (out / TOKENIZER_FILE).write_bytes(Path(tok.path).read_bytes())
+    (out / CONFIG_FILE).write_text(json.dumps(model.cfg.to_dict(), indent=1))
+    return out
+
+
+def map_foreign_names(state: dict) -> dict:
+    """Rename PaddleNLP BERT / ELECTRA parameter names to BertModel's; own names pass through unchanged."""
+    out: dict = {}
+    token_type = None
+    for name, value in state.items():
+        n = name
+        for prefix in ("bert.", "electra.", "ernie."):
+            if n.startswith(prefix):
+                n = n[len(prefix):]
+        n = (n.replace("embeddings.word_embeddings", "word_embeddings")
+             .replace("embeddings.position_embeddings", "position_embeddings")
+             .replace("embeddings.layer_norm", "embed_norm")
+             .replace("encoder.layers.", "layers.")
+             .replace("cls.predictions.transform", "mlm_transform")
+             .replace("cls.predictions.layer_norm", "mlm_norm")
+             .replace("cls.predictions.decoder_bias", "mlm_decoder.bias"))
+        if n.startswith("embeddings.token_type_embeddings"):
+            token_type = value
+            continue
+        if n == "cls.predictions.decoder_weight":  # stored [V, H] (tied to the embeddings)
+            n, value = "mlm_decoder.weight", np.asarray(value).T
+        if n.startswith(("pooler.", "cls.seq_relationship")):
+            continue
+        out[n] = value
+    if token_type is not None and "position_embeddings.weight" in out:
+        # Every input here is segment 0: fold that segment's embedding into the positions.
+        out["position_embeddings.weight"] = np.asarray(out["position_embeddings.weight"]) + np.asarray(token_type)[0]
+    if "mlm_decoder.weight" not in out and "word_embeddings.weight" in out:
+        out["mlm_decoder.weight"] = np.asarray(out["word_embeddings.weight"]).T
+    return out
+
+
+def load_base(path: str | Path, expect: BertConfig | None = None) -> tuple[BertModel, Tokenizer]:
+    """Load one base from `path`; every tensor's shape is checked before anything trains."""
+    d = Path(path)
+    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) if not (d / f).is_file()]
+    if missing:
+        raise PretrainedError(f"pretrained directory {d} lacks {', '.join(missing)}; it needs config.json, "
+                              "model.pdparams and spm.model (as written by save_base / the recipe's pretraining)")
+    try:
+        cfg = BertConfig(**json.loads((d / CONFIG_FILE).read_text()))
+    except (TypeError, ValueError) as exc:
+        raise PretrainedError(f"{d / CONFIG_FILE}: not a BertConfig ({exc})") from exc
+    if expect is not None:
+        diff = {k: (getattr(cfg, k), getattr(expect, k)) for k in ("hidden", "num_layers", "num_heads", "ff_hidden")
+                if getattr(cfg, k) != getattr(expect, k)}
+        if diff:
+            raise PretrainedError(f"pretrained directory {d} has the wrong shape: " + ", ".join(
+                f"{k}={a} (the preset expects {b})" for k, (a, b) in diff.items())
+                + "; choose the preset that matches the checkpoint or point at the right directory")
+    tok = Tokenizer(d / TOKENIZER_FILE)
+    if tok.vocab_size != cfg.vocab_size:
+        raise PretrainedError(f"{d}: tokenizer has {tok.vocab_size} pieces but config.json says vocab_size="
+                              f"{cfg.vocab_size}; the tokenizer and weights come from different runs")
+    model = BertModel(cfg)
+    state = map_foreign_names(paddle.load(str(d / WEIGHTS_FILE)))
+    own = model.state_dict()
+    problems = []
+    for name, param in own.items():
+        if name not in state:
+            problems.append(f"{name}: missing")
+            continue
+        got = tuple(np.shape(state[name]))
+        if got != tuple(param.shape):
+            problems.append(f"{name}: shape {list(got)}, expected {list(param.shape)}")
+    if problems:
+        raise PretrainedError(f"pretrained weights in {d / WEIGHTS_FILE} do not fit config.json: "
+                              + "; ".join(problems[:6]) + (f" (+{len(problems) - 6} more)" if len(problems) > 6 else "")
+                              + ". Re-run the pretraining or fix config.json to the checkpoint's sizes")
+    model.set_state_dict({k: state[k] for k in own})
+    return model, tok
+
+
+def mlm_loss(model: BertModel, ids: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
+    """Mean masked-LM cross-entropy over positions whose label is not -100 (the head runs on those rows only)."""
+    bias = padding_bias(ids)
+    x = model.embed(ids)
+    for layer in model.layers:
+        x = layer(x, bias)
+    valid = labels != -100
+    logits = model.mlm_logits(gather_rows(x, valid))
+    return F.cross_entropy(logits, paddle.masked_select(labels, valid).unsqueeze(-1))
+
+
+def _mlm_batch(rows: list[list[int]], vocab: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """BERT masking: 15% of tokens are targets; of those 80% [MASK], 10% random, 10% kept."""
+    width = max(len(r) for r in rows)
+    ids = np.full((len(rows), width), PAD_ID, dtype=np.int64)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+    real = ids != PAD_ID
+    target = (rng.random(ids.shape) < 0.15) & real
+    target[np.arange(len(rows)), 0] |= ~target.any(1)  # at least one target per row
+    labels = np.where(target, ids, -100)
+    roll = rng.random(ids.shape)
+    inp = np.where(target & (roll < 0.8), MASK_ID, ids)
+    rand_tok = rng.integers(NUM_SPECIAL, vocab, ids.shape)
+    inp = np.where(target & (roll >= 0.8) & (roll < 0.9), rand_tok, inp)
+    return inp, labels
+
+
+def mlm_pretrain(model: BertModel, tok: Tokenizer, texts: Sequence[str], steps: int, batch_size: int = 64,
+                 lr: float = 1e-3, max_len: int = 32, seed: int = 0,
+                 progress: Callable[[int, float], None] | None = None) -> list[float]:
+    """Masked-LM pretraining of `model` on monolingual `texts`; returns the loss per step."""
+    if not texts:
+        raise ValueError("mlm_pretrain: no texts; this cluster's training split is empty")
+    paddle.seed(seed)
+    rng = np.random.default_rng(seed)
+    encoded = [r for r in (tok.encode(t, max_len) for t in texts) if r]
+    sched = paddle.optimizer.lr.OneCycleLR(max_learning_rate=lr, total_steps=max(steps, 2), phase_pct=0.1)
+    opt = paddle.optimizer.AdamW(learning_rate=sched, parameters=model.parameters(), weight_decay=0.01)
+    model.train()
+    losses = []
+    for step in range(steps):
+        rows = [encoded[i] for i in rng.integers(0, len(encoded), batch_size)]
+        inp, labels = _mlm_batch(rows, tok.vocab_size, rng)
+        loss = mlm_loss(model, paddle.to_tensor(inp), paddle.to_tensor(labels))
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        sched.step()
+        losses.append(float(loss))
+        if progress:
+            progress(step, losses[-1])
+    model.eval()
+    return losses
+
+
+def ensure_base(out_dir: str | Path, texts: Sequence[str], cfg: BertConfig, *, pretrained: str | Path | None = None,
+                steps: int = 300, vocab_size: int = 1000, character_coverage: float = 1.0, seed: int = 0,
+                progress: Callable[[int, float], None] | None = None) -> tuple[BertModel, Tokenizer]:
+    """A base for one side: `pretrained` if given (shape-checked), else a cached or freshly pretrained one in `out_dir`."""
+    if pretrained:
+        return load_base(pretrained, cfg)
+    out = Path(out_dir)
+    if (out / WEIGHTS_FILE).is_file():
+        return load_base(out, cfg)
+    t0 = time.time()
+    tok = train_tokenizer(texts, out / "tokenizer" / TOKENIZER_FILE, vocab_size, character_coverage)
+    model = BertModel(cfg.replace(vocab_size=tok.vocab_size))
+    losses = mlm_pretrain(model, tok, texts, steps, seed=seed, max_len=cfg.max_positions, progress=progress)
+    save_base(model, tok, out)
+    (out / "pretrain_losses.json").write_text(json.dumps(losses))
+    log.info("pretrained base in %s: %d steps, loss %.3f -> %.3f (%.0f s)", out, steps, losses[0], losses[-1],
+             time.time() - t0)
+    return load_base(out, cfg)

@@ -1,0 +1,205 @@
+"""The two halves of ABNet as each cluster sees them: the encoder side holds only English, the decoder side only the target."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import paddle
+
+from .data import SPLITS, read_side
+from .decode import mask_predict
+from .evaluate import bleu
+from .model import AbnetConfig, AbnetDecoder, AbnetEncoder, CmlmObjective, preset
+from .pretrain import ensure_base
+from .tokenizer import Tokenizer
+
+__all__ = ["TrainConfig", "EncoderSide", "DecoderSide", "epoch_batches", "step_batch", "load_train_config", "eval_ids"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    """One ABNet fine-tuning run (defaults: the tiny preset, en-es, a few minutes on 2 CPU cores)."""
+
+    preset: str = "tiny"
+    pair: str = "en-es"
+    steps: int = 1200
+    batch_size: int = 64  # global batch; split over the data-parallel ranks of each cluster
+    lr: float = 2e-3
+    warmup_steps: int = 100
+    max_len: int = 24  # tokens per side; longer sentences are truncated
+    pretrain_steps: int = 400
+    pretrain_vocab: int = 1000
+    source_pretrained: str = ""  # directory with config.json/model.pdparams/spm.model; empty: pretrain here
+    target_pretrained: str = ""
+    seed: int = 0
+    length_beam: int = 3
+    iterations: int = 4
+    eval_batch: int = 200
+    eval_limit: int = 0  # 0: the whole test split
+
+    def __post_init__(self) -> None:
+        preset(self.preset)  # raises with the list of presets
+        if not self.pair.startswith("en-") or len(self.pair) < 5:
+            raise ValueError(f"pair={self.pair!r}: expected 'en-<lang>', e.g. 'en-es' or 'en-zh'")
+        for name in ("steps", "batch_size", "max_len", "length_beam", "iterations", "eval_batch", "pretrain_vocab"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name}={getattr(self, name)}: must be >= 1")
+        if self.lr <= 0 or self.warmup_steps < 0 or self.pretrain_steps < 0 or self.eval_limit < 0:
+            raise ValueError(f"lr={self.lr}, warmup_steps={self.warmup_steps}, pretrain_steps={self.pretrain_steps}, "
+                             f"eval_limit={self.eval_limit}: lr must be > 0 and the others >= 0")
+
+    @property
+    def target_lang(self) -> str:
+        """Target language code, e.g. 'es'."""
+        return self.pair.split("-", 1)[1]
+
+    def replace(self, **kw) -> "TrainConfig":
+        """Copy with some fields changed."""
+        return dataclasses.replace(self, **kw)
+
+
+def load_train_config(path: str | Path, **overrides) -> TrainConfig:
+    """TrainConfig from a YAML file (unknown keys rejected with their path), then `overrides` applied."""
+    from nebula.config import load_yaml
+
+    cfg = load_yaml(TrainConfig, path)
+    return cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def epoch_batches(ids: Sequence[str], batch_size: int, seed: int, epoch: int) -> list[list[str]]:
+    """Batches of example ids for one epoch: both clusters compute the same list from the ids and the shared seed."""
+    order = sorted(ids)
+    rng = np.random.default_rng([seed, epoch])
+    perm = rng.permutation(len(order))
+    return [[order[i] for i in perm[s : s + batch_size]] for s in range(0, len(order) - batch_size + 1, batch_size)]
+
+
+def step_batch(ids: Sequence[str], step: int, batch_size: int, seed: int, rank: int = 0, world: int = 1) -> list[str]:
+    """Ids of this rank's share of global batch number `step` (deterministic, the same on both clusters)."""
+    per_epoch = max(1, len(ids) // batch_size)
+    if len(ids) < batch_size:
+        raise ValueError(f"{len(ids)} training examples are fewer than batch_size={batch_size}; lower batch_size")
+    batch = epoch_batches(ids, batch_size, seed, step // per_epoch)[step % per_epoch]
+    return batch[rank::world]
+
+
+def _warmup_lr(cfg: TrainConfig) -> paddle.optimizer.lr.LRScheduler:
+    """Linear warmup, then linear decay to 10% at the last step."""
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        rest = max(1, cfg.steps - cfg.warmup_steps)
+        return max(0.1, 1.0 - 0.9 * (step - cfg.warmup_steps) / rest)
+    return paddle.optimizer.lr.LambdaDecay(cfg.lr, factor)
+
+
+class _Side:
+    """Texts of one side for every split, keyed by example id, with its tokenizer."""
+
+    lang: str
+
+    def __init__(self, data_dir: str | Path, cfg: TrainConfig, lang: str) -> None:
+        self.cfg = cfg
+        self.lang = lang
+        self.dir = Path(data_dir) / cfg.pair
+        self.ids: dict[str, list[str]] = {}
+        self.text: dict[str, str] = {}
+        for split in SPLITS:
+            f = self.dir / f"{split}.{lang}.tsv"
+            if not f.is_file():
+                raise FileNotFoundError(f"{f} not found; run `python -m recipes.abnet.prepare` to extract the data "
+                                        "for this cluster first")
+            ids, texts = read_side(f)
+            self.ids[split] = ids
+            self.text.update(zip(ids, texts))
+        self.tok: Tokenizer | None = None
+
+    def batch(self, ids: Sequence[str]) -> np.ndarray:
+        """Token ids [len(ids), <= max_len] of the given examples."""
+        assert self.tok is not None
+        return self.tok.batch([self.text[i] for i in ids], self.cfg.max_len)
+
+    def _base(self, work_dir: Path, bert_cfg, pretrained: str, seed: int,
+              progress: Callable[[int, float], None] | None):
+        cov = 0.9995 if self.lang.startswith("zh") else 1.0
+        texts = [self.text[i] for i in self.ids["train"]]
+        base, tok = ensure_base(work_dir / f"base_{self.lang}", texts, bert_cfg, pretrained=pretrained or None,
+                                steps=self.cfg.pretrain_steps, vocab_size=self.cfg.pretrain_vocab,
+                                character_coverage=cov, seed=seed, progress=progress)
+        self.tok = tok
+        return base
+
+
+class EncoderSide(_Side):
+    """Cluster A's half: English text only, the frozen English base and the encoder adapters."""
+
+    def __init__(self, data_dir: str | Path, work_dir: str | Path, cfg: TrainConfig,
+                 progress: Callable[[int, float], None] | None = None) -> None:
+        super().__init__(data_dir, cfg, "en")
+        self.model_cfg: AbnetConfig = preset(cfg.preset)
+        base = self._base(Path(work_dir), self.model_cfg.source, cfg.source_pretrained, cfg.seed, progress)
+        self.model_cfg = dataclasses.replace(self.model_cfg, source=base.cfg)
+        paddle.seed(cfg.seed + 1)
+        self.model = AbnetEncoder(self.model_cfg, base)
+        self.lr = _warmup_lr(cfg)
+        self.optimizer = paddle.optimizer.Adam(learning_rate=self.lr, parameters=self.trainable(),
+                                               grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+
+    def trainable(self) -> list:
+        """Parameters that train (the adapters)."""
+        return [p for p in self.model.parameters() if not p.stop_gradient]
+
+    def forward(self, ids: Sequence[str]) -> paddle.Tensor:
+        """Encoder output [B, S, H] for the given example ids."""
+        return self.model(paddle.to_tensor(self.batch(ids)))
+
+
+class DecoderSide(_Side):
+    """Cluster B's half: target text only, the frozen target base, decoder adapters, CMLM loss and decoding."""
+
+    def __init__(self, data_dir: str | Path, work_dir: str | Path, cfg: TrainConfig, source_hidden: int,
+                 progress: Callable[[int, float], None] | None = None) -> None:
+        super().__init__(data_dir, cfg, cfg.target_lang)
+        mc = preset(cfg.preset)
+        base = self._base(Path(work_dir), mc.target, cfg.target_pretrained, cfg.seed + 7, progress)
+        self.model_cfg = dataclasses.replace(mc, source=mc.source.replace(hidden=source_hidden), target=base.cfg,
+                                             max_target_len=min(mc.max_target_len, cfg.max_len))
+        paddle.seed(cfg.seed + 2)
+        self.model = AbnetDecoder(self.model_cfg, base)
+        self.objective = CmlmObjective(self.model)
+        self.lr = _warmup_lr(cfg)
+        self.optimizer = paddle.optimizer.Adam(learning_rate=self.lr, parameters=self.trainable(),
+                                               grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+
+    def trainable(self) -> list:
+        """Parameters that train (adapters, length predictor, output layer when configured)."""
+        return [p for p in self.model.parameters() if not p.stop_gradient]
+
+    def loss(self, h: paddle.Tensor, ids: Sequence[str]) -> paddle.Tensor:
+        """CMLM loss of the decoder on encoder output `h` for the given example ids."""
+        return self.objective(h, paddle.to_tensor(self.batch(ids)))
+
+    def translate(self, h: paddle.Tensor) -> list[str]:
+        """Mask-predict translations of a batch of encoder outputs."""
+        assert self.tok is not None
+        return [self.tok.decode(r) for r in mask_predict(self.model, h, self.cfg.length_beam, self.cfg.iterations)]
+
+    def references(self, ids: Sequence[str]) -> list[str]:
+        """Reference translations of the given example ids."""
+        return [self.text[i] for i in ids]
+
+    def score(self, hyps: Sequence[str], ids: Sequence[str]) -> float:
+        """Case-insensitive corpus BLEU of `hyps` against the references of `ids`."""
+        return bleu(hyps, self.references(ids), self.lang)
+
+
+def eval_ids(side: _Side, split: str = "test") -> list[str]:
+    """Ids evaluated on `split` (all, or the first eval_limit in file order)."""
+    ids = side.ids[split]
+    return ids[: side.cfg.eval_limit] if side.cfg.eval_limit else list(ids)
