@@ -75,7 +75,8 @@ def squared_norm(a: Any) -> float:
 
         return float(paddle.sum(paddle.square(paddle.cast(a, "float64"))))
     flat = a.reshape(-1)
-    return float(np.dot(flat, flat)) if a.dtype == np.float64 else float(np.dot(flat.astype(np.float64), flat))
+    # float32 dot products over short runs, summed in float64: accurate without a float64 copy of `a`
+    return float(sum(float(np.dot(flat[i:i + 65536], flat[i:i + 65536])) for i in range(0, flat.size, 65536)))
 
 
 def energy_rank(s: Any, total: float, energy: float) -> int | None:

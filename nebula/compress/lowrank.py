@@ -21,6 +21,14 @@ def _is_count(lo: int, hi: int):
     return lambda v: isinstance(v, int) and lo <= v <= hi
 
 
+def _finite(a: Any) -> bool:
+    if B.is_paddle(a):
+        import paddle
+
+        return bool(paddle.isfinite(a).all())
+    return bool(np.isfinite(a).all())
+
+
 def _matrix(x: Any, spec: str) -> Any:
     check_finite(x, spec)
     return B.reshape(x, F.matrix_shape(B.shape_of(x)))
@@ -72,11 +80,11 @@ class LowRankCodec(Codec):
     """Rank-k factors P [m,k] = U S, Q [k,n] = V^T by randomized range finding; warm-started across calls."""
 
     name = "lowrank"
-    usage = ("lowrank(rank=K) | lowrank(ratio=R) | lowrank(energy=E), optional power=2 (iterations), "
-             "oversample=8, warm=1, seed=0; K >= 1, R and E in (0, 1]")
+    usage = ("lowrank(rank=K) | lowrank(ratio=R) | lowrank(energy=E), optional power=1 (iterations; one more on a "
+             "cold start), oversample=8, warm=1, seed=0; K >= 1, R and E in (0, 1]")
 
     def __init__(self, *, rank: int | None = None, ratio: float | None = None, energy: float | None = None,
-                 power: int = 2, oversample: int = 8, warm: int = 1, seed: int = 0):
+                 power: int = 1, oversample: int = 8, warm: int = 1, seed: int = 0):
         self.rank, self.ratio, self.energy = rank, ratio, energy
         self.power, self.oversample, self.warm, self.seed = power, oversample, warm, seed
         self._rng = np.random.default_rng(seed)
@@ -86,7 +94,7 @@ class LowRankCodec(Codec):
     def spec(self) -> str:
         target = (f"rank={self.rank}" if self.rank is not None else
                   f"ratio={self.ratio!r}" if self.ratio is not None else f"energy={self.energy!r}")
-        extra = [f"{k}={v}" for k, v, d in (("power", self.power, 2), ("oversample", self.oversample, 8),
+        extra = [f"{k}={v}" for k, v, d in (("power", self.power, 1), ("oversample", self.oversample, 8),
                                             ("warm", self.warm, 1), ("seed", self.seed, 0)) if v != d]
         return f"lowrank({', '.join([target, *extra])})"
 
@@ -102,6 +110,11 @@ class LowRankCodec(Codec):
     def reset(self) -> None:
         """Forget the warm-start state (e.g. after the tensor's statistics changed abruptly)."""
         self._state.clear()
+
+    def _sketch(self, a: Any, key: tuple, width: int) -> tuple[Any, Any, Any]:
+        """Randomized SVD of width `width`, from the warm start block when there is one (then one iteration less)."""
+        warm = self.warm and key in self._state
+        return F.randomized_svd(a, width, self.power + (0 if warm else 1), self._start_block(a, key, width))
 
     def _start_block(self, a: Any, key: tuple, width: int) -> Any:
         n = B.shape_of(a)[1]
@@ -132,7 +145,7 @@ class LowRankCodec(Codec):
                     u, s, vt = F.truncated_svd(a, full)
                     width = full
                 else:
-                    u, s, vt = F.randomized_svd(a, width, self.power, self._start_block(a, key, width))
+                    u, s, vt = self._sketch(a, key, width)
                 k = F.energy_rank(s, total, self.energy) if total > 0 else 1
                 if k is not None or width == full:
                     return u, s, vt, max(1, min(k or width, width))
@@ -143,13 +156,20 @@ class LowRankCodec(Codec):
         if 2 * width >= full:  # a sketch this wide costs as much as the exact SVD
             u, s, vt = F.truncated_svd(a, k)
             return u, s, vt, k
-        u, s, vt = F.randomized_svd(a, width, self.power, self._start_block(a, key, width))
+        u, s, vt = self._sketch(a, key, width)
         return u, s, vt, k
 
     def _encode(self, x: Any) -> Encoded:
-        a = _matrix(x, self.spec)
+        a = B.reshape(x, F.matrix_shape(B.shape_of(x)))  # NaN/Inf show up in s: no extra pass over x here
         key = (B.shape_of(a)[1], B.dtype_name(a), B.kind_of(a), str(getattr(a, "place", "")))
-        u, s, vt, k = self._factor(a, key)
+        try:
+            u, s, vt, k = self._factor(a, key)
+        except (np.linalg.LinAlgError, ValueError, RuntimeError):
+            check_finite(x, self.spec)
+            raise
+        if not _finite(s):
+            check_finite(x, self.spec)
+            raise CodecError(f"codec {self.spec!r}: the factorisation overflowed; scale the tensor or use 'bf16'")
         if self.warm:
             self._state[key] = (B.contiguous(vt.T if not B.is_paddle(vt) else vt.transpose([1, 0])), k)
         p = B.contiguous(u[:, :k] * B.reshape(s[:k], (1, k)))

@@ -38,7 +38,7 @@ def test_lowrank_is_within_two_percent_of_the_optimal_error_and_sends_k_m_plus_n
     assert relative_error(x, decode(enc)) <= 1.02 * optimal_error(x, 4)
 
 
-def test_lowrank_warm_start_tracks_a_drifting_matrix_with_no_power_iterations():
+def test_lowrank_warm_start_tracks_a_drifting_matrix_better_than_an_extra_iteration():
     rng = np.random.default_rng(2)
     base = low_rank_plus_noise(rng, noise=0.02)
     warm = get_codec("lowrank(rank=4, power=0, oversample=0)")
@@ -48,7 +48,7 @@ def test_lowrank_warm_start_tracks_a_drifting_matrix_with_no_power_iterations():
         x = base + 0.01 * rng.standard_normal(base.shape).astype(np.float32)
         warm_err = relative_error(x, decode(warm.encode(x)))
         cold_err = relative_error(x, decode(cold.encode(x)))
-    # the warm start block is the previous step's right singular vectors: one sketch pass suffices
+    # warm: the previous step's right singular vectors and no iteration; cold: a Gaussian block and one iteration
     assert warm_err <= 1.02 * optimal_error(x, 4) < cold_err
 
 
