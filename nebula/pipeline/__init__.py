@@ -6,6 +6,7 @@ stages on clusters; `nebula launch job.yaml --cluster C` starts that cluster's r
 from nebula.pipeline.data import rank_micro_batches, step_ids
 from nebula.pipeline.links import ChannelLink, Link, PeerLost, QueueLink, queue_pair
 from nebula.pipeline.metrics import MetricsWriter, read_metrics
+from nebula.pipeline.oneway import choose_k
 from nebula.pipeline.runtime import RunResult, Wiring, replace_steps, run
 from nebula.pipeline.stage import Recipe, Stage, StageContext, StageOutput, load_recipe
 
@@ -28,4 +29,5 @@ __all__ = [
     "replace_steps",
     "MetricsWriter",
     "read_metrics",
+    "choose_k",
 ]

@@ -15,7 +15,7 @@ import numpy as np
 import paddle
 from paddle.autograd import PyLayer
 
-from nebula.pipeline.links import Key, Link, LinkStats, Mailbox, Outbox
+from nebula.pipeline.links import Key, Link, LinkStats, Mailbox, Outbox, PeerLost
 
 __all__ = ["Boundary", "SendActivation", "RecvActivation", "send_forward", "recv_forward"]
 
@@ -41,6 +41,7 @@ class Boundary:
         self._grads_sent: set[Key] = set()
         self.received: list[tuple[Key, tuple[list[int], Any]]] = []  # float activations whose gradients are owed
         self.wait_s = 0.0  # time the compute thread spent blocked on this boundary
+        self.lost: PeerLost | None = None
 
     def send_array(self, key: Key, x: np.ndarray, direction: str) -> None:
         """Queue `x` for the peer with the codec for `direction` at step key[0]."""
@@ -54,6 +55,9 @@ class Boundary:
         t0 = time.perf_counter()
         try:
             return box.get(key)
+        except PeerLost as exc:  # autograd wraps errors raised in backward: keep the original for the runtime
+            self.lost = exc
+            raise
         finally:
             self.wait_s += time.perf_counter() - t0
 

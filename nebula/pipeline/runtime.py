@@ -73,8 +73,9 @@ def _set_device(device: str) -> None:
     if device == "cpu":
         paddle.set_device("cpu")
         return
-    local = int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("FLAGS_selected_gpus", "0").split(",")[0] or 0))
-    paddle.set_device(f"{device}:{local}")
+    from paddle.distributed import ParallelEnv
+
+    paddle.set_device(f"{device}:{ParallelEnv().device_id}")  # the accelerator paddle.distributed.launch gave this rank
 
 
 def _normalise(out: Any, last: bool) -> StageOutput:
@@ -409,6 +410,11 @@ class _Runner:
             if self.oneway and self.first_seg:
                 lag_ok(cfg.train.steps + cfg.oneway.sync_lag)  # wait for the receivers' last sync: same end step
             result.end_step = cfg.train.steps
+        except Exception as exc:
+            lost = next((b.lost for b in (self.prev, self.next) if b is not None and b.lost is not None), None)
+            if lost is not None and lost is not exc:
+                raise lost from None  # the cause, not paddle's wrapping of an error raised inside backward
+            raise
         finally:
             if bar is not None:
                 bar.close()

@@ -50,17 +50,19 @@ class ToyStage(Stage):
         self.position = position  # first | middle | last
 
     def build_model(self, ctx: StageContext) -> paddle.nn.Layer:
-        """First: dim -> hidden; middle: hidden -> hidden; last: hidden -> classes."""
+        """First: dim -> hidden; middle: hidden -> hidden; last: hidden -> classes; `depth` extra hidden layers."""
         r = self.r
+        deep = [_Block(r.hidden, r.hidden, True) for _ in range(r.depth)]
         if self.position == "first":
             if r.oneway:
-                return paddle.nn.Sequential(_Block(r.dim, r.hidden, True), _Block(r.hidden, r.classes, False))
-            return _Block(r.dim, r.hidden, True)
+                return paddle.nn.Sequential(_Block(r.dim, r.hidden, True), *deep, _Block(r.hidden, r.classes, False))
+            return paddle.nn.Sequential(_Block(r.dim, r.hidden, True), *deep)
         if self.position == "middle":
-            return _Block(r.hidden, r.hidden, True)
+            return paddle.nn.Sequential(_Block(r.hidden, r.hidden, True), *deep)
         if r.oneway:
-            return paddle.nn.Sequential(_Block(r.dim + r.classes, r.hidden, True), _Block(r.hidden, r.classes, False))
-        return _Block(r.hidden, r.classes, False)
+            return paddle.nn.Sequential(_Block(r.dim + r.classes, r.hidden, True), *deep,
+                                        _Block(r.hidden, r.classes, False))
+        return paddle.nn.Sequential(*deep, _Block(r.hidden, r.classes, False))
 
     def build_optimizer(self, model: paddle.nn.Layer, ctx: StageContext) -> paddle.optimizer.Optimizer:
         """Adam (its moments make resume-from-checkpoint tests meaningful)."""
@@ -92,16 +94,20 @@ class ToyStage(Stage):
 
 
 class ToyRecipe(Recipe):
-    """Toy MLP in `num_stages` stages named embed, mid1..., head (or gen, disc with oneway=True)."""
+    """Toy MLP in `num_stages` stages named embed, mid1..., head (or gen, disc with oneway=True).
+
+    `depth` adds hidden layers to every stage (more compute per byte on the boundary, for benchmarks).
+    """
 
     def __init__(self, *, dim: int = 8, hidden: int = 32, classes: int = 4, num_stages: int = 2,
-                 num_examples: int = 4096, lr: float = 0.01, data_seed: int = 7, oneway: bool = False) -> None:
+                 num_examples: int = 4096, lr: float = 0.01, data_seed: int = 7, oneway: bool = False,
+                 depth: int = 0) -> None:
         if num_stages < 2:
             raise ValueError(f"num_stages={num_stages} must be >= 2")
         if oneway and num_stages != 2:
             raise ValueError("oneway=True needs num_stages=2 (sender, receiver)")
         self.dim, self.hidden, self.classes, self.lr = dim, hidden, classes, lr
-        self.data_seed, self.oneway = data_seed, oneway
+        self.data_seed, self.oneway, self.depth = data_seed, oneway, depth
         self.num_examples = num_examples
         if oneway:
             self.stage_names = ("gen", "disc")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import select
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,8 +28,14 @@ def start_switches(procs, out: Path, clusters: list[str], shape: dict | None = N
             sw.write_text(yaml.safe_dump(doc, sort_keys=False))
         p = procs.start([str(BIN / "nebula-switch"), "serve", "--config", str(sw)])
         wait_for_line(p, "listening wan=", 60)
+        threading.Thread(target=_drain, args=(p,), daemon=True).start()  # a full pipe would stall the switch
         workers[c] = out / c / "worker.yaml"
     return workers
+
+
+def _drain(p: subprocess.Popen) -> None:
+    for _ in iter(p.stdout.readline, ""):
+        pass
 
 
 def wait_for_line(p: subprocess.Popen, needle: str, timeout_s: float) -> str:

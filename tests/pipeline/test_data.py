@@ -31,3 +31,15 @@ def test_ranks_and_micro_batches_partition_the_step():
     assert all(len(m) == 4 for p in parts for m in p)
     with pytest.raises(ValueError, match="do not split evenly"):
         rank_micro_batches(ids, rank=0, world_size=5, micro_batches=1)
+
+
+def test_choose_k_balances_the_two_sides():
+    from nebula.pipeline import choose_k
+
+    assert choose_k(1.0, 1.0) == 1
+    assert choose_k(1.0, 8.0) == 8  # the paper's setting: receivers 8x slower than the sender
+    assert choose_k(1.0, 7.6) == 8 and choose_k(1.0, 7.2) == 7
+    assert choose_k(2.0, 1.0) == 1  # a slower sender never gets fewer than one receiver
+    assert choose_k(1.0, 20.0, max_k=4) == 4
+    with pytest.raises(ValueError, match="finite and > 0"):
+        choose_k(0.0, 1.0)
