@@ -1,8 +1,3 @@
 #!/bin/sh
-# Cluster B: its switch server, then its ranks (run launch_A.sh on cluster A).
-set -e
-cd "$(dirname "$0")"
-nebula-switch serve --config fed/B/switch.yaml > switch_B.log 2>&1 &
-trap 'kill $!' EXIT
-sleep 2
-nebula launch job.yaml --cluster B "$@"
+# Cluster B of the toy job (run launch_A.sh on cluster A).
+exec "$(dirname "$0")/launch.sh" B "$@"
