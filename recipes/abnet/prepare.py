@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--decoder-out", required=True, help="cluster B's data directory (target + ids)")
     d.add_argument("--langs", default="es", help="comma-separated target languages: es, zh")
     d.add_argument("--locale-dir", default="/usr/share/locale")
-    d.add_argument("--max-words", type=int, default=DataConfig.max_words)
+    d.add_argument("--max-words", type=int, default=8, help="longest English message kept, in words")
     b = sub.add_parser("base", help="pretrain (masked LM) or load one side's frozen base before training")
     b.add_argument("--side", choices=("encoder", "decoder"), required=True)
     b.add_argument("--data", required=True, help="this cluster's data directory")

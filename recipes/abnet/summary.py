@@ -1,0 +1,116 @@
+"""The operator's view of a local two-cluster run: loss-curve PNG, summary table, sample translations."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["summarize", "raw_boundary_bytes", "main"]
+
+
+def raw_boundary_bytes(run: Path, steps: int) -> float:
+    """Mean uncompressed (float32) bytes of one direction of the boundary per step, from the encoder's own data."""
+    from nebula.config.job import load_job_config
+    from nebula.pipeline import rank_micro_batches, step_ids
+
+    from .data import read_side
+    from .sides import load_train_config
+    from .tokenizer import Tokenizer
+
+    job = load_job_config(run / "job.yaml")
+    cfg = load_train_config(run / "train.yaml")
+    ids, texts = read_side(run / "A" / "data" / cfg.pair / "train.en.tsv")
+    by_id = dict(zip(ids, texts))
+    order = sorted(ids)
+    tok = Tokenizer(run / "A" / "work" / "base_en" / "spm.model")
+    lens = {i: max(1, min(len(tok.encode(by_id[i])), cfg.max_len)) for i in order}
+    hidden = json.loads((run / "A" / "work" / "base_en" / "config.json").read_text())["hidden"]
+    t, world = job.train, job.cluster("A").world_size
+    total = 0
+    for s in range(steps):
+        all_ids = step_ids(s, seed=t.seed, num_examples=len(order), global_batch=t.global_batch)
+        for r in range(world):
+            for mb in rank_micro_batches(all_ids, rank=r, world_size=world, micro_batches=t.micro_batches):
+                total += len(mb) * max(lens[order[int(i)]] for i in mb) * hidden * 4
+    return total / max(steps, 1)
+
+
+def _records(run: Path, cluster: str) -> list[dict]:
+    out = []
+    for f in sorted((run / "metrics").glob(f"{cluster}.rank*.jsonl")):
+        out += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return out
+
+
+def summarize(run: str | Path, samples: int = 8) -> dict:
+    """Write <run>/loss.png and <run>/summary.md; return the numbers."""
+    from .data import read_side
+    from .evaluate import plot_losses
+    from .sides import load_train_config
+
+    run = Path(run)
+    cfg = load_train_config(run / "train.yaml")
+    a, b = _records(run, "A"), _records(run, "B")
+    if not a or not b:
+        raise FileNotFoundError(f"no metrics under {run / 'metrics'}; did both clusters train?")
+    b0 = sorted((r for r in b if r["rank"] == 0), key=lambda r: r["step"])
+    steps = len(b0)
+    losses = [r["loss"] for r in b0]
+    wall = b0[-1]["time"] - (b0[0]["time"] - b0[0]["step_s"])
+    fwd = sum(r["bytes_sent"] for r in a) / steps
+    bwd = sum(r["bytes_sent"] for r in b) / steps
+    raw = raw_boundary_bytes(run, steps)
+    ev = json.loads((run / "B" / "eval.json").read_text())
+    src_ids, src_texts = read_side(run / "A" / "data" / cfg.pair / "test.en.tsv")  # display only: operator's view
+    src = dict(zip(src_ids, src_texts))
+    plot_losses({"decoder cluster (mean over ranks)": losses}, run / "loss.png",
+                title=f"ABNet {cfg.pair}, two clusters")
+    job_text = (run / "job.yaml").read_text()
+    codec_line = next((ln.strip() for ln in job_text.splitlines() if ln.strip().startswith("compression:")), "")
+    out = {
+        "bleu_before": ev["bleu_before"], "bleu_after": ev["bleu_after"], "steps": steps,
+        "steps_per_s": steps / wall, "wan_bytes_per_step": fwd + bwd, "forward_bytes_per_step": fwd,
+        "backward_bytes_per_step": bwd, "forward_ratio": fwd / raw, "backward_ratio": bwd / raw,
+        "loss_first": float(np.mean(losses[:20])), "loss_last": float(np.mean(losses[-20:])),
+    }
+    rows = [
+        ("BLEU (test, case-insensitive) untrained -> trained", f"{out['bleu_before']:.2f} -> {out['bleu_after']:.2f}"),
+        ("loss, first 20 -> last 20 steps", f"{out['loss_first']:.3f} -> {out['loss_last']:.3f}"),
+        ("steps / s", f"{out['steps_per_s']:.2f}"),
+        ("WAN bytes per step (A->B + B->A)", f"{out['wan_bytes_per_step']:,.0f}"),
+        ("compression ratio forward (activations)", f"{out['forward_ratio']:.3f}"),
+        ("compression ratio backward (gradients)", f"{out['backward_ratio']:.3f}"),
+        ("codecs", codec_line),
+    ]
+    lines = ["| quantity | value |", "| --- | --- |", *(f"| {k} | {v} |" for k, v in rows), ""]
+    lines.append("Sample translations (English source from cluster A, shown here only because both run on this machine):")
+    lines.append("")
+    for h in ev["hypotheses"][:samples]:
+        lines += [f"- en:      {src.get(h['id'], '?')}", f"  ref:     {h['ref']}", f"  before:  {h['before']}",
+                  f"  after:   {h['after']}"]
+    (run / "summary.md").write_text("\n".join(lines) + "\n")
+    out["text"] = "\n".join(lines)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: python -m recipes.abnet.summary RUN_DIR."""
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("run")
+    p.add_argument("--samples", type=int, default=8)
+    args = p.parse_args(argv)
+    try:
+        out = summarize(args.run, args.samples)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(out["text"])
+    print(f"loss curve: {Path(args.run) / 'loss.png'}; table: {Path(args.run) / 'summary.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
