@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from . import backend as B
 from . import quantize as Q
 from .base import Codec, CodecError, ElementCodec, Encoded, check_finite, parse_args, register, raw_encoded
@@ -32,7 +34,7 @@ class NoneCodec(Codec):
 
     def _decode(self, enc: Encoded, parts: dict[str, Any]) -> Any:
         data = parts["data"]
-        if not B.is_paddle(data) and enc.dtype == "bfloat16":
+        if not B.is_paddle(data) and data.dtype == np.uint16 and enc.dtype == "bfloat16":  # bf16 bits on the host
             return Q.from_bf16(data, "float32")
         return data
 

@@ -157,3 +157,14 @@ def test_compression_config_loads_from_a_mapping_with_path_errors():
         from_dict(CompressionConfig, {"forward": "svd(2)"}, "job.compression")
     with pytest.raises(ConfigError, match="unknown key"):
         from_dict(CompressionConfig, {"fwd": "fp16"})
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float64"])
+def test_auto_choosing_none_for_a_narrow_or_wide_float_keeps_its_dtype(dtype):
+    t = paddle.cast(paddle.to_tensor(_x()), dtype)
+    enc = get_codec("auto(0.05, none)").encode(t)
+    for like in ("numpy", "paddle"):
+        y = decode_from_frames(encoded_to_frames(enc), like=like)
+        ref = paddle.cast(t, "float32").numpy()
+        got = paddle.cast(y, "float32").numpy() if like == "paddle" else y
+        np.testing.assert_array_equal(np.asarray(got, np.float32), ref)
