@@ -163,23 +163,23 @@ def run_one(job: Path, inter: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Run the comparison and print the tables."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=25)
     ap.add_argument("--rates", default="170,60", help="shaped link rates in Mbit/s")
-    ap.add_argument("--delay-ms", type=float, default=5.0)
+    ap.add_argument("--delay-ms", type=float, default=1.0)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=384)
     ap.add_argument("--depth", type=int, default=4, help="hidden layers per stage (compute per boundary byte)")
-    ap.add_argument("--global-batch", type=int, default=64)
-    ap.add_argument("--micro-batches", type=int, default=4)
+    ap.add_argument("--global-batch", type=int, default=128)
+    ap.add_argument("--micro-batches", type=int, default=8)
     ap.add_argument("--codec", default="fp16", help="forward codec of the compressed runs")
     ap.add_argument("--backward", default="int8", help="backward codec of the compressed runs")
+    ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds; medians over rounds are printed")
     ap.add_argument("--peer-timeout-s", type=float, default=40.0)
     ap.add_argument("--keep", default=None, help="keep run directories here (default: a temporary directory)")
     args = ap.parse_args(argv)
     rates: list[float | None] = [None] + [float(r) for r in args.rates.split(",") if r]
     root = Path(args.keep or tempfile.mkdtemp(prefix="nebula-bench-pipeline-"))
     root.mkdir(parents=True, exist_ok=True)
-    rows: list[tuple] = []
     n = 0
 
     def fresh(name: str) -> Path:
@@ -187,24 +187,31 @@ def main(argv: list[str] | None = None) -> int:
         n += 1
         return root / f"{n:02d}-{name}"
 
-    intra = {m: run_one(_job(fresh(f"intra-{m}"), args, oneway=(m == "I"), inter=False, fed=None, codec="none"),
-                        inter=False) for m in ("II", "I")}
-    results: dict[tuple, dict] = {}
+    # every configuration once per round, rounds interleaved, so load from other processes hits all alike
+    configs: list[tuple] = [("II", "intra", "none"), ("I", "intra", "none")]
     for rate in rates:
-        fed = Federation(fresh(f"fed-{rate or 'unshaped'}"), rate, args.delay_ms)
-        try:
-            for codec in ("none", args.codec):
-                results[("II", rate, codec)] = run_one(
-                    _job(fresh(f"II-{rate}-{codec}"), args, oneway=False, inter=True, fed=fed, codec=codec), True)
-            if rate is not None:
-                results[("I", rate, "none")] = run_one(
-                    _job(fresh(f"I-{rate}"), args, oneway=True, inter=True, fed=fed, codec="none"), True)
-        finally:
+        configs += [("II", rate, "none"), ("II", rate, args.codec)] + ([("I", rate, "none")] if rate else [])
+    feds = {rate: Federation(fresh(f"fed-{rate or 'unshaped'}"), rate, args.delay_ms) for rate in rates}
+    runs: dict[tuple, list[dict]] = {c: [] for c in configs}
+    try:
+        for _ in range(args.repeats):
+            for cfg in configs:
+                m, rate, codec = cfg
+                inter = rate != "intra"
+                job = _job(fresh(f"{m}-{rate}-{codec}"), args, oneway=(m == "I"), inter=inter,
+                           fed=feds[rate] if inter else None, codec=codec)
+                runs[cfg].append(run_one(job, inter))
+    finally:
+        for fed in feds.values():
             fed.close()
+    med = {c: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for c, rs in runs.items()}
+    intra = {m: med[(m, "intra", "none")] for m in ("II", "I")}
+    results = {c: r for c, r in med.items() if c[1] != "intra"}
 
     gb = args.global_batch
     print(f"\nmodel: toy MLP dim={args.dim} hidden={args.hidden} depth={args.depth}/stage, global batch {gb}, "
-          f"{args.micro_batches} micro-batches, {args.steps} steps ({WARMUP} warm-up), OMP_NUM_THREADS=1")
+          f"{args.micro_batches} micro-batches, {args.steps} steps ({WARMUP} warm-up), {args.repeats} round(s), "
+          f"link delay {args.delay_ms:g} ms, OMP_NUM_THREADS=1")
     print("intra = same model, one cluster, 2 data-parallel ranks; inter = 1 rank per cluster through the switches\n")
     hdr = (f"{'scenario':<10}{'link':>10}{'codec':>14}{'step ms':>9}{'ex/s':>8}{'vs intra':>9}{'wait':>7}"
            f"{'KB/step':>9}{'link ms':>8}{'exposed':>9}")

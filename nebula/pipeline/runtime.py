@@ -13,6 +13,7 @@ steps ahead of the last sync it received.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -345,6 +346,16 @@ class _Runner:
         self._scatter_wait += time.perf_counter() - t0
         return out[0]
 
+    def _no_sync(self) -> contextlib.ExitStack:
+        """Keep DataParallel from all-reducing inside backward: micro-batch gradients accumulate locally first and
+        `_optimizer_step` all-reduces them once per step (backwards of a step interleave with other micro-batches'
+        forwards, which DataParallel's per-backward hooks cannot express)."""
+        stack = contextlib.ExitStack()
+        for loc in self.locals:
+            if loc.model is not loc.layer:
+                stack.enter_context(loc.model.no_sync())
+        return stack
+
     def _optimizer_step(self) -> None:
         if self.world > 1:
             from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
@@ -367,8 +378,6 @@ class _Runner:
 
     # ---- main loop ----------------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        import contextlib
-
         cfg = self.cfg
         start = self._start_step()
         result = RunResult(cluster=self.cluster, rank=self.rank, start_step=start, end_step=start)
@@ -393,10 +402,11 @@ class _Runner:
                         b.wait_s = 0.0
                 self._scatter_wait = 0.0
                 t0 = time.perf_counter()
-                if self.oneway:
-                    loss = self._step_oneway(step, lag_ok)
-                else:
-                    loss = self._step_pipeline(step)
+                with self._no_sync():
+                    if self.oneway:
+                        loss = self._step_oneway(step, lag_ok)
+                    else:
+                        loss = self._step_pipeline(step)
                 for b in (self.prev, self.next):
                     if b is not None:
                         b.flush()
