@@ -166,6 +166,7 @@ class JobConfig:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
     peer_timeout_s: float = 120.0  # how long a rank waits for a silent peer cluster before exiting
+    startup_timeout_s: float = 600.0  # how long a starting rank waits for the peer clusters to start
 
     def __post_init__(self) -> None:
         if not self.job or "/" in self.job:
@@ -186,8 +187,9 @@ class JobConfig:
         if len(set(segs)) != len(segs):
             raise ValueError(f"stages visit a cluster twice ({' -> '.join(segs)}); give each cluster one contiguous "
                              "run of stages")
-        if self.peer_timeout_s <= 0:
-            raise ValueError(f"peer_timeout_s={self.peer_timeout_s} must be > 0")
+        if self.peer_timeout_s <= 0 or self.startup_timeout_s <= 0:
+            raise ValueError(f"peer_timeout_s={self.peer_timeout_s} and startup_timeout_s={self.startup_timeout_s} "
+                             "must be > 0")
         self._check_pairing(segs)
 
     def _check_pairing(self, segs: list[str]) -> None:

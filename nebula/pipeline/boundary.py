@@ -51,10 +51,10 @@ class Boundary:
         """Wait for the array under `key` on the incoming data link (counts as link wait)."""
         return self._timed_get(self.mailbox, key)
 
-    def _timed_get(self, box: Mailbox, key: Key) -> np.ndarray:
+    def _timed_get(self, box: Mailbox, key: Key, timeout_s: float | None = None) -> np.ndarray:
         t0 = time.perf_counter()
         try:
-            return box.get(key)
+            return box.get(key, timeout_s)
         except PeerLost as exc:  # autograd wraps errors raised in backward: keep the original for the runtime
             self.lost = exc
             raise
@@ -78,9 +78,9 @@ class Boundary:
         """Send a small control array (sync tensor, checkpoint agreement), uncompressed."""
         self.ctl_out.send(key, np.ascontiguousarray(x), "none")
 
-    def recv_control(self, key: Key) -> np.ndarray:
-        """Receive a control array sent under `key`."""
-        return self._timed_get(self.ctl_in, key)
+    def recv_control(self, key: Key, timeout_s: float | None = None) -> np.ndarray:
+        """Receive a control array sent under `key` (waiting up to `timeout_s`, default peer_timeout_s)."""
+        return self._timed_get(self.ctl_in, key, timeout_s)
 
     def flush(self) -> None:
         """Wait until everything queued has left (counts as link wait)."""

@@ -220,8 +220,9 @@ class Mailbox:
                 self._last_heard = time.monotonic()
                 self._cond.notify_all()
 
-    def get(self, key: Key) -> np.ndarray:
-        """The array sent under `key`; waits up to peer_timeout_s of silence, then raises PeerLost."""
+    def get(self, key: Key, timeout_s: float | None = None) -> np.ndarray:
+        """The array sent under `key`; waits up to `timeout_s` (default peer_timeout_s) of silence, then PeerLost."""
+        limit = self.peer_timeout_s if timeout_s is None else timeout_s
         start = time.monotonic()
         next_warn = 10.0
         with self._cond:
@@ -231,20 +232,20 @@ class Mailbox:
                         from self._fatal
                 waited = time.monotonic() - start
                 silent = time.monotonic() - max(self._last_heard, start)
-                if silent >= self.peer_timeout_s:
+                if silent >= limit:
                     why = f" (last error: {self._error})" if self._error else ""
                     raise PeerLost(self.link.peer_cluster,
                                    f"peer cluster {self.link.peer_cluster} (rank {self.link.peer_rank}) sent nothing "
                                    f"for {silent:.0f} s while waiting for {self.what} step {key[0]} micro-batch "
-                                   f"{key[1]}{why}; gave up after peer_timeout_s={self.peer_timeout_s:g}. Restart "
+                                   f"{key[1]}{why}; gave up after {limit:g} s (peer_timeout_s={self.peer_timeout_s:g}). Restart "
                                    "all clusters of the job: they resume from the last common checkpoint")
                 if waited >= next_warn:
                     log.warning("waiting for peer cluster %s rank %d: %s step %d micro-batch %d (%.0f s, giving up "
                                 "after %g s of silence)%s", self.link.peer_cluster, self.link.peer_rank, self.what,
-                                key[0], key[1], waited, self.peer_timeout_s,
+                                key[0], key[1], waited, limit,
                                 f"; {self._error}" if self._error else "")
                     next_warn += 10.0
-                self._cond.wait(timeout=min(1.0, self.peer_timeout_s))
+                self._cond.wait(timeout=min(1.0, limit))
             return self._items.pop(key)
 
     def close(self) -> None:

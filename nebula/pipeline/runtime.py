@@ -184,7 +184,9 @@ class _Runner:
         return {loc.name: (loc.layer, loc.opt) for loc in self.locals}
 
     def _agree(self, steps: list[int]) -> int:
-        """The newest checkpoint step every cluster has (-1: none), agreed along the boundaries."""
+        """The newest checkpoint step every cluster has (-1: none), agreed along the boundaries.
+
+        Also the start barrier: no rank trains before its peers are up (waiting up to startup_timeout_s)."""
         import paddle
         import paddle.distributed as dist
 
@@ -197,10 +199,10 @@ class _Runner:
 
         common = set(steps)
         if self.prev is not None:
-            common &= {int(s) for s in self.prev.recv_control((-1, 0, 0)) if s >= 0}
+            common &= {int(s) for s in self.prev.recv_control((-1, 0, 0), self.cfg.startup_timeout_s) if s >= 0}
         if self.next is not None:
             self.next.send_control((-1, 0, 0), enc(sorted(common)))
-            chosen = int(self.next.recv_control((-2, 0, 0))[0])
+            chosen = int(self.next.recv_control((-2, 0, 0), self.cfg.startup_timeout_s)[0])
         elif self.prev is not None or not self.oneway or self.first_seg:
             chosen = max(common) if common else -1
         else:
@@ -217,12 +219,11 @@ class _Runner:
         ck = self.cfg.checkpoint
         names = [loc.name for loc in self.locals]
         start = 0
-        if ck.resume and ck.dir:
-            chosen = self._agree(ckpt.local_steps(ck.dir, self.cluster, names))
-            if chosen >= 0:
-                start = ckpt.load(ckpt.step_dir(ck.dir, chosen), self._stage_states())
-                log.info("cluster %s rank %d: resumed from checkpoint step %d", self.cluster, self.rank, start)
-                return start
+        chosen = self._agree(ckpt.local_steps(ck.dir, self.cluster, names) if ck.resume and ck.dir else [])
+        if chosen >= 0:
+            start = ckpt.load(ckpt.step_dir(ck.dir, chosen), self._stage_states())
+            log.info("cluster %s rank %d: resumed from checkpoint step %d", self.cluster, self.rank, start)
+            return start
         if ck.init_from:
             start = ckpt.load(ck.init_from, self._stage_states())
             log.info("cluster %s rank %d: hot start from %s (step %d)", self.cluster, self.rank, ck.init_from, start)

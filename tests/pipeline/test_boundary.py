@@ -106,6 +106,8 @@ def test_silent_peer_is_reported_by_name():
         with pytest.raises(PeerLost, match="peer cluster A .*sent nothing.*activation step 5 micro-batch 0") as ei:
             recv_forward(down, (5, 0, 0))
         assert ei.value.cluster == "A"
+        with pytest.raises(PeerLost, match="gave up after 0.5 s"):  # a per-call limit (the start barrier's)
+            down.recv_control((-1, 0, 0), timeout_s=0.5)
     finally:
         up.close()
         down.close()
