@@ -102,6 +102,7 @@ class SendActivation(PyLayer):
 
     @staticmethod
     def forward(ctx: Any, x: paddle.Tensor, boundary: Boundary, key: Key) -> paddle.Tensor:
+        """Send forward: queue x for the next stage; the returned token carries x's place in the graph."""
         ctx.boundary, ctx.key = boundary, key
         ctx.shape, ctx.dtype = list(x.shape), x.dtype
         boundary.send_array(key, x.numpy(), "forward")
@@ -109,6 +110,7 @@ class SendActivation(PyLayer):
 
     @staticmethod
     def backward(ctx: Any, dtoken: paddle.Tensor) -> paddle.Tensor:
+        """Receive backward: x's gradient, computed by the next stage."""
         g = ctx.boundary.recv_array(ctx.key)
         if list(g.shape) != ctx.shape:
             raise RuntimeError(f"gradient for step {ctx.key[0]} micro-batch {ctx.key[1]} from cluster "
@@ -121,11 +123,13 @@ class RecvActivation(PyLayer):
 
     @staticmethod
     def forward(ctx: Any, x: paddle.Tensor, boundary: Boundary, key: Key) -> paddle.Tensor:
+        """Receive forward: the activation (already received as `x`) enters this stage's graph."""
         ctx.boundary, ctx.key = boundary, key
         return paddle.assign(x)
 
     @staticmethod
     def backward(ctx: Any, dy: paddle.Tensor) -> paddle.Tensor:
+        """Send backward: the activation's gradient goes to the previous stage."""
         ctx.boundary.send_gradient(ctx.key, dy)
         return dy
 
