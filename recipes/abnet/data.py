@@ -22,6 +22,7 @@ __all__ = [
     "keep_pair",
     "deduplicate",
     "split_of",
+    "restrict_vocabulary",
     "prepare_data",
     "read_side",
     "SPLITS",
@@ -70,11 +71,16 @@ class DataConfig:
     dev_per_mille: int = 25
     test_per_mille: int = 25
     min_pairs: int = 50  # fewer pairs than this cannot train anything: treat as missing catalogs
+    # Keep only pairs whose words (both sides) are among each language's `vocab_top_k` most frequent words
+    # (0: keep all). A small model on 2 CPU cores sees each frequent word many times within minutes.
+    vocab_top_k: int = 0
     salt: str = "nebula-abnet-v1"  # changing it reshuffles the split deterministically
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_chars <= self.max_chars:
             raise ValueError(f"min_chars={self.min_chars}, max_chars={self.max_chars}: need 1 <= min_chars <= max_chars")
+        if self.vocab_top_k < 0:
+            raise ValueError(f"vocab_top_k={self.vocab_top_k}: must be >= 0 (0 keeps every pair)")
         if self.max_words < 1:
             raise ValueError(f"max_words={self.max_words}: must be >= 1")
         if self.dev_per_mille < 0 or self.test_per_mille < 1 or self.dev_per_mille + self.test_per_mille >= 1000:
@@ -209,6 +215,21 @@ def deduplicate(pairs: Iterable[Pair]) -> list[Pair]:
     return sorted(out, key=lambda p: p.id)
 
 
+_WORD = re.compile(r"\w+")
+
+
+def restrict_vocabulary(pairs: list[Pair], top_k: int) -> list[Pair]:
+    """Pairs whose words are all among the `top_k` most frequent words of their side (top_k=0: all pairs)."""
+    if not top_k:
+        return pairs
+    words = lambda s: _WORD.findall(s.lower())  # noqa: E731
+    keep = []
+    for side in ("src", "tgt"):
+        counts = Counter(w for p in pairs for w in words(getattr(p, side)))
+        keep.append({w for w, _ in counts.most_common(top_k)})
+    return [p for p in pairs if all(w in keep[0] for w in words(p.src)) and all(w in keep[1] for w in words(p.tgt))]
+
+
 def split_of(src: str, cfg: DataConfig) -> str:
     """Split ('train', 'dev' or 'test') of a source sentence: a salted hash, so it never depends on order."""
     bucket = int(hashlib.sha256(f"{cfg.salt}\t{src.lower()}".encode()).hexdigest()[:8], 16) % 1000
@@ -242,7 +263,7 @@ def prepare_data(
     cfg = cfg or DataConfig()
     summary: dict = {}
     for lang in langs:
-        pairs = deduplicate(extract_pairs(lang, locale_root, cfg))
+        pairs = restrict_vocabulary(deduplicate(extract_pairs(lang, locale_root, cfg)), cfg.vocab_top_k)
         if len(pairs) < cfg.min_pairs:
             raise _missing(Path(locale_root), lang, f"only {len(pairs)} usable pairs (need {cfg.min_pairs})")
         pair_name = f"en-{lang}"

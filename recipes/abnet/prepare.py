@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--langs", default="es", help="comma-separated target languages: es, zh")
     d.add_argument("--locale-dir", default="/usr/share/locale")
     d.add_argument("--max-words", type=int, default=8, help="longest English message kept, in words")
+    d.add_argument("--vocab-top-k", type=int, default=0,
+                   help="keep pairs made only of each side's K most frequent words (0: all)")
+    d.add_argument("--test-per-mille", type=int, default=25, help="share of pairs in the test split (and dev)")
     b = sub.add_parser("base", help="pretrain (masked LM) or load one side's frozen base before training")
     b.add_argument("--side", choices=("encoder", "decoder"), required=True)
     b.add_argument("--data", required=True, help="this cluster's data directory")
@@ -31,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "data":
         try:
             counts = prepare_data(args.encoder_out, args.decoder_out, [x for x in args.langs.split(",") if x],
-                                  args.locale_dir, DataConfig(max_words=args.max_words))
+                                  args.locale_dir, DataConfig(max_words=args.max_words, vocab_top_k=args.vocab_top_k,
+                                             test_per_mille=args.test_per_mille,
+                                             dev_per_mille=args.test_per_mille))
         except (CatalogError, ValueError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

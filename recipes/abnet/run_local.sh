@@ -4,7 +4,8 @@
 # gives each cluster only its side of the gettext corpus, trains (encoder stage: cluster A, 2 ranks; decoder
 # stage: cluster B, 2 ranks; activations forward as fp16(svd(r)), gradients back as int8), evaluates BLEU,
 # writes loss.png and summary.md, prints sample translations, and stops everything it started.
-# Usage: bash recipes/abnet/run_local.sh [RUN_DIR]   (env: STEPS, FORWARD, BACKWARD, RATE_MBIT, LANGS)
+# Usage: bash recipes/abnet/run_local.sh [RUN_DIR]
+# env: STEPS, FORWARD, BACKWARD, RATE_MBIT, LANGS, MAX_WORDS, VOCAB_TOP_K, TEST_PER_MILLE, LOCALE_DIR, PRETRAIN_STEPS
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -52,8 +53,11 @@ for c in A B; do
 done
 
 say "extracting English->Spanish pairs from the gettext catalogs; cluster A gets English, cluster B Spanish"
-"$PY" -m recipes.abnet.prepare data --encoder-out "$RUN/A/data" --decoder-out "$RUN/B/data" --langs "${LANGS:-es}" --max-words 6
-sed "s/^steps: .*/steps: $STEPS/" "$HERE/configs/tiny.yaml" > "$RUN/train.yaml"
+"$PY" -m recipes.abnet.prepare data --encoder-out "$RUN/A/data" --decoder-out "$RUN/B/data" --langs "${LANGS:-es}" \
+    --max-words "${MAX_WORDS:-6}" --vocab-top-k "${VOCAB_TOP_K:-1000}" --test-per-mille "${TEST_PER_MILLE:-50}" \
+    --locale-dir "${LOCALE_DIR:-/usr/share/locale}"
+sed -e "s/^steps: .*/steps: $STEPS/" -e "s/^pretrain_steps: .*/pretrain_steps: ${PRETRAIN_STEPS:-300}/" \
+    "$HERE/configs/tiny.yaml" > "$RUN/train.yaml"
 sed -e "s#@RUN@#$RUN#g" -e "s#@STEPS@#$STEPS#g" -e "s#@FORWARD@#$FORWARD#g" -e "s#@BACKWARD@#$BACKWARD#g" \
     "$HERE/configs/job.yaml.in" > "$RUN/job.yaml"
 

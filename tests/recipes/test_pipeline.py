@@ -1,0 +1,128 @@
+"""ABNet on the nebula.pipeline runtime: stages train through codecs, bad bases fail before training, the
+reachability check names an unreachable cluster, and (slow) the whole two-cluster main job through real switches."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import paddle
+import pytest
+import yaml
+
+from nebula.config.job import load_job_config
+from nebula.pipeline import run
+from recipes.abnet.data import DataConfig, prepare_data
+from recipes.abnet.model import BertConfig, BertModel
+from recipes.abnet.pretrain import PretrainedError, save_base
+from recipes.abnet.stages import ABNetRecipe
+from recipes.abnet.tokenizer import train_tokenizer
+from tests.recipes.conftest import corpus_pairs
+
+REPO = Path(__file__).resolve().parents[2]
+SPLIT = DataConfig(test_per_mille=100, dev_per_mille=100)
+
+
+def _train_yaml(tmp: Path, **kw) -> Path:
+    doc = {"preset": "tiny", "steps": 40, "batch_size": 16, "lr": 0.005, "warmup_steps": 5, "max_len": 12,
+           "pretrain_steps": 30, "pretrain_vocab": 60, "eval_batch": 64, **kw}
+    f = tmp / "train.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    return f
+
+
+def _job(tmp: Path, clusters: list[dict], stages: list[dict], steps: int, **recipe) -> Path:
+    doc = {"job": "abnet-test",
+           "recipe": {"factory": "recipes.abnet:ABNetRecipe",
+                      "args": {"config": str(_train_yaml(tmp, steps=steps)), "encoder_data": str(tmp / "A"),
+                               "decoder_data": str(tmp / "B"), "encoder_work": str(tmp / "wa"),
+                               "decoder_work": str(tmp / "wb"), **recipe}},
+           "clusters": clusters, "stages": stages,
+           "train": {"steps": steps, "global_batch": 16, "micro_batches": 2, "seed": 0},
+           "compression": {"forward": "fp16(svd(0.6))", "backward": "int8"},
+           "metrics": {"dir": str(tmp / "metrics"), "progress": False}}
+    f = tmp / "job.yaml"
+    f.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return f
+
+
+def test_stages_train_through_codecs_on_the_runtime(locale_dir, tmp_path):
+    prepare_data(tmp_path / "A", tmp_path / "B", ["es"], locale_dir, SPLIT)
+    job = _job(tmp_path, [{"id": "A"}], [{"name": "encoder", "cluster": "A"}, {"name": "decoder", "cluster": "A"}],
+               steps=40)
+    cfg = load_job_config(job)
+    recipe = ABNetRecipe(**cfg.recipe.args)
+    assert recipe.num_examples == len((tmp_path / "A" / "en-es" / "train.en.tsv").read_text().splitlines())
+    with pytest.raises(ValueError, match="not 'head'"):
+        recipe.stage("head")
+    losses = run(cfg, "A", workdir=tmp_path).losses
+    assert np.mean([losses[s] for s in range(35, 40)]) < np.mean([losses[s] for s in range(5)]) - 0.3, losses
+    # each cluster pretrained its base from its own side only
+    assert (tmp_path / "wa" / "base_en" / "model.pdparams").is_file()
+    assert (tmp_path / "wb" / "base_es" / "model.pdparams").is_file()
+
+
+def test_wrong_shape_pretrained_base_fails_before_training(locale_dir, tmp_path):
+    prepare_data(tmp_path / "A", tmp_path / "B", ["es"], locale_dir, SPLIT)
+    tok = train_tokenizer([e for e, _ in corpus_pairs()], tmp_path / "tok" / "en.model", vocab_size=60)
+    wrong = save_base(BertModel(BertConfig(vocab_size=tok.vocab_size, hidden=32, num_layers=2, num_heads=2,
+                                           ff_hidden=64, max_positions=32)), tok, tmp_path / "wrong")
+    job = _job(tmp_path, [{"id": "A"}], [{"name": "encoder", "cluster": "A"}, {"name": "decoder", "cluster": "A"}],
+               steps=5, source_pretrained=str(wrong))
+    with pytest.raises(PretrainedError, match=r"hidden=32 \(the preset expects 64\)"):
+        run(load_job_config(job), "A", workdir=tmp_path)
+    assert not (tmp_path / "metrics" / "A.rank0.jsonl").exists() or \
+        (tmp_path / "metrics" / "A.rank0.jsonl").read_text() == ""  # not a single step ran
+
+
+def test_unreachable_encoder_cluster_is_named_before_training(procs, locale_dir, tmp_path):
+    from tests.pipeline.federation import start_switches
+
+    prepare_data(tmp_path / "A", tmp_path / "B", ["es"], locale_dir, SPLIT)
+    workers = start_switches(procs, tmp_path / "fed", ["A", "B"])
+    train = _train_yaml(tmp_path)
+
+    def reach(side: str, me: str, peer: str, timeout: int):
+        return procs.start([sys.executable, "-m", "recipes.abnet.remote", "reach", "--side", side, "--worker",
+                            str(workers[me]), "--peer", peer, "--data", str(tmp_path / me), "--config", str(train),
+                            "--timeout", str(timeout)], cwd=str(REPO))
+
+    p = reach("decoder", "B", "A", 4)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 2, out
+    assert "cluster B cannot reach cluster A" in out and "launch script" in out
+    # with the encoder side answering, both agree on the split
+    a, b = reach("encoder", "A", "B", 60), reach("decoder", "B", "A", 60)
+    out_a, _ = a.communicate(timeout=120)
+    out_b, _ = b.communicate(timeout=120)
+    assert a.returncode == 0 and b.returncode == 0, out_a + out_b
+    assert "cluster A reachable; same en-es split" in out_b
+
+
+@pytest.mark.slow
+def test_main_job_two_clusters_through_switches(locale_dir, tmp_path):
+    """run_local.sh end to end on the test's corpus: provision, switches, 2+2 ranks, BLEU, plot, summary."""
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, STEPS="60", PRETRAIN_STEPS="30", LOCALE_DIR=str(locale_dir), VOCAB_TOP_K="0",
+               TEST_PER_MILLE="100", PY=sys.executable)
+    proc = subprocess.run(["bash", str(REPO / "recipes" / "abnet" / "run_local.sh"), str(run_dir)], env=env,
+                          capture_output=True, text=True, timeout=900, start_new_session=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert (run_dir / "loss.png").stat().st_size > 1000
+    summary = (run_dir / "summary.md").read_text()
+    assert "WAN bytes per step" in summary and "compression ratio forward" in summary
+    ev = json.loads((run_dir / "B" / "eval.json").read_text())
+    assert ev["step"] == 60 and ev["num_test"] == len(ev["hypotheses"]) > 0
+    recs = [json.loads(x) for x in (run_dir / "metrics" / "B.rank0.jsonl").read_text().splitlines()]
+    assert np.mean([r["loss"] for r in recs[-10:]]) < np.mean([r["loss"] for r in recs[:10]])
+    a_recs = [json.loads(x) for x in (run_dir / "metrics" / "A.rank1.jsonl").read_text().splitlines()]
+    assert all(r["bytes_sent"] > 0 for r in a_recs)  # both ranks of the encoder cluster sent activations
+    spanish = {s for _, s in corpus_pairs()}
+    a_text = "\n".join(f.read_text() for f in (run_dir / "A").rglob("*.tsv"))
+    assert not any(s in a_text for s in spanish)  # cluster A never held the target side
+    # every process the job started is gone (switches, launchers, ranks)
+    left = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
+    assert left == [], left
