@@ -76,8 +76,9 @@ class LocalSide:
         self.sync: zmq.Socket | None = None
         self.zap: zmq.asyncio.Socket | None = None
         self.tasks: list[asyncio.Task] = []
-        self.resume = asyncio.Event()
-        self.resume.set()
+        self.held = False  # over the memory cap: workers are held back by ZeroMQ's own limits
+        self.throttled = False
+        self._kicked = False
 
     def set_workers(self, workers: tuple) -> None:
         """Replace the accepted worker keys (hot reload)."""
@@ -101,7 +102,9 @@ class LocalSide:
         # a synchronous view of the same socket: non-blocking sends and batched receives without futures
         self.sync = zmq.Socket.shadow(r.underlying)
         self.endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.tasks = [asyncio.create_task(self._zap_loop()), asyncio.create_task(self._recv_loop())]
+        asyncio.get_running_loop().add_reader(self.sync.FD, self.kick)
+        self.tasks = [asyncio.create_task(self._zap_loop()), asyncio.create_task(self._safety_kick())]
+        self.kick()
         return self.endpoint
 
     async def stop(self) -> None:
@@ -110,6 +113,7 @@ class LocalSide:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.sync is not None:
+            asyncio.get_running_loop().remove_reader(self.sync.FD)
             self.sync = None
         for s in (self.router, self.zap):
             if s is not None:
@@ -148,26 +152,44 @@ class LocalSide:
         return [version, request_id, b"200", b"OK", f"{worker.name}/{worker.account}".encode(), b""]
 
     # ---- receiving ----
-    async def _recv_loop(self) -> None:
-        assert self.router is not None
-        while True:
-            if not self.resume.is_set():
-                await self.resume.wait()  # memory cap reached: workers are held back by ZeroMQ's own limits
-            await self.router.poll(flags=zmq.POLLIN)
-            for _ in range(256):  # then yield, so links and timers run between batches
-                if not self.resume.is_set():
-                    break
-                try:
-                    parts = self.sync.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
-                try:
-                    await self._on_message(parts)
-                except Exception:
-                    log.exception("failed to handle a worker frame")
-            await asyncio.sleep(0)
+    # ZeroMQ's FD only signals edges, and any send may consume one: so every send and every wake-up re-checks
+    # EVENTS, and the pump drains until the socket says it has nothing more.
+    def kick(self) -> None:
+        """Schedule a look at the socket (after a send, a resume, or a readable edge)."""
+        if not self._kicked:
+            self._kicked = True
+            asyncio.get_running_loop().call_soon(self._pump)
 
-    async def _on_message(self, parts: list[zmq.Frame]) -> None:
+    def _pump(self) -> None:
+        self._kicked = False
+        sock = self.sync
+        if sock is None or self.held or self.throttled:
+            return
+        for _ in range(256):  # then yield, so links and timers run between batches
+            if not sock.get(zmq.EVENTS) & zmq.POLLIN:
+                return
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                self._on_message(parts)
+            except Exception:
+                log.exception("failed to handle a worker frame")
+            if self.held or self.throttled:
+                return
+        self.kick()
+
+    async def _safety_kick(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            self.kick()
+
+    def _unthrottle(self) -> None:
+        self.throttled = False
+        self.kick()
+
+    def _on_message(self, parts: list[zmq.Frame]) -> None:
         ident = parts[0].bytes
         if len(parts) not in (2, 3):
             self.refuse(ident, "bad_parts", f"expected 1 or 2 message parts after the identity, got {len(parts) - 1}")
@@ -214,12 +236,13 @@ class LocalSide:
                 frame,
             )
             return
-        wait = self.server.account_bucket(reg.account).take(len(payload) + len(head.buffer))
-        if wait > 0:
-            await asyncio.sleep(wait)  # per-account rate limit
         err = self.server.route(frame, bytes(head.buffer), payload, origin=None)
         if err is not None:
             self.refuse(ident, err[0], err[1], frame)
+        wait = self.server.account_bucket(reg.account).take(len(payload) + len(head.buffer))
+        if wait > 0:  # per-account rate limit: stop reading until the account's bucket has refilled
+            self.throttled = True
+            asyncio.get_running_loop().call_later(wait, self._unthrottle)
 
     def _hello(self, ident: bytes, name: str, account: str, meta: dict) -> None:
         job, rank = meta["job"], meta["rank"]
@@ -311,6 +334,10 @@ class LocalSide:
 
     def flush(self, ident: bytes) -> None:
         """Hand queued frames to ZeroMQ by priority until its per-worker queue is full."""
+        self._flush(ident)
+        self.kick()  # a send may have eaten the socket's readable edge
+
+    def _flush(self, ident: bytes) -> None:
         box = self.outboxes.get(ident)
         if box is None or self.sync is None:
             return
@@ -357,10 +384,9 @@ class LocalSide:
 
     def hold_back(self, paused: bool) -> None:
         """Stop (or resume) reading worker frames while over the memory cap."""
-        if paused:
-            self.resume.clear()
-        else:
-            self.resume.set()
+        self.held = paused
+        if not paused:
+            self.kick()
 
     def broadcast(self, make: Callable[[], dict]) -> None:
         """Send a fresh WELCOME (link states) to every registered worker."""

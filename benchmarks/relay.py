@@ -1,0 +1,310 @@
+"""Relay benchmark: raw TLS vs raw ZeroMQ vs the full path worker -> switch A -> TLS -> switch B -> worker.
+
+Prints, measured side by side in one run on loopback: throughput and one-way latency (p50/p99) per message
+size with the ratio full/TLS, the latency each switch hop adds, a 64 KiB activation's latency while a bulk
+transfer runs on the same link, and goodput through the link shaper at 60 Mbit/s.
+
+    .venv/bin/python benchmarks/relay.py                 # default run (a few minutes at most)
+    .venv/bin/python benchmarks/relay.py --bulk-mib 1024 # the 1 GiB bulk case of the issue
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import selectors
+import signal
+import socket
+import ssl
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+import zmq
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from nebula.channel import Endpoint  # noqa: E402
+from security.provision import provision  # noqa: E402
+from security.tls import client_context, server_context  # noqa: E402
+
+KIB, MIB = 1024, 1024**2
+SIZES = [KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
+_LEN = struct.Struct("!Q")
+
+
+def _plan(size: int, budget_bytes: int) -> tuple[int, int]:
+    """(messages for throughput, samples for latency) for one size."""
+    n = max(8, min(2000, budget_bytes // size))
+    k = max(5, min(200, (16 * MIB) // size))
+    return n, k
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+# ---- transports under test: each gives send(bytes) and recv() -> bytes, one sender and one receiver thread ----
+
+class TLSPair:
+    """One raw TLS stream on loopback with length-prefixed messages (the same certificates as the switches)."""
+
+    def __init__(self, fed: dict) -> None:
+        a = yaml.safe_load(Path(fed["clusters"]["A"]["switch_yaml"]).read_text())
+        base_a = Path(fed["clusters"]["A"]["dir"])
+        base_b = Path(fed["clusters"]["B"]["dir"])
+        files = lambda base: [str((base / a["tls"][k]).resolve()) for k in ("ca", "cert", "key", "crl")]  # noqa: E731
+        sctx = server_context(*files(base_a))
+        cctx = client_context(*files(base_b))
+        lst = socket.create_server(("127.0.0.1", 0))
+        port = lst.getsockname()[1]
+        box: dict = {}
+
+        def accept() -> None:
+            c, _ = lst.accept()
+            box["s"] = sctx.wrap_socket(c, server_side=True)
+
+        t = threading.Thread(target=accept)
+        t.start()
+        raw = socket.create_connection(("127.0.0.1", port))
+        self.tx = cctx.wrap_socket(raw)
+        t.join()
+        lst.close()
+        self.rx = box["s"]
+        for s in (self.tx, self.rx):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, data: bytes) -> None:
+        self.tx.sendall(_LEN.pack(len(data)))
+        self.tx.sendall(data)
+
+    def _exact(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self.rx.recv_into(view[got:], n - got)
+            if not k:
+                raise ConnectionError("closed")
+            got += k
+        return buf
+
+    def recv(self) -> bytes:
+        (n,) = _LEN.unpack(self._exact(8))
+        return self._exact(n)
+
+    def close(self) -> None:
+        self.tx.close()
+        self.rx.close()
+
+
+class ZMQPair:
+    """Raw ZeroMQ PUSH/PULL over TCP loopback."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        self.rx = self.ctx.socket(zmq.PULL)
+        port = self.rx.bind_to_random_port("tcp://127.0.0.1")
+        self.tx = self.ctx.socket(zmq.PUSH)
+        self.tx.connect(f"tcp://127.0.0.1:{port}")
+
+    def send(self, data: bytes) -> None:
+        self.tx.send(data, copy=len(data) < 65536)
+
+    def recv(self) -> bytes:
+        return self.rx.recv(copy=False).buffer
+
+    def close(self) -> None:
+        self.tx.close(0)
+        self.rx.close(0)
+        self.ctx.term()
+
+
+class FullPath:
+    """Worker A -> switch A -> TLS -> switch B -> worker B through nebula.channel."""
+
+    def __init__(self, fed: dict, name: str = "bench", lane: str = "activation") -> None:
+        self.ea = Endpoint.connect(fed["clusters"]["A"]["worker_yaml"], job="bench", rank=0)
+        self.eb = Endpoint.connect(fed["clusters"]["B"]["worker_yaml"], job="bench", rank=0)
+        self.tx = self.ea.channel("B", 0, name)
+        self.rx = self.eb.channel("A", 0, name)
+        self.lane = lane
+
+    def send(self, data: bytes) -> None:
+        self.tx.send(data, lane=self.lane)
+
+    def recv(self) -> bytes:
+        return self.rx.recv(timeout_s=120)
+
+    def close(self) -> None:
+        self.ea.close(flush_s=5)
+        self.eb.close(flush_s=0)
+
+
+def throughput(pair, size: int, n: int) -> float:
+    """MB/s of `n` messages of `size` bytes streamed back to back."""
+    data = os.urandom(size)
+    done = threading.Event()
+
+    def rx() -> None:
+        for _ in range(n):
+            pair.recv()
+        done.set()
+
+    t = threading.Thread(target=rx)
+    t.start()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        pair.send(data)
+    done.wait()
+    dt = time.perf_counter() - t0
+    t.join()
+    return size * n / dt / 1e6
+
+
+def latency(pair, size: int, k: int) -> list[float]:
+    """One-way latencies (seconds) of `k` messages sent one at a time."""
+    data = os.urandom(size)
+    out = []
+    for _ in range(k):
+        t0 = time.perf_counter()
+        pair.send(data)
+        pair.recv()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+# ---- switch processes ----
+
+class Switches:
+    """Switch servers A and B of a provisioned federation, as real processes."""
+
+    def __init__(self, fed: dict, edit=None) -> None:
+        self.procs = []
+        for c in ("A", "B"):
+            path = Path(fed["clusters"][c]["switch_yaml"])
+            if edit is not None:
+                d = yaml.safe_load(path.read_text())
+                edit(c, d)
+                path.write_text(yaml.safe_dump(d, sort_keys=False))
+            log = open(path.parent / "switch.stderr", "ab")
+            p = subprocess.Popen([sys.executable, "-m", "switch_server.cli", "serve", "--config", str(path),
+                                  "--log-level", "warning"], stdout=subprocess.PIPE, stderr=log, text=True,
+                                 start_new_session=True, cwd=REPO)
+            sel = selectors.DefaultSelector()
+            sel.register(p.stdout, selectors.EVENT_READ)
+            if not sel.select(60) or not p.stdout.readline().startswith("listening"):
+                raise RuntimeError(f"switch {c} did not start; see {path.parent / 'switch.stderr'}")
+            self.procs.append(p)
+
+    def close(self) -> None:
+        for p in self.procs:
+            os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            p.wait(20)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget-mib", type=int, default=128, help="bytes streamed per size for throughput")
+    ap.add_argument("--bulk-mib", type=int, default=256, help="bulk transfer behind which activations are timed")
+    ap.add_argument("--shaped-mib", type=int, default=12, help="bytes sent through the 60 Mbit/s shaper")
+    ap.add_argument("--max-size-mib", type=int, default=64)
+    args = ap.parse_args(argv)
+    sizes = [s for s in SIZES if s <= args.max_size_mib * MIB]
+    tmp = Path(tempfile.mkdtemp(prefix="nebula-relay-bench-"))
+    fed = provision("bench", ["A", "B"], tmp / "fed")
+    switches = Switches(fed)
+    rows = []
+    try:
+        tls, zmqp, full = TLSPair(fed), ZMQPair(), FullPath(fed)
+        latency(full, 1024, 20)  # warm up connections and the links
+        for size in sizes:
+            n, k = _plan(size, args.budget_mib * MIB)
+            r = {"size": size}
+            for name, pair in (("tls", tls), ("zmq", zmqp), ("full", full)):
+                r[f"{name}_mbs"] = throughput(pair, size, n)
+                lat = latency(pair, size, k)
+                r[f"{name}_p50"], r[f"{name}_p99"] = _pct(lat, 0.5) * 1e3, _pct(lat, 0.99) * 1e3
+            rows.append(r)
+            print(f"  measured {size // KIB} KiB", file=sys.stderr, flush=True)
+        tls.close()
+        zmqp.close()
+
+        # a 64 KiB activation on its own channel while a bulk transfer runs
+        bulk = FullPath(fed, name="bulk", lane="bulk")
+        act = FullPath(fed, name="act", lane="activation")
+        blob = bytes(args.bulk_mib * MIB)
+        finished = threading.Event()
+        t_bulk = {}
+
+        def run_bulk() -> None:
+            t0 = time.perf_counter()
+            bulk.send(blob)
+            bulk.recv()
+            t_bulk["s"] = time.perf_counter() - t0
+            finished.set()
+
+        th = threading.Thread(target=run_bulk)
+        th.start()
+        time.sleep(0.2)
+        behind = []
+        while not finished.is_set():
+            behind += latency(act, 64 * KIB, 1)
+            time.sleep(0.01)
+        th.join()
+        bulk.close()
+        act.close()
+        full.close()
+    finally:
+        switches.close()
+
+    # the shaper: a fresh pair of switches with link.shape.rate_mbit = 60
+    fed2 = provision("bench", ["A", "B"], tmp / "fed-shaped")
+    shaped = Switches(fed2, edit=lambda c, d: d.setdefault("link", {}).update(shape={"rate_mbit": 60.0}))
+    try:
+        sp = FullPath(fed2, lane="bulk")
+        latency(sp, 1024, 3)
+        n = max(1, args.shaped_mib)
+        t0 = time.perf_counter()
+        mbs = throughput(sp, MIB, n)
+        shaped_s = time.perf_counter() - t0
+        sp.close()
+    finally:
+        shaped.close()
+    goodput_mbit = mbs * 8
+
+    print("\nThroughput (MB/s) and one-way latency (ms), loopback; a = raw TLS, b = raw ZeroMQ, c = full path")
+    print(f"{'size':>9} {'a MB/s':>9} {'b MB/s':>9} {'c MB/s':>9} {'c/a':>6} | "
+          f"{'a p50':>8} {'a p99':>8} {'b p50':>8} {'b p99':>8} {'c p50':>8} {'c p99':>8}")
+    for r in rows:
+        s = r["size"]
+        label = f"{s // MIB} MiB" if s >= MIB else f"{s // KIB} KiB"
+        print(f"{label:>9} {r['tls_mbs']:9.1f} {r['zmq_mbs']:9.1f} {r['full_mbs']:9.1f} "
+              f"{r['full_mbs'] / r['tls_mbs']:6.2f} | {r['tls_p50']:8.3f} {r['tls_p99']:8.3f} "
+              f"{r['zmq_p50']:8.3f} {r['zmq_p99']:8.3f} {r['full_p50']:8.3f} {r['full_p99']:8.3f}")
+    r64 = next((r for r in rows if r["size"] == 64 * KIB), None)
+    if r64:
+        # the full path has two switch hops on top of the one TLS hop of the baseline
+        print(f"\nadded latency per switch hop at 64 KiB: p50 {(r64['full_p50'] - r64['tls_p50']) / 2:.3f} ms, "
+              f"p99 {(r64['full_p99'] - r64['tls_p99']) / 2:.3f} ms   (targets 0.5 / 2 ms)")
+    big = [r["full_mbs"] / r["tls_mbs"] for r in rows if r["size"] >= MIB]
+    if big:
+        print(f"c/a for messages >= 1 MiB: min {min(big):.2f}, mean {statistics.mean(big):.2f}   (target >= 0.9)")
+    print(f"\n64 KiB activation behind a {args.bulk_mib} MiB bulk transfer ({len(behind)} samples; bulk took "
+          f"{t_bulk['s']:.2f} s = {args.bulk_mib * MIB / t_bulk['s'] / 1e6:.0f} MB/s): "
+          f"p50 {_pct(behind, 0.5) * 1e3:.2f} ms, p99 {_pct(behind, 0.99) * 1e3:.2f} ms   (target p99 <= 50 ms)")
+    print(f"shaper at 60 Mbit/s: goodput {goodput_mbit:.1f} Mbit/s = {goodput_mbit / 60 * 100:.1f}% of the rate "
+          f"({args.shaped_mib} MiB in {shaped_s:.1f} s; target >= 90%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
