@@ -5,8 +5,15 @@ gettext catalogs on this machine), batch x seq x 512 output `h` and the gradient
 taken over a few training steps so warm-started codecs see the drift a real run has.
 
     .venv/bin/python benchmarks/compression.py [--batch 128 --seq 64 --hidden 512 --steps 3]
+
+numpy's BLAS runs single-threaded here (OPENBLAS_NUM_THREADS=1 unless set): on a shared CPU its spinning worker
+threads turn a 0.5 s SVD into 5-12 s and a 5 ms sketch into 300 ms, which would measure the neighbours, not the codecs.
 """
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads its BLAS
 
 import argparse
 import gettext
@@ -181,7 +188,8 @@ def main() -> int:
     t0 = time.perf_counter()
     steps = layer_tensors(args.batch, args.seq, args.hidden, max(2, args.steps), args.seed)
     print(f"tensors from {len(steps)} steps of a TransformerEncoderLayer(d_model={args.hidden}) on real text "
-          f"in {time.perf_counter() - t0:.1f} s")
+          f"in {time.perf_counter() - t0:.1f} s; OPENBLAS_NUM_THREADS={os.environ['OPENBLAS_NUM_THREADS']}, "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     m, n = args.batch * args.seq, args.hidden
     results: dict[str, dict[str, Row]] = {}
     for which, idx in (("activation h (forward)", 0), ("gradient dL/dh (backward)", 1)):

@@ -17,10 +17,11 @@ Better codecs
   int8_row[(inner)]         INT8 with one FP32 scale per row of the last dimension.
   int8_block[(inner,] [block=64])   INT8 with one FP32 scale per `block` consecutive elements.
   int4_block[(inner,] [block=64])   4-bit (levels -7..7) per block, two per byte: |error| <= max|block|/14.
-  lowrank(rank=K | ratio=R | energy=E, power=1, oversample=8, warm=1, seed=0)
+  lowrank(rank=K | ratio=R | energy=E, power=0, oversample=8, warm=1, seed=0)
                             rank-k factors P=U*S [m,k], Q=V^T [k,n] by randomized range finding (sketch width
-                            k+oversample) with `power` iterations; the start block is the previous call's right
-                            singular vectors (warm start, state per instance); a cold start does one iteration more.
+                            k+oversample) with `power` extra iterations; the start block is the previous call's right
+                            singular vectors (warm start, state per instance), so each call is one subspace
+                            iteration carried across steps as in PowerSGD; a cold start does one iteration more.
                             energy=E keeps the fewest singular values holding E of ||x||^2.
                             Falls back to the exact SVD when the sketch would cover half the smaller dimension.
   topk(f)                   the round(f*n) largest |x| as int32 indices + values; f in (0, 1].

@@ -80,11 +80,11 @@ class LowRankCodec(Codec):
     """Rank-k factors P [m,k] = U S, Q [k,n] = V^T by randomized range finding; warm-started across calls."""
 
     name = "lowrank"
-    usage = ("lowrank(rank=K) | lowrank(ratio=R) | lowrank(energy=E), optional power=1 (iterations; one more on a "
-             "cold start), oversample=8, warm=1, seed=0; K >= 1, R and E in (0, 1]")
+    usage = ("lowrank(rank=K) | lowrank(ratio=R) | lowrank(energy=E), optional power=0 (iterations per call when "
+             "warm-started; one more on a cold start), oversample=8, warm=1, seed=0; K >= 1, R and E in (0, 1]")
 
     def __init__(self, *, rank: int | None = None, ratio: float | None = None, energy: float | None = None,
-                 power: int = 1, oversample: int = 8, warm: int = 1, seed: int = 0):
+                 power: int = 0, oversample: int = 8, warm: int = 1, seed: int = 0):
         self.rank, self.ratio, self.energy = rank, ratio, energy
         self.power, self.oversample, self.warm, self.seed = power, oversample, warm, seed
         self._rng = np.random.default_rng(seed)
@@ -94,7 +94,7 @@ class LowRankCodec(Codec):
     def spec(self) -> str:
         target = (f"rank={self.rank}" if self.rank is not None else
                   f"ratio={self.ratio!r}" if self.ratio is not None else f"energy={self.energy!r}")
-        extra = [f"{k}={v}" for k, v, d in (("power", self.power, 1), ("oversample", self.oversample, 8),
+        extra = [f"{k}={v}" for k, v, d in (("power", self.power, 0), ("oversample", self.oversample, 8),
                                             ("warm", self.warm, 1), ("seed", self.seed, 0)) if v != d]
         return f"lowrank({', '.join([target, *extra])})"
 
@@ -112,7 +112,10 @@ class LowRankCodec(Codec):
         self._state.clear()
 
     def _sketch(self, a: Any, key: tuple, width: int) -> tuple[Any, Any, Any]:
-        """Randomized SVD of width `width`, from the warm start block when there is one (then one iteration less)."""
+        """Randomized SVD of width `width`, from the warm start block when there is one (then one iteration less).
+
+        Warm-started with power=0 this is one subspace iteration per call, carried across calls (as in PowerSGD).
+        """
         warm = self.warm and key in self._state
         return F.randomized_svd(a, width, self.power + (0 if warm else 1), self._start_block(a, key, width))
 
