@@ -5,12 +5,13 @@ Everything runs side by side in one invocation: a throwaway federation per link 
 with as many data-parallel ranks as the two clusters have together) as the baseline. Printed per run: median
 step time, throughput, throughput relative to intra-cluster, fraction of step time waiting on the link, bytes on
 the link per step, and for Scenario II the exposed communication (step time added by the shaped link against an
-unshaped link, as a fraction of the step).
+unshaped link, as a fraction of the step: the time spent waiting on the link itself).
 
 Targets (issue 5): Scenario I pattern >= 0.95 of intra-cluster throughput; Scenario II exposed communication
 <= 10% of the step wherever the compressed transfer takes less time than the computation.
 
-    .venv/bin/python benchmarks/pipeline.py                 # short default run (about two minutes)
+    .venv/bin/python benchmarks/pipeline.py                 # short default run (a few minutes)
+    .venv/bin/python benchmarks/pipeline.py --repeats 3     # interleaved rounds: steadier on a shared machine
     .venv/bin/python benchmarks/pipeline.py --steps 60 --rates 170,60,20 --hidden 1024
 """
 from __future__ import annotations
@@ -213,14 +214,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.micro_batches} micro-batches, {args.steps} steps ({WARMUP} warm-up), {args.repeats} round(s), "
           f"link delay {args.delay_ms:g} ms, OMP_NUM_THREADS=1")
     print("intra = same model, one cluster, 2 data-parallel ranks; inter = 1 rank per cluster through the switches\n")
-    hdr = (f"{'scenario':<10}{'link':>10}{'codec':>14}{'step ms':>9}{'ex/s':>8}{'vs intra':>9}{'wait':>7}"
+    hdr = (f"{'scenario':<10}{'link':>10}{'codec':>14}{'step ms':>9}{'ex/s':>8}{'vs intra':>9}{'blocked':>8}"
            f"{'KB/step':>9}{'link ms':>8}{'exposed':>9}")
     print(hdr)
     print("-" * len(hdr))
     for m in ("II", "I"):
         r = intra[m]
         print(f"{m:<10}{'intra':>10}{'-':>14}{r['step_s'] * 1e3:>9.1f}{gb / r['step_s']:>8.0f}{1.0:>9.2f}"
-              f"{'-':>7}{'-':>9}{'-':>8}{'-':>9}")
+              f"{'-':>8}{'-':>9}{'-':>8}{'-':>9}")
         for (mm, rate, codec), res in results.items():
             if mm != m:
                 continue
@@ -232,12 +233,13 @@ def main(argv: list[str] | None = None) -> int:
             codec_s = codec if codec == "none" else f"{codec}/{args.backward}"
             print(f"{m:<10}{(f'{rate:g} Mb/s' if rate else 'unshaped'):>10}{codec_s:>14}"
                   f"{res['step_s'] * 1e3:>9.1f}{gb / res['step_s']:>8.0f}{r['step_s'] / res['step_s']:>9.2f}"
-                  f"{res['wait_frac']:>7.0%}{res['bytes_per_step'] / 1024:>9.0f}{link_ms:>8.1f}{exposed:>9}")
+                  f"{res['wait_frac']:>8.0%}{res['bytes_per_step'] / 1024:>9.0f}{link_ms:>8.1f}{exposed:>9}")
     print("\nvs intra: throughput / intra-cluster throughput (target Scenario I >= 0.95)")
-    print("wait: fraction of step time blocked on the link (incl. pipeline bubbles), worst of the two clusters")
+    print("blocked: fraction of step time a rank waits on its peer (link transfer, peer compute, pipeline bubbles),"
+          " worst of the two clusters")
     print("link ms: time the shaped link needs for one step's bytes (both directions, serialised)")
-    print("exposed: step time added by the shaped link over the unshaped one (target Scenario II <= 10% where "
-          "link ms < compute)")
+    print("exposed: the part of the step spent waiting on the link itself = step time added by the shaped link over "
+          "the unshaped one (target Scenario II <= 10% where link ms < compute)")
     for r in RETRIES:
         print(f"retried after a failed run: {r}")
     if args.keep:
