@@ -130,11 +130,11 @@ class ZMQPair:
 class FullPath:
     """Worker A -> switch A -> TLS -> switch B -> worker B through nebula.channel."""
 
-    def __init__(self, fed: dict, name: str = "bench", lane: str = "activation") -> None:
-        self.ea = Endpoint.connect(fed["clusters"]["A"]["worker_yaml"], job="bench", rank=0)
-        self.eb = Endpoint.connect(fed["clusters"]["B"]["worker_yaml"], job="bench", rank=0)
-        self.tx = self.ea.channel("B", 0, name)
-        self.rx = self.eb.channel("A", 0, name)
+    def __init__(self, fed: dict, name: str = "bench", lane: str = "activation", rank: int = 0) -> None:
+        self.ea = Endpoint.connect(fed["clusters"]["A"]["worker_yaml"], job="bench", rank=rank)
+        self.eb = Endpoint.connect(fed["clusters"]["B"]["worker_yaml"], job="bench", rank=rank)
+        self.tx = self.ea.channel("B", rank, name)
+        self.rx = self.eb.channel("A", rank, name)
         self.lane = lane
 
     def send(self, data: bytes) -> None:
@@ -239,8 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         zmqp.close()
 
         # a 64 KiB activation on its own channel while a bulk transfer runs
-        bulk = FullPath(fed, name="bulk", lane="bulk")
-        act = FullPath(fed, name="act", lane="activation")
+        bulk = FullPath(fed, name="bulk", lane="bulk", rank=1)
+        act = FullPath(fed, name="act", lane="activation", rank=2)
         blob = bytes(args.bulk_mib * MIB)
         finished = threading.Event()
         t_bulk = {}

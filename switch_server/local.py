@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"nebula"
 SNDHWM = 8  # frames queued per worker inside ZeroMQ; the rest waits in our lane queues so priorities hold
-PENDING_TTL_S = 30.0  # frames for a rank that has not said hello yet are kept this long
+PENDING_TTL_S = 30.0
+RANK_HELD_S = 3.0  # a rank whose connection sent a HELLO this recently is not handed to another connection  # frames for a rank that has not said hello yet are kept this long
 
 
 @dataclass(slots=True)
@@ -256,6 +257,12 @@ class LocalSide:
             return
         addr = (account, job, rank)
         old = self.by_addr.get(addr)
+        if old is not None and old != ident and time.monotonic() - self.by_ident[old].last_seen < RANK_HELD_S:
+            # two live processes claiming one rank would steal each other's frames; a restarted worker's old
+            # connection falls silent, so the newcomer gets the rank after RANK_HELD_S
+            self.refuse(ident, "rank_taken", f"rank {rank} of job {job!r} (account {account!r}) is connected from "
+                        "another process; give every process its own rank, or close the other endpoint")
+            return
         if old != ident:
             if old is not None:
                 self._forget(old)

@@ -312,6 +312,7 @@ class _IOThread:
         self.chunk_bytes = 256 * 1024
         self.max_message_bytes = 1 << 62
         self.fatal: BaseException | None = None
+        self.refusal: BaseException | None = None
         self.running = True
         self.thread = threading.Thread(target=self._run, name=f"nebula-channel-{ep.job}-{ep.rank}", daemon=True)
         self.hello_head = encode_frame(FrameType.HELLO, {"job": ep.job, "rank": ep.rank, "account": cfg.account,
@@ -326,6 +327,8 @@ class _IOThread:
         if not self.welcome.wait(timeout_s):
             if self.fatal is not None:
                 raise self.fatal
+            if self.refusal is not None:
+                raise self.refusal
             raise ChannelError(
                 f"switch at {self.ep.cfg.endpoint} did not answer within {timeout_s} s; is it running, "
                 "and is switch_curve_public_key in worker.yaml the switch's key?")
@@ -621,7 +624,10 @@ class _IOThread:
         err = ChannelError(f"{code}: {message}")
         if ch is None:
             log.warning("switch refused a frame: %s: %s", code, message)
-            if not self.welcome.is_set():
+            if code == "rank_taken":
+                # retried by the heartbeat: the other connection may be a dead predecessor of this process
+                self.refusal = err
+            elif not self.welcome.is_set():
                 self.fatal = err
                 self.welcome.set()
             return

@@ -131,3 +131,10 @@ def test_unknown_worker_key_refused_and_audited(two_switches, tmp_path):
         Endpoint.connect(tmp_path / "stranger.yaml", job="j", rank=0, timeout_s=15)
     rec = wait_audit(a, lambda r: r["action"] == "worker_rejected")
     assert rec["outcome"] == "denied" and rec["detail"]["curve_public_key"] == stranger
+
+
+def test_one_rank_one_process(two_switches):
+    fed, a, b = two_switches
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=3):
+        with pytest.raises(ChannelError, match="rank_taken.*rank 3 of job 'j'"):
+            Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=3, timeout_s=2)
