@@ -66,14 +66,19 @@ def test_dead_peer_is_reported_then_restart_resumes_from_common_checkpoint(procs
 
 @pytest.mark.slow
 def test_hot_start_inter_cluster_run_from_intra_cluster_checkpoint(procs, tmp_path):
+    """Hot start, two stages in one cluster, and compression from its start step, through real switches."""
+    local3 = [{"name": "embed", "cluster": "A"}, {"name": "mid1", "cluster": "A"}, {"name": "head", "cluster": "A"}]
     (tmp_path / "pre").mkdir()
-    pre = load_job_config(toy_job(tmp_path / "pre", steps=8, clusters=[{"id": "A"}], stages=LOCAL,
-                                  checkpoint={"dir": "ckpt"}))
+    pre = load_job_config(toy_job(tmp_path / "pre", steps=8, clusters=[{"id": "A"}], stages=local3,
+                                  recipe_args={"num_stages": 3}, checkpoint={"dir": "ckpt"}))
     no_ckpt = dataclasses.replace(pre, checkpoint=dataclasses.replace(pre.checkpoint, dir=None))
     ref = run(replace_steps(no_ckpt, 12), "A").losses  # the uninterrupted reference
     run(pre, "A")  # the "88,000 steps inside one cluster" part, saved at step 8
     workers = start_switches(procs, tmp_path / "fed", ["A", "B"])
-    job = toy_job(tmp_path, steps=12, stages=TWO_STAGES, peer_timeout_s=3,
+    job = toy_job(tmp_path, steps=12, peer_timeout_s=3, recipe_args={"num_stages": 3},
+                  stages=[{"name": "embed", "cluster": "A"}, {"name": "mid1", "cluster": "A"},
+                          {"name": "head", "cluster": "B"}],
+                  compression={"forward": "fp16", "backward": "int8", "start_step": 10},
                   checkpoint={"init_from": str(tmp_path / "pre" / "ckpt" / "step_00000008")},
                   clusters=[{"id": "A", "worker": str(workers["A"])}, {"id": "B", "worker": str(workers["B"])}])
     pa = launch(procs, job, "A")
@@ -81,7 +86,11 @@ def test_hot_start_inter_cluster_run_from_intra_cluster_checkpoint(procs, tmp_pa
     pb = launch(procs, job, "B")
     (ca, outa), (cb, outb) = finish(pa, 180), finish(pb, 180)
     assert ca == 0 and cb == 0, outa[-3000:] + outb[-3000:]
-    recs = read_metrics(tmp_path / "metrics" / "B.rank0.jsonl")
-    assert [r["step"] for r in recs] == [8, 9, 10, 11]
-    for r in recs:
-        assert r["loss"] == pytest.approx(ref[r["step"]], rel=1e-5, abs=1e-6)
+    recs = {r["step"]: r for r in read_metrics(tmp_path / "metrics" / "B.rank0.jsonl")}
+    assert sorted(recs) == [8, 9, 10, 11]
+    for s in (8, 9):  # uncompressed before compression.start_step: exact
+        assert recs[s]["loss"] == pytest.approx(ref[s], rel=1e-5, abs=1e-6)
+    for s in (10, 11):  # fp16 activations, int8 gradients: close
+        assert recs[s]["loss"] == pytest.approx(ref[s], rel=2e-2)
+    # int8 gradients (B -> A) are about a quarter of the float32 ones
+    assert recs[11]["bytes_sent"] < 0.5 * recs[8]["bytes_sent"]

@@ -125,3 +125,13 @@ def test_hot_start_checkpoint_must_exist(tmp_path):
                 checkpoint={"init_from": "ckpt/step_00000100"})
     with pytest.raises(ConfigError, match="checkpoint.init_from: .*step_00000100 is not a checkpoint step directory"):
         validate_job(load_job_config(f), "A")
+
+
+def test_compression_starts_at_its_start_step():
+    from nebula.config.job import CompressionSpec
+
+    spec = CompressionSpec(forward="fp16(svd(0.6))", backward="int8", start_step=5)
+    assert [spec.codec("forward", s) for s in (0, 4, 5, 9)] == ["none", "none", "fp16(svd(0.6))", "fp16(svd(0.6))"]
+    assert spec.codec("backward", 5) == "int8" and spec.codec("backward", 4) == "none"
+    with pytest.raises(ValueError, match="start_step=-1 must be >= 0"):
+        CompressionSpec(start_step=-1)
