@@ -43,7 +43,7 @@ _MO_MAGIC_BE = 0xDE120495
 # Things that make a message a template rather than a sentence: printf/Python/brace specifiers,
 # shell variables, markup and entities, escapes, command-line options, paths and URLs.
 _REJECT = re.compile(
-    r"%(\d+\$)?[-+ #0]*\d*(\.\d+)?[hlLqjzt]*[diouxXeEfFgGcspn%]"
+    r"%(\d+\$)?[-+ #0']*\d*(\.\d+)?[hlLqjzt]*[diouxXeEfFgGcspnm%]"
     r"|%\(\w+\)"
     r"|\{[\w.:]*\}"
     r"|\$\{?\w"

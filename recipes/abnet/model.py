@@ -102,9 +102,9 @@ _SMALL = BertConfig(hidden=256, num_layers=4, num_heads=4, ff_hidden=1024, max_p
 _BASE = BertConfig(vocab_size=30522, hidden=768, num_layers=12, num_heads=12, ff_hidden=3072, max_positions=512)
 PRESETS: dict[str, AbnetConfig] = {
     "tiny": AbnetConfig(source=_TINY, target=_TINY, encoder_adapter_hidden=128, decoder_adapter_hidden=128,
-                        decoder_adapter_heads=2, max_target_len=24),
+                        decoder_adapter_heads=2, max_target_len=24, soft_copy=True),
     "small": AbnetConfig(source=_SMALL, target=_SMALL, encoder_adapter_hidden=512, decoder_adapter_hidden=256,
-                         decoder_adapter_heads=4, max_target_len=48),
+                         decoder_adapter_heads=4, max_target_len=48, soft_copy=True),
     # Nebula-I §4.2: BERT-base sized bases, encoder adapters 512 wide, decoder adapters 768 wide, max length 64.
     "paper": AbnetConfig(source=_BASE.replace(vocab_size=119547), target=_BASE, encoder_adapter_hidden=512,
                          decoder_adapter_hidden=768, decoder_adapter_heads=12, max_target_len=64,

@@ -13,7 +13,7 @@ PY=${PY:-$REPO/.venv/bin/python}
 [ -x "$PY" ] || { echo "error: $PY not found; run 'make venv' first" >&2; exit 2; }
 BIN=$(dirname "$PY")
 RUN=${1:-$REPO/runs/abnet-$(date +%Y%m%d-%H%M%S)}
-STEPS=${STEPS:-600}
+STEPS=${STEPS:-1500}
 FORWARD=${FORWARD:-fp16(svd(0.6))}
 BACKWARD=${BACKWARD:-int8}
 RATE_MBIT=${RATE_MBIT:-60}

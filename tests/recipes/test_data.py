@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from recipes.abnet.data import (CatalogError, DataConfig, Pair, deduplicate, extract_pairs, keep_pair, prepare_data,
-                                read_mo, read_side, split_of)
+                                read_mo, read_side, restrict_vocabulary, split_of)
 from tests.recipes.conftest import corpus_pairs, write_mo
 
 
@@ -34,6 +34,7 @@ def test_read_mo_rejects_non_catalogs(tmp_path):
     ("open file", "abrir archivo", True),
     ("cannot open %s", "no se puede abrir %s", False),
     ("%1$s of %2$d", "%1$s de %2$d", False),
+    ("could not close file: %m", "no se pudo cerrar: %m", False),
     ("value {name}", "valor {name}", False),
     ("<b>bold</b>", "<b>negrita</b>", False),
     ("use --force", "usa --force", False),
@@ -110,3 +111,13 @@ def test_too_few_pairs_is_reported_like_missing_catalogs(tmp_path):
     write_mo(tmp_path / "loc" / "es" / "LC_MESSAGES" / "a.mo", [("open file", "abrir archivo")])
     with pytest.raises(CatalogError, match="only 1 usable pairs"):
         prepare_data(tmp_path / "A", tmp_path / "B", ["es"], tmp_path / "loc")
+
+
+def test_restrict_vocabulary_keeps_pairs_of_frequent_words():
+    ps = [Pair("1", "open file", "abrir archivo"), Pair("2", "open window", "abrir ventana"),
+          Pair("3", "open file now", "abrir archivo ya"), Pair("4", "rare thing", "cosa rara")]
+    assert restrict_vocabulary(ps, 0) == ps
+    kept = {p.id for p in restrict_vocabulary(ps, 3)}  # top 3 English words: open, file, + one tie
+    assert "1" in kept and "4" not in kept
+    with pytest.raises(ValueError, match="vocab_top_k"):
+        DataConfig(vocab_top_k=-1)

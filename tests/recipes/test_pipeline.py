@@ -28,7 +28,7 @@ SPLIT = DataConfig(test_per_mille=100, dev_per_mille=100)
 
 def _train_yaml(tmp: Path, **kw) -> Path:
     doc = {"preset": "tiny", "steps": 40, "batch_size": 16, "lr": 0.005, "warmup_steps": 5, "max_len": 12,
-           "pretrain_steps": 30, "pretrain_vocab": 60, "eval_batch": 64, **kw}
+           "pretrain_steps": 20, "pretrain_vocab": 60, "eval_batch": 64, **kw}
     f = tmp / "train.yaml"
     f.write_text(yaml.safe_dump(doc))
     return f
