@@ -98,7 +98,7 @@ class LocalSide:
         r.zap_domain = ZAP_DOMAIN
         r.setsockopt(zmq.ROUTER_MANDATORY, 1)
         r.sndhwm = SNDHWM
-        r.rcvhwm = 64
+        r.rcvhwm = 16  # frames waiting here are FIFO: keep few, so priorities act in our lanes instead
         r.bind(bind_endpoint(self.cfg.endpoint))
         # a synchronous view of the same socket: non-blocking sends and batched receives without futures
         self.sync = zmq.Socket.shadow(r.underlying)

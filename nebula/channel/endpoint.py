@@ -41,6 +41,7 @@ HEARTBEAT_S = 1.0  # HELLO (and the switch's WELCOME answer) this often
 SWITCH_SILENT_S = 5.0  # no WELCOME for this long: our own switch is unreachable
 RTO_S = 10.0  # resend a message with no acknowledgement progress for this long (then doubling)
 RTO_MAX_S = 60.0
+RTO_BYTES_PER_S = 4e6  # the slowest link the fallback timer allows for before resending
 DEFAULT_WINDOW_BYTES = 256 * 1024**2
 SNDHWM = 16  # frames inside ZeroMQ; more wait in our lanes so a small activation can overtake bulk frames
 
@@ -67,7 +68,6 @@ class _Msg:
     pending_frames: int = 0  # frames queued but not yet handed to ZeroMQ
     progress: float = 0.0
     rto: float = RTO_S
-    sent_once: bool = False
 
 
 @dataclass(eq=False)
@@ -90,8 +90,6 @@ class _Rx:
     partial: dict[int, list] = field(default_factory=dict)  # seq -> [chunks by index, count, parts, received]
     complete: dict[int, tuple] = field(default_factory=dict)
     consumed: int = 0
-    reported_consumed: int = -1
-    reported_recv: int = -1
 
 
 class _Shared:
@@ -255,10 +253,14 @@ class Channel:
         return self.send(encode_to_frames(self._codec(codec, "tx"), x), lane=lane)
 
     def recv_tensor(self, codec: Any = "none", timeout_s: float | None = None, like: str = "numpy") -> Any:
-        """Receive and decode a tensor sent with `send_tensor` (the frames name their codec)."""
-        from nebula.compress import decode_from_frames
+        """Receive and decode a tensor sent with `send_tensor` (the frames name their codec; a Codec instance
+        given here decodes, so a stateful decoder keeps its state per channel)."""
+        from nebula.compress.frames import decode_from_frames, frames_to_encoded
 
-        return decode_from_frames(self.recv_parts(timeout_s), like=like)
+        parts = self.recv_parts(timeout_s)
+        if isinstance(codec, str):
+            return decode_from_frames(parts, like=like)
+        return codec.decode(frames_to_encoded(parts, like))
 
     def _codec(self, codec: Any, direction: str) -> Any:
         if not isinstance(codec, str):
@@ -506,6 +508,8 @@ class _IOThread:
             q.append((head, payload, msg))
         msg.pending_frames += count
         msg.progress = time.monotonic()
+        # a large message may wait long behind others on a slow link: the fallback timer grows with its size
+        msg.rto = max(msg.rto, RTO_S + total / RTO_BYTES_PER_S)
 
     def _send_raw(self, head: bytes, payload: Any) -> bool:
         try:
@@ -561,7 +565,7 @@ class _IOThread:
                     if admitted is None:
                         admitted = {seq for seq, _ in tx.admitted}
                     if msg.seq in admitted:
-                        msg.rto = min(msg.rto * 2, RTO_MAX_S)
+                        msg.rto = max(msg.rto, min(msg.rto * 2, RTO_MAX_S))
                         self._queue_msg(tx, msg)
 
     # receiving
@@ -688,9 +692,9 @@ class _IOThread:
                 return
             rx = self.rx[h.channel_id] = _Rx(key)
             self.shared.setdefault(h.channel_id, _Shared())
-        self.dirty.add(h.channel_id)
         seq = h.seq
         if seq < rx.expected or seq in rx.complete:
+            self.dirty.add(h.channel_id)
             return  # a duplicate: acknowledged again, delivered once
         entry = rx.partial.get(seq)
         if entry is None:
@@ -708,6 +712,7 @@ class _IOThread:
         if entry[3] < entry[1]:
             return
         del rx.partial[seq]
+        self.dirty.add(h.channel_id)  # acknowledged per complete message, not per chunk
         data = bytes(chunks[0]) if entry[1] == 1 else b"".join(chunks)
         rx.complete[seq] = (data, entry[2])
         if seq != rx.expected:
