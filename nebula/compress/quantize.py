@@ -23,10 +23,11 @@ def _sub_ranges(a: int, b: int, step: int = _SUB):
         yield s, min(b, s + step)
 
 
-_F16_MAGIC_ADD = np.uint32((((15 - 127) << 23) + 0xFFF) & 0xFFFFFFFF)  # rebias exponent, round half up (+odd)
+# Rebias the exponent so that 2^-14 (the smallest normal FP16) maps to 0 and anything smaller wraps to a huge
+# value; 0xFFF (+1 if odd) rounds the 13 dropped bits to nearest even; 1 << 10 is added back after the shift.
+_F16_MAGIC_ADD = np.uint32((0xFFF - (113 << 23)) & 0xFFFFFFFF)
 _F16_DENORM = np.uint32(((127 - 15) + (23 - 10) + 1) << 23)  # adding this float aligns FP16 subnormals
 _F16_DENORM_F = np.array([_F16_DENORM], np.uint32).view(np.float32)[0]
-_F16_MIN_NORMAL = np.uint32(113 << 23)  # 2^-14 as FP32 bits
 _F16_OVERFLOW_BITS = np.uint32(0x477FF000)  # 65520.0: rounds to Inf in FP16 (NaN/Inf bits are larger still)
 _F16_TABLE: np.ndarray | None = None
 
@@ -45,7 +46,6 @@ def _f32_bits_to_f16(u: np.ndarray, out: np.ndarray) -> int:
     """
     a = np.bitwise_and(u, np.uint32(0x7FFFFFFF))
     top = int(a.max()) if a.size else 0
-    small = a < _F16_MIN_NORMAL
     sub = np.add(a.view(np.float32), _F16_DENORM_F).view(np.uint32)
     np.subtract(sub, _F16_DENORM, out=sub)
     r = np.right_shift(a, 13)
@@ -53,7 +53,10 @@ def _f32_bits_to_f16(u: np.ndarray, out: np.ndarray) -> int:
     np.add(r, _F16_MAGIC_ADD, out=r)
     np.add(a, r, out=a)
     np.right_shift(a, 13, out=a)
-    np.copyto(a, sub, where=small)
+    np.add(a, np.uint32(1 << 10), out=a)
+    # Below 2^-14 the normal path wrapped to >= 399 << 10 while the subnormal path gives <= 1 << 10; from 2^-14 up
+    # both paths agree on [2^-14, 2^-13) and the subnormal one only grows faster: the minimum is the right one.
+    np.minimum(a, sub, out=a)
     np.right_shift(u, 16, out=r)
     np.bitwise_and(r, np.uint32(0x8000), out=r)
     np.bitwise_or(a, r, out=a)
