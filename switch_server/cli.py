@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import asyncio
 import json
 import logging
@@ -10,6 +11,8 @@ import sys
 import time
 
 from nebula.config import ConfigError
+
+STOP_TIMEOUT_S = 5.0
 from nebula.config.switch import load_switch_config
 
 
@@ -39,9 +42,14 @@ def _serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGINT, stop.set)
         loop.add_signal_handler(signal.SIGHUP, server.reload)
+        faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack to stderr
         print(f"listening wan={wan} local={local}", flush=True)
         await stop.wait()
-        await server.stop()
+        try:
+            await asyncio.wait_for(server.stop(), STOP_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            print(f"nebula-switch: did not stop cleanly within {STOP_TIMEOUT_S} s; exiting", file=sys.stderr)
+            return 1
         return 0
 
     return asyncio.run(main())

@@ -68,6 +68,7 @@ class OutboundLink:
         self.bucket = TokenBucket(None)
         self.set_limits()
         self.task: asyncio.Task | None = None
+        self.stopping = False
         self.writer: asyncio.StreamWriter | None = None
         self.peer_serial: int | None = None
         self.sent_bytes = 0  # this session, for credit
@@ -88,9 +89,11 @@ class OutboundLink:
 
     async def stop(self) -> None:
         """Stop the link (queued frames are dropped; senders retransmit end to end)."""
+        self.stopping = True
         if self.task is not None:
             self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
+            # (3.11's wait_for can swallow a cancellation; `stopping` ends the loop then, the timeout bounds it)
+            await asyncio.wait({self.task}, timeout=2.0)
         self._close()
 
     def enqueue(self, lane: Lane, head: bytes, payload: Any) -> None:
@@ -122,7 +125,7 @@ class OutboundLink:
     async def _run(self) -> None:
         cfg = self.server.cfg.link
         backoff = cfg.reconnect_initial_s
-        while True:
+        while not self.stopping:
             self.established = False
             try:
                 await self._session()

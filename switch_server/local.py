@@ -119,7 +119,7 @@ class LocalSide:
         for s in (self.router, self.zap):
             if s is not None:
                 s.close(0)
-        self.ctx.term()
+        self.ctx.destroy(linger=0)  # closes anything still open instead of waiting for it
 
     # ---- authentication ----
     async def _zap_loop(self) -> None:
