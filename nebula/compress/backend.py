@@ -20,6 +20,7 @@ WIRE_DTYPES = {
 }
 _CHUNK_MIN = 1 << 20  # below this many elements threading costs more than it saves
 _POOL: ThreadPoolExecutor | None = None
+_WORKERS = max(1, min(4, os.cpu_count() or 1))
 
 
 def is_paddle(x: Any) -> bool:
@@ -121,13 +122,13 @@ def from_host(a: np.ndarray, dtype: str, kind: str, place: Any = None) -> Any:
 def _pool() -> ThreadPoolExecutor:
     global _POOL
     if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="compress")
+        _POOL = ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="compress")
     return _POOL
 
 
 def parallel_chunks(fn: Callable[[int, int], Any], n: int, align: int = 1) -> None:
     """Call fn(start, stop) over [0, n) split into aligned chunks on a small thread pool (numpy releases the GIL)."""
-    workers = _pool()._max_workers
+    workers = _WORKERS
     if n < 2 * _CHUNK_MIN or workers == 1:
         fn(0, n)
         return
