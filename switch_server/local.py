@@ -291,8 +291,18 @@ class LocalSide:
         if box is not None:
             if box.retry is not None:
                 box.retry.cancel()
-            for item in box.lanes.clear():
-                self._release(item)
+            if reg is not None and box.lanes:
+                # kept for the rank's next connection (a worker that reconnects gets them without a resend)
+                held = self.pending.setdefault((reg.account, reg.job, reg.rank), Outbox())
+                while (item := box.lanes.pop()) is not None:
+                    lane, entry, n = item
+                    if entry[3]:  # data, not a control frame meant for the old connection
+                        held.lanes.push(lane, entry, n)
+                    else:
+                        self._release(entry)
+            else:
+                for item in box.lanes.clear():
+                    self._release(item)
         self.server.metrics.workers.set(len(self.by_ident))
 
     # ---- sending ----

@@ -565,6 +565,8 @@ class _IOThread:
                     if admitted is None:
                         admitted = {seq for seq, _ in tx.admitted}
                     if msg.seq in admitted:
+                        log.info("no acknowledgement of %s #%d for %.0f s: sending it again", tx.key.name, msg.seq,
+                                 now - msg.progress)
                         msg.rto = max(msg.rto, min(msg.rto * 2, RTO_MAX_S))
                         self._queue_msg(tx, msg)
 
