@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     data = work / "data"
     if not (data / "A" / "en-es" / "manifest.json").is_file():
         prepare_data(data / "A", data / "B", ["es"],
-                     cfg=DataConfig(max_words=6, vocab_top_k=1000, test_per_mille=50, dev_per_mille=50))
+                     cfg=DataConfig(max_words=6, vocab_top_k=300, test_per_mille=100, dev_per_mille=50))
     cfg = bench_config(args.steps)
     EncoderSide(data / "A", work, cfg)  # pretrain both bases once; every row starts from them
     DecoderSide(data / "B", work, cfg, 64)

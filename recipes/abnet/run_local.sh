@@ -13,7 +13,7 @@ PY=${PY:-$REPO/.venv/bin/python}
 [ -x "$PY" ] || { echo "error: $PY not found; run 'make venv' first" >&2; exit 2; }
 BIN=$(dirname "$PY")
 RUN=${1:-$REPO/runs/abnet-$(date +%Y%m%d-%H%M%S)}
-STEPS=${STEPS:-1500}
+STEPS=${STEPS:-2000}
 FORWARD=${FORWARD:-fp16(svd(0.6))}
 BACKWARD=${BACKWARD:-int8}
 RATE_MBIT=${RATE_MBIT:-60}
@@ -54,7 +54,7 @@ done
 
 say "extracting English->Spanish pairs from the gettext catalogs; cluster A gets English, cluster B Spanish"
 "$PY" -m recipes.abnet.prepare data --encoder-out "$RUN/A/data" --decoder-out "$RUN/B/data" --langs "${LANGS:-es}" \
-    --max-words "${MAX_WORDS:-6}" --vocab-top-k "${VOCAB_TOP_K:-1000}" --test-per-mille "${TEST_PER_MILLE:-50}" \
+    --max-words "${MAX_WORDS:-6}" --vocab-top-k "${VOCAB_TOP_K:-300}" --test-per-mille "${TEST_PER_MILLE:-100}" \
     --locale-dir "${LOCALE_DIR:-/usr/share/locale}"
 sed -e "s/^steps: .*/steps: $STEPS/" -e "s/^pretrain_steps: .*/pretrain_steps: ${PRETRAIN_STEPS:-300}/" \
     "$HERE/configs/tiny.yaml" > "$RUN/train.yaml"
