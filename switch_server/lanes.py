@@ -46,6 +46,11 @@ class LaneQueues:
         self.bytes -= nbytes
         return lane, item, nbytes
 
+    def only_bulk(self) -> bool:
+        """True if the next item would come from the bulk lane."""
+        q = self._q
+        return bool(q[3]) and not (q[0] or q[1] or q[2])
+
     def depth(self, lane: Lane) -> int:
         """Number of frames queued on `lane`."""
         return len(self._q[lane])

@@ -28,7 +28,11 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 15.0  # a link with no frame (not even a PONG or ACK) for this long is considered dead
 PING_EVERY_S = 1.0
-WRITE_HIGH_WATER = 1 << 20  # bytes in the transport before we wait: keeps lane priorities meaningful
+WRITE_HIGH_WATER = 256 * 1024
+# bulk frames written but not yet acknowledged are capped, so that socket buffers never hold more than this
+# ahead of an activation that arrives later (higher lanes are not capped)
+BULK_INFLIGHT_BYTES = 4 * 1024**2
+SMALL_FRAME_BYTES = 64 * 1024  # bytes in the transport before we wait: keeps lane priorities meaningful
 
 
 async def read_frame(reader: asyncio.StreamReader, max_payload: int) -> tuple[Any, bytes, bytes]:
@@ -208,6 +212,9 @@ class OutboundLink:
         wire_wake = asyncio.Event()
         wire_task = asyncio.create_task(self._wire(writer, delay_line, wire_wake)) if self.delay_s > 0 else None
         transport = writer.transport
+        reader_task.add_done_callback(lambda _t: self.wake.set())
+        batch: list[Any] = []  # small frames go out in one TLS write: one record and one syscall for many
+        batch_bytes = 0
         burst = 0
         try:
             while not reader_task.done():
@@ -215,7 +222,8 @@ class OutboundLink:
                     raise ConnectionResetError("connection to the peer was lost")
                 if resend:
                     seq, lane, head, payload, n = resend.popleft()
-                elif self.lanes and self.rtx_bytes < cap and self.sent_bytes < self.credit:
+                elif (self.lanes and self.rtx_bytes < cap and self.sent_bytes < self.credit
+                      and not (self.rtx_bytes >= BULK_INFLIGHT_BYTES and self.lanes.only_bulk())):
                     lane, (head, payload), n = self.lanes.pop()
                     server.mem_used -= n
                     seq = self.next_seq
@@ -225,30 +233,47 @@ class OutboundLink:
                     self.rtx_bytes += n
                     server.maybe_resume()
                 else:
+                    if batch:
+                        writer.write(b"".join(batch))
+                        batch, batch_bytes = [], 0
                     self.wake.clear()
-                    waiter = asyncio.create_task(self.wake.wait())
-                    await asyncio.wait((waiter, reader_task), return_when=asyncio.FIRST_COMPLETED)
-                    waiter.cancel()
+                    await self.wake.wait()
                     continue
                 self.sent_bytes += n
+                self.bytes_out += n
+                server.metrics.count(self.cluster, lane, "out", n)
                 wait = self.bucket.take(n)
                 if wait > 0:
+                    if batch:
+                        writer.write(b"".join(batch))
+                        batch, batch_bytes = [], 0
                     await asyncio.sleep(wait)
                 if wire_task is not None:
                     delay_line.append((time.monotonic() + self.delay_s, head, payload))
                     wire_wake.set()
                     if wire_task.done():
                         wire_task.result()
+                    continue
+                if n < SMALL_FRAME_BYTES:
+                    batch.append(head)
+                    if payload:
+                        batch.append(payload)
+                    batch_bytes += n
+                    if batch_bytes < SMALL_FRAME_BYTES:
+                        continue
+                    writer.write(b"".join(batch))
+                    batch, batch_bytes = [], 0
                 else:
+                    if batch:
+                        writer.write(b"".join(batch))
+                        batch, batch_bytes = [], 0
                     write_frame(writer, head, payload)
-                    burst += 1
-                    if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
-                        await writer.drain()
-                    elif burst >= 16:  # let acknowledgements and connection loss be seen between bursts
-                        burst = 0
-                        await asyncio.sleep(0)
-                self.bytes_out += n
-                server.metrics.count(self.cluster, lane, "out", n)
+                burst += 1
+                if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
+                    await writer.drain()
+                elif burst >= 16:  # let acknowledgements and connection loss be seen between bursts
+                    burst = 0
+                    await asyncio.sleep(0)
             reader_task.result()  # raises what ended the reader
         finally:
             if wire_task is not None:
