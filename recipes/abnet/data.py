@@ -215,7 +215,8 @@ def deduplicate(pairs: Iterable[Pair]) -> list[Pair]:
     return sorted(out, key=lambda p: p.id)
 
 
-_WORD = re.compile(r"\w+")
+# Words: runs of letters/digits, except that each CJK character counts as a word (Chinese has no spaces).
+_WORD = re.compile(r"[\u3400-\u9fff]|[^\W\u3400-\u9fff]+")
 
 
 def restrict_vocabulary(pairs: list[Pair], top_k: int) -> list[Pair]:

@@ -119,5 +119,7 @@ def test_restrict_vocabulary_keeps_pairs_of_frequent_words():
     assert restrict_vocabulary(ps, 0) == ps
     kept = {p.id for p in restrict_vocabulary(ps, 3)}  # top 3 English words: open, file, + one tie
     assert "1" in kept and "4" not in kept
+    zh = [Pair("5", "error", "错误"), Pair("6", "errors", "错误错误"), Pair("7", "rare", "罕")]
+    assert {p.id for p in restrict_vocabulary(zh, 2)} == {"5", "6"}  # Chinese counted per character
     with pytest.raises(ValueError, match="vocab_top_k"):
         DataConfig(vocab_top_k=-1)
