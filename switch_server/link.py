@@ -41,7 +41,7 @@ async def read_frame(reader: asyncio.StreamReader, max_payload: int) -> tuple[An
     h = unpack_header(raw, max_payload_bytes=max_payload)
     body = await reader.readexactly(h.meta_len + h.payload_len) if h.meta_len + h.payload_len else b""
     head = raw + body[: h.meta_len]
-    payload = body[h.meta_len :] if h.payload_len else b""
+    payload = memoryview(body)[h.meta_len :] if h.payload_len else b""  # a view: no copy of the chunk
     return decode_frame(head, payload, max_payload_bytes=max_payload), head, payload
 
 

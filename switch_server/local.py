@@ -208,13 +208,17 @@ class LocalSide:
         if t == FrameType.HELLO:
             self._hello(ident, name, account, frame.meta)
             return
+        if t == FrameType.BYE:
+            if ident in self.by_ident:
+                self._forget(ident)
+            return
         reg = self.by_ident.get(ident)
         if reg is None:
             self.refuse(ident, "no_hello", "send HELLO (job, rank) before any other frame", frame)
             return
         reg.last_seen = time.monotonic()
         if t not in (FrameType.DATA, FrameType.ACK):
-            self.refuse(ident, "bad_type", f"workers may send HELLO, DATA and ACK frames, not {t.name}", frame)
+            self.refuse(ident, "bad_type", f"workers may send HELLO, BYE, DATA and ACK frames, not {t.name}", frame)
             return
         key = frame.key()
         cluster = self.server.cfg.cluster

@@ -397,8 +397,13 @@ class _IOThread:
             self.fatal = ChannelError(f"channel I/O thread failed: {exc!r}")
             self.welcome.set()
         finally:
+            try:  # free our rank at the switch now, so a new endpoint of this process can take it at once
+                self.sock.send(encode_frame(FrameType.BYE), zmq.NOBLOCK)
+                self.sock.linger = 500
+            except zmq.ZMQError:
+                pass
             self.monitor.close(0)
-            self.sock.close(0)
+            self.sock.close()
             self.ctx.term()
             os.close(self.wake_r)
             os.close(self.wake_w)

@@ -50,6 +50,7 @@ class FrameType(enum.IntEnum):
     CHECKPOINT = 9  # signed audit checkpoint of the sender's log
     PING = 10
     PONG = 11
+    BYE = 12  # worker -> switch: this connection is closing; its rank is free at once
 
 
 class Lane(enum.IntEnum):

@@ -138,3 +138,9 @@ def test_one_rank_one_process(two_switches):
     with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=3):
         with pytest.raises(ChannelError, match="rank_taken.*rank 3 of job 'j'"):
             Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=3, timeout_s=2)
+    # a closed endpoint frees its rank at once (BYE), so the same process can connect again
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=4):
+        pass
+    t0 = time.monotonic()
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=4, timeout_s=10):
+        assert time.monotonic() - t0 < 2.5
