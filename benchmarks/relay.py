@@ -227,11 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bulk-mib", type=int, default=256, help="bulk transfer behind which activations are timed")
     ap.add_argument("--shaped-mib", type=int, default=12, help="bytes sent through the 60 Mbit/s shaper")
     ap.add_argument("--max-size-mib", type=int, default=64)
+    ap.add_argument("--chunk-kib", type=int, default=None, help="link.chunk_bytes of both switches (default: config)")
     args = ap.parse_args(argv)
     sizes = [s for s in SIZES if s <= args.max_size_mib * MIB]
     tmp = Path(tempfile.mkdtemp(prefix="nebula-relay-bench-"))
     fed = provision("bench", ["A", "B"], tmp / "fed")
-    switches = Switches(fed)
+    chunk = (lambda c, d: d.setdefault("link", {}).update(chunk_bytes=args.chunk_kib * KIB)) if args.chunk_kib else None
+    switches = Switches(fed, edit=chunk)
     rows = []
     try:
         tls, zmqp, full = TLSPair(fed), ZMQPair(), FullPath(fed)
