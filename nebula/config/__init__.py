@@ -17,6 +17,8 @@ from nebula.config.switch import (
     load_switch_config,
     split_host_port,
 )
+from nebula.config.worker import WorkerConfig, load_worker_config
+from nebula.config.job import JobConfig, load_job_config, validate_job
 
 __all__ = [
     "ConfigError",
@@ -35,4 +37,9 @@ __all__ = [
     "WorkerIdentity",
     "load_switch_config",
     "split_host_port",
+    "WorkerConfig",
+    "load_worker_config",
+    "JobConfig",
+    "load_job_config",
+    "validate_job",
 ]

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from nebula.compress.config import CompressionConfig
 from nebula.config._schema import ConfigError, load_yaml
 
 DEVICES = ("cpu", "gpu", "npu", "xpu")
@@ -79,23 +80,6 @@ class RecipeSpec:
         mod, sep, attr = self.factory.partition(":")
         if not sep or not mod or not attr:
             raise ValueError(f"recipe.factory {self.factory!r} must be 'module:attr', e.g. 'recipes.toy:ToyRecipe'")
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class CompressionSpec:
-    """Codecs on stage boundaries (spec strings of nebula.compress), one per direction."""
-
-    forward: str = "none"  # activations (and Scenario I results) sent to the next stage
-    backward: str = "none"  # gradients sent back to the previous stage
-    start_step: int = 0  # steps before this one send uncompressed ("none")
-
-    def __post_init__(self) -> None:
-        if self.start_step < 0:
-            raise ValueError(f"compression.start_step={self.start_step} must be >= 0")
-
-    def codec(self, direction: Literal["forward", "backward"], step: int) -> str:
-        """Codec spec in force for `direction` at `step`."""
-        return getattr(self, direction) if step >= self.start_step else "none"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -161,7 +145,7 @@ class JobConfig:
     stages: tuple[StageSpec, ...]
     train: TrainSpec
     mode: Literal["pipeline", "oneway"] = "pipeline"
-    compression: CompressionSpec = field(default_factory=CompressionSpec)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
     oneway: OneWaySpec = field(default_factory=OneWaySpec)
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
@@ -266,22 +250,10 @@ def load_job_config(file: str | Path) -> JobConfig:
     return resolve_job_paths(cfg, file.resolve().parent)
 
 
-def _check_codec(spec: str, where: str) -> None:
-    try:
-        from nebula.compress import get_codec
-    except ImportError as exc:  # the codecs package is part of nebula; a broken install must not pass silently
-        raise ConfigError(f"{where}: cannot check codec {spec!r}: nebula.compress is not importable ({exc})") from exc
-    try:
-        get_codec(spec)
-    except Exception as exc:  # noqa: BLE001 - any parse failure is a config error for the user
-        raise ConfigError(f"{where}: unknown or malformed codec {spec!r} ({exc}); use a spec such as none, fp16, "
-                          "int8 or fp16(svd(0.6))") from exc
-
-
 def validate_job(cfg: JobConfig, cluster: str | None = None) -> list[str]:
     """Check what a YAML schema cannot before any process starts; raise ConfigError, return the recipe's stages.
 
-    Checks: codecs exist, the recipe imports and its stages are exactly the configured ones, every cluster taking
+    Checks (codec specs are already checked on load): the recipe imports and its stages are exactly the configured ones, every cluster taking
     part in an inter-cluster job has a switch (an existing worker.yaml for that cluster), and `cluster` (if given)
     is one of the job's clusters.
     """
@@ -290,8 +262,6 @@ def validate_job(cfg: JobConfig, cluster: str | None = None) -> list[str]:
         if cluster not in ids:
             raise ConfigError(f"cluster {cluster!r} runs no stage of job {cfg.job!r}; stages run on {', '.join(ids)}")
     if cfg.inter_cluster:
-        _check_codec(cfg.compression.forward, "compression.forward")
-        _check_codec(cfg.compression.backward, "compression.backward")
         for cid, _ in cfg.segments:
             c = cfg.cluster(cid)
             if not c.worker:

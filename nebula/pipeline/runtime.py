@@ -147,7 +147,7 @@ class _Runner:
             return
         if wiring is None:
             wiring = self._channel_wiring(prev_rank, next_rank)
-        codec = self.cfg.compression.codec
+        codec = self.cfg.compression.spec_at
         timeout = self.cfg.peer_timeout_s
         if prev_rank is not None:
             self.prev = Boundary(side="downstream", codec=codec, peer_timeout_s=timeout, **wiring["prev"])
