@@ -16,7 +16,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from nebula.config import PeerConfig, split_host_port
-from nebula.wire import HEADER_BYTES, FrameType, Lane, WireError, decode_frame, encode_frame, relink, unpack_header
+from nebula.wire import FrameType, Lane, WireError, encode_frame, relink
+from switch_server.framestream import FrameStream
 from switch_server.lanes import LaneQueues
 from switch_server.shaper import TokenBucket, min_rate
 
@@ -35,17 +36,7 @@ BULK_INFLIGHT_BYTES = 4 * 1024**2
 SMALL_FRAME_BYTES = 64 * 1024  # bytes in the transport before we wait: keeps lane priorities meaningful
 
 
-async def read_frame(reader: asyncio.StreamReader, max_payload: int) -> tuple[Any, bytes, bytes]:
-    """Read one frame from a stream; return (frame, head bytes, payload bytes). Raises WireError on bad input."""
-    raw = await reader.readexactly(HEADER_BYTES)
-    h = unpack_header(raw, max_payload_bytes=max_payload)
-    body = await reader.readexactly(h.meta_len + h.payload_len) if h.meta_len + h.payload_len else b""
-    head = raw + body[: h.meta_len]
-    payload = memoryview(body)[h.meta_len :] if h.payload_len else b""  # a view: no copy of the chunk
-    return decode_frame(head, payload, max_payload_bytes=max_payload), head, payload
-
-
-def write_frame(writer: asyncio.StreamWriter, head: bytes, payload: Any = b"") -> None:
+def write_frame(writer: FrameStream, head: bytes, payload: Any = b"") -> None:
     """Write one frame (head, then payload without copying it first)."""
     if payload:
         writer.writelines((head, payload))
@@ -73,7 +64,7 @@ class OutboundLink:
         self.set_limits()
         self.task: asyncio.Task | None = None
         self.stopping = False
-        self.writer: asyncio.StreamWriter | None = None
+        self.writer: FrameStream | None = None
         self.peer_serial: int | None = None
         self.sent_bytes = 0  # this session, for credit
         self.credit = 0
@@ -154,11 +145,13 @@ class OutboundLink:
         server = self.server
         host, port = split_host_port(self.address)
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, ssl=server.client_ctx, server_hostname=None,
-                                        ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S),
+            _, writer = await asyncio.wait_for(
+                asyncio.get_running_loop().create_connection(
+                    lambda: FrameStream(server.cfg.link.chunk_bytes), host, port, ssl=server.client_ctx,
+                    server_hostname=None, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S),
                 HANDSHAKE_TIMEOUT_S,
             )
+            reader = writer
         except ssl.SSLError as exc:
             reason = server.tls_reason(exc)
             server.peer_rejected(self.cluster, self.address, reason, str(exc), outgoing=True)
@@ -172,7 +165,7 @@ class OutboundLink:
             return False
         self.peer_serial = server.serial_of(ssl_obj)
         write_frame(writer, encode_frame(FrameType.LINK_HELLO, {"cluster": server.cfg.cluster, "epoch": server.epoch}))
-        frame, _, _ = await asyncio.wait_for(read_frame(reader, server.cfg.link.chunk_bytes), HANDSHAKE_TIMEOUT_S)
+        frame, _, _ = await reader.read_frame(HANDSHAKE_TIMEOUT_S)
         if frame.type == FrameType.ERROR:
             self.last_error = f"peer refused us: {frame.meta['code']}: {frame.meta['message']}"
             log.warning("link to %s: %s", self.cluster, self.last_error)
@@ -205,7 +198,7 @@ class OutboundLink:
             await asyncio.gather(reader_task, ping_task, return_exceptions=True)
         return True
 
-    async def _writer(self, writer: asyncio.StreamWriter, resend: deque, reader_task: asyncio.Task) -> None:
+    async def _writer(self, writer: FrameStream, resend: deque, reader_task: asyncio.Task) -> None:
         server = self.server
         cap = server.cfg.link.retransmit_buffer_bytes
         delay_line: deque[tuple[float, bytes, Any]] = deque()
@@ -280,7 +273,7 @@ class OutboundLink:
                 wire_task.cancel()
                 await asyncio.gather(wire_task, return_exceptions=True)
 
-    async def _wire(self, writer: asyncio.StreamWriter, line: deque, wake: asyncio.Event) -> None:
+    async def _wire(self, writer: FrameStream, line: deque, wake: asyncio.Event) -> None:
         """Emulated propagation delay: each frame leaves `delay_ms` after it was scheduled."""
         while True:
             if not line:
@@ -298,15 +291,16 @@ class OutboundLink:
             if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                 await writer.drain()
 
-    async def _pinger(self, writer: asyncio.StreamWriter) -> None:
+    async def _pinger(self, writer: FrameStream) -> None:
         while not writer.transport.is_closing():
             write_frame(writer, encode_frame(FrameType.PING, {"t": time.monotonic()}))
             await asyncio.sleep(PING_EVERY_S)
 
-    async def _reader(self, reader: asyncio.StreamReader) -> None:
+    async def _reader(self, reader: FrameStream) -> None:
         server = self.server
         while True:
-            frame, _, _ = await asyncio.wait_for(read_frame(reader, server.cfg.link.chunk_bytes), IDLE_TIMEOUT_S)
+            reader.max_payload = server.cfg.link.chunk_bytes  # (hot reload may change it)
+            frame, _, _ = await reader.read_frame(IDLE_TIMEOUT_S)
             t = frame.type
             if t == FrameType.LINK_ACK:
                 acked = frame.header.link_seq
@@ -328,12 +322,10 @@ class OutboundLink:
 class InboundSession:
     """A peer's frames arriving on an accepted TLS connection: dedup, delivery, acknowledgements and credit."""
 
-    def __init__(self, server: SwitchServer, cluster: str, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter, serial: int | None) -> None:
+    def __init__(self, server: SwitchServer, cluster: str, stream: FrameStream, serial: int | None) -> None:
         self.server = server
         self.cluster = cluster
-        self.reader = reader
-        self.writer = writer
+        self.writer = stream
         self.serial = serial
         self.window = server.link_window()
         self.received_bytes = 0  # this session
@@ -382,9 +374,10 @@ class InboundSession:
         write_frame(self.writer, encode_frame(FrameType.LINK_WELCOME, {
             "cluster": server.cfg.cluster, "epoch": server.epoch, "resume": st["last"], "credit": self.credit(),
         }))
-        max_payload = server.cfg.link.chunk_bytes
+        stream = self.writer
+        stream.max_payload = server.cfg.link.chunk_bytes
         while True:
-            frame, head, payload = await asyncio.wait_for(read_frame(self.reader, max_payload), IDLE_TIMEOUT_S)
+            frame, head, payload = await stream.read_frame(IDLE_TIMEOUT_S)
             t = frame.type
             if t in (FrameType.DATA, FrameType.ACK, FrameType.ERROR):
                 seq = frame.header.link_seq

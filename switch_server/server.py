@@ -19,7 +19,8 @@ from nebula.wire import ChannelKey, FrameType, Lane, encode_frame
 from security.audit import AuditLog, Checkpoint, verify_checkpoint
 from security.errors import AuditError, SecurityError
 from security.tls import PeerRejected, check_peer, client_context, crl_serials, describe_tls_error, server_context
-from switch_server.link import HANDSHAKE_TIMEOUT_S, InboundSession, OutboundLink, read_frame, write_frame
+from switch_server.framestream import FrameStream
+from switch_server.link import HANDSHAKE_TIMEOUT_S, InboundSession, OutboundLink, write_frame
 from switch_server.local import LocalSide
 from switch_server.metrics import SwitchMetrics
 from switch_server.shaper import TokenBucket
@@ -62,6 +63,7 @@ class SwitchServer:
         self.paused = False
         self.links: dict[str, OutboundLink] = {}
         self.sessions: dict[str, InboundSession] = {}
+        self.accepting: set[asyncio.Task] = set()  # connections in their TLS handshake or session
         self.link_in: dict[str, dict[str, int]] = {}
         self.account_buckets: dict[str, TokenBucket] = {}
         self.tasks: list[asyncio.Task] = []
@@ -113,7 +115,8 @@ class SwitchServer:
             self.metrics_address = f"{mhost}:{mport}"
         local_endpoint = await self.local.start()
         host, port = split_host_port(self.cfg.listen, "listen")
-        self.wan_server = await asyncio.start_server(self._accept, host, port, limit=1 << 20)
+        self.wan_server = await asyncio.get_running_loop().create_server(
+            lambda: FrameStream(self.cfg.link.chunk_bytes, paused=True, on_connect=self._accepted), host, port)
         sock = self.wan_server.sockets[0].getsockname()
         self.wan_address = f"{sock[0]}:{sock[1]}"
         for peer in self.cfg.peers:
@@ -278,13 +281,20 @@ class SwitchServer:
                    "ok", {"address": address, "identity": ident.uri, "direction": "out" if outgoing else "in"})
         return ident
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _accepted(self, stream: FrameStream) -> None:
+        task = asyncio.create_task(self._accept(stream))
+        self.accepting.add(task)
+        task.add_done_callback(self.accepting.discard)
+
+    async def _accept(self, writer: FrameStream) -> None:
         peer = writer.get_extra_info("peername")
         address = f"{peer[0]}:{peer[1]}" if peer else "?"
         session: InboundSession | None = None
         try:
             try:
-                await writer.start_tls(self.server_ctx, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+                writer.transport = await asyncio.get_running_loop().start_tls(
+                    writer.transport, writer, self.server_ctx, server_side=True,
+                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
             except (ssl.SSLError, ConnectionError, OSError, asyncio.TimeoutError) as exc:
                 reason = describe_tls_error(exc) if isinstance(exc, ssl.SSLError) else "handshake_failed"
                 self.peer_rejected("?", address, reason, f"{type(exc).__name__}: {exc}", outgoing=False)
@@ -293,11 +303,11 @@ class SwitchServer:
             ident = self.check_switch(ssl_obj, None, address, outgoing=False)
             if ident is None:
                 return
-            frame, _, _ = await asyncio.wait_for(read_frame(reader, self.cfg.link.chunk_bytes), HANDSHAKE_TIMEOUT_S)
+            frame, _, _ = await writer.read_frame(HANDSHAKE_TIMEOUT_S)
             if frame.type != FrameType.LINK_HELLO or frame.meta["cluster"] != ident.cluster:
                 raise WireError("bad_handshake",
                                 f"expected LINK_HELLO from cluster {ident.cluster}, got {frame.type.name} {frame.meta}")
-            session = InboundSession(self, ident.cluster, reader, writer, self.serial_of(ssl_obj))
+            session = InboundSession(self, ident.cluster, writer, self.serial_of(ssl_obj))
             old = self.sessions.get(ident.cluster)
             if old is not None:
                 old.close("replaced by a new connection")

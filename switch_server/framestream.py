@@ -1,0 +1,202 @@
+"""Peer-link stream: a buffered protocol that parses frames as TLS decrypts them, without StreamReader's copies.
+
+Small frames are parsed out of one reusable staging buffer; a large frame gets its own buffer and TLS decrypts
+the rest of it straight into that buffer, so its payload reaches the next hop as a view that was never copied.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from nebula.wire import HEADER_BYTES, WireError, decode_frame, unpack_header
+
+STAGING_BYTES = 256 * 1024
+# a frame at least this large is read into a buffer of its own (smaller ones are copied out of the staging buffer)
+OWN_BUFFER_BYTES = 32 * 1024
+MAX_QUEUED_FRAMES = 256  # parsed but not yet consumed: reading pauses beyond this
+
+
+def _expire(w: asyncio.Future) -> None:
+    if not w.done():
+        w.set_exception(asyncio.TimeoutError("no frame from the peer in time"))
+
+
+class FrameStream(asyncio.BufferedProtocol):
+    """Protocol of one peer-link connection: `await read_frame()` for parsed frames, `write`/`drain` to send."""
+
+    def __init__(self, max_payload: int, *, paused: bool = False, on_connect: Any = None) -> None:
+        self.max_payload = max_payload
+        self._on_connect = on_connect
+        self.transport: Any = None
+        self._start_paused = paused
+        self._buf = bytearray(STAGING_BYTES)
+        self._view = memoryview(self._buf)
+        self._lo = 0  # unparsed bytes are _buf[_lo:_hi]
+        self._hi = 0
+        self._body: bytearray | None = None  # a large frame being filled: whole frame bytes
+        self._body_view: memoryview | None = None
+        self._body_got = 0
+        self._meta_end = 0
+        self._frames: deque[tuple[Any, bytes, Any]] = deque()
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future | None = None
+        self._read_paused = False
+        self._write_paused = False
+        self._drain_waiter: asyncio.Future | None = None
+        self._lost = False
+
+    # ---- protocol callbacks ----
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        if self._start_paused:  # plain TCP before start_tls: the TLS layer must see the first bytes
+            transport.pause_reading()
+        if self._on_connect is not None:
+            self._on_connect(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._body_view is not None:
+            return self._body_view[self._body_got :]
+        if len(self._buf) - self._hi < OWN_BUFFER_BYTES:
+            self._compact()
+        return self._view[self._hi :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            if self._body_view is not None:
+                self._body_got += nbytes
+                if self._body_got == len(self._body_view):
+                    self._finish_body()
+            else:
+                self._hi += nbytes
+                self._parse()
+        except WireError as exc:
+            self._fail(exc)
+            self.transport.pause_reading()
+            return
+        self._wake()
+        if len(self._frames) >= MAX_QUEUED_FRAMES and not self._read_paused:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        self._fail(asyncio.IncompleteReadError(b"", None))
+        return False
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._lost = True
+        self._fail(ConnectionResetError(f"connection lost: {exc}") if exc else asyncio.IncompleteReadError(b"", None))
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_exception(ConnectionResetError("connection lost"))
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
+
+    # ---- parsing ----
+    def _compact(self) -> None:
+        n = self._hi - self._lo
+        if self._lo:
+            self._buf[:n] = self._view[self._lo : self._hi]
+        self._lo, self._hi = 0, n
+
+    def _parse(self) -> None:
+        view = self._view
+        while self._hi - self._lo >= HEADER_BYTES:
+            lo = self._lo
+            h = unpack_header(view[lo : lo + HEADER_BYTES], max_payload_bytes=self.max_payload)
+            meta_end = HEADER_BYTES + h.meta_len
+            need = meta_end + h.payload_len
+            have = self._hi - lo
+            if have >= need:
+                raw = bytes(view[lo : lo + need])
+                self._lo = lo + need
+                self._emit(raw, meta_end)
+                continue
+            if need >= OWN_BUFFER_BYTES:
+                body = bytearray(need)
+                body[:have] = view[lo : self._hi]
+                self._body, self._body_view, self._body_got, self._meta_end = body, memoryview(body), have, meta_end
+                self._lo = self._hi = 0
+                return
+            if lo + need > len(self._buf):
+                self._compact()
+            return
+        if self._lo == self._hi:
+            self._lo = self._hi = 0
+
+    def _finish_body(self) -> None:
+        body, meta_end = self._body, self._meta_end
+        self._body = self._body_view = None
+        self._body_got = 0
+        assert body is not None
+        self._emit(body, meta_end)
+
+    def _emit(self, raw: bytes | bytearray, meta_end: int) -> None:
+        head = bytes(raw[:meta_end]) if isinstance(raw, bytearray) else raw[:meta_end]
+        payload: Any = memoryview(raw)[meta_end:] if len(raw) > meta_end else b""
+        frame = decode_frame(head, payload, max_payload_bytes=self.max_payload)
+        self._frames.append((frame, head, payload))
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done() and (self._frames or self._error is not None):
+            w.set_result(None)
+
+    # ---- consumer side ----
+    async def read_frame(self, timeout: float | None = None) -> tuple[Any, bytes, Any]:
+        """Next frame as (frame, head bytes, payload); raises WireError, IncompleteReadError, ConnectionError,
+        or TimeoutError when no frame arrived within `timeout` seconds."""
+        while not self._frames:
+            if self._error is not None:
+                raise self._error
+            loop = asyncio.get_running_loop()
+            w = self._waiter = loop.create_future()
+            # a timer instead of wait_for: no task per frame on the hot path
+            timer = loop.call_later(timeout, _expire, w) if timeout is not None else None
+            try:
+                await w
+            finally:
+                self._waiter = None
+                if timer is not None:
+                    timer.cancel()
+        item = self._frames.popleft()
+        if self._read_paused and len(self._frames) < MAX_QUEUED_FRAMES // 2 and self._error is None:
+            self._read_paused = False
+            self.transport.resume_reading()
+        return item
+
+    def write(self, data: Any) -> None:
+        """Write bytes to the transport."""
+        self.transport.write(data)
+
+    def writelines(self, parts: Any) -> None:
+        """Write several buffers (views are not joined first where the transport can avoid it)."""
+        self.transport.writelines(parts)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """Transport information (e.g. `ssl_object`, `peername`)."""
+        return self.transport.get_extra_info(name, default)
+
+    async def drain(self) -> None:
+        """Wait until the transport's write buffer is below its high-water mark."""
+        if self._lost:
+            raise ConnectionResetError("connection lost")
+        if self.transport.is_closing():
+            await asyncio.sleep(0)
+            return
+        if self._write_paused:
+            self._drain_waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._drain_waiter
+            finally:
+                self._drain_waiter = None
