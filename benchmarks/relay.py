@@ -10,6 +10,8 @@ transfer runs on the same link, and goodput through the link shaper at 60 Mbit/s
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import multiprocessing.queues
 import os
 import queue
 import selectors
@@ -221,6 +223,21 @@ class Switches:
             p.wait(20)
 
 
+def _bulk_rank(worker_yaml: str, role: str, nbytes: int, events, go) -> None:
+    """One bulk rank in its own process: `send` one message of `nbytes` (lane bulk) or `recv` it and report when."""
+    ep = Endpoint.connect(worker_yaml, job="bench", rank=1)
+    ch = ep.channel("B" if role == "send" else "A", 1, "bulk")
+    events.put("ready")
+    go.wait()
+    if role == "send":
+        ch.send(bytes(nbytes), lane="bulk")
+        ep.close(flush_s=120)
+    else:
+        ch.recv(timeout_s=300)
+        events.put(time.perf_counter())  # CLOCK_MONOTONIC: comparable across processes of this machine
+        ep.close(flush_s=0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget-mib", type=int, default=64, help="bytes streamed per size for throughput")
@@ -250,29 +267,35 @@ def main(argv: list[str] | None = None) -> int:
         tls.close()
         zmqp.close()
 
-        # a 64 KiB activation on its own channel while a bulk transfer runs
-        bulk = FullPath(fed, name="bulk", lane="bulk", rank=1)
+        # a 64 KiB activation on its own channel while a bulk transfer runs; the bulk sender and receiver are
+        # other ranks, so other processes (as in a real job), and do not share this process's interpreter lock
         act = FullPath(fed, name="act", lane="activation", rank=2)
-        blob = bytes(args.bulk_mib * MIB)
-        finished = threading.Event()
-        t_bulk = {}
-
-        def run_bulk() -> None:
-            t0 = time.perf_counter()
-            bulk.send(blob)
-            bulk.recv()
-            t_bulk["s"] = time.perf_counter() - t0
-            finished.set()
-
-        th = threading.Thread(target=run_bulk)
-        th.start()
+        mp = multiprocessing.get_context("spawn")
+        events: multiprocessing.queues.Queue = mp.Queue()
+        go = mp.Event()
+        ranks = [mp.Process(target=_bulk_rank, args=(fed["clusters"][c]["worker_yaml"], role, args.bulk_mib * MIB,
+                                                      events, go), daemon=True)
+                 for c, role in (("B", "recv"), ("A", "send"))]
+        for p in ranks:
+            p.start()
+        for _ in ranks:
+            if events.get(timeout=120) != "ready":
+                raise RuntimeError("a bulk rank failed to connect")
+        t0 = time.perf_counter()
+        go.set()
         time.sleep(0.2)
-        behind = []
-        while not finished.is_set():
+        behind: list[float] = []
+        done_at = None
+        while done_at is None:
             behind += latency(act, 64 * KIB, 1)
             time.sleep(0.01)
-        th.join()
-        bulk.close()
+            try:
+                done_at = events.get_nowait()
+            except queue.Empty:
+                pass
+        t_bulk = {"s": done_at - t0}
+        for p in ranks:
+            p.join(60)
         act.close()
         full.close()
     finally:

@@ -32,7 +32,7 @@ PING_EVERY_S = 1.0
 WRITE_HIGH_WATER = 256 * 1024
 # bulk frames written but not yet acknowledged are capped, so that socket buffers never hold more than this
 # ahead of an activation that arrives later (higher lanes are not capped)
-BULK_INFLIGHT_BYTES = 4 * 1024**2
+BULK_INFLIGHT_BYTES = 1024**2
 SMALL_FRAME_BYTES = 64 * 1024  # bytes in the transport before we wait: keeps lane priorities meaningful
 
 

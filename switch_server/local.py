@@ -24,6 +24,9 @@ ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 ZAP_DOMAIN = b"nebula"
 SNDHWM = 8  # frames queued per worker inside ZeroMQ; the rest waits in our lane queues so priorities hold
 PENDING_TTL_S = 30.0
+# worker frames handled per wake-up: small, so a frame for a higher lane waits behind few bulk frames before the
+# link writer runs
+PUMP_BATCH = 16
 RANK_HELD_S = 3.0  # a rank whose connection sent a HELLO this recently is not handed to another connection  # frames for a rank that has not said hello yet are kept this long
 
 
@@ -166,7 +169,7 @@ class LocalSide:
         sock = self.sync
         if sock is None or self.held or self.throttled:
             return
-        for _ in range(256):  # then yield, so links and timers run between batches
+        for _ in range(PUMP_BATCH):  # then yield, so links and timers run between batches
             if not sock.get(zmq.EVENTS) & zmq.POLLIN:
                 return
             try:

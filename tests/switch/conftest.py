@@ -31,7 +31,11 @@ class Switch:
 
     def audit(self) -> list[dict]:
         path = self.config.parent / "audit.log"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        if not path.exists():
+            return []
+        # the switch may be writing a record right now: only lines it has finished (newline-terminated) count
+        done = path.read_text().rpartition("\n")[0]
+        return [json.loads(line) for line in done.splitlines() if line.strip()]
 
 
 def wait_audit(switch: Switch, pred, timeout_s: float = 20.0) -> dict:
