@@ -2,11 +2,30 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
+import os
+import signal
 import sys
 from pathlib import Path
 
 EXIT_PEER_LOST = 3  # a peer cluster stayed silent past peer_timeout_s: restart all clusters to resume
+
+
+def die_with_launcher() -> None:
+    """Exit when paddle.distributed.launch (our parent) dies, however it dies.
+
+    The launcher starts each rank in its own session, so killing a cluster's launcher would otherwise leave its
+    ranks training on as orphans that nobody watches and that peer clusters still see as alive.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
+        logging.getLogger("nebula.worker").warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+    if os.getppid() == 1:  # the launcher died before the signal was armed
+        os._exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", required=True)
     ap.add_argument("--intra", action="store_true")
     args = ap.parse_args(argv)
+    die_with_launcher()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from nebula.config.job import load_job_config
     from nebula.pipeline import PeerLost

@@ -90,8 +90,13 @@ def prune(root: str | Path, cluster: str, stage_names: list[str], keep: int) -> 
         (d / f"{cluster}.json").unlink(missing_ok=True)
         for n in stage_names:
             shutil.rmtree(d / n, ignore_errors=True)
-        if not any(d.iterdir()):
-            d.rmdir()
+        # Clusters may share one checkpoint root (one machine, a shared file system): the other cluster can
+        # remove the emptied directory or write into it between our check and rmdir; either way it is not ours.
+        try:
+            if not any(d.iterdir()):
+                d.rmdir()
+        except OSError:
+            pass
 
 
 def _param_names(layer: Any) -> dict[str, str]:
