@@ -109,13 +109,19 @@ class TLSPair:
 
 
 class ZMQPair:
-    """Raw ZeroMQ PUSH/PULL over TCP loopback."""
+    """Raw ZeroMQ PUSH/PULL over TCP loopback; with `curve`, encrypted like the workers' link to their switch."""
 
-    def __init__(self) -> None:
+    def __init__(self, curve: bool = False) -> None:
         self.ctx = zmq.Context()
         self.rx = self.ctx.socket(zmq.PULL)
-        port = self.rx.bind_to_random_port("tcp://127.0.0.1")
         self.tx = self.ctx.socket(zmq.PUSH)
+        if curve:
+            server_public, server_secret = zmq.curve_keypair()
+            self.rx.curve_server = True
+            self.rx.curve_secretkey = server_secret
+            self.tx.curve_publickey, self.tx.curve_secretkey = zmq.curve_keypair()
+            self.tx.curve_serverkey = server_public
+        port = self.rx.bind_to_random_port("tcp://127.0.0.1")
         self.tx.connect(f"tcp://127.0.0.1:{port}")
 
     def send(self, data: bytes) -> None:
@@ -253,12 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     switches = Switches(fed, edit=chunk)
     rows = []
     try:
-        tls, zmqp, full = TLSPair(fed), ZMQPair(), FullPath(fed)
+        tls, zmqp, curve, full = TLSPair(fed), ZMQPair(), ZMQPair(curve=True), FullPath(fed)
         latency(full, 1024, 20)  # warm up connections and the links
         for size in sizes:
             n, k = _plan(size, args.budget_mib * MIB)
             r = {"size": size}
-            for name, pair in (("tls", tls), ("zmq", zmqp), ("full", full)):
+            for name, pair in (("tls", tls), ("zmq", zmqp), ("curve", curve), ("full", full)):
                 r[f"{name}_mbs"] = throughput(pair, size, n)
                 lat = latency(pair, size, k)
                 r[f"{name}_p50"], r[f"{name}_p99"] = _pct(lat, 0.5) * 1e3, _pct(lat, 0.99) * 1e3
@@ -266,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  measured {size // KIB} KiB", file=sys.stderr, flush=True)
         tls.close()
         zmqp.close()
+        curve.close()
 
         # a 64 KiB activation on its own channel while a bulk transfer runs; the bulk sender and receiver are
         # other ranks, so other processes (as in a real job), and do not share this process's interpreter lock
@@ -316,14 +323,16 @@ def main(argv: list[str] | None = None) -> int:
         shaped.close()
     goodput_mbit = mbs * 8
 
-    print("\nThroughput (MB/s) and one-way latency (ms), loopback; a = raw TLS, b = raw ZeroMQ, c = full path")
-    print(f"{'size':>9} {'a MB/s':>9} {'b MB/s':>9} {'c MB/s':>9} {'c/a':>6} | "
+    print("\nThroughput (MB/s) and one-way latency (ms), loopback; a = raw TLS, b = raw ZeroMQ, "
+          "z = ZeroMQ with CURVE (as between a worker and its switch), c = full path")
+    print(f"{'size':>9} {'a MB/s':>9} {'b MB/s':>9} {'z MB/s':>9} {'c MB/s':>9} {'c/a':>6} {'c/z':>6} | "
           f"{'a p50':>8} {'a p99':>8} {'b p50':>8} {'b p99':>8} {'c p50':>8} {'c p99':>8}")
     for r in rows:
         s = r["size"]
         label = f"{s // MIB} MiB" if s >= MIB else f"{s // KIB} KiB"
-        print(f"{label:>9} {r['tls_mbs']:9.1f} {r['zmq_mbs']:9.1f} {r['full_mbs']:9.1f} "
-              f"{r['full_mbs'] / r['tls_mbs']:6.2f} | {r['tls_p50']:8.3f} {r['tls_p99']:8.3f} "
+        print(f"{label:>9} {r['tls_mbs']:9.1f} {r['zmq_mbs']:9.1f} {r['curve_mbs']:9.1f} {r['full_mbs']:9.1f} "
+              f"{r['full_mbs'] / r['tls_mbs']:6.2f} {r['full_mbs'] / r['curve_mbs']:6.2f} | "
+              f"{r['tls_p50']:8.3f} {r['tls_p99']:8.3f} "
               f"{r['zmq_p50']:8.3f} {r['zmq_p99']:8.3f} {r['full_p50']:8.3f} {r['full_p99']:8.3f}")
     r64 = next((r for r in rows if r["size"] == 64 * KIB), None)
     if r64:

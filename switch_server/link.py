@@ -201,6 +201,8 @@ class OutboundLink:
     async def _writer(self, writer: FrameStream, resend: deque, reader_task: asyncio.Task) -> None:
         server = self.server
         cap = server.cfg.link.retransmit_buffer_bytes
+        # at least two chunks in flight, so the bulk lane never degrades to stop-and-wait
+        bulk_cap = max(BULK_INFLIGHT_BYTES, 2 * server.cfg.link.chunk_bytes)
         delay_line: deque[tuple[float, bytes, Any]] = deque()
         wire_wake = asyncio.Event()
         wire_task = asyncio.create_task(self._wire(writer, delay_line, wire_wake)) if self.delay_s > 0 else None
@@ -216,7 +218,7 @@ class OutboundLink:
                 if resend:
                     seq, lane, head, payload, n = resend.popleft()
                 elif (self.lanes and self.rtx_bytes < cap and self.sent_bytes < self.credit
-                      and not (self.rtx_bytes >= BULK_INFLIGHT_BYTES and self.lanes.only_bulk())):
+                      and not (self.rtx_bytes >= bulk_cap and self.lanes.only_bulk())):
                     lane, (head, payload), n = self.lanes.pop()
                     server.mem_used -= n
                     seq = self.next_seq

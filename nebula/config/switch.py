@@ -85,7 +85,7 @@ class ShapeConfig:
 class LinkConfig:
     """Peer-link framing, buffering and flow control."""
 
-    chunk_bytes: int = 256 * 1024  # a message larger than this travels as several frames
+    chunk_bytes: int = 1024 * 1024  # a message larger than this travels as several frames
     max_message_bytes: int = 4 * 1024**3  # larger messages are refused with an error to the sender
     retransmit_buffer_bytes: int = 256 * 1024**2  # unacknowledged bytes kept per peer for resume
     memory_cap_bytes: int = 512 * 1024**2  # queued bytes per switch before senders are held back

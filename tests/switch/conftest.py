@@ -71,6 +71,9 @@ def start_switch(procs, config: Path, timeout_s: float = 30.0) -> Switch:
     raise AssertionError(f"switch {config} did not start: {log.read_text()[-3000:]}")
 
 
+TEST_CHUNK_BYTES = 256 * 1024
+
+
 def edit_yaml(path: Path, fn) -> None:
     """Load YAML `path`, let `fn` change the dict in place, write it back."""
     data = yaml.safe_load(path.read_text())
@@ -80,8 +83,16 @@ def edit_yaml(path: Path, fn) -> None:
 
 @pytest.fixture
 def federation(tmp_path):
-    """A provisioned two-cluster federation (A, B) on loopback; returns the provision summary."""
-    return provision("fed", ["A", "B"], tmp_path / "fed")
+    """A provisioned two-cluster federation (A, B) on loopback; returns the provision summary.
+
+    Chunks are pinned to 256 KiB so that the messages of a few hundred KB the tests send travel as several
+    chunks whatever the default chunk size is.
+    """
+    fed = provision("fed", ["A", "B"], tmp_path / "fed")
+    for c in ("A", "B"):
+        edit_yaml(Path(fed["clusters"][c]["switch_yaml"]),
+                  lambda d: d.setdefault("link", {}).update(chunk_bytes=TEST_CHUNK_BYTES))
+    return fed
 
 
 @pytest.fixture
