@@ -157,9 +157,20 @@ class FullPath:
         self.eb.close(flush_s=0)
 
 
-def throughput(pair, size: int, n: int) -> float:
-    """MB/s of `n` messages of `size` bytes streamed back to back."""
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU time (user + system, all threads) used so far by the processes `pids` (Linux /proc)."""
+    total = 0.0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def throughput(pair, size: int, n: int, cpu: dict | None = None) -> float:
+    """MB/s of `n` messages of `size` bytes streamed back to back; `cpu["ms_per_mib"]` gets the CPU time that
+    the processes `cpu["pids"]` spent per MiB (where the time goes, beyond wall-clock throughput)."""
     data = os.urandom(size)
+    c0 = cpu_seconds(cpu["pids"]) if cpu is not None else 0.0
     done = threading.Event()
 
     def rx() -> None:
@@ -175,6 +186,8 @@ def throughput(pair, size: int, n: int) -> float:
     done.wait()
     dt = time.perf_counter() - t0
     t.join()
+    if cpu is not None:
+        cpu["ms_per_mib"] = (cpu_seconds(cpu["pids"]) - c0) * 1e3 / (size * n / MIB)
     return size * n / dt / 1e6
 
 
@@ -265,7 +278,10 @@ def main(argv: list[str] | None = None) -> int:
             n, k = _plan(size, args.budget_mib * MIB)
             r = {"size": size}
             for name, pair in (("tls", tls), ("zmq", zmqp), ("curve", curve), ("full", full)):
-                r[f"{name}_mbs"] = throughput(pair, size, n)
+                # the full path's CPU includes both switch processes
+                cpu = {"pids": [os.getpid()] + ([p.pid for p in switches.procs] if name == "full" else [])}
+                r[f"{name}_mbs"] = throughput(pair, size, n, cpu)
+                r[f"{name}_cpu"] = cpu["ms_per_mib"]
                 lat = latency(pair, size, k)
                 r[f"{name}_p50"], r[f"{name}_p99"] = _pct(lat, 0.5) * 1e3, _pct(lat, 0.99) * 1e3
             rows.append(r)
@@ -334,6 +350,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['full_mbs'] / r['tls_mbs']:6.2f} {r['full_mbs'] / r['curve_mbs']:6.2f} | "
               f"{r['tls_p50']:8.3f} {r['tls_p99']:8.3f} "
               f"{r['zmq_p50']:8.3f} {r['zmq_p99']:8.3f} {r['full_p50']:8.3f} {r['full_p99']:8.3f}")
+    print("\nCPU time per MiB relayed (ms, all processes of the path: for c both switches and the workers)")
+    print(f"{'size':>9} {'a':>8} {'b':>8} {'z':>8} {'c':>8} {'c/a':>6}")
+    for r in rows:
+        s = r["size"]
+        label = f"{s // MIB} MiB" if s >= MIB else f"{s // KIB} KiB"
+        print(f"{label:>9} {r['tls_cpu']:8.2f} {r['zmq_cpu']:8.2f} {r['curve_cpu']:8.2f} {r['full_cpu']:8.2f} "
+              f"{r['full_cpu'] / max(r['tls_cpu'], 1e-9):6.1f}")
     r64 = next((r for r in rows if r["size"] == 64 * KIB), None)
     if r64:
         # the full path has two switch hops on top of the one TLS hop of the baseline
