@@ -106,7 +106,7 @@ class LocalSide:
         # a synchronous view of the same socket: non-blocking sends and batched receives without futures
         self.sync = zmq.Socket.shadow(r.underlying)
         self.endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)
-        asyncio.get_running_loop().add_reader(self.sync.FD, self.kick)
+        asyncio.get_running_loop().add_reader(self.sync.FD, self._pump)  # at once: a readable edge costs no extra loop turn
         self.tasks = [asyncio.create_task(self._zap_loop()), asyncio.create_task(self._safety_kick())]
         self.kick()
         return self.endpoint
