@@ -2,6 +2,7 @@
 
 Submodules (import what you need): `identity`, `ca`, `tls`, `audit`, `curve`, `provision`, `accounts`, `cli`.
 """
+from security._files import atomic_write
 from security.errors import (
     AccessDenied,
     AccountError,
@@ -16,6 +17,7 @@ from security.errors import (
 from security.identity import ROLES, Identity, identity_of
 
 __all__ = [
+    "atomic_write",
     "AccessDenied",
     "AccountError",
     "AccountLocked",
