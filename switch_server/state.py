@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from security._files import atomic_write
+from security import atomic_write
 
 
 class SwitchState:
