@@ -6,6 +6,8 @@ import importlib
 import logging
 import sys
 
+__all__ = ["main"]
+
 # subcommand name -> module under nebula.cli exposing add_parser(subparsers) and run(args) -> int
 _COMMANDS = {
     "launch": "nebula.cli.launch",
