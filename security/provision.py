@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import random
 import shutil
 import socket
 import tempfile
@@ -23,15 +24,39 @@ __all__ = ["provision", "free_ports"]
 
 
 def free_ports(host: str, count: int) -> list[int]:
-    """`count` distinct free TCP ports on `host`, found by binding port 0 (all held until every one is found)."""
+    """`count` distinct free TCP ports on `host`, chosen below the kernel's ephemeral range and checked by binding.
+
+    Ports from bind(0) come from the ephemeral range, which every outgoing connection on the host draws from too
+    (a switch dialling a peer that is not listening yet can even connect to itself), so such a port may be taken
+    between provisioning and the switch's start. Ports below that range are only ever taken by explicit binds.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    low, high = 10000, _ephemeral_low()
+    rng = random.SystemRandom()
     with ExitStack() as stack:
-        ports = []
-        for _ in range(count):
+        ports: list[int] = []
+        for _ in range(200 * count):
+            if len(ports) == count:
+                break
+            port = rng.randrange(low, high) if high > low else 0
             s = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
-            s.bind((host, 0))
-            ports.append(s.getsockname()[1])
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            if s.getsockname()[1] not in ports:
+                ports.append(s.getsockname()[1])
+        if len(ports) < count:
+            raise OSError(f"found only {len(ports)} of {count} free ports on {host}; pass explicit ports or free some")
         return ports
+
+
+def _ephemeral_low() -> int:
+    """First port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _addr(host: str, port: int) -> str:

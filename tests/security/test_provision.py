@@ -130,3 +130,17 @@ def test_provision_refuses_to_overwrite_and_reuses_an_existing_ca(tmp_path):
     with pytest.raises(SecurityError, match="name a cluster twice"):
         provision("demo", ["A", "A"], tmp_path / "y")
     assert not (tmp_path / "x" / "D").exists() and not (tmp_path / "y").exists()
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_are_bindable():
+    """Outgoing connections draw source ports from the ephemeral range; provisioned listen ports must not."""
+    import socket
+
+    from security.provision import _ephemeral_low, free_ports
+
+    ports = free_ports("127.0.0.1", 6)
+    assert len(set(ports)) == 6
+    assert all(1024 < p < _ephemeral_low() for p in ports)
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))
