@@ -17,7 +17,6 @@ import queue
 import selectors
 import signal
 import socket
-import ssl
 import statistics
 import struct
 import subprocess

@@ -1,6 +1,7 @@
 """Shared fixtures: a reaper for every child process a test starts, and small helpers."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -35,18 +36,14 @@ class Procs:
     def reap(self) -> None:
         for proc in self.children:
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
         for proc in self.children:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 proc.wait(timeout=10)
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:

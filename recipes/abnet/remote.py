@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 
 __all__ = ["ids_digest", "handshake", "eval_encoder", "eval_decoder", "main", "ReachError"]
 

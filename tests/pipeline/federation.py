@@ -34,8 +34,9 @@ def start_switches(procs, out: Path, clusters: list[str], shape: dict | None = N
 
 
 def _drain(p: subprocess.Popen) -> None:
-    for _ in iter(p.stdout.readline, ""):
-        pass
+    """Read and drop `p`'s output until it exits."""
+    while p.stdout.readline():
+        continue
 
 
 def wait_for_line(p: subprocess.Popen, needle: str, timeout_s: float) -> str:

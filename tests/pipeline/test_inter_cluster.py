@@ -1,7 +1,6 @@
 """Two clusters through real switch servers and real paddle.distributed.launch process groups."""
 from __future__ import annotations
 
-import time
 
 import pytest
 

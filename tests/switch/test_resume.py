@@ -1,6 +1,7 @@
 """Nothing lost, nothing doubled, in order: across many cut WAN connections and a kill -9 of either switch."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import threading
@@ -35,6 +36,21 @@ def _receive(ch, n: int, out: list, errors: list) -> None:
         errors.append(exc)
 
 
+@contextlib.contextmanager
+def _stream(federation, n: int):
+    """Yield channel A:0 -> B:0 with a receiver thread; on exit, all n messages arrived once each, in order."""
+    with Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(federation, "B"), job="j", rank=0) as eb:
+        got: list[bytes] = []
+        errors: list = []
+        t = threading.Thread(target=_receive, args=(eb.channel("A", 0, "stream"), n, got, errors))
+        t.start()
+        yield ea.channel("B", 0, "stream")
+        t.join(180)
+        assert not errors, errors
+        _check(got, n)
+
+
 @pytest.mark.slow
 def test_many_cuts_mid_stream(procs, federation):
     ya = Path(federation["clusters"]["A"]["switch_yaml"])
@@ -43,35 +59,28 @@ def test_many_cuts_mid_stream(procs, federation):
     to_a = CuttingProxy(split_host_port(federation["clusters"]["A"]["listen"]))
     edit_yaml(ya, lambda d: d["peers"][0].update(address=f"127.0.0.1:{to_b.port}"))
     edit_yaml(yb, lambda d: d["peers"][0].update(address=f"127.0.0.1:{to_a.port}"))
-    a, b = start_switch(procs, ya), start_switch(procs, yb)
+    start_switch(procs, ya), start_switch(procs, yb)
     n = 600
     rng = random.Random(7)
     msgs = [_message(i, rng) for i in range(n)]
-    with Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=0) as ea, \
-            Endpoint.connect(worker_yaml(federation, "B"), job="j", rank=0) as eb:
-        tx, rx = ea.channel("B", 0, "stream"), eb.channel("A", 0, "stream")
-        got: list[bytes] = []
-        errors: list = []
-        t = threading.Thread(target=_receive, args=(rx, n, got, errors))
-        t.start()
-        stop = threading.Event()
+    stop = threading.Event()
 
-        def cutter() -> None:
-            while not stop.wait(rng.uniform(0.05, 0.25)):
-                (to_b if rng.random() < 0.7 else to_a).cut()
+    def cutter() -> None:
+        while not stop.wait(rng.uniform(0.05, 0.25)):
+            (to_b if rng.random() < 0.7 else to_a).cut()
 
-        c = threading.Thread(target=cutter)
-        c.start()
-        for i, m in enumerate(msgs):
-            tx.send(m, lane="bulk" if i % 3 else "activation")
-            if i % 20 == 0:
-                time.sleep(0.1)  # keep the stream running (about 3 s) while the cutter works
-        t.join(180)
+    c = threading.Thread(target=cutter)
+    c.start()
+    try:
+        with _stream(federation, n) as tx:
+            for i, m in enumerate(msgs):
+                tx.send(m, lane="bulk" if i % 3 else "activation")
+                if i % 20 == 0:
+                    time.sleep(0.1)  # keep the stream running (about 3 s) while the cutter works
+    finally:
         stop.set()
         c.join()
-        assert not errors, errors
-        assert to_b.cuts + to_a.cuts >= 15
-        _check(got, n)
+    assert to_b.cuts + to_a.cuts >= 15
     to_a.close()
     to_b.close()
 
@@ -84,13 +93,7 @@ def test_kill9_and_restart_either_switch(procs, federation):
     n = 300
     rng = random.Random(3)
     msgs = [_message(i, rng) for i in range(n)]
-    with Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=0) as ea, \
-            Endpoint.connect(worker_yaml(federation, "B"), job="j", rank=0) as eb:
-        tx, rx = ea.channel("B", 0, "stream"), eb.channel("A", 0, "stream")
-        got: list[bytes] = []
-        errors: list = []
-        t = threading.Thread(target=_receive, args=(rx, n, got, errors))
-        t.start()
+    with _stream(federation, n) as tx:
         for i, m in enumerate(msgs):
             tx.send(m)
             if i == 100:
@@ -100,7 +103,4 @@ def test_kill9_and_restart_either_switch(procs, federation):
                 a.kill9()
                 a = start_switch(procs, ya)
             time.sleep(0.005)
-        t.join(180)
-        assert not errors, errors
-        _check(got, n)
     assert wait_audit(b, lambda r: r["action"] == "switch_started" and r["detail"]["epoch"] == 2)
