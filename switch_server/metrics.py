@@ -1,7 +1,10 @@
 """Prometheus metrics of one switch server (own registry, so several servers can live in one process)."""
 from __future__ import annotations
 
+from typing import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import CounterMetricFamily
 
 from nebula.wire import LANES
 
@@ -11,8 +14,9 @@ class SwitchMetrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.bytes = Counter("nebula_switch_bytes", "Bytes relayed", ["peer", "lane", "direction"], registry=r)
-        self.frames = Counter("nebula_switch_frames", "Frames relayed", ["peer", "lane", "direction"], registry=r)
+        # per-frame counts are plain integers read at scrape time: a labelled Counter takes a lock on every frame
+        self._tally: dict[tuple[str, int, str], list[int]] = {}  # (peer, lane, direction) -> [bytes, frames]
+        r.register(_TallyCollector(self._tally))
         self.queue_bytes = Gauge("nebula_switch_queue_bytes", "Bytes queued towards a peer or the local side", ["peer"], registry=r)
         self.rtt = Gauge("nebula_switch_rtt_seconds", "Round-trip time to a peer switch", ["peer"], registry=r)
         self.retransmits = Counter("nebula_switch_retransmits", "Frames sent again after a reconnect", ["peer"], registry=r)
@@ -23,19 +27,33 @@ class SwitchMetrics:
         self.link_up = Gauge("nebula_switch_link_up", "1 while the outgoing link to a peer is established", ["peer"], registry=r)
         self.cert_expiry = Gauge("nebula_switch_certificate_expiry_seconds", "Seconds until this switch's certificate expires", registry=r)
         self.workers = Gauge("nebula_switch_workers", "Workers registered on the local side", registry=r)
-        self._children: dict[tuple, tuple] = {}
 
     def count(self, peer: str, lane: int, direction: str, nbytes: int) -> None:
         """Count one frame of `nbytes` on (peer, lane, direction)."""
-        key = (peer, lane, direction)
-        ch = self._children.get(key)
-        if ch is None:
-            labels = dict(peer=peer, lane=LANES[lane], direction=direction)
-            ch = self._children[key] = (self.bytes.labels(**labels), self.frames.labels(**labels))
-        ch[0].inc(nbytes)
-        ch[1].inc()
+        t = self._tally.get((peer, lane, direction))
+        if t is None:
+            t = self._tally[(peer, lane, direction)] = [0, 0]
+        t[0] += nbytes
+        t[1] += 1
 
     def serve(self, host: str, port: int) -> tuple[str, int]:
         """Start the HTTP endpoint; return the bound address."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         return server.server_address[0], server.server_address[1]
+
+
+class _TallyCollector:
+    """Exposes SwitchMetrics' byte and frame tallies as the counters nebula_switch_bytes and nebula_switch_frames."""
+
+    def __init__(self, tally: dict) -> None:
+        self.tally = tally
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        labels = ["peer", "lane", "direction"]
+        nbytes = CounterMetricFamily("nebula_switch_bytes", "Bytes relayed", labels=labels)
+        frames = CounterMetricFamily("nebula_switch_frames", "Frames relayed", labels=labels)
+        for (peer, lane, direction), (b, f) in list(self.tally.items()):  # (one C call: safe against inserts)
+            nbytes.add_metric([peer, LANES[lane], direction], b)
+            frames.add_metric([peer, LANES[lane], direction], f)
+        yield nbytes
+        yield frames
