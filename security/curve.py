@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import hmac
 import os
 import re
 
@@ -11,7 +13,8 @@ from cryptography.hazmat.primitives.asymmetric import x25519
 from security._files import PUBLIC, atomic_write, read_file
 from security.errors import SecurityError
 
-__all__ = ["z85_encode", "z85_decode", "write_curve_keypair", "read_curve_keypair", "curve_public_from_secret"]
+__all__ = ["z85_encode", "z85_decode", "write_curve_keypair", "read_curve_keypair", "curve_public_from_secret",
+           "local_password"]
 
 _Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
 _Z85_INDEX = {c: i for i, c in enumerate(_Z85)}
@@ -54,6 +57,18 @@ def curve_public_from_secret(secret_z85: str) -> str:
     """The Z85 public key belonging to a Z85 CURVE secret key."""
     key = x25519.X25519PrivateKey.from_private_bytes(z85_decode(secret_z85))
     return z85_encode(key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw))
+
+
+def local_password(secret_z85: str, peer_public_z85: str) -> str:
+    """The password a worker gives (ZeroMQ PLAIN) on its switch's same-host IPC endpoint.
+
+    Both ends compute it from their own CURVE secret and the other's public key (X25519), so it needs no new
+    secret, is bound to that one worker-switch pair, and the switch stores nothing beyond the worker's public key.
+    """
+    own = x25519.X25519PrivateKey.from_private_bytes(z85_decode(secret_z85))
+    shared = own.exchange(x25519.X25519PublicKey.from_public_bytes(z85_decode(peer_public_z85)))
+    pair = "".join(sorted((curve_public_from_secret(secret_z85), peer_public_z85)))
+    return hmac.new(shared, b"nebula local ipc password v1|" + pair.encode(), hashlib.sha256).hexdigest()
 
 
 def _cert_text(kind: str, public: str, secret: str | None) -> str:

@@ -4,8 +4,10 @@ from __future__ import annotations
 import ipaddress
 import os
 import random
+import secrets
 import shutil
 import socket
+import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
@@ -114,6 +116,8 @@ def provision(federation: str, clusters: Sequence[str], out: str | os.PathLike, 
         for cluster, local_port in zip(clusters, local_ports):
             d = stage / cluster
             endpoint = f"tcp://127.0.0.1:{local_port}"
+            # workers on the switch's host use a Linux abstract socket: no file to clean up, no path length limit
+            ipc = f"ipc://@nebula-{federation}-{cluster}-{secrets.token_hex(6)}" if sys.platform == "linux" else ""
             ca.issue("switch", "switch", cluster, dns=["localhost"] if ip else ["localhost", host],
                      ips=[host] if ip else [], out_dir=d, stem="switch")
             switch_public = write_curve_keypair(d / "switch_curve.key_secret")
@@ -125,7 +129,7 @@ def provision(federation: str, clusters: Sequence[str], out: str | os.PathLike, 
                 "cluster": cluster,
                 "listen": listen[cluster],
                 "tls": {"ca": ca_ref["ca"], "cert": "switch.pem", "key": "switch.key", "crl": ca_ref["crl"]},
-                "local": {"endpoint": endpoint, "curve_secret_key": "switch_curve.key_secret",
+                "local": {"endpoint": endpoint, "ipc_endpoint": ipc, "curve_secret_key": "switch_curve.key_secret",
                           "workers": [{"name": "worker", "account": account, "curve_public_key": worker_public}]},
                 "audit": {"log": "audit.log", "signing_key": "audit_signing.key"},
                 "peers": [{"cluster": p, "address": listen[p]} for p in clusters if p != cluster],
@@ -135,6 +139,7 @@ def provision(federation: str, clusters: Sequence[str], out: str | os.PathLike, 
                 "federation": federation,
                 "cluster": cluster,
                 "endpoint": endpoint,
+                "ipc_endpoint": ipc,
                 "switch_curve_public_key": switch_public,
                 "curve_key": "workers/worker.key_secret",
                 "account": account,

@@ -1,7 +1,14 @@
-"""Cluster-private side: a CURVE-authenticated ZeroMQ ROUTER for workers, with a ZAP handler mapping keys to accounts."""
+"""Cluster-private side: a ZeroMQ ROUTER for workers, with a ZAP handler mapping keys to accounts.
+
+Workers on other hosts of the cluster connect over TCP with CURVE. Workers on the switch's own host may use the
+optional IPC endpoint instead: the kernel carries those bytes, so they skip CURVE's encryption, and the worker
+authenticates with ZeroMQ PLAIN: its public key as user name and a password only the holder of its CURVE secret
+key can compute (`security.curve.local_password`). Both endpoints belong to one socket, so routing is the same.
+"""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
 from dataclasses import dataclass
@@ -13,6 +20,7 @@ from zmq.utils import z85
 
 from nebula.config import LocalConfig
 from nebula.wire import FrameType, Lane, WireError, decode_frame, encode_frame
+from security.curve import local_password
 from switch_server.lanes import LaneQueues
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,6 +95,8 @@ class LocalSide:
     def set_workers(self, workers: tuple) -> None:
         """Replace the accepted worker keys (hot reload)."""
         self.keys = {w.curve_public_key: w for w in workers}
+        secret = self.secret_key.decode()
+        self.passwords = {k: local_password(secret, k).encode() for k in self.keys}
 
     async def start(self) -> str:
         """Bind the ZAP handler and the ROUTER; return the bound endpoint."""
@@ -103,6 +113,15 @@ class LocalSide:
         r.sndhwm = SNDHWM
         r.rcvhwm = 16  # frames waiting here are FIFO: keep few, so priorities act in our lanes instead
         r.bind(bind_endpoint(self.cfg.endpoint))
+        if self.cfg.ipc_endpoint:
+            # listeners copy the socket's options when they bind: this one speaks PLAIN, the TCP one CURVE
+            r.curve_server = False
+            r.plain_server = True
+            try:
+                r.bind(self.cfg.ipc_endpoint)
+            except zmq.ZMQError as exc:
+                raise OSError(f"cannot bind local.ipc_endpoint {self.cfg.ipc_endpoint}: {exc}; is another switch "
+                              "using it? pick another name, or leave it out") from None
         # a synchronous view of the same socket: non-blocking sends and batched receives without futures
         self.sync = zmq.Socket.shadow(r.underlying)
         self.endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -140,10 +159,21 @@ class LocalSide:
         version, request_id, domain, address, _identity, mechanism = msg[:6]
         creds = msg[6:]
         addr = address.decode(errors="replace")
-        if mechanism != b"CURVE" or not creds or len(creds[0]) != 32:
+        transport = "tcp"
+        if mechanism == b"PLAIN" and len(creds) == 2:  # only the IPC listener speaks PLAIN
+            transport = "ipc"
+            key = creds[0].decode(errors="replace")
+            expected = self.passwords.get(key)
+            if expected is not None and not hmac.compare_digest(creds[1], expected):
+                self.server.metrics.refused.labels(reason="bad_local_password").inc()
+                self.server.audit("worker", "worker_rejected", addr, "denied",
+                                  {"reason": "bad_password", "curve_public_key": key, "transport": "ipc"})
+                return [version, request_id, b"400", b"wrong password for this key", b"", b""]
+        elif mechanism == b"CURVE" and creds and len(creds[0]) == 32:
+            key = z85.encode(creds[0]).decode()
+        else:
             self.server.audit("worker", "worker_rejected", addr, "denied", {"reason": "not_curve"})
             return [version, request_id, b"400", b"CURVE required", b"", b""]
-        key = z85.encode(creds[0]).decode()
         worker = self.keys.get(key)
         if worker is None:
             self.server.metrics.refused.labels(reason="unknown_worker_key").inc()
@@ -151,7 +181,8 @@ class LocalSide:
                 "worker", "worker_rejected", addr, "denied", {"reason": "unknown_key", "curve_public_key": key}
             )
             return [version, request_id, b"400", b"unknown CURVE key; add it under local.workers", b"", b""]
-        self.server.audit(f"worker:{worker.name}", "worker_accepted", addr, "ok", {"account": worker.account})
+        self.server.audit(f"worker:{worker.name}", "worker_accepted", addr, "ok",
+                          {"account": worker.account, "transport": transport})
         # User-Id carries "name/account" so every frame names its credential and account
         return [version, request_id, b"200", b"OK", f"{worker.name}/{worker.account}".encode(), b""]
 

@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 import yaml
 
-from nebula.config import ConfigError, SwitchConfig, from_dict, load_switch_config, to_dict
+from nebula.config import ConfigError, SwitchConfig, WorkerConfig, from_dict, load_switch_config, local_endpoint, to_dict
 
 MINIMAL = {
     "federation": "fed",
@@ -62,3 +62,32 @@ def test_file_errors_name_the_file(tmp_path):
     f.write_text("cluster: [unclosed")
     with pytest.raises(ConfigError, match="bad.yaml: not valid YAML"):
         load_switch_config(f)
+
+
+WORKER = {"federation": "fed", "cluster": "A", "endpoint": "tcp://127.0.0.1:7000", "switch_curve_public_key": "x" * 40,
+          "curve_key": "w.key_secret", "account": "alice"}
+
+
+def test_worker_transport_chosen_by_host():
+    """auto: IPC only where the switch's TCP host is an address of this machine; tcp/ipc force one."""
+    ipc = "ipc://@nebula-fed-A"
+    assert local_endpoint(from_dict(WorkerConfig, {**WORKER, "ipc_endpoint": ipc})) == (ipc, "ipc")
+    assert local_endpoint(from_dict(WorkerConfig, WORKER)) == ("tcp://127.0.0.1:7000", "tcp")  # no IPC endpoint
+    # 192.0.2.0/24 is reserved for documentation: never an address of this machine (nothing is sent to it)
+    away = {**WORKER, "endpoint": "tcp://192.0.2.7:7000", "ipc_endpoint": ipc}
+    assert local_endpoint(from_dict(WorkerConfig, away)) == ("tcp://192.0.2.7:7000", "tcp")
+    assert local_endpoint(from_dict(WorkerConfig, {**away, "transport": "ipc"})) == (ipc, "ipc")
+    forced = {**WORKER, "ipc_endpoint": ipc, "transport": "tcp"}
+    assert local_endpoint(from_dict(WorkerConfig, forced)) == ("tcp://127.0.0.1:7000", "tcp")
+
+
+def test_ipc_settings_validated():
+    with pytest.raises(ConfigError, match="transport 'udp' is not one of auto, tcp, ipc"):
+        from_dict(WorkerConfig, {**WORKER, "transport": "udp"})
+    with pytest.raises(ConfigError, match="transport: ipc needs ipc_endpoint"):
+        from_dict(WorkerConfig, {**WORKER, "transport": "ipc"})
+    with pytest.raises(ConfigError, match="must start with ipc://"):
+        from_dict(WorkerConfig, {**WORKER, "ipc_endpoint": "/run/nebula.sock"})
+    local = {**MINIMAL["local"], "ipc_endpoint": "tcp://127.0.0.1:9"}
+    with pytest.raises(ConfigError, match=r"local.ipc_endpoint .* must start with ipc://"):
+        from_dict(SwitchConfig, {**MINIMAL, "local": local})

@@ -1,4 +1,7 @@
-"""Worker side of the switch: an Endpoint (one CURVE-authenticated ZeroMQ connection, one I/O thread) and its Channels.
+"""Worker side of the switch: an Endpoint (one authenticated ZeroMQ connection, one I/O thread) and its Channels.
+
+The connection is CURVE over TCP, or, for a worker on the switch's own host, the switch's IPC endpoint with a
+password derived from the same CURVE keys (the kernel carries those bytes, so they need no encryption).
 
 Every message on a channel gets a sequence number. The receiving worker delivers each exactly once and in
 order, and acknowledges what it received and what the application consumed; the sender keeps every
@@ -23,7 +26,9 @@ import zmq
 import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
-from nebula.config.worker import WorkerConfig, load_worker_config
+from security.curve import local_password
+
+from nebula.config.worker import WorkerConfig, load_worker_config, local_endpoint
 from nebula.wire import (
     ChannelKey,
     FrameType,
@@ -288,15 +293,20 @@ class _IOThread:
         self.ctx = zmq.Context()
         s = self.sock = self.ctx.socket(zmq.DEALER)
         s.linger = 0
-        s.curve_publickey = public
-        s.curve_secretkey = secret
-        s.curve_serverkey = cfg.switch_curve_public_key.encode()
+        self.address, self.transport = local_endpoint(cfg)
+        if self.transport == "ipc":
+            s.plain_username = public
+            s.plain_password = local_password(secret.decode(), cfg.switch_curve_public_key).encode()
+        else:
+            s.curve_publickey = public
+            s.curve_secretkey = secret
+            s.curve_serverkey = cfg.switch_curve_public_key.encode()
         s.sndhwm = SNDHWM
         s.reconnect_ivl = 100
         s.reconnect_ivl_max = 2000
         self.monitor = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                                             | zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        s.connect(cfg.endpoint)
+        s.connect(self.address)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         self.cmds: deque = deque()
@@ -331,9 +341,9 @@ class _IOThread:
                 raise self.fatal
             if self.refusal is not None:
                 raise self.refusal
-            raise ChannelError(
-                f"switch at {self.ep.cfg.endpoint} did not answer within {timeout_s} s; is it running, "
-                "and is switch_curve_public_key in worker.yaml the switch's key?")
+            hint = ("is its local.ipc_endpoint the ipc_endpoint in worker.yaml? (transport: tcp avoids IPC)"
+                    if self.transport == "ipc" else "is switch_curve_public_key in worker.yaml the switch's key?")
+            raise ChannelError(f"switch at {self.address} did not answer within {timeout_s} s; is it running, and {hint}")
         if self.fatal is not None:
             raise self.fatal
 
@@ -354,7 +364,7 @@ class _IOThread:
     def unreachable(self, cluster: str) -> str | None:
         """Why `cluster` cannot be reached now, or None if its link is up."""
         if time.monotonic() - self.last_welcome > SWITCH_SILENT_S:
-            return f"our switch at {self.ep.cfg.endpoint} has not answered for {time.monotonic() - self.last_welcome:.0f} s"
+            return f"our switch at {self.address} has not answered for {time.monotonic() - self.last_welcome:.0f} s"
         if cluster == self.ep.cfg.cluster:
             return None
         st = self.peers.get(cluster)
@@ -446,13 +456,17 @@ class _IOThread:
             except zmq.Again:
                 return
             if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                hint = ("; if it is listed, check that switch_curve_public_key in worker.yaml is this switch's key "
+                        "(the IPC password is derived from it)" if self.transport == "ipc" else "")
                 self.fatal = ChannelError(
-                    f"switch at {self.ep.cfg.endpoint} refused our CURVE key (ZAP status {ev['value']}): "
-                    f"ask its admin to add worker {self.ep.cfg.name!r}'s public key under local.workers")
+                    f"switch at {self.address} refused our key (ZAP status {ev['value']}): "
+                    f"ask its admin to add worker {self.ep.cfg.name!r}'s public key under local.workers{hint}")
                 self.welcome.set()
             elif ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-                self.fatal = ChannelError(
-                    f"CURVE handshake with {self.ep.cfg.endpoint} failed: switch_curve_public_key is probably wrong")
+                what = ("PLAIN handshake" if self.transport == "ipc" else "CURVE handshake")
+                fix = ("is that endpoint the switch's local.ipc_endpoint?" if self.transport == "ipc"
+                       else "switch_curve_public_key is probably wrong")
+                self.fatal = ChannelError(f"{what} with {self.address} failed: {fix}")
                 self.welcome.set()
 
     def _do_cmds(self) -> None:

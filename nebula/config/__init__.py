@@ -17,7 +17,7 @@ from nebula.config.switch import (
     load_switch_config,
     split_host_port,
 )
-from nebula.config.worker import WorkerConfig, load_worker_config
+from nebula.config.worker import WorkerConfig, load_worker_config, local_endpoint
 from nebula.config.job import JobConfig, load_job_config, validate_job
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "split_host_port",
     "WorkerConfig",
     "load_worker_config",
+    "local_endpoint",
     "JobConfig",
     "load_job_config",
     "validate_job",

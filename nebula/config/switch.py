@@ -65,6 +65,16 @@ class LocalConfig:
     endpoint: str  # ZeroMQ endpoint the switch binds, e.g. tcp://127.0.0.1:7101
     curve_secret_key: str  # file holding the switch's CURVE key pair (ZeroMQ certificate format)
     workers: tuple[WorkerIdentity, ...] = ()
+    # Optional second endpoint for workers on the switch's own host, e.g. ipc://@nebula-A (Linux abstract socket)
+    # or ipc:///run/nebula/A.sock. The kernel carries its bytes, so it skips CURVE's encryption; workers still
+    # authenticate (ZeroMQ PLAIN with a password derived from their CURVE key pair, see security.curve).
+    # "" = TCP with CURVE only.
+    ipc_endpoint: str = ""
+
+    def __post_init__(self) -> None:
+        if self.ipc_endpoint and not self.ipc_endpoint.startswith("ipc://"):
+            raise ValueError(f"local.ipc_endpoint {self.ipc_endpoint!r} must start with ipc:// "
+                             "(e.g. ipc://@nebula-A), or be left out")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -5,10 +5,13 @@ Relative paths (the CURVE key file) are resolved against the YAML file's directo
 from __future__ import annotations
 
 import dataclasses
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from nebula.config._schema import ConfigError, load_yaml
+
+TRANSPORTS = ("auto", "tcp", "ipc")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -22,6 +25,10 @@ class WorkerConfig:
     curve_key: str  # the worker's CURVE key pair file (ZeroMQ certificate format)
     account: str  # account the switch attributes this worker's messages to
     name: str = "worker"  # credential name as listed under the switch's local.workers
+    ipc_endpoint: str = ""  # the switch's local.ipc_endpoint, for workers on the switch's own host
+    # auto: the IPC endpoint when there is one and `endpoint`'s host is an address of this machine, else TCP;
+    # tcp / ipc force one (ipc fails when the switch is not on this host)
+    transport: str = "auto"
 
     def __post_init__(self) -> None:
         if len(self.switch_curve_public_key) != 40:
@@ -31,9 +38,39 @@ class WorkerConfig:
             )
         if not self.endpoint.startswith(("tcp://", "ipc://", "inproc://")):
             raise ValueError(f"endpoint {self.endpoint!r} must be a ZeroMQ endpoint such as tcp://127.0.0.1:7101")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport {self.transport!r} is not one of {', '.join(TRANSPORTS)}")
+        if self.ipc_endpoint and not self.ipc_endpoint.startswith("ipc://"):
+            raise ValueError(f"ipc_endpoint {self.ipc_endpoint!r} must start with ipc://, or be left out")
+        if self.transport == "ipc" and not self.ipc_endpoint:
+            raise ValueError("transport: ipc needs ipc_endpoint (the switch's local.ipc_endpoint)")
         for name in ("federation", "cluster", "account", "name"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
+
+
+def is_local_host(host: str) -> bool:
+    """True when `host` names an address of this machine (a socket can bind to it)."""
+    try:
+        infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, _, _, _, addr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind(addr[:2] if family == socket.AF_INET else addr)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def local_endpoint(cfg: WorkerConfig) -> tuple[str, str]:
+    """(endpoint, "tcp" or "ipc"): where this worker should reach its switch from this host."""
+    if cfg.transport == "ipc" or (cfg.transport == "auto" and cfg.ipc_endpoint and cfg.endpoint.startswith("tcp://")
+                                  and is_local_host(cfg.endpoint[6:].rpartition(":")[0].strip("[]"))):
+        return cfg.ipc_endpoint, "ipc"
+    return cfg.endpoint, "tcp"
 
 
 def load_worker_config(file: str | Path) -> WorkerConfig:
@@ -46,4 +83,4 @@ def load_worker_config(file: str | Path) -> WorkerConfig:
     return dataclasses.replace(cfg, curve_key=str(key))
 
 
-__all__ = ["WorkerConfig", "load_worker_config", "ConfigError"]
+__all__ = ["WorkerConfig", "load_worker_config", "local_endpoint", "is_local_host", "ConfigError"]

@@ -15,7 +15,7 @@ from zmq.utils import z85
 from nebula.config import load_switch_config, split_host_port
 from nebula.config.worker import load_worker_config
 from security.ca import CertificateAuthority
-from security.curve import read_curve_keypair, write_curve_keypair, z85_decode, z85_encode
+from security.curve import local_password, read_curve_keypair, write_curve_keypair, z85_decode, z85_encode
 from security.errors import CAError, SecurityError
 from security.identity import Identity, identity_of
 from security.provision import provision
@@ -57,6 +57,20 @@ def test_curve_keys_secure_a_real_zeromq_connection(tmp_path):
         assert srv.poll(10000) and srv.recv() == b"ping"
     finally:
         ctx.destroy(linger=0)
+
+
+def test_local_password_is_shared_by_the_pair_only(tmp_path):
+    """Worker and switch derive the same IPC password from their own secret and the other's public key (X25519);
+    another switch or another worker gets a different one."""
+    keys = {}
+    for name in ("switch", "worker", "other_switch", "other_worker"):
+        public = write_curve_keypair(tmp_path / name)
+        keys[name] = (public, read_curve_keypair(tmp_path / name)[1])
+    (sp, ss), (wp, ws) = keys["switch"], keys["worker"]
+    mine = local_password(ws, sp)
+    assert mine == local_password(ss, wp) and len(mine) == 64
+    assert local_password(ws, keys["other_switch"][0]) != mine
+    assert local_password(keys["other_worker"][1], sp) != mine
 
 
 def test_provision_writes_loadable_configs_and_working_credentials(tmp_path):

@@ -119,16 +119,52 @@ def test_malformed_and_oversized_frames_refused_with_reason(two_switches):
         assert eb.channel("A", 0, "ok").recv(timeout_s=30) == b"still fine"
 
 
-def test_unknown_worker_key_refused_and_audited(two_switches, tmp_path):
+@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+def test_unknown_worker_key_refused_and_audited(two_switches, tmp_path, transport):
     fed, a, b = two_switches
     data = yaml.safe_load(Path(worker_yaml(fed, "A")).read_text())
     data["curve_key"] = str(tmp_path / "stranger.key_secret")
+    data["transport"] = transport
     stranger = write_curve_keypair(tmp_path / "stranger.key_secret")
     (tmp_path / "stranger.yaml").write_text(yaml.safe_dump(data))
-    with pytest.raises(ChannelError, match="refused our CURVE key"):
+    with pytest.raises(ChannelError, match="refused our key"):
         Endpoint.connect(tmp_path / "stranger.yaml", job="j", rank=0, timeout_s=15)
     rec = wait_audit(a, lambda r: r["action"] == "worker_rejected")
     assert rec["outcome"] == "denied" and rec["detail"]["curve_public_key"] == stranger
+
+
+def test_same_host_workers_use_ipc_and_others_curve(two_switches, tmp_path):
+    """Provisioned workers on the switch's host take its IPC endpoint; `transport: tcp` keeps CURVE over TCP.
+    Both carry the same channels, and the audit log names the transport of every accepted worker."""
+    fed, a, b = two_switches
+    tcp_yaml = tmp_path / "tcp.yaml"
+    data = yaml.safe_load(Path(worker_yaml(fed, "B")).read_text())
+    tcp_yaml.write_text(yaml.safe_dump({**data, "curve_key": str(Path(worker_yaml(fed, "B")).parent / data["curve_key"]),
+                                        "transport": "tcp"}))
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(tcp_yaml, job="j", rank=0) as eb:
+        ea.channel("B", 0, "t").send(b"over ipc, then tls")
+        assert eb.channel("A", 0, "t").recv(timeout_s=30) == b"over ipc, then tls"
+        eb.channel("A", 0, "t").send(b"back over curve")
+        assert ea.channel("B", 0, "t").recv(timeout_s=30) == b"back over curve"
+    ipc = wait_audit(a, lambda r: r["action"] == "worker_accepted")
+    tcp = wait_audit(b, lambda r: r["action"] == "worker_accepted")
+    assert ipc["detail"]["transport"] == "ipc" and ipc["target"].startswith("localhost:")  # uid:gid:pid of the peer
+    assert tcp["detail"]["transport"] == "tcp" and tcp["target"].startswith("127.0.0.1")
+
+
+def test_ipc_password_must_come_from_the_switch_key(two_switches, tmp_path):
+    """A listed worker key whose password was derived for another switch is refused on IPC, and audited."""
+    fed, a, b = two_switches
+    data = yaml.safe_load(Path(worker_yaml(fed, "A")).read_text())
+    other = yaml.safe_load(Path(worker_yaml(fed, "B")).read_text())["switch_curve_public_key"]
+    bad = {**data, "curve_key": str(Path(worker_yaml(fed, "A")).parent / data["curve_key"]),
+           "switch_curve_public_key": other, "transport": "ipc"}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
+    with pytest.raises(ChannelError, match="refused our key.*switch_curve_public_key"):
+        Endpoint.connect(tmp_path / "bad.yaml", job="j", rank=0, timeout_s=15)
+    rec = wait_audit(a, lambda r: r["action"] == "worker_rejected")
+    assert rec["detail"]["reason"] == "bad_password" and rec["detail"]["transport"] == "ipc"
 
 
 def test_one_rank_one_process(two_switches):
