@@ -25,11 +25,9 @@ def _expire(w: asyncio.Future) -> None:
 class FrameStream(asyncio.BufferedProtocol):
     """Protocol of one peer-link connection: `await read_frame()` for parsed frames, `write`/`drain` to send."""
 
-    def __init__(self, max_payload: int, *, paused: bool = False, on_connect: Any = None) -> None:
+    def __init__(self, max_payload: int) -> None:
         self.max_payload = max_payload
-        self._on_connect = on_connect
         self.transport: Any = None
-        self._start_paused = paused
         self._buf = bytearray(STAGING_BYTES)
         self._view = memoryview(self._buf)
         self._lo = 0  # unparsed bytes are _buf[_lo:_hi]
@@ -49,10 +47,6 @@ class FrameStream(asyncio.BufferedProtocol):
     # ---- protocol callbacks ----
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
-        if self._start_paused:  # plain TCP before start_tls: the TLS layer must see the first bytes
-            transport.pause_reading()
-        if self._on_connect is not None:
-            self._on_connect(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._body_view is not None:

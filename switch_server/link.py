@@ -20,6 +20,7 @@ from nebula.wire import FrameType, Lane, WireError, encode_frame, relink
 from switch_server.framestream import FrameStream
 from switch_server.lanes import LaneQueues
 from switch_server.shaper import TokenBucket, min_rate
+from switch_server.tlstransport import open_connection
 
 if TYPE_CHECKING:  # pragma: no cover
     from switch_server.server import SwitchServer
@@ -144,13 +145,9 @@ class OutboundLink:
     async def _session(self) -> bool:
         server = self.server
         host, port = split_host_port(self.address)
+        writer = FrameStream(server.cfg.link.chunk_bytes)
         try:
-            _, writer = await asyncio.wait_for(
-                asyncio.get_running_loop().create_connection(
-                    lambda: FrameStream(server.cfg.link.chunk_bytes), host, port, ssl=server.client_ctx,
-                    server_hostname=None, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S),
-                HANDSHAKE_TIMEOUT_S,
-            )
+            await open_connection(host, port, server.client_ctx, writer, HANDSHAKE_TIMEOUT_S)
             reader = writer
         except ssl.SSLError as exc:
             reason = server.tls_reason(exc)

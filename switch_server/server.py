@@ -5,6 +5,7 @@ import asyncio
 import datetime as dt
 import logging
 import os
+import socket
 import ssl
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from switch_server.local import LocalSide
 from switch_server.metrics import SwitchMetrics
 from switch_server.shaper import TokenBucket
 from switch_server.state import SwitchState
+from switch_server.tlstransport import Listener, accept_tls
 from nebula.wire import WireError
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,7 @@ class SwitchServer:
         self.link_in: dict[str, dict[str, int]] = {}
         self.account_buckets: dict[str, TokenBucket] = {}
         self.tasks: list[asyncio.Task] = []
-        self.wan_server: asyncio.base_events.Server | None = None
+        self.wan_server: Listener | None = None
         self.wan_address = ""
         self.metrics_address = ""
         self.audit_log: AuditLog | None = None
@@ -115,10 +117,9 @@ class SwitchServer:
             self.metrics_address = f"{mhost}:{mport}"
         local_endpoint = await self.local.start()
         host, port = split_host_port(self.cfg.listen, "listen")
-        self.wan_server = await asyncio.get_running_loop().create_server(
-            lambda: FrameStream(self.cfg.link.chunk_bytes, paused=True, on_connect=self._accepted), host, port)
-        sock = self.wan_server.sockets[0].getsockname()
-        self.wan_address = f"{sock[0]}:{sock[1]}"
+        self.wan_server = Listener(host, port, self._accepted)
+        bound_host, bound_port = self.wan_server.address()
+        self.wan_address = f"{bound_host}:{bound_port}"
         for peer in self.cfg.peers:
             self._add_link(peer)
         self.tasks = [asyncio.create_task(self._periodic())]
@@ -281,20 +282,18 @@ class SwitchServer:
                    "ok", {"address": address, "identity": ident.uri, "direction": "out" if outgoing else "in"})
         return ident
 
-    def _accepted(self, stream: FrameStream) -> None:
-        task = asyncio.create_task(self._accept(stream))
+    def _accepted(self, conn: socket.socket, peer: Any) -> None:
+        task = asyncio.create_task(self._accept(conn, peer))
         self.accepting.add(task)
         task.add_done_callback(self.accepting.discard)
 
-    async def _accept(self, writer: FrameStream) -> None:
-        peer = writer.get_extra_info("peername")
+    async def _accept(self, conn: socket.socket, peer: Any) -> None:
         address = f"{peer[0]}:{peer[1]}" if peer else "?"
         session: InboundSession | None = None
+        writer = FrameStream(self.cfg.link.chunk_bytes)
         try:
             try:
-                writer.transport = await asyncio.get_running_loop().start_tls(
-                    writer.transport, writer, self.server_ctx, server_side=True,
-                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+                await accept_tls(conn, self.server_ctx, writer, HANDSHAKE_TIMEOUT_S)
             except (ssl.SSLError, ConnectionError, OSError, asyncio.TimeoutError) as exc:
                 reason = describe_tls_error(exc) if isinstance(exc, ssl.SSLError) else "handshake_failed"
                 self.peer_rejected("?", address, reason, f"{type(exc).__name__}: {exc}", outgoing=False)
@@ -331,7 +330,8 @@ class SwitchServer:
                 session.close()
                 if self.sessions.get(session.cluster) is session:
                     del self.sessions[session.cluster]
-            writer.transport.abort()
+            if writer.transport is not None:
+                writer.transport.abort()
 
     # ---- audit checkpoints with peers ----
     def _checkpoint_frame(self) -> bytes | None:
