@@ -43,6 +43,8 @@ class FrameStream(asyncio.BufferedProtocol):
         self._write_paused = False
         self._drain_waiter: asyncio.Future | None = None
         self._lost = False
+        self._handler: Any = None  # set by dispatch(): frames go to it as they are parsed
+        self._seen = 0  # frames handed to the handler
 
     # ---- protocol callbacks ----
     def connection_made(self, transport: Any) -> None:
@@ -131,10 +133,24 @@ class FrameStream(asyncio.BufferedProtocol):
         self._emit(body, meta_end)
 
     def _emit(self, raw: bytes | bytearray, meta_end: int) -> None:
+        if self._error is not None:  # the stream has ended: what follows in the buffer is not looked at
+            return
         head = bytes(raw[:meta_end]) if isinstance(raw, bytearray) else raw[:meta_end]
         payload: Any = memoryview(raw)[meta_end:] if len(raw) > meta_end else b""
         frame = decode_frame(head, payload, max_payload_bytes=self.max_payload)
-        self._frames.append((frame, head, payload))
+        if self._handler is not None:
+            self._dispatch((frame, head, payload))
+        else:
+            self._frames.append((frame, head, payload))
+
+    def _dispatch(self, item: tuple[Any, bytes, Any]) -> None:
+        self._seen += 1
+        try:
+            self._handler(*item)
+        except Exception as exc:  # ends the stream; serve() raises it
+            self._fail(exc)
+            if self.transport is not None:
+                self.transport.pause_reading()
 
     def _fail(self, exc: BaseException) -> None:
         if self._error is None:
@@ -147,6 +163,36 @@ class FrameStream(asyncio.BufferedProtocol):
             w.set_result(None)
 
     # ---- consumer side ----
+    def dispatch(self, handler: Any) -> None:
+        """From now on call `handler(frame, head, payload)` for each frame inside the protocol callback, as it is
+        parsed (no task wake-up per frame); frames already queued go first. An exception from the handler ends
+        the stream, and `serve` raises it."""
+        self._handler = handler
+        while self._frames and self._error is None:
+            self._dispatch(self._frames.popleft())
+        if self._read_paused and self._error is None:
+            self._read_paused = False
+            self.transport.resume_reading()
+
+    async def serve(self, idle_timeout: float) -> None:
+        """While `dispatch` hands frames on: return never; raise what ended the stream (a handler's exception,
+        WireError, connection loss), or TimeoutError when no frame came for `idle_timeout` seconds."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._error is not None:
+                raise self._error
+            seen = self._seen
+            w = self._waiter = loop.create_future()
+            timer = loop.call_later(idle_timeout, _expire, w)
+            try:
+                await w
+            except asyncio.TimeoutError:
+                if self._seen == seen and self._error is None:
+                    raise
+            finally:
+                self._waiter = None
+                timer.cancel()
+
     async def read_frame(self, timeout: float | None = None) -> tuple[Any, bytes, Any]:
         """Next frame as (frame, head bytes, payload); raises WireError, IncompleteReadError, ConnectionError,
         or TimeoutError when no frame arrived within `timeout` seconds."""

@@ -185,7 +185,8 @@ class OutboundLink:
                  self.cluster, self.peer_epoch, resume, len(resend))
         server.link_changed(peer_restarted=epoch_changed)
         server.send_checkpoint(self)
-        reader_task = asyncio.create_task(self._reader(reader))
+        reader.dispatch(self._on_frame)
+        reader_task = asyncio.create_task(reader.serve(IDLE_TIMEOUT_S))
         ping_task = asyncio.create_task(self._pinger(writer))
         try:
             await self._writer(writer, resend, reader_task)
@@ -295,27 +296,27 @@ class OutboundLink:
             write_frame(writer, encode_frame(FrameType.PING, {"t": time.monotonic()}))
             await asyncio.sleep(PING_EVERY_S)
 
-    async def _reader(self, reader: FrameStream) -> None:
+    def _on_frame(self, frame: Any, _head: bytes, _payload: Any) -> None:
+        """A frame from the peer on our outgoing connection (called as it is parsed)."""
         server = self.server
-        while True:
-            reader.max_payload = server.cfg.link.chunk_bytes  # (hot reload may change it)
-            frame, _, _ = await reader.read_frame(IDLE_TIMEOUT_S)
-            t = frame.type
-            if t == FrameType.LINK_ACK:
-                acked = frame.header.link_seq
-                while self.rtx and self.rtx[0][0] <= acked:
-                    self.rtx_bytes -= self.rtx.popleft()[4]
-                self.credit = frame.meta["credit"]
-                self.wake.set()
-            elif t == FrameType.PONG:
-                self.rtt_s = time.monotonic() - float(frame.meta["t"])
-                server.metrics.rtt.labels(peer=self.cluster).set(self.rtt_s)
-            elif t == FrameType.CHECKPOINT:
-                server.receive_checkpoint(self.cluster, frame.meta["checkpoint"])
-            elif t == FrameType.ERROR:
-                log.warning("peer %s reports: %s: %s", self.cluster, frame.meta["code"], frame.meta["message"])
-            else:
-                raise WireError("bad_type", f"unexpected {t.name} frame on the outgoing link to {self.cluster}")
+        if self.writer is not None:
+            self.writer.max_payload = server.cfg.link.chunk_bytes  # (hot reload may change it)
+        t = frame.type
+        if t == FrameType.LINK_ACK:
+            acked = frame.header.link_seq
+            while self.rtx and self.rtx[0][0] <= acked:
+                self.rtx_bytes -= self.rtx.popleft()[4]
+            self.credit = frame.meta["credit"]
+            self.wake.set()
+        elif t == FrameType.PONG:
+            self.rtt_s = time.monotonic() - float(frame.meta["t"])
+            server.metrics.rtt.labels(peer=self.cluster).set(self.rtt_s)
+        elif t == FrameType.CHECKPOINT:
+            server.receive_checkpoint(self.cluster, frame.meta["checkpoint"])
+        elif t == FrameType.ERROR:
+            log.warning("peer %s reports: %s: %s", self.cluster, frame.meta["code"], frame.meta["message"])
+        else:
+            raise WireError("bad_type", f"unexpected {t.name} frame on the outgoing link to {self.cluster}")
 
 
 class InboundSession:
@@ -332,6 +333,7 @@ class InboundSession:
         self.ack_scheduled = False
         self.closed = False
         self.bytes_in = 0
+        self.link_state: dict[str, int] = {}  # this peer's inbound link state (epoch, last link sequence)
 
     def credit(self) -> int:
         """Cumulative bytes the peer may send in this session."""
@@ -373,36 +375,40 @@ class InboundSession:
         write_frame(self.writer, encode_frame(FrameType.LINK_WELCOME, {
             "cluster": server.cfg.cluster, "epoch": server.epoch, "resume": st["last"], "credit": self.credit(),
         }))
+        self.link_state = st
         stream = self.writer
         stream.max_payload = server.cfg.link.chunk_bytes
-        while True:
-            frame, head, payload = await stream.read_frame(IDLE_TIMEOUT_S)
-            t = frame.type
-            if t in (FrameType.DATA, FrameType.ACK, FrameType.ERROR):
-                seq = frame.header.link_seq
-                n = len(head) + len(payload)
-                if seq <= st["last"]:
-                    continue  # already received before a reconnect
-                if st["last"] and seq != st["last"] + 1:
-                    # (with no state, e.g. after our restart, the peer resends from its oldest unacknowledged frame)
-                    raise WireError("bad_sequence", f"link sequence jumped from {st['last']} to {seq}")
-                st["last"] = seq
-                self.received_bytes += n
-                self.bytes_in += n
-                server.metrics.count(self.cluster, frame.header.lane, "in", n)
-                self.held_bytes += n
-                err = server.route(frame, head, payload, origin=self, from_peer=self.cluster)
-                if err is not None:
-                    self.release(n)
-                    server.refuse_remote(frame, err[0], err[1])
-                self.schedule_ack()
-            elif t == FrameType.PING:
-                if self.writer.transport.is_closing():
-                    raise ConnectionResetError("connection to the peer was lost")
-                write_frame(self.writer, encode_frame(FrameType.PONG, {"t": frame.meta["t"]}))
-            elif t == FrameType.CHECKPOINT:
-                server.receive_checkpoint(self.cluster, frame.meta["checkpoint"])
-                server.send_checkpoint_to(self)
-            else:
-                raise WireError("bad_type", f"unexpected {t.name} frame on a session from {self.cluster}")
+        stream.dispatch(self._on_frame)
+        await stream.serve(IDLE_TIMEOUT_S)
 
+    def _on_frame(self, frame: Any, head: bytes, payload: Any) -> None:
+        """A frame of the peer's, called as it is parsed; an exception ends the session."""
+        server, st = self.server, self.link_state
+        t = frame.type
+        if t in (FrameType.DATA, FrameType.ACK, FrameType.ERROR):
+            seq = frame.header.link_seq
+            n = len(head) + len(payload)
+            if seq <= st["last"]:
+                return  # already received before a reconnect
+            if st["last"] and seq != st["last"] + 1:
+                # (with no state, e.g. after our restart, the peer resends from its oldest unacknowledged frame)
+                raise WireError("bad_sequence", f"link sequence jumped from {st['last']} to {seq}")
+            st["last"] = seq
+            self.received_bytes += n
+            self.bytes_in += n
+            server.metrics.count(self.cluster, frame.header.lane, "in", n)
+            self.held_bytes += n
+            err = server.route(frame, head, payload, origin=self, from_peer=self.cluster)
+            if err is not None:
+                self.release(n)
+                server.refuse_remote(frame, err[0], err[1])
+            self.schedule_ack()
+        elif t == FrameType.PING:
+            if self.writer.transport.is_closing():
+                raise ConnectionResetError("connection to the peer was lost")
+            write_frame(self.writer, encode_frame(FrameType.PONG, {"t": frame.meta["t"]}))
+        elif t == FrameType.CHECKPOINT:
+            server.receive_checkpoint(self.cluster, frame.meta["checkpoint"])
+            server.send_checkpoint_to(self)
+        else:
+            raise WireError("bad_type", f"unexpected {t.name} frame on a session from {self.cluster}")
