@@ -1,4 +1,4 @@
-"""Relay benchmark: raw TLS vs raw ZeroMQ vs the full path worker -> switch A -> TLS -> switch B -> worker.
+"""Relay benchmark: raw TLS vs raw ZeroMQ (TCP, CURVE, IPC) vs the full path worker -> switch A -> TLS -> switch B -> worker.
 
 Prints, measured side by side in one run on loopback: throughput and one-way latency (p50/p99) per message
 size with the ratio full/TLS, the latency each switch hop adds, a 64 KiB activation's latency while a bulk
@@ -46,6 +46,10 @@ def _plan(size: int, budget_bytes: int) -> tuple[int, int]:
     n = max(3, min(2000, budget_bytes // size))
     k = max(3, min(200, (16 * MIB) // size))
     return n, k
+
+
+def _label(size: int) -> str:
+    return f"{size // MIB} MiB" if size >= MIB else f"{size // KIB} KiB"
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -108,9 +112,10 @@ class TLSPair:
 
 
 class ZMQPair:
-    """Raw ZeroMQ PUSH/PULL over TCP loopback; with `curve`, encrypted like the workers' link to their switch."""
+    """Raw ZeroMQ PUSH/PULL over TCP loopback; with `curve`, encrypted like a remote worker's link to its switch;
+    with `ipc`, over a Unix socket like the link of a worker on the switch's own host."""
 
-    def __init__(self, curve: bool = False) -> None:
+    def __init__(self, curve: bool = False, ipc: bool = False) -> None:
         self.ctx = zmq.Context()
         self.rx = self.ctx.socket(zmq.PULL)
         self.tx = self.ctx.socket(zmq.PUSH)
@@ -120,8 +125,13 @@ class ZMQPair:
             self.rx.curve_secretkey = server_secret
             self.tx.curve_publickey, self.tx.curve_secretkey = zmq.curve_keypair()
             self.tx.curve_serverkey = server_public
-        port = self.rx.bind_to_random_port("tcp://127.0.0.1")
-        self.tx.connect(f"tcp://127.0.0.1:{port}")
+        if ipc:
+            endpoint = f"ipc://@nebula-relay-bench-{os.getpid()}-{time.monotonic_ns()}"
+            self.rx.bind(endpoint)
+            self.tx.connect(endpoint)
+        else:
+            port = self.rx.bind_to_random_port("tcp://127.0.0.1")
+            self.tx.connect(f"tcp://127.0.0.1:{port}")
 
     def send(self, data: bytes) -> None:
         self.tx.send(data, copy=len(data) < 65536)
@@ -167,9 +177,10 @@ def cpu_seconds(pids: list[int]) -> float:
 
 def throughput(pair, size: int, n: int, cpu: dict | None = None) -> float:
     """MB/s of `n` messages of `size` bytes streamed back to back; `cpu["ms_per_mib"]` gets the CPU time that
-    the processes `cpu["pids"]` spent per MiB (where the time goes, beyond wall-clock throughput)."""
+    the processes `cpu["pids"]` spent per MiB (where the time goes, beyond wall-clock throughput), and
+    `cpu["each"]` that of each process."""
     data = os.urandom(size)
-    c0 = cpu_seconds(cpu["pids"]) if cpu is not None else 0.0
+    each0 = [cpu_seconds([p]) for p in cpu["pids"]] if cpu is not None else []
     done = threading.Event()
 
     def rx() -> None:
@@ -186,7 +197,9 @@ def throughput(pair, size: int, n: int, cpu: dict | None = None) -> float:
     dt = time.perf_counter() - t0
     t.join()
     if cpu is not None:
-        cpu["ms_per_mib"] = (cpu_seconds(cpu["pids"]) - c0) * 1e3 / (size * n / MIB)
+        mib = size * n / MIB
+        cpu["each"] = [(cpu_seconds([p]) - c0) * 1e3 / mib for p, c0 in zip(cpu["pids"], each0)]
+        cpu["ms_per_mib"] = sum(cpu["each"])
     return size * n / dt / 1e6
 
 
@@ -271,16 +284,17 @@ def main(argv: list[str] | None = None) -> int:
     switches = Switches(fed, edit=chunk)
     rows = []
     try:
-        tls, zmqp, curve, full = TLSPair(fed), ZMQPair(), ZMQPair(curve=True), FullPath(fed)
+        tls, zmqp, curve, ipc, full = TLSPair(fed), ZMQPair(), ZMQPair(curve=True), ZMQPair(ipc=True), FullPath(fed)
         latency(full, 1024, 20)  # warm up connections and the links
         for size in sizes:
             n, k = _plan(size, args.budget_mib * MIB)
             r = {"size": size}
-            for name, pair in (("tls", tls), ("zmq", zmqp), ("curve", curve), ("full", full)):
+            for name, pair in (("tls", tls), ("zmq", zmqp), ("curve", curve), ("ipc", ipc), ("full", full)):
                 # the full path's CPU includes both switch processes
                 cpu = {"pids": [os.getpid()] + ([p.pid for p in switches.procs] if name == "full" else [])}
                 r[f"{name}_mbs"] = throughput(pair, size, n, cpu)
                 r[f"{name}_cpu"] = cpu["ms_per_mib"]
+                r[f"{name}_each"] = cpu["each"]
                 lat = latency(pair, size, k)
                 r[f"{name}_p50"], r[f"{name}_p99"] = _pct(lat, 0.5) * 1e3, _pct(lat, 0.99) * 1e3
             rows.append(r)
@@ -288,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         tls.close()
         zmqp.close()
         curve.close()
+        ipc.close()
 
         # a 64 KiB activation on its own channel while a bulk transfer runs; the bulk sender and receiver are
         # other ranks, so other processes (as in a real job), and do not share this process's interpreter lock
@@ -338,24 +353,25 @@ def main(argv: list[str] | None = None) -> int:
         shaped.close()
     goodput_mbit = mbs * 8
 
-    print("\nThroughput (MB/s) and one-way latency (ms), loopback; a = raw TLS, b = raw ZeroMQ, "
-          "z = ZeroMQ with CURVE (as between a worker and its switch), c = full path")
-    print(f"{'size':>9} {'a MB/s':>9} {'b MB/s':>9} {'z MB/s':>9} {'c MB/s':>9} {'c/a':>6} {'c/z':>6} | "
-          f"{'a p50':>8} {'a p99':>8} {'b p50':>8} {'b p99':>8} {'c p50':>8} {'c p99':>8}")
+    print("\nThroughput (MB/s) and one-way latency (ms), loopback; a = raw TLS, b = raw ZeroMQ over TCP, "
+          "z = ZeroMQ with CURVE (a worker on another host of the cluster to its switch), i = ZeroMQ over IPC "
+          "(a worker on the switch's host, as here), c = full path")
+    print(f"{'size':>9} {'a MB/s':>9} {'b MB/s':>9} {'z MB/s':>9} {'i MB/s':>9} {'c MB/s':>9} {'c/a':>6} | "
+          f"{'a p50':>8} {'a p99':>8} {'i p50':>8} {'i p99':>8} {'c p50':>8} {'c p99':>8}")
     for r in rows:
-        s = r["size"]
-        label = f"{s // MIB} MiB" if s >= MIB else f"{s // KIB} KiB"
-        print(f"{label:>9} {r['tls_mbs']:9.1f} {r['zmq_mbs']:9.1f} {r['curve_mbs']:9.1f} {r['full_mbs']:9.1f} "
-              f"{r['full_mbs'] / r['tls_mbs']:6.2f} {r['full_mbs'] / r['curve_mbs']:6.2f} | "
-              f"{r['tls_p50']:8.3f} {r['tls_p99']:8.3f} "
-              f"{r['zmq_p50']:8.3f} {r['zmq_p99']:8.3f} {r['full_p50']:8.3f} {r['full_p99']:8.3f}")
-    print("\nCPU time per MiB relayed (ms, all processes of the path: for c both switches and the workers)")
-    print(f"{'size':>9} {'a':>8} {'b':>8} {'z':>8} {'c':>8} {'c/a':>6}")
+        print(f"{_label(r['size']):>9} {r['tls_mbs']:9.1f} {r['zmq_mbs']:9.1f} {r['curve_mbs']:9.1f} "
+              f"{r['ipc_mbs']:9.1f} {r['full_mbs']:9.1f} {r['full_mbs'] / r['tls_mbs']:6.2f} | "
+              f"{r['tls_p50']:8.3f} {r['tls_p99']:8.3f} {r['ipc_p50']:8.3f} {r['ipc_p99']:8.3f} "
+              f"{r['full_p50']:8.3f} {r['full_p99']:8.3f}")
+    print("\nCPU time per MiB relayed (ms); for c split into the benchmark process (both workers), switch A "
+          "and switch B")
+    print(f"{'size':>9} {'a':>8} {'b':>8} {'z':>8} {'i':>8} {'c':>8} {'c/a':>6} | "
+          f"{'workers':>8} {'switch A':>8} {'switch B':>8}")
     for r in rows:
-        s = r["size"]
-        label = f"{s // MIB} MiB" if s >= MIB else f"{s // KIB} KiB"
-        print(f"{label:>9} {r['tls_cpu']:8.2f} {r['zmq_cpu']:8.2f} {r['curve_cpu']:8.2f} {r['full_cpu']:8.2f} "
-              f"{r['full_cpu'] / max(r['tls_cpu'], 1e-9):6.1f}")
+        w, sa, sb = r["full_each"]
+        print(f"{_label(r['size']):>9} {r['tls_cpu']:8.2f} {r['zmq_cpu']:8.2f} {r['curve_cpu']:8.2f} "
+              f"{r['ipc_cpu']:8.2f} {r['full_cpu']:8.2f} {r['full_cpu'] / max(r['tls_cpu'], 1e-9):6.1f} | "
+              f"{w:8.2f} {sa:8.2f} {sb:8.2f}")
     r64 = next((r for r in rows if r["size"] == 64 * KIB), None)
     if r64:
         # the full path has two switch hops on top of the one TLS hop of the baseline
