@@ -499,6 +499,7 @@ class SwitchServer:
             "pid": os.getpid(),
             "wan": self.wan_address,
             "local": self.local.endpoint,
+            "local_ipc": self.cfg.local.ipc_endpoint,
             "metrics": self.metrics_address,
             "workers": len(self.local.by_ident),
             "queued_bytes": self.mem_used,

@@ -33,7 +33,10 @@ def test_probe_status_and_metrics(two_switches, procs, capsys):
     st = json.loads(capsys.readouterr().out)
     assert st["links"]["B"]["up"] and st["links"]["B"]["bytes_out"] >= 40 * 20000
     metrics = urllib.request.urlopen(f"http://{st['metrics']}/metrics", timeout=10).read().decode()
-    assert 'nebula_switch_bytes_total{direction="out",lane="activation",peer="B"}' in metrics
+    sample = 'nebula_switch_bytes_total{direction="out",lane="activation",peer="B"} '
+    line = next(ln for ln in metrics.splitlines() if ln.startswith(sample))
+    assert float(line[len(sample):]) >= 40 * 20000  # every relayed byte is counted
+    assert st["local_ipc"].startswith("ipc://@") and f"ipc {st['local_ipc']}" in text
     assert 'nebula_switch_link_up{peer="B"} 1.0' in metrics
     assert "nebula_switch_certificate_expiry_seconds" in metrics and "nebula_switch_rtt_seconds" in metrics
 
