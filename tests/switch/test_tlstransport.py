@@ -156,3 +156,64 @@ def test_plaintext_and_silent_clients_fail_the_handshake(federation):
         listener.close()
 
     asyncio.run(main())
+
+
+def test_framestream_dispatch_and_serve(federation):
+    """Frames queued before dispatch() go to the handler first and in order, later ones as they are parsed;
+    serve() raises TimeoutError when the peer falls silent, and the handler's own exception when it raises
+    (frames behind that one are not handled)."""
+    from nebula.wire import FrameType, WireError, encode_frame
+    from switch_server.framestream import FrameStream
+
+    sctx, cctx = _contexts(federation)
+
+    def ping(i: int) -> bytes:
+        return encode_frame(FrameType.PING, {"t": i})
+
+    async def main() -> None:
+        streams: asyncio.Queue = asyncio.Queue()
+
+        def on_conn(conn, _peer) -> None:
+            async def run() -> None:
+                stream = FrameStream(1 << 20)
+                await accept_tls(conn, sctx, stream, 10)
+                await streams.put(stream)
+            asyncio.create_task(run())
+
+        listener = Listener("127.0.0.1", 0, on_conn)
+        port = listener.address()[1]
+
+        # 1: queued, then dispatched, then idle
+        client = await open_connection("127.0.0.1", port, cctx, Source(), 10)
+        stream = await asyncio.wait_for(streams.get(), 10)
+        client.writelines([ping(0), ping(1), ping(2)])
+        while len(stream._frames) < 3:
+            await asyncio.sleep(0.01)
+        seen: list[int] = []
+        stream.dispatch(lambda frame, head, payload: seen.append(frame.meta["t"]))
+        assert seen == [0, 1, 2]
+        client.write(ping(3) + ping(4))
+        with pytest.raises(asyncio.TimeoutError):
+            await stream.serve(0.5)
+        assert seen == [0, 1, 2, 3, 4]
+        client.abort()
+
+        # 2: the handler refuses the second frame; the third is never handled
+        client = await open_connection("127.0.0.1", port, cctx, Source(), 10)
+        stream = await asyncio.wait_for(streams.get(), 10)
+        handled: list[int] = []
+
+        def strict(frame, head, payload) -> None:
+            handled.append(frame.meta["t"])
+            if frame.meta["t"] == 1:
+                raise WireError("bad_type", "no second frame")
+
+        stream.dispatch(strict)
+        client.write(ping(0) + ping(1) + ping(2))
+        with pytest.raises(WireError, match="no second frame"):
+            await stream.serve(10)
+        assert handled == [0, 1]
+        client.abort()
+        listener.close()
+
+    asyncio.run(main())
