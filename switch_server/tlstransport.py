@@ -76,7 +76,11 @@ class TLSTransport(asyncio.Transport):
             if n == 0:
                 self._eof()
                 return
-            protocol.buffer_updated(n)
+            try:
+                protocol.buffer_updated(n)
+            except Exception as exc:  # a protocol bug must not leave a reader spinning on a dead stream
+                self._force_close(exc)
+                raise
         # OpenSSL may hold decrypted records the socket's readiness no longer announces
         self._loop.call_soon(self._read_ready)
 
