@@ -175,17 +175,36 @@ def cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def thread_cpu(pids: list[int]) -> dict[tuple[int, int], tuple[str, float]]:
+    """(pid, thread id) -> (thread name, CPU seconds so far) for every thread of the processes `pids`."""
+    out = {}
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                name = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rpartition(")")[2].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            out[(pid, int(task.name))] = (name, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
+
+
 def throughput(pair, size: int, n: int, cpu: dict | None = None) -> float:
     """MB/s of `n` messages of `size` bytes streamed back to back; `cpu["ms_per_mib"]` gets the CPU time that
-    the processes `cpu["pids"]` spent per MiB (where the time goes, beyond wall-clock throughput), and
-    `cpu["each"]` that of each process."""
+    the processes `cpu["pids"]` spent per MiB (where the time goes, beyond wall-clock throughput), `cpu["each"]`
+    that of each process, and `cpu["busiest"]` (ms per MiB, pid, name) of the busiest thread: with a core for
+    every busy thread, that thread would set the throughput."""
     data = os.urandom(size)
     each0 = [cpu_seconds([p]) for p in cpu["pids"]] if cpu is not None else []
+    threads0 = thread_cpu(cpu["pids"]) if cpu is not None else {}
     done = threading.Event()
+    rx_cpu: dict = {}
 
     def rx() -> None:
+        rx_cpu["tid"], t0 = threading.get_native_id(), time.thread_time()
         for _ in range(n):
             pair.recv()
+        rx_cpu["s"] = time.thread_time() - t0
         done.set()
 
     t = threading.Thread(target=rx)
@@ -195,11 +214,17 @@ def throughput(pair, size: int, n: int, cpu: dict | None = None) -> float:
         pair.send(data)
     done.wait()
     dt = time.perf_counter() - t0
+    threads1 = thread_cpu(cpu["pids"]) if cpu is not None else {}
     t.join()
     if cpu is not None:
         mib = size * n / MIB
         cpu["each"] = [(cpu_seconds([p]) - c0) * 1e3 / mib for p, c0 in zip(cpu["pids"], each0)]
         cpu["ms_per_mib"] = sum(cpu["each"])
+        busy = [(rx_cpu["s"] * 1e3 / mib, os.getpid(), "receiver")]
+        for (pid, tid), (name, c1) in threads1.items():
+            if tid != rx_cpu["tid"]:
+                busy.append(((c1 - threads0.get((pid, tid), (name, 0.0))[1]) * 1e3 / mib, pid, name))
+        cpu["busiest"] = max(busy)
     return size * n / dt / 1e6
 
 
@@ -282,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     fed = provision("bench", ["A", "B"], tmp / "fed")
     chunk = (lambda c, d: d.setdefault("link", {}).update(chunk_bytes=args.chunk_kib * KIB)) if args.chunk_kib else None
     switches = Switches(fed, edit=chunk)
+    switch_pids = {c: p.pid for c, p in zip(("A", "B"), switches.procs)}
     rows = []
     try:
         tls, zmqp, curve, ipc, full = TLSPair(fed), ZMQPair(), ZMQPair(curve=True), ZMQPair(ipc=True), FullPath(fed)
@@ -295,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
                 r[f"{name}_mbs"] = throughput(pair, size, n, cpu)
                 r[f"{name}_cpu"] = cpu["ms_per_mib"]
                 r[f"{name}_each"] = cpu["each"]
+                r[f"{name}_busiest"] = cpu["busiest"]
                 lat = latency(pair, size, k)
                 r[f"{name}_p50"], r[f"{name}_p99"] = _pct(lat, 0.5) * 1e3, _pct(lat, 0.99) * 1e3
             rows.append(r)
@@ -372,6 +399,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{_label(r['size']):>9} {r['tls_cpu']:8.2f} {r['zmq_cpu']:8.2f} {r['curve_cpu']:8.2f} "
               f"{r['ipc_cpu']:8.2f} {r['full_cpu']:8.2f} {r['full_cpu'] / max(r['tls_cpu'], 1e-9):6.1f} | "
               f"{w:8.2f} {sa:8.2f} {sb:8.2f}")
+    roles = {os.getpid(): "benchmark", **{p: f"switch {c}" for c, p in switch_pids.items()}}
+    print("\nBusiest thread, CPU ms per MiB (with a core for every busy thread it would set the throughput; "
+          "this machine has 2 cores)")
+    print(f"{'size':>9} {'a':>8}  {'thread':<24} {'c':>8}  {'thread':<24} {'a/c':>6}")
+    for r in rows:
+        (ta, pa, na), (tc, pc, nc) = r["tls_busiest"], r["full_busiest"]
+        print(f"{_label(r['size']):>9} {ta:8.2f}  {roles.get(pa, pa)}/{na:<14} {tc:8.2f}  {roles.get(pc, pc)}/{nc:<14} "
+              f"{ta / max(tc, 1e-9):6.2f}")
     r64 = next((r for r in rows if r["size"] == 64 * KIB), None)
     if r64:
         # the full path has two switch hops on top of the one TLS hop of the baseline
