@@ -7,6 +7,7 @@ import os
 import selectors
 import signal
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -50,11 +51,12 @@ def wait_audit(switch: Switch, pred, timeout_s: float = 20.0) -> dict:
     raise AssertionError(f"no matching audit record; have: {[ (r['action'], r.get('detail')) for r in switch.audit()]}")
 
 
-def start_switch(procs, config: Path, timeout_s: float = 30.0) -> Switch:
-    """Start a switch server on `config` and wait for its `listening` line."""
+def start_switch(procs, config: Path, timeout_s: float = 30.0, prefix: tuple[str, ...] = ()) -> Switch:
+    """Start a switch server on `config` (behind `prefix`, e.g. `ip netns exec NS`) and wait for its
+    `listening` line."""
     log = config.parent / "switch.stderr"
-    proc = procs.python("-m", "switch_server.cli", "serve", "--config", str(config), "--log-level", "info",
-                        stderr=open(log, "ab"))
+    proc = procs.start([*prefix, sys.executable, "-m", "switch_server.cli", "serve", "--config", str(config),
+                        "--log-level", "info"], stderr=open(log, "ab"))
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout_s
