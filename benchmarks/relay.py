@@ -2,7 +2,8 @@
 
 Prints, measured side by side in one run on loopback: throughput and one-way latency (p50/p99) per message
 size with the ratio full/TLS, the latency each switch hop adds, a 64 KiB activation's latency while a bulk
-transfer runs on the same link, and goodput through the link shaper at 60 Mbit/s.
+transfer runs on the same link, and goodput through the link shaper at 60 Mbit/s and (as root) through a
+kernel-shaped link between two network namespaces.
 
     .venv/bin/python benchmarks/relay.py                 # default run (a few minutes at most)
     .venv/bin/python benchmarks/relay.py --bulk-mib 1024 # the 1 GiB bulk case of the issue
@@ -10,6 +11,7 @@ transfer runs on the same link, and goodput through the link shaper at 60 Mbit/s
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import multiprocessing.queues
 import os
@@ -35,6 +37,7 @@ sys.path.insert(0, str(REPO))
 from nebula.channel import Endpoint  # noqa: E402
 from security.provision import provision  # noqa: E402
 from security.tls import client_context, server_context  # noqa: E402
+from switch_server.netns import NetnsError, WanNamespaces  # noqa: E402
 
 KIB, MIB = 1024, 1024**2
 SIZES = [KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
@@ -254,7 +257,7 @@ def latency(pair, size: int, k: int) -> list[float]:
 class Switches:
     """Switch servers A and B of a provisioned federation, as real processes."""
 
-    def __init__(self, fed: dict, edit=None) -> None:
+    def __init__(self, fed: dict, edit=None, prefix=None) -> None:
         self.procs = []
         for c in ("A", "B"):
             path = Path(fed["clusters"][c]["switch_yaml"])
@@ -263,7 +266,8 @@ class Switches:
                 edit(c, d)
                 path.write_text(yaml.safe_dump(d, sort_keys=False))
             log = open(path.parent / "switch.stderr", "ab")
-            p = subprocess.Popen([sys.executable, "-m", "switch_server.cli", "serve", "--config", str(path),
+            p = subprocess.Popen([*(prefix(c) if prefix else []), sys.executable, "-m", "switch_server.cli", "serve",
+                                  "--config", str(path),
                                   "--log-level", "warning"], stdout=subprocess.PIPE, stderr=log, text=True,
                                  start_new_session=True, cwd=REPO)
             sel = selectors.DefaultSelector()
@@ -277,6 +281,42 @@ class Switches:
             os.killpg(p.pid, signal.SIGTERM)
         for p in self.procs:
             p.wait(20)
+
+
+def kernel_shaped_goodput(tmp: Path, mib: int) -> tuple[float, float] | str:
+    """(goodput Mbit/s, seconds) of `mib` MiB through the full path when switches and workers sit in two network
+    namespaces whose veth pair `tc tbf` shapes to 60 Mbit/s each way; a reason string where that cannot run."""
+    try:
+        wan = WanNamespaces(rate_mbit=60.0)
+    except NetnsError as exc:
+        return str(exc)
+    switches = None
+    try:
+        fed = provision("bench", ["A", "B"], tmp / "fed-netns")
+        addr = {c: f"{wan.address(i)}:7443" for i, c in enumerate("AB")}  # each namespace has its own ports
+
+        def edit(c: str, d: dict) -> None:
+            other = "B" if c == "A" else "A"
+            d.update(listen=addr[c], peers=[{"cluster": other, "address": addr[other]}])
+
+        switches = Switches(fed, edit=edit, prefix=lambda c: wan.argv("AB".index(c), []))
+        count = mib * 4  # 256 KiB messages
+        probe = [sys.executable, "-m", "switch_server.cli", "probe", "--timeout", "120"]
+        recv = subprocess.Popen(wan.argv(1, [*probe, "--config", fed["clusters"]["B"]["switch_yaml"], "--recv",
+                                             "--count", str(count)]), stdout=subprocess.PIPE, text=True, cwd=REPO)
+        t0 = time.perf_counter()
+        send = subprocess.run(wan.argv(0, [*probe, "--config", fed["clusters"]["A"]["switch_yaml"], "--send",
+                                           "--to", "B", "--count", str(count), "--bytes", str(256 * KIB)]),
+                              capture_output=True, text=True, cwd=REPO, timeout=300)
+        out, _ = recv.communicate(timeout=300)
+        seconds = time.perf_counter() - t0
+        if send.returncode != 0 or recv.returncode != 0:
+            return f"probe failed: {send.stderr.strip()[-300:]}"
+        return json.loads(out.strip().splitlines()[-1])["mbit_s"], seconds
+    finally:
+        if switches is not None:
+            switches.close()
+        wan.close()
 
 
 def _bulk_rank(worker_yaml: str, role: str, nbytes: int, events, go) -> None:
@@ -379,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shaped.close()
     goodput_mbit = mbs * 8
+    kernel = kernel_shaped_goodput(tmp, args.shaped_mib)
 
     print("\nThroughput (MB/s) and one-way latency (ms), loopback; a = raw TLS, b = raw ZeroMQ over TCP, "
           "z = ZeroMQ with CURVE (a worker on another host of the cluster to its switch), i = ZeroMQ over IPC "
@@ -420,6 +461,12 @@ def main(argv: list[str] | None = None) -> int:
           f"p50 {_pct(behind, 0.5) * 1e3:.2f} ms, p99 {_pct(behind, 0.99) * 1e3:.2f} ms   (target p99 <= 50 ms)")
     print(f"shaper at 60 Mbit/s: goodput {goodput_mbit:.1f} Mbit/s = {goodput_mbit / 60 * 100:.1f}% of the rate "
           f"({args.shaped_mib} MiB in {shaped_s:.1f} s; target >= 90%)")
+    if isinstance(kernel, str):
+        print(f"kernel-shaped link (tbf between two network namespaces): not measured: {kernel}")
+    else:
+        print(f"kernel-shaped link (tbf 60 Mbit/s between two network namespaces, switches and workers inside): "
+              f"goodput {kernel[0]:.1f} Mbit/s = {kernel[0] / 60 * 100:.1f}% of the rate ({args.shaped_mib} MiB, "
+              f"{kernel[1]:.1f} s with start-up)")
     return 0
 
 
