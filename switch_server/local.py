@@ -113,6 +113,7 @@ class LocalSide:
         r.sndhwm = SNDHWM
         r.rcvhwm = 16  # frames waiting here are FIFO: keep few, so priorities act in our lanes instead
         r.bind(bind_endpoint(self.cfg.endpoint))
+        self.endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)  # (the TCP one, with the port a port of 0 got)
         if self.cfg.ipc_endpoint:
             # listeners copy the socket's options when they bind: this one speaks PLAIN, the TCP one CURVE
             r.curve_server = False
@@ -124,7 +125,6 @@ class LocalSide:
                               "using it? pick another name, or leave it out") from None
         # a synchronous view of the same socket: non-blocking sends and batched receives without futures
         self.sync = zmq.Socket.shadow(r.underlying)
-        self.endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)
         asyncio.get_running_loop().add_reader(self.sync.FD, self._pump)  # at once: a readable edge costs no extra loop turn
         self.tasks = [asyncio.create_task(self._zap_loop()), asyncio.create_task(self._safety_kick())]
         self.kick()

@@ -26,8 +26,6 @@ import zmq
 import zmq.auth
 from zmq.utils.monitor import recv_monitor_message
 
-from security.curve import local_password
-
 from nebula.config.worker import WorkerConfig, load_worker_config, local_endpoint
 from nebula.wire import (
     ChannelKey,
@@ -39,6 +37,7 @@ from nebula.wire import (
     encode_meta,
     lane_of,
 )
+from security.curve import local_password
 
 log = logging.getLogger(__name__)
 

@@ -137,6 +137,7 @@ def test_same_host_workers_use_ipc_and_others_curve(two_switches, tmp_path):
     """Provisioned workers on the switch's host take its IPC endpoint; `transport: tcp` keeps CURVE over TCP.
     Both carry the same channels, and the audit log names the transport of every accepted worker."""
     fed, a, b = two_switches
+    assert a.local == fed["clusters"]["A"]["endpoint"]  # `listening ... local=` names the TCP endpoint
     tcp_yaml = tmp_path / "tcp.yaml"
     data = yaml.safe_load(Path(worker_yaml(fed, "B")).read_text())
     tcp_yaml.write_text(yaml.safe_dump({**data, "curve_key": str(Path(worker_yaml(fed, "B")).parent / data["curve_key"]),
