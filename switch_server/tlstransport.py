@@ -131,14 +131,21 @@ class TLSTransport(asyncio.Transport):
             self.write(b"".join(parts))
             return
         small: list[Any] = []
-        for p in parts:  # small pieces (frame heads) go out joined with what follows them
+        small_bytes = 0
+        for p in parts:
             if len(p) < JOIN_BELOW_BYTES:
                 small.append(p)
+                small_bytes += len(p)
                 continue
             if small:
-                small.append(p)
+                # small pieces (frame heads) ride in the first record of the large piece after them: that copies
+                # less than one record, where joining the whole piece would copy all of it
+                view = memoryview(p).cast("B")
+                cut = max(0, JOIN_BELOW_BYTES - small_bytes)
+                small.append(view[:cut])
                 self.write(b"".join(small))
-                small = []
+                self.write(view[cut:])
+                small, small_bytes = [], 0
             else:
                 self.write(p)
         if small:
