@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import asyncio
 import ctypes
 import ctypes.util
+import faulthandler
+import gc
 import json
 import logging
 import signal
@@ -65,6 +66,9 @@ def _serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGINT, stop.set)
         loop.add_signal_handler(signal.SIGHUP, server.reload)
         faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack to stderr
+        # what start-up allocated lives as long as the server: keep it out of the cyclic collector, whose full
+        # collections would otherwise walk it every few thousand frames and stall relaying for milliseconds
+        gc.freeze()
         print(f"listening wan={wan} local={local}", flush=True)
         await stop.wait()
         try:
