@@ -154,6 +154,17 @@ def test_same_host_workers_use_ipc_and_others_curve(two_switches, tmp_path):
     assert tcp["detail"]["transport"] == "tcp" and tcp["target"].startswith("127.0.0.1")
 
 
+def test_ipc_endpoint_with_no_switch_behind_it_is_named(federation, tmp_path):
+    """A worker sent to an IPC endpoint nobody listens on (e.g. the switch runs on another host) gets an error
+    naming the endpoint and the way out, instead of waiting forever."""
+    data = yaml.safe_load(Path(worker_yaml(federation, "A")).read_text())
+    stray = {**data, "curve_key": str(Path(worker_yaml(federation, "A")).parent / data["curve_key"]),
+             "ipc_endpoint": "ipc://@nebula-nobody-here", "transport": "ipc"}
+    (tmp_path / "stray.yaml").write_text(yaml.safe_dump(stray))
+    with pytest.raises(ChannelError, match=r"ipc://@nebula-nobody-here did not answer.*transport: tcp"):
+        Endpoint.connect(tmp_path / "stray.yaml", job="j", rank=0, timeout_s=1.5)
+
+
 def test_ipc_password_must_come_from_the_switch_key(two_switches, tmp_path):
     """A listed worker key whose password was derived for another switch is refused on IPC, and audited."""
     fed, a, b = two_switches
