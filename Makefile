@@ -1,7 +1,7 @@
 # Developer shortcuts; .ci/run and README use the same commands.
 PY ?= .venv/bin/python
 
-.PHONY: venv test test-fast demo bench clean
+.PHONY: venv test test-fast test-no-root demo bench clean
 venv: .venv/.installed
 .venv/.installed: setup.py
 	python3 -m venv .venv
@@ -14,6 +14,9 @@ test: venv
 
 test-fast: venv
 	$(PY) -m pytest -q -m "not slow"
+
+test-no-root: venv
+	$(PY) -m pytest -q -m "not root"
 
 demo: venv
 	bash recipes/abnet/run_local.sh

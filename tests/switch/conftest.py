@@ -142,14 +142,13 @@ class CuttingProxy:
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-                self.bytes += len(data)
-        except OSError:  # the other side or cut() closed the connection
-            pass
+            with contextlib.suppress(OSError):  # the other side or cut() closed the connection
+                while True:
+                    data = src.recv(65536)
+                    if not data:
+                        break
+                    dst.sendall(data)
+                    self.bytes += len(data)
         finally:
             for s in (src, dst):
                 with contextlib.suppress(OSError):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -17,8 +16,7 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 @pytest.fixture
 def wan(procs):
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
+    # without root this fails with NetnsError naming the fix; `make test-no-root` leaves these tests out
     w = WanNamespaces(rate_mbit=60.0)
     try:
         yield w

@@ -54,20 +54,21 @@ class Sink(asyncio.BufferedProtocol):
 
 
 class Source(asyncio.BufferedProtocol):
-    """Counts pause/resume_writing calls."""
+    """Counts pause/resume_writing calls and the bytes the peer sends back."""
 
     def __init__(self) -> None:
-        self.pauses = self.resumes = 0
+        self.pauses = self.resumes = self.received = 0
+        self.transport = None
         self.lost = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport) -> None:
-        pass
+        self.transport = transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return memoryview(bytearray(1024))
 
     def buffer_updated(self, n: int) -> None:
-        pass
+        self.received += n
 
     def pause_writing(self) -> None:
         self.pauses += 1
