@@ -102,7 +102,7 @@ def _status(args: argparse.Namespace) -> int:
     stale = f"  (STALE: last written {age:.0f} s ago; the switch is not running)" if age >= 10 else ""
     print(f"switch {st['cluster']} epoch {st['epoch']} pid {st['pid']}{stale}")
     print(f"  wan {st['wan']}  local {st['local']}  ipc {st.get('local_ipc') or '-'}  metrics {st['metrics'] or '-'}")
-    print(f"  workers {st['workers']}  queued {st['queued_bytes']} B  certificate expires {st['certificate_expires']}")
+    print(f"  workers {st['workers']} ({st.get('shm_workers', 0)} with shared memory)  queued {st['queued_bytes']} B  certificate expires {st['certificate_expires']}")
     print(f"  {'peer':<12}{'state':<7}{'rtt ms':>9}{'out Mbit/s':>12}{'in Mbit/s':>11}{'queued B':>12}{'unacked B':>12}  last error")
     for c, link in sorted(st["links"].items()):
         sess = st["sessions"].get(c, {})

@@ -229,6 +229,9 @@ class OutboundLink:
                     if batch:
                         writer.write(b"".join(batch))
                         batch, batch_bytes = [], 0
+                    # a suspended coroutine's locals keep the last frame alive: drop it, so that a worker's
+                    # shared-memory region goes back as soon as the peer has it (nebula.wire.shm)
+                    head = payload = None
                     self.wake.clear()
                     await self.wake.wait()
                     continue
@@ -288,6 +291,7 @@ class OutboundLink:
             if writer.transport.is_closing():
                 raise ConnectionResetError("connection to the peer was lost")
             write_frame(writer, head, payload)
+            head = payload = None  # (see _writer)
             if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
                 await writer.drain()
 

@@ -4,22 +4,27 @@ Workers on other hosts of the cluster connect over TCP with CURVE. Workers on th
 optional IPC endpoint instead: the kernel carries those bytes, so they skip CURVE's encryption, and the worker
 authenticates with ZeroMQ PLAIN: its public key as user name and a password only the holder of its CURVE secret
 key can compute (`security.curve.local_password`). Both endpoints belong to one socket, so routing is the same.
+Such a worker may also take a shared-memory arena for its payloads (`nebula.wire.shm`, `local.shm_bytes`).
 """
 from __future__ import annotations
 
 import asyncio
 import hmac
 import logging
+import os
 import time
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
 import zmq
 import zmq.asyncio
 from zmq.utils import z85
 
 from nebula.config import LocalConfig
-from nebula.wire import FrameType, Lane, WireError, decode_frame, encode_frame
+from nebula.wire import Frame, FrameType, Lane, WireError, decode_frame, decode_head, encode_frame
+from nebula.wire.shm import SHM_MIN_BYTES, SHM_TAG, Arena, Ring, pack_desc, unpack_desc
 from security.curve import local_password
 from switch_server.lanes import LaneQueues
 
@@ -35,7 +40,39 @@ PENDING_TTL_S = 30.0
 # worker frames handled per wake-up: small, so a frame for a higher lane waits behind few bulk frames before the
 # link writer runs
 PUMP_BATCH = 16
-RANK_HELD_S = 3.0  # a rank whose connection sent a HELLO this recently is not handed to another connection  # frames for a rank that has not said hello yet are kept this long
+RANK_HELD_S = 3.0  # a rank whose connection sent a HELLO this recently is not handed to another connection
+RELEASE_BATCH = 500  # offsets per SHM_RELEASE frame (keeps its meta well inside the wire's limit)
+
+
+class WorkerShm:
+    """The switch's side of one worker connection's arena: it releases upward regions once nothing here refers
+    to them any more, and allocates downward regions for the worker."""
+
+    def __init__(self, half: int, on_release: Callable[[WorkerShm], None]) -> None:
+        self.arena = Arena.create(half)
+        self.down = Ring(half)
+        self.ready = False  # the worker has mapped it: downward payloads may use it
+        self.released: list[int] = []
+        self._on_release = on_release
+
+    def offer(self) -> dict[str, int]:
+        """WELCOME's description of the arena, for the worker to map it."""
+        return {"pid": os.getpid(), "fd": self.arena.fd, "token": self.arena.token, "bytes": self.arena.half}
+
+    def up_payload(self, off: int, n: int) -> memoryview:
+        """The worker's payload at `off`; the region goes back to the worker when the last view of it is gone
+        (the link's retransmit buffer, a queue, a failed route: wherever it was last held)."""
+        arr = np.frombuffer(self.arena.region(self.arena.up, off, n), dtype=np.uint8)
+        weakref.finalize(arr, self._released, off).atexit = False
+        return memoryview(arr)
+
+    def _released(self, off: int) -> None:
+        self.released.append(off)
+        if len(self.released) == 1:
+            self._on_release(self)
+
+    def close(self) -> None:
+        self.arena.close_fd()
 
 
 @dataclass(slots=True)
@@ -48,6 +85,7 @@ class Registration:
     rank: int
     name: str
     last_seen: float
+    shm: WorkerShm | None = None
 
 
 class Outbox:
@@ -91,6 +129,7 @@ class LocalSide:
         self.held = False  # over the memory cap: workers are held back by ZeroMQ's own limits
         self.throttled = False
         self._kicked = False
+        self._releasing: set[WorkerShm] = set()
 
     def set_workers(self, workers: tuple) -> None:
         """Replace the accepted worker keys (hot reload)."""
@@ -226,13 +265,27 @@ class LocalSide:
 
     def _on_message(self, parts: list[zmq.Frame]) -> None:
         ident = parts[0].bytes
-        if len(parts) not in (2, 3):
+        if len(parts) == 4 and parts[2].bytes == SHM_TAG:
+            try:
+                payload = self._shm_payload(ident, parts[3].buffer)
+            except WireError as exc:
+                try:  # name the channel when the head is sound, so the sender's message fails rather than waits
+                    h, meta = decode_head(parts[1].buffer)
+                    frame = Frame(h, meta) if h.type == FrameType.DATA else None
+                except WireError:
+                    frame = None
+                self.refuse(ident, exc.code, exc.message, frame)
+                return
+            if payload is None:
+                return
+        elif len(parts) in (2, 3):
+            payload = parts[2].buffer if len(parts) == 3 else b""
+        else:
             self.refuse(ident, "bad_parts", f"expected 1 or 2 message parts after the identity, got {len(parts) - 1}")
             return
         head = parts[1]
         user = head.get("User-Id")
         name, _, account = user.partition("/")
-        payload = parts[2].buffer if len(parts) == 3 else b""
         try:
             frame = decode_frame(head.buffer, payload, max_payload_bytes=self.server.cfg.link.chunk_bytes)
         except WireError as exc:
@@ -251,8 +304,14 @@ class LocalSide:
             self.refuse(ident, "no_hello", "send HELLO (job, rank) before any other frame", frame)
             return
         reg.last_seen = time.monotonic()
+        if t == FrameType.SHM_RELEASE:
+            if reg.shm is not None and frame.meta["token"] == reg.shm.arena.token:
+                for off in frame.meta["offsets"]:
+                    reg.shm.down.free(off)  # (an unknown offset is a stale release: nothing to free)
+            return
         if t not in (FrameType.DATA, FrameType.ACK):
-            self.refuse(ident, "bad_type", f"workers may send HELLO, BYE, DATA and ACK frames, not {t.name}", frame)
+            self.refuse(ident, "bad_type", f"workers may send HELLO, BYE, DATA, ACK and SHM_RELEASE frames, not {t.name}",
+                        frame)
             return
         key = frame.key()
         cluster = self.server.cfg.cluster
@@ -282,6 +341,40 @@ class LocalSide:
         if wait > 0:  # per-account rate limit: stop reading until the account's bucket has refilled
             self.throttled = True
             asyncio.get_running_loop().call_later(wait, self._unthrottle)
+
+    def _shm_payload(self, ident: bytes, desc: memoryview) -> memoryview | None:
+        """The payload a worker placed in its arena; None if stale (sent before a switch restart, or into an arena
+        since replaced: the worker sends those messages again); WireError if the descriptor is unsound."""
+        token, off, n = unpack_desc(desc)
+        reg = self.by_ident.get(ident)
+        if reg is None or reg.shm is None or token != reg.shm.arena.token:
+            self.server.metrics.refused.labels(reason="stale_shm").inc()
+            log.info("dropped a frame in a shared-memory arena this connection no longer has")
+            return None
+        payload = reg.shm.up_payload(off, n)
+        self.server.metrics.shm_bytes["in"] += n
+        return payload
+
+    def _shm_released(self, shm: WorkerShm) -> None:
+        """Some upward regions are free (called as their last view goes): tell the worker soon, in one frame."""
+        if not self._releasing:
+            try:
+                asyncio.get_running_loop().call_soon(self._send_releases)
+            except RuntimeError:  # shutting down: the arena goes with the process
+                return
+        self._releasing.add(shm)
+
+    def _send_releases(self) -> None:
+        owners = {id(r.shm): ident for ident, r in self.by_ident.items() if r.shm is not None}
+        for shm in self._releasing:
+            offsets, shm.released = shm.released, []
+            ident = owners.get(id(shm))
+            if ident is None:  # the connection is gone, and its arena with it
+                continue
+            for i in range(0, len(offsets), RELEASE_BATCH):
+                self.send_control(ident, FrameType.SHM_RELEASE,
+                                  {"token": shm.arena.token, "offsets": offsets[i : i + RELEASE_BATCH]})
+        self._releasing.clear()
 
     def _hello(self, ident: bytes, name: str, account: str, meta: dict) -> None:
         job, rank = meta["job"], meta["rank"]
@@ -318,13 +411,30 @@ class LocalSide:
                     mine.lanes.push(*item)
         else:
             self.by_ident[ident].last_seen = time.monotonic()
-        self.send_control(ident, FrameType.WELCOME, self.server.welcome_meta())
+        self.send_control(ident, FrameType.WELCOME, self._offer_shm(self.by_ident[ident], meta.get("shm")))
         self.flush(ident)
+
+    def _offer_shm(self, reg: Registration, mapped: Any) -> dict:
+        """WELCOME meta for a worker, with its arena when it asked for one (HELLO's `shm`: the token of the arena
+        it has mapped, 0 for none yet)."""
+        welcome = self.server.welcome_meta()
+        if not self.cfg.shm_bytes or not isinstance(mapped, int) or isinstance(mapped, bool):
+            return welcome
+        if reg.shm is None:
+            try:
+                reg.shm = WorkerShm(self.cfg.shm_bytes, self._shm_released)
+            except OSError as exc:
+                log.warning("no shared-memory arena for worker %s (%s); its payloads go through the socket", reg.name, exc)
+                return welcome
+        reg.shm.ready = mapped == reg.shm.arena.token
+        return {**welcome, "shm": reg.shm.offer()}
 
     def _forget(self, ident: bytes) -> None:
         reg = self.by_ident.pop(ident, None)
         if reg is not None and self.by_addr.get((reg.account, reg.job, reg.rank)) == ident:
             del self.by_addr[(reg.account, reg.job, reg.rank)]
+        if reg is not None and reg.shm is not None:
+            reg.shm.close()
         box = self.outboxes.pop(ident, None)
         if box is not None:
             if box.retry is not None:
@@ -400,27 +510,42 @@ class LocalSide:
             box.retry.cancel()
             box.retry = None
         sock = self.sync
+        reg = self.by_ident.get(ident)
+        shm = reg.shm if reg is not None and reg.shm is not None and reg.shm.ready else None
         while True:
             item = box.lanes.pop()
             if item is None:
                 break
             lane, entry, n = item
             head, payload = entry[0], entry[1]
-            parts = [ident, head, payload] if payload else [ident, head]
+            off = None
+            if shm is not None and entry[3] and len(payload) >= SHM_MIN_BYTES:
+                off = shm.down.alloc(len(payload))  # (None when the worker still holds too much: inline then)
+            if off is not None:
+                shm.arena.down[off : off + len(payload)] = payload
+                parts = [ident, head, SHM_TAG, pack_desc(shm.arena.token, off, len(payload))]
+            else:
+                parts = [ident, head, payload] if payload else [ident, head]
             try:
                 sock.send_multipart(parts, zmq.NOBLOCK, copy=False)
             except zmq.Again:
+                if off is not None:
+                    shm.down.free(off)
                 box.lanes.push_front(lane, entry, n)
                 box.retry = asyncio.get_running_loop().call_later(0.001, self.flush, ident)
                 return
             except zmq.ZMQError as exc:
                 if exc.errno == zmq.EHOSTUNREACH:  # the worker went away; its frames will be retransmitted end to end
+                    if off is not None:
+                        shm.down.free(off)
                     box.lanes.push_front(lane, entry, n)
                     self._forget(ident)
                     return
                 raise
             if payload:
                 self.server.metrics.count("local", lane, "out", n)
+                if off is not None:
+                    self.server.metrics.shm_bytes["out"] += len(payload)
             self._release(entry)
         self.server.maybe_resume()
 

@@ -16,7 +16,8 @@ class SwitchMetrics:
         r = self.registry = CollectorRegistry()
         # per-frame counts are plain integers read at scrape time: a labelled Counter takes a lock on every frame
         self._tally: dict[tuple[str, int, str], list[int]] = {}  # (peer, lane, direction) -> [bytes, frames]
-        r.register(_TallyCollector(self._tally))
+        self.shm_bytes = {"in": 0, "out": 0}  # local payload bytes that went through shared memory, not the socket
+        r.register(_TallyCollector(self._tally, self.shm_bytes))
         self.queue_bytes = Gauge("nebula_switch_queue_bytes", "Bytes queued towards a peer or the local side", ["peer"], registry=r)
         self.rtt = Gauge("nebula_switch_rtt_seconds", "Round-trip time to a peer switch", ["peer"], registry=r)
         self.retransmits = Counter("nebula_switch_retransmits", "Frames sent again after a reconnect", ["peer"], registry=r)
@@ -43,10 +44,12 @@ class SwitchMetrics:
 
 
 class _TallyCollector:
-    """Exposes SwitchMetrics' byte and frame tallies as the counters nebula_switch_bytes and nebula_switch_frames."""
+    """Exposes SwitchMetrics' tallies as the counters nebula_switch_bytes, nebula_switch_frames and
+    nebula_switch_shared_memory_bytes."""
 
-    def __init__(self, tally: dict) -> None:
+    def __init__(self, tally: dict, shm: dict) -> None:
         self.tally = tally
+        self.shm = shm
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         labels = ["peer", "lane", "direction"]
@@ -57,3 +60,8 @@ class _TallyCollector:
             frames.add_metric([peer, LANES[lane], direction], f)
         yield nbytes
         yield frames
+        shm = CounterMetricFamily("nebula_switch_shared_memory_bytes",
+                                  "Local payload bytes carried through workers' shared-memory arenas", labels=["direction"])
+        for direction, b in list(self.shm.items()):
+            shm.add_metric([direction], b)
+        yield shm

@@ -502,6 +502,9 @@ class SwitchServer:
             "local_ipc": self.cfg.local.ipc_endpoint,
             "metrics": self.metrics_address,
             "workers": len(self.local.by_ident),
+            # workers whose payloads go through shared memory, and the bytes that did (nebula.wire.shm)
+            "shm_workers": sum(1 for r in self.local.by_ident.values() if r.shm is not None and r.shm.ready),
+            "shm_bytes": dict(self.metrics.shm_bytes),
             "queued_bytes": self.mem_used,
             "links": links,
             "sessions": sessions,

@@ -1,7 +1,8 @@
 """Worker side of the switch: an Endpoint (one authenticated ZeroMQ connection, one I/O thread) and its Channels.
 
 The connection is CURVE over TCP, or, for a worker on the switch's own host, the switch's IPC endpoint with a
-password derived from the same CURVE keys (the kernel carries those bytes, so they need no encryption).
+password derived from the same CURVE keys (the kernel carries those bytes, so they need no encryption). Over
+IPC, payloads go through a shared-memory arena the switch offers (`nebula.wire.shm`) instead of the socket.
 
 Every message on a channel gets a sequence number. The receiving worker delivers each exactly once and in
 order, and acknowledges what it received and what the application consumed; the sender keeps every
@@ -37,6 +38,7 @@ from nebula.wire import (
     encode_meta,
     lane_of,
 )
+from nebula.wire.shm import SHM_MIN_BYTES, SHM_TAG, Arena, Ring, pack_desc, unpack_desc
 from security.curve import local_password
 
 log = logging.getLogger(__name__)
@@ -91,7 +93,7 @@ class _Tx:
 class _Rx:
     key: ChannelKey
     expected: int = 1
-    partial: dict[int, list] = field(default_factory=dict)  # seq -> [chunks by index, count, parts, received]
+    partial: dict[int, list] = field(default_factory=dict)  # seq -> [chunks, count, parts, received, regions]
     complete: dict[int, tuple] = field(default_factory=dict)
     consumed: int = 0
 
@@ -326,9 +328,22 @@ class _IOThread:
         self.refusal: BaseException | None = None
         self.running = True
         self.thread = threading.Thread(target=self._run, name=f"nebula-channel-{ep.job}-{ep.rank}", daemon=True)
-        self.hello_head = encode_frame(FrameType.HELLO, {"job": ep.job, "rank": ep.rank, "account": cfg.account,
-                                                         "name": cfg.name})
+        # shared memory (IPC only): the arena the switch offered and we mapped, our allocator for its upward half,
+        # and downward regions we have read and will hand back
+        self.want_shm = cfg.shared_memory and self.transport == "ipc"
+        self.arena: Arena | None = None
+        self.up_ring: Ring | None = None
+        self.shm_refused = 0  # token of an offered arena we could not map (not tried again)
+        self.down_done: list[tuple[int, int]] = []  # (arena token, offset)
+        self.hello_head = self._hello()
         self.resend_after_welcome = False
+
+    def _hello(self) -> bytes:
+        cfg, ep = self.ep.cfg, self.ep
+        meta = {"job": ep.job, "rank": ep.rank, "account": cfg.account, "name": cfg.name}
+        if self.want_shm:
+            meta["shm"] = self.arena.token if self.arena is not None else 0
+        return encode_frame(FrameType.HELLO, meta)
 
     # ---- called from application threads ----
     def start(self) -> None:
@@ -446,6 +461,7 @@ class _IOThread:
             self._do_cmds()
             self._recv_all()
             self._flush_acks()
+            self._flush_shm_releases()
             self._send_lanes()
 
     def _on_monitor(self) -> None:
@@ -530,8 +546,19 @@ class _IOThread:
         msg.rto = max(msg.rto, RTO_S + total / RTO_BYTES_PER_S)
 
     def _send_raw(self, head: bytes, payload: Any) -> bool:
+        n = len(payload)
+        if n >= SHM_MIN_BYTES and self.up_ring is not None and self.sock.get(zmq.EVENTS) & zmq.POLLOUT:
+            off = self.up_ring.alloc(n)
+            if off is not None:  # else the switch still holds too much of the arena: inline, through the socket
+                self.arena.up[off : off + n] = payload
+                try:
+                    self.sock.send_multipart((head, SHM_TAG, pack_desc(self.arena.token, off, n)), zmq.NOBLOCK)
+                    return True
+                except zmq.Again:
+                    self.up_ring.free(off)
+                    return False
         try:
-            if len(payload):
+            if n:
                 self.sock.send_multipart((head, payload), zmq.NOBLOCK, copy=len(payload) < 65536)
             else:
                 self.sock.send(head, zmq.NOBLOCK)
@@ -596,27 +623,89 @@ class _IOThread:
                 parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            if len(parts) not in (1, 2):
+            shm_off = None
+            if len(parts) == 3 and parts[1].bytes == SHM_TAG:
+                try:
+                    payload, shm_off = self._shm_payload(parts[2].buffer)
+                except WireError as exc:
+                    log.warning("switch sent a bad shared-memory descriptor (%s); ignored", exc)
+                    continue
+            elif len(parts) in (1, 2):
+                payload = parts[1].buffer if len(parts) == 2 else b""
+            else:
                 log.warning("switch sent a message of %d parts; ignored", len(parts))
                 continue
             try:
-                frame = decode_frame(parts[0].buffer, parts[1].buffer if len(parts) == 2 else b"")
+                frame = decode_frame(parts[0].buffer, payload)
             except WireError as exc:
                 log.warning("switch sent a malformed frame (%s); ignored", exc)
+                self._shm_done(shm_off)
                 continue
             t = frame.type
             if t == FrameType.DATA:
-                self._on_data(frame, parts[1] if len(parts) == 2 else None)
-            elif t == FrameType.ACK:
+                self._on_data(frame, payload, shm_off)
+                continue
+            self._shm_done(shm_off)
+            if t == FrameType.ACK:
                 self._on_ack(frame)
             elif t == FrameType.WELCOME:
                 self._on_welcome(frame.meta)
             elif t == FrameType.ERROR:
                 self._on_error(frame)
+            elif t == FrameType.SHM_RELEASE:
+                if self.arena is not None and frame.meta["token"] == self.arena.token:
+                    for off in frame.meta["offsets"]:
+                        self.up_ring.free(off)
+
+    # shared memory
+    def _shm_payload(self, desc: memoryview) -> tuple[memoryview, tuple[int, int]]:
+        """A downward payload in the arena, and the (token, offset) to hand back once it is read."""
+        token, off, n = unpack_desc(desc)
+        if self.arena is None or token != self.arena.token:
+            raise WireError("bad_shm", f"descriptor names arena {token:x}, which this worker has not mapped")
+        return self.arena.region(self.arena.down, off, n), (token, off)
+
+    def _shm_done(self, region: tuple[int, int] | None) -> None:
+        """We no longer need a downward region: the switch may reuse it (told in the next release frame)."""
+        if region is not None:
+            self.down_done.append(region)
+
+    def _flush_shm_releases(self) -> None:
+        if not self.down_done:
+            return
+        token = self.arena.token if self.arena is not None else 0
+        offsets = [off for t, off in self.down_done if t == token]  # (a replaced arena's regions went with it)
+        for i in range(0, len(offsets), 500):
+            head = encode_frame(FrameType.SHM_RELEASE, {"token": token, "offsets": offsets[i : i + 500]})
+            self.lanes[Lane.CONTROL].append((head, b"", None))
+        self.down_done = []
+
+    def _take_arena(self, offer: Any) -> None:
+        """Map the arena a WELCOME offers, unless it is the one we have (or one we could not map)."""
+        try:
+            pid, fd, token, half = (int(offer[k]) for k in ("pid", "fd", "token", "bytes"))
+        except (TypeError, KeyError, ValueError):
+            log.warning("switch offered shared memory in a form this worker does not understand: %r", offer)
+            return
+        if token in (self.shm_refused, self.arena.token if self.arena is not None else 0):
+            return
+        try:
+            arena = Arena.open(pid, fd, token, half)
+        except OSError as exc:
+            log.warning("cannot map the switch's shared memory (%s); payloads go through the socket", exc)
+            self.shm_refused = token
+            return
+        # regions of the old arena are forgotten with it: frames still naming it are dropped by the switch and
+        # sent again, like everything else after a switch restart
+        self.arena, self.up_ring, self.down_done = arena, Ring(half), []
+        self.hello_head = self._hello()
+        self._send_raw(self.hello_head, b"")  # tells the switch we mapped it, so it may send downwards through it
 
     def _on_welcome(self, meta: dict) -> None:
         first = not self.welcome.is_set()
         self.last_welcome = time.monotonic()
+        if self.want_shm and "shm" in meta:
+            self._take_arena(meta["shm"])
         self.chunk_bytes = meta["chunk_bytes"]
         self.max_message_bytes = meta["max_message_bytes"]
         restarted = self.boot not in (0, meta["boot"])
@@ -702,30 +791,37 @@ class _IOThread:
             for msg in tx.unacked.values():
                 msg.progress = max(msg.progress, now)
 
-    def _on_data(self, frame: Any, payload_frame: Any) -> None:
+    def _on_data(self, frame: Any, payload: Any, shm_off: tuple[int, int] | None) -> None:
         h = frame.header
         rx = self.rx.get(h.channel_id)
         if rx is None:
             key = frame.key()
             if key.dst_rank != self.ep.rank or key.dst_cluster != self.ep.cfg.cluster or key.job != self.ep.job:
                 log.warning("dropping a frame addressed to %s", key)
+                self._shm_done(shm_off)
                 return
             rx = self.rx[h.channel_id] = _Rx(key)
             self.shared.setdefault(h.channel_id, _Shared())
         seq = h.seq
         if seq < rx.expected or seq in rx.complete:
             self.dirty.add(h.channel_id)
+            self._shm_done(shm_off)
             return  # a duplicate: acknowledged again, delivered once
         entry = rx.partial.get(seq)
         if entry is None:
             if h.chunk_count > 1 and h.total_len > self.ep.window_bytes * 4 + (1 << 30):
                 log.warning("dropping a message of %d bytes: larger than this endpoint accepts", h.total_len)
+                self._shm_done(shm_off)
                 return
-            entry = rx.partial[seq] = [[None] * h.chunk_count, h.chunk_count, None, 0]
+            # [chunks by index, count, parts, received, shared-memory regions to hand back once joined]
+            entry = rx.partial[seq] = [[None] * h.chunk_count, h.chunk_count, None, 0, []]
         chunks = entry[0]
         if h.chunk_count != entry[1] or chunks[h.chunk_index] is not None:
+            self._shm_done(shm_off)
             return
-        chunks[h.chunk_index] = payload_frame.buffer if payload_frame is not None else b""
+        chunks[h.chunk_index] = payload
+        if shm_off is not None:
+            entry[4].append(shm_off)
         entry[3] += 1
         if h.chunk_index == 0 and "parts" in frame.meta:
             entry[2] = frame.meta["parts"]
@@ -734,6 +830,8 @@ class _IOThread:
         del rx.partial[seq]
         self.dirty.add(h.channel_id)  # acknowledged per complete message, not per chunk
         data = bytes(chunks[0]) if entry[1] == 1 else b"".join(chunks)
+        for off in entry[4]:  # copied out: the arena's regions may be reused
+            self._shm_done(off)
         rx.complete[seq] = (data, entry[2])
         if seq != rx.expected:
             return

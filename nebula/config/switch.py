@@ -70,11 +70,16 @@ class LocalConfig:
     # authenticate (ZeroMQ PLAIN with a password derived from their CURVE key pair, see security.curve).
     # "" = TCP with CURVE only.
     ipc_endpoint: str = ""
+    # Shared memory offered to each worker on the IPC endpoint, per direction (nebula.wire.shm): payloads go
+    # through it instead of through the socket. Pages are touched only as traffic needs them. 0 = off.
+    shm_bytes: int = 64 * 1024**2
 
     def __post_init__(self) -> None:
         if self.ipc_endpoint and not self.ipc_endpoint.startswith("ipc://"):
             raise ValueError(f"local.ipc_endpoint {self.ipc_endpoint!r} must start with ipc:// "
                              "(e.g. ipc://@nebula-A), or be left out")
+        if self.shm_bytes and not 1024**2 <= self.shm_bytes <= 1 << 40:
+            raise ValueError(f"local.shm_bytes={self.shm_bytes} must be 0 (off) or between 1 MiB and 1 TiB")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

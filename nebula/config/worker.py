@@ -29,6 +29,8 @@ class WorkerConfig:
     # auto: the IPC endpoint when there is one and `endpoint`'s host is an address of this machine, else TCP;
     # tcp / ipc force one (ipc fails when the switch is not on this host)
     transport: str = "auto"
+    # over IPC, take the switch's offer of shared memory for payloads (nebula.wire.shm); false = through the socket
+    shared_memory: bool = True
 
     def __post_init__(self) -> None:
         if len(self.switch_curve_public_key) != 40:

@@ -51,6 +51,7 @@ class FrameType(enum.IntEnum):
     PING = 10
     PONG = 11
     BYE = 12  # worker -> switch: this connection is closing; its rank is free at once
+    SHM_RELEASE = 13  # worker <-> switch on one host: shared-memory regions the sender is done with (nebula.wire.shm)
 
 
 class Lane(enum.IntEnum):
@@ -391,6 +392,12 @@ def _check_meta(h: Header, meta: dict[str, Any]) -> None:
     elif t in (FrameType.PING, FrameType.PONG):
         if not isinstance(meta.get("t"), (int, float)) or isinstance(meta.get("t"), bool):
             raise WireError("bad_meta", f"{t.name} meta needs a number 't'")
+    elif t == FrameType.SHM_RELEASE:
+        _int(meta, "token")
+        offsets = meta.get("offsets")
+        if not isinstance(offsets, list) or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0
+                                                    for o in offsets):
+            raise WireError("bad_meta", "SHM_RELEASE meta needs 'offsets', a list of non-negative integers")
     elif t == FrameType.WELCOME:
         _int(meta, "boot"), _int(meta, "chunk_bytes", 1), _int(meta, "max_message_bytes", 1)
         if not isinstance(meta.get("peers"), dict):

@@ -1,0 +1,263 @@
+"""Shared-memory payloads between a switch and the workers on its host: the allocator, the arena, and real
+switches carrying channels through it, falling back to the socket, and refusing a worker that misuses it."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+import zmq
+import zmq.auth
+
+from nebula.channel import ChannelError, Endpoint
+from nebula.wire import ChannelKey, FrameType, WireError, decode_frame, encode_frame
+from nebula.wire.shm import SHM_MIN_BYTES, SHM_TAG, Arena, Ring, pack_desc, unpack_desc
+from security.curve import local_password
+from tests.switch.conftest import edit_yaml, start_switch, worker_yaml
+
+# ---- the allocator ----
+
+
+def test_ring_reuses_space_in_order_and_refuses_what_does_not_fit():
+    r = Ring(100)
+    a, b, c = r.alloc(40), r.alloc(40), r.alloc(30)
+    assert (a, b, c) == (0, 40, None)  # 20 bytes left at the end: not enough
+    assert r.alloc(20) == 80 and r.used == 100
+    assert r.free(b) and r.alloc(10) is None  # b is free, but a (older) still holds the ring's tail
+    assert r.free(a) and r.used == 20
+    assert r.alloc(70) == 0  # wraps to the start, now that a and b are both free
+    assert r.alloc(11) is None and r.alloc(10) == 70
+    assert not r.free(55) and not r.free(a + 1000)  # no allocation there: a stale or forged release
+    assert r.alloc(0) is None and r.alloc(101) is None
+    for off in (80, 0, 70):
+        assert r.free(off)
+    assert r.used == 0 and r.alloc(100) == 0  # empty again: the whole ring
+
+
+def test_ring_never_hands_out_overlapping_regions():
+    rng = random.Random(7)
+    r = Ring(1 << 16)
+    live: dict[int, int] = {}
+    for _ in range(20000):
+        if live and rng.random() < 0.45:
+            off = rng.choice(list(live))
+            assert r.free(off)
+            del live[off]
+            continue
+        n = rng.choice([1, 100, 4096, 20000, 40000])
+        off = r.alloc(n)
+        if off is None:
+            continue
+        assert 0 <= off and off + n <= r.size
+        for o, m in live.items():
+            assert off + n <= o or o + m <= off, f"[{off},{off + n}) overlaps [{o},{o + m})"
+        live[off] = n
+        assert r.used == sum(live.values())
+
+
+# ---- the arena ----
+
+
+def test_arena_is_shared_sealed_and_checked():
+    arena = Arena.create(1 << 20)
+    try:
+        mapped = Arena.open(os.getpid(), arena.fd, arena.token, 1 << 20)
+        mapped.up[5:10] = b"hello"
+        assert bytes(arena.up[5:10]) == b"hello"
+        arena.down[0:3] = b"abc"
+        assert bytes(mapped.region(mapped.down, 0, 3)) == b"abc"
+        with pytest.raises(WireError, match="outside the arena"):
+            mapped.region(mapped.up, (1 << 20) - 2, 3)
+        with pytest.raises(OSError, match="not the arena"):
+            Arena.open(os.getpid(), arena.fd, arena.token ^ 2, 1 << 20)
+        with pytest.raises(OSError, match="announced"):
+            Arena.open(os.getpid(), arena.fd, arena.token, 1 << 19)
+        fd = os.open(f"/proc/{os.getpid()}/fd/{arena.fd}", os.O_RDWR)
+        try:
+            with pytest.raises(PermissionError):  # sealed: a worker cannot shrink it under the switch's feet
+                os.ftruncate(fd, 4096)
+        finally:
+            os.close(fd)
+    finally:
+        arena.close_fd()
+    assert unpack_desc(pack_desc(3, 4, 5)) == (3, 4, 5)
+    with pytest.raises(WireError, match="descriptor has 3 bytes"):
+        unpack_desc(b"abc")
+
+
+# ---- through real switches ----
+
+
+def _status(sw, pred, timeout_s: float = 20.0) -> dict:
+    """The switch's status.json once `pred` holds for it (it is rewritten every second)."""
+    path = sw.config.parent / "state" / "status.json"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            st = json.loads(path.read_text())
+            if pred(st):
+                return st
+        except (OSError, ValueError):
+            st = None
+        if time.monotonic() > deadline:
+            raise AssertionError(f"status of {sw.cluster} never matched: {st}")
+        time.sleep(0.2)
+
+
+def test_ipc_workers_move_payloads_through_shared_memory(two_switches):
+    fed, a, b = two_switches
+    rng = random.Random(3)
+    sizes = [0, 100, SHM_MIN_BYTES - 1, SHM_MIN_BYTES, 9000, 300_000, 700_000] * 3
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=1) as eb:
+        ca, cb = ea.channel("B", 1, "s"), eb.channel("A", 0, "s")
+        for src, dst in ((ca, cb), (cb, ca)):
+            msgs = [rng.randbytes(n) for n in sizes]
+            for m in msgs:
+                src.send(m, lane=rng.choice(["activation", "bulk"]))
+            assert [dst.recv(timeout_s=60) for _ in msgs] == msgs
+        # the fixture's 256 KiB chunks split the larger messages; every chunk of at least SHM_MIN_BYTES went
+        # through the arenas, up at the sending switch and down at the receiving one
+        chunked = sum(n for n in sizes if n >= SHM_MIN_BYTES)
+        for sw in (a, b):
+            st = _status(sw, lambda s: s["shm_bytes"]["in"] >= chunked and s["shm_bytes"]["out"] >= chunked)
+            assert st["shm_workers"] == 1 and st["shm_bytes"] == {"in": chunked, "out": chunked}
+
+
+def test_shared_memory_off_or_too_small_falls_back_to_the_socket(procs, federation):
+    # 2 MiB chunks; switch A offers arenas of 1 MiB per direction, which a 1.5 MiB chunk cannot use; switch B
+    # offers none
+    edit_yaml(Path(federation["clusters"]["A"]["switch_yaml"]),
+              lambda d: (d["local"].update(shm_bytes=1 << 20), d["link"].update(chunk_bytes=2 << 20)))
+    edit_yaml(Path(federation["clusters"]["B"]["switch_yaml"]),
+              lambda d: (d["local"].update(shm_bytes=0), d["link"].update(chunk_bytes=2 << 20)))
+    a = start_switch(procs, Path(federation["clusters"]["A"]["switch_yaml"]))
+    b = start_switch(procs, Path(federation["clusters"]["B"]["switch_yaml"]))
+    big, small = os.urandom(1_500_000), os.urandom(500_000)
+    with Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(federation, "B"), job="j", rank=0) as eb:
+        ca, cb = ea.channel("B", 0, "f"), eb.channel("A", 0, "f")
+        for m in (big, small, big):
+            ca.send(m)
+        assert [cb.recv(timeout_s=60) for _ in range(3)] == [big, small, big]
+        cb.send(big)
+        assert ca.recv(timeout_s=60) == big
+    st = _status(a, lambda s: s["shm_bytes"]["in"] >= len(small))
+    assert st["shm_bytes"] == {"in": len(small), "out": 0}
+    assert _status(b, lambda s: True)["shm_bytes"] == {"in": 0, "out": 0}
+
+
+def test_worker_without_shared_memory_keeps_the_socket(two_switches, tmp_path):
+    fed, a, b = two_switches
+    data = yaml.safe_load(Path(worker_yaml(fed, "A")).read_text())
+    data.update(curve_key=str(Path(worker_yaml(fed, "A")).parent / data["curve_key"]), shared_memory=False)
+    (tmp_path / "plain.yaml").write_text(yaml.safe_dump(data))
+    payload = os.urandom(100_000)
+    with Endpoint.connect(tmp_path / "plain.yaml", job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
+        ea.channel("B", 0, "p").send(payload)
+        assert eb.channel("A", 0, "p").recv(timeout_s=30) == payload
+        st = _status(a, lambda s: s["workers"] == 1)
+        assert st["shm_workers"] == 0 and st["shm_bytes"]["in"] == 0
+
+
+class _RawIPCWorker:
+    """A hand-driven worker on switch A's IPC endpoint, to send what a well-behaved endpoint never would."""
+
+    def __init__(self, fed) -> None:
+        file = Path(worker_yaml(fed, "A"))
+        cfg = yaml.safe_load(file.read_text())
+        public, secret = zmq.auth.load_certificate(file.parent / cfg["curve_key"])
+        self.account = cfg["account"]
+        s = self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        s.linger = 0
+        s.rcvtimeo = 10000
+        s.plain_username = public
+        s.plain_password = local_password(secret.decode(), cfg["switch_curve_public_key"]).encode()
+        s.connect(cfg["ipc_endpoint"])
+
+    def next(self, ftype: FrameType):
+        while True:
+            parts = self.sock.recv_multipart()
+            f = decode_frame(parts[0], parts[1] if len(parts) == 2 else b"")
+            if f.type == ftype:
+                return f
+
+    def hello(self, token: int) -> None:
+        self.sock.send(encode_frame(FrameType.HELLO, {"job": "j", "rank": 7, "account": self.account,
+                                                      "name": "worker", "shm": token}))
+
+    def send_desc(self, key: ChannelKey, n: int, token: int, off: int, seq: int = 1) -> None:
+        head = encode_frame(FrameType.DATA, key.to_meta(), b"\0" * n, channel_id=key.id, seq=seq)
+        self.sock.send_multipart([head, SHM_TAG, pack_desc(token, off, n)])
+
+
+def test_arena_misuse_is_refused_and_the_switch_keeps_serving(two_switches):
+    fed, a, b = two_switches
+    w = _RawIPCWorker(fed)
+    try:
+        w.hello(0)
+        offer = w.next(FrameType.WELCOME).meta["shm"]
+        arena = Arena.open(offer["pid"], offer["fd"], offer["token"], offer["bytes"])
+        w.hello(arena.token)
+        w.next(FrameType.WELCOME)
+        key = ChannelKey("j", w.account, "A", 7, "B", 0, "raw")
+        # a region outside the arena: refused, naming the channel, so the sender's message fails
+        w.send_desc(key, 100_000, arena.token, offer["bytes"] - 10)
+        err = w.next(FrameType.ERROR).meta
+        assert err["code"] == "bad_shm" and "outside the arena" in err["message"] and err["channel"]["name"] == "raw"
+        # a malformed descriptor
+        w.sock.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"x", channel_id=key.id), SHM_TAG, b"xyz"])
+        assert w.next(FrameType.ERROR).meta["code"] == "bad_shm"
+        with Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
+            rx = eb.channel("A", 7, "raw")
+            # another arena's token (as after a switch restart): dropped without a word, nothing delivered
+            w.send_desc(key, 20_000, arena.token ^ 6, 0)
+            with pytest.raises(TimeoutError):
+                rx.recv(timeout_s=1.0)
+            # a sound one is relayed, and its region handed back once the peer switch has it
+            payload = os.urandom(20_000)
+            arena.up[4096 : 4096 + len(payload)] = payload
+            w.send_desc(key, len(payload), arena.token, 4096)
+            assert rx.recv(timeout_s=30) == payload
+            rel = w.next(FrameType.SHM_RELEASE).meta
+            assert rel == {"token": arena.token, "offsets": [4096]}
+    finally:
+        w.sock.close(0)
+    # and real workers are served as before
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
+        ea.channel("B", 0, "ok").send(b"y" * 50_000)
+        assert eb.channel("A", 0, "ok").recv(timeout_s=30) == b"y" * 50_000
+
+
+def test_shm_release_frames_are_checked():
+    with pytest.raises(WireError, match="offsets"):
+        decode_frame(encode_frame(FrameType.SHM_RELEASE, {"token": 1, "offsets": [1, -2]}))
+    with pytest.raises(WireError, match="token"):
+        decode_frame(encode_frame(FrameType.SHM_RELEASE, {"offsets": []}))
+
+
+def test_restarted_switch_offers_a_new_arena_and_nothing_is_lost(procs, federation):
+    a = start_switch(procs, Path(federation["clusters"]["A"]["switch_yaml"]))
+    start_switch(procs, Path(federation["clusters"]["B"]["switch_yaml"]))
+    msgs = [os.urandom(200_000 + i) for i in range(40)]
+    with Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(federation, "B"), job="j", rank=0) as eb:
+        ca, cb = ea.channel("B", 0, "r"), eb.channel("A", 0, "r")
+        for m in msgs[:20]:
+            ca.send(m)
+        first = ea._io.arena.token
+        a.kill9()
+        a = start_switch(procs, a.config)
+        for m in msgs[20:]:
+            ca.send(m)
+        assert [cb.recv(timeout_s=90) for _ in msgs] == msgs
+        assert ea._io.arena is not None and ea._io.arena.token != first
+        assert _status(a, lambda s: s["shm_bytes"]["in"] > 0)["shm_workers"] >= 1
+    with pytest.raises(ChannelError):
+        ca.send(b"closed").result(timeout=5)
