@@ -1,5 +1,8 @@
 """Relay benchmark: raw TLS vs raw ZeroMQ (TCP, CURVE, IPC) vs the full path worker -> switch A -> TLS -> switch B -> worker.
 
+The full path is measured twice: as provisioned (workers on the switches' host pass payloads through shared
+memory) and with `shared_memory: false` in the workers' files (payloads through the IPC socket).
+
 Prints, measured side by side in one run on loopback: throughput and one-way latency (p50/p99) per message
 size with the ratio full/TLS, the latency each switch hop adds, a 64 KiB activation's latency while a bulk
 transfer runs on the same link, and goodput through the link shaper at 60 Mbit/s and (as root) through a
@@ -151,9 +154,11 @@ class ZMQPair:
 class FullPath:
     """Worker A -> switch A -> TLS -> switch B -> worker B through nebula.channel."""
 
-    def __init__(self, fed: dict, name: str = "bench", lane: str = "activation", rank: int = 0) -> None:
-        self.ea = Endpoint.connect(fed["clusters"]["A"]["worker_yaml"], job="bench", rank=rank)
-        self.eb = Endpoint.connect(fed["clusters"]["B"]["worker_yaml"], job="bench", rank=rank)
+    def __init__(self, fed: dict, name: str = "bench", lane: str = "activation", rank: int = 0,
+                 files: dict | None = None) -> None:
+        files = files or {c: fed["clusters"][c]["worker_yaml"] for c in ("A", "B")}
+        self.ea = Endpoint.connect(files["A"], job="bench", rank=rank)
+        self.eb = Endpoint.connect(files["B"], job="bench", rank=rank)
         self.tx = self.ea.channel("B", rank, name)
         self.rx = self.eb.channel("A", rank, name)
         self.lane = lane
@@ -167,6 +172,26 @@ class FullPath:
     def close(self) -> None:
         self.ea.close(flush_s=5)
         self.eb.close(flush_s=0)
+
+
+def without_shared_memory(fed: dict, tmp: Path) -> dict[str, str]:
+    """Copies of both clusters' worker files with `shared_memory: false`."""
+    out = {}
+    for c in ("A", "B"):
+        src = Path(fed["clusters"][c]["worker_yaml"])
+        d = yaml.safe_load(src.read_text())
+        d.update(curve_key=str((src.parent / d["curve_key"]).resolve()), shared_memory=False)
+        out[c] = str(tmp / f"worker-{c}-no-shm.yaml")
+        Path(out[c]).write_text(yaml.safe_dump(d))
+    return out
+
+
+def switch_status(fed: dict, cluster: str) -> dict:
+    """The status a running switch of the federation last wrote."""
+    from nebula.config import load_switch_config
+    from switch_server.server import status_path
+
+    return json.loads(status_path(load_switch_config(fed["clusters"][cluster]["switch_yaml"])).read_text())
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -351,13 +376,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     try:
         tls, zmqp, curve, ipc, full = TLSPair(fed), ZMQPair(), ZMQPair(curve=True), ZMQPair(ipc=True), FullPath(fed)
+        noshm = FullPath(fed, name="no-shm", rank=1, files=without_shared_memory(fed, tmp))
         latency(full, 1024, 20)  # warm up connections and the links
+        latency(noshm, 1024, 20)
         for size in sizes:
             n, k = _plan(size, args.budget_mib * MIB)
             r = {"size": size}
-            for name, pair in (("tls", tls), ("zmq", zmqp), ("curve", curve), ("ipc", ipc), ("full", full)):
+            for name, pair in (("tls", tls), ("zmq", zmqp), ("curve", curve), ("ipc", ipc), ("noshm", noshm),
+                               ("full", full)):
                 # the full path's CPU includes both switch processes
-                cpu = {"pids": [os.getpid()] + ([p.pid for p in switches.procs] if name == "full" else [])}
+                cpu = {"pids": [os.getpid()] + ([p.pid for p in switches.procs] if name in ("full", "noshm") else [])}
                 r[f"{name}_mbs"] = throughput(pair, size, n, cpu)
                 r[f"{name}_cpu"] = cpu["ms_per_mib"]
                 r[f"{name}_each"] = cpu["each"]
@@ -371,6 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         zmqp.close()
         curve.close()
         ipc.close()
+        noshm.close()
+        time.sleep(1.2)  # a status period
+        shm_in, shm_out = switch_status(fed, "A")["shm_bytes"]["in"], switch_status(fed, "B")["shm_bytes"]["out"]
+        full_bytes = sum(_plan(size, args.budget_mib * MIB)[0] * size + _plan(size, args.budget_mib * MIB)[1] * size
+                         for size in sizes)
 
         # a 64 KiB activation on its own channel while a bulk transfer runs; the bulk sender and receiver are
         # other ranks, so other processes (as in a real job), and do not share this process's interpreter lock
@@ -424,23 +457,28 @@ def main(argv: list[str] | None = None) -> int:
 
     print("\nThroughput (MB/s) and one-way latency (ms), loopback; a = raw TLS, b = raw ZeroMQ over TCP, "
           "z = ZeroMQ with CURVE (a worker on another host of the cluster to its switch), i = ZeroMQ over IPC "
-          "(a worker on the switch's host, as here), c = full path")
-    print(f"{'size':>9} {'a MB/s':>9} {'b MB/s':>9} {'z MB/s':>9} {'i MB/s':>9} {'c MB/s':>9} {'c/a':>6} | "
-          f"{'a p50':>8} {'a p99':>8} {'i p50':>8} {'i p99':>8} {'c p50':>8} {'c p99':>8}")
+          "(a worker on the switch's host, as here), n = full path with payloads through the IPC socket "
+          "(shared_memory: false), c = full path as provisioned (payloads through shared memory)")
+    print(f"{'size':>9} {'a MB/s':>9} {'b MB/s':>9} {'z MB/s':>9} {'i MB/s':>9} {'n MB/s':>9} {'c MB/s':>9} {'n/a':>6} "
+          f"{'c/a':>6} | {'a p50':>8} {'a p99':>8} {'i p50':>8} {'i p99':>8} {'n p50':>8} {'c p50':>8} {'c p99':>8}")
     for r in rows:
         print(f"{_label(r['size']):>9} {r['tls_mbs']:9.1f} {r['zmq_mbs']:9.1f} {r['curve_mbs']:9.1f} "
-              f"{r['ipc_mbs']:9.1f} {r['full_mbs']:9.1f} {r['full_mbs'] / r['tls_mbs']:6.2f} | "
-              f"{r['tls_p50']:8.3f} {r['tls_p99']:8.3f} {r['ipc_p50']:8.3f} {r['ipc_p99']:8.3f} "
-              f"{r['full_p50']:8.3f} {r['full_p99']:8.3f}")
-    print("\nCPU time per MiB relayed (ms); for c split into the benchmark process (both workers), switch A "
+              f"{r['ipc_mbs']:9.1f} {r['noshm_mbs']:9.1f} {r['full_mbs']:9.1f} {r['noshm_mbs'] / r['tls_mbs']:6.2f} "
+              f"{r['full_mbs'] / r['tls_mbs']:6.2f} | {r['tls_p50']:8.3f} {r['tls_p99']:8.3f} {r['ipc_p50']:8.3f} "
+              f"{r['ipc_p99']:8.3f} {r['noshm_p50']:8.3f} {r['full_p50']:8.3f} {r['full_p99']:8.3f}")
+    print(f"\nc: {shm_in / full_bytes * 100:.0f}% of the payload bytes went up through shared memory at switch A, "
+          f"{shm_out / full_bytes * 100:.0f}% down at switch B (the rest: chunks under the threshold, or an arena full)")
+    print("\nCPU time per MiB relayed (ms); for n and c split into the benchmark process (both workers), switch A "
           "and switch B")
-    print(f"{'size':>9} {'a':>8} {'b':>8} {'z':>8} {'i':>8} {'c':>8} {'c/a':>6} | "
-          f"{'workers':>8} {'switch A':>8} {'switch B':>8}")
+    print(f"{'size':>9} {'a':>8} {'b':>8} {'z':>8} {'i':>8} {'n':>8} {'c':>8} {'c/a':>6} | "
+          f"{'workers':>8} {'switch A':>8} {'switch B':>8} | {'n: wkrs':>8} {'sw A':>8} {'sw B':>8}")
     for r in rows:
         w, sa, sb = r["full_each"]
+        nw, nsa, nsb = r["noshm_each"]
         print(f"{_label(r['size']):>9} {r['tls_cpu']:8.2f} {r['zmq_cpu']:8.2f} {r['curve_cpu']:8.2f} "
-              f"{r['ipc_cpu']:8.2f} {r['full_cpu']:8.2f} {r['full_cpu'] / max(r['tls_cpu'], 1e-9):6.1f} | "
-              f"{w:8.2f} {sa:8.2f} {sb:8.2f}")
+              f"{r['ipc_cpu']:8.2f} {r['noshm_cpu']:8.2f} {r['full_cpu']:8.2f} "
+              f"{r['full_cpu'] / max(r['tls_cpu'], 1e-9):6.1f} | {w:8.2f} {sa:8.2f} {sb:8.2f} | "
+              f"{nw:8.2f} {nsa:8.2f} {nsb:8.2f}")
     roles = {os.getpid(): "benchmark", **{p: f"switch {c}" for c, p in switch_pids.items()}}
     print("\nBusiest thread, CPU ms per MiB (with a core for every busy thread it would set the throughput; "
           "this machine has 2 cores)")
@@ -456,7 +494,9 @@ def main(argv: list[str] | None = None) -> int:
               f"p99 {(r64['full_p99'] - r64['tls_p99']) / 2:.3f} ms   (targets 0.5 / 2 ms)")
     big = [r["full_mbs"] / r["tls_mbs"] for r in rows if r["size"] >= MIB]
     if big:
-        print(f"c/a for messages >= 1 MiB: min {min(big):.2f}, mean {statistics.mean(big):.2f}   (target >= 0.9)")
+        nbig = [r["noshm_mbs"] / r["tls_mbs"] for r in rows if r["size"] >= MIB]
+        print(f"c/a for messages >= 1 MiB: min {min(big):.2f}, mean {statistics.mean(big):.2f}   (target >= 0.9; "
+              f"n/a: min {min(nbig):.2f}, mean {statistics.mean(nbig):.2f})")
     print(f"\n64 KiB activation behind a {args.bulk_mib} MiB bulk transfer ({len(behind)} samples; bulk took "
           f"{t_bulk['s']:.2f} s = {args.bulk_mib * MIB / t_bulk['s'] / 1e6:.0f} MB/s): "
           f"p50 {_pct(behind, 0.5) * 1e3:.2f} ms, p99 {_pct(behind, 0.99) * 1e3:.2f} ms   (target p99 <= 50 ms)")

@@ -42,6 +42,9 @@ PENDING_TTL_S = 30.0
 PUMP_BATCH = 16
 RANK_HELD_S = 3.0  # a rank whose connection sent a HELLO this recently is not handed to another connection
 RELEASE_BATCH = 500  # offsets per SHM_RELEASE frame (keeps its meta well inside the wire's limit)
+# released regions go back in batches: when a quarter of an arena waits, or this long after the first one
+# (a release per frame would cost each message another wake-up of the worker)
+RELEASE_DELAY_S = 0.02
 
 
 class WorkerShm:
@@ -53,6 +56,7 @@ class WorkerShm:
         self.down = Ring(half)
         self.ready = False  # the worker has mapped it: downward payloads may use it
         self.released: list[int] = []
+        self.released_bytes = 0
         self._on_release = on_release
 
     def offer(self) -> dict[str, int]:
@@ -63,13 +67,13 @@ class WorkerShm:
         """The worker's payload at `off`; the region goes back to the worker when the last view of it is gone
         (the link's retransmit buffer, a queue, a failed route: wherever it was last held)."""
         arr = np.frombuffer(self.arena.region(self.arena.up, off, n), dtype=np.uint8)
-        weakref.finalize(arr, self._released, off).atexit = False
+        weakref.finalize(arr, self._released, off, n).atexit = False
         return memoryview(arr)
 
-    def _released(self, off: int) -> None:
+    def _released(self, off: int, n: int) -> None:
         self.released.append(off)
-        if len(self.released) == 1:
-            self._on_release(self)
+        self.released_bytes += n
+        self._on_release(self)
 
     def close(self) -> None:
         self.arena.close_fd()
@@ -130,6 +134,8 @@ class LocalSide:
         self.throttled = False
         self._kicked = False
         self._releasing: set[WorkerShm] = set()
+        self._release_timer: asyncio.TimerHandle | None = None
+        self._release_soon = False
 
     def set_workers(self, workers: tuple) -> None:
         """Replace the accepted worker keys (hot reload)."""
@@ -356,18 +362,27 @@ class LocalSide:
         return payload
 
     def _shm_released(self, shm: WorkerShm) -> None:
-        """Some upward regions are free (called as their last view goes): tell the worker soon, in one frame."""
-        if not self._releasing:
-            try:
-                asyncio.get_running_loop().call_soon(self._send_releases)
-            except RuntimeError:  # shutting down: the arena goes with the process
-                return
+        """An upward region is free (called as its last view goes): tell the worker, batched."""
         self._releasing.add(shm)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # shutting down: the arena goes with the process
+            return
+        if shm.released_bytes >= shm.arena.half // 4:
+            if not self._release_soon:
+                self._release_soon = True
+                loop.call_soon(self._send_releases)
+        elif self._release_timer is None:
+            self._release_timer = loop.call_later(RELEASE_DELAY_S, self._send_releases)
 
     def _send_releases(self) -> None:
+        if self._release_timer is not None:
+            self._release_timer.cancel()
+            self._release_timer = None
+        self._release_soon = False
         owners = {id(r.shm): ident for ident, r in self.by_ident.items() if r.shm is not None}
         for shm in self._releasing:
-            offsets, shm.released = shm.released, []
+            offsets, shm.released, shm.released_bytes = shm.released, [], 0
             ident = owners.get(id(shm))
             if ident is None:  # the connection is gone, and its arena with it
                 continue

@@ -50,6 +50,12 @@ RTO_MAX_S = 60.0
 RTO_BYTES_PER_S = 4e6  # the slowest link the fallback timer allows for before resending
 DEFAULT_WINDOW_BYTES = 256 * 1024**2
 SNDHWM = 16  # frames inside ZeroMQ; more wait in our lanes so a small activation can overtake bulk frames
+# a full shared-memory arena is waited on this long (the switch hands regions back as its link sends them);
+# then payloads go through the socket until it does
+SHM_WAIT_S = 0.05
+# regions read are handed back in batches: when a quarter of the arena waits, or this long after the first one
+# (a release per message would cost each message another wake-up on both sides)
+SHM_RELEASE_DELAY_S = 0.02
 
 
 class ChannelError(Exception):
@@ -334,7 +340,11 @@ class _IOThread:
         self.arena: Arena | None = None
         self.up_ring: Ring | None = None
         self.shm_refused = 0  # token of an offered arena we could not map (not tried again)
+        self.shm_full_since: float | None = None  # the upward half has had no room since then
+        self.shm_waiting = False  # the next frame waits for room in it (so: no POLLOUT wake-ups meanwhile)
         self.down_done: list[tuple[int, int]] = []  # (arena token, offset)
+        self.down_done_bytes = 0
+        self.release_due = 0.0
         self.hello_head = self._hello()
         self.resend_after_welcome = False
 
@@ -434,6 +444,10 @@ class _IOThread:
 
     def _loop(self) -> None:
         poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.wake_r, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
+        sock_events = zmq.POLLIN
         next_hello = 0.0
         next_check = time.monotonic() + 1.0
         while self.running:
@@ -444,12 +458,16 @@ class _IOThread:
             if now >= next_check:
                 self._check_timeouts(now)
                 next_check = now + 0.5
-            poller = zmq.Poller()
-            poller.register(self.sock, zmq.POLLIN | (zmq.POLLOUT if any(self.lanes) else 0))
-            poller.register(self.wake_r, zmq.POLLIN)
-            poller.register(self.monitor, zmq.POLLIN)
-            timeout = max(0.0, min(next_hello, next_check) - time.monotonic())
-            events = dict(poller.poll(timeout * 1000))
+            want = zmq.POLLIN | (zmq.POLLOUT if any(self.lanes) and not self.shm_waiting else 0)
+            if want != sock_events:
+                poller.modify(self.sock, want)
+                sock_events = want
+            until = min(next_hello, next_check)
+            if self.down_done:
+                until = min(until, self.release_due)
+            if self.shm_waiting and self.shm_full_since is not None:
+                until = min(until, self.shm_full_since + SHM_WAIT_S)
+            events = dict(poller.poll(max(0.0, until - time.monotonic()) * 1000))
             if self.wake_r in events:
                 try:
                     while os.read(self.wake_r, 4096):
@@ -547,9 +565,17 @@ class _IOThread:
 
     def _send_raw(self, head: bytes, payload: Any) -> bool:
         n = len(payload)
-        if n >= SHM_MIN_BYTES and self.up_ring is not None and self.sock.get(zmq.EVENTS) & zmq.POLLOUT:
+        if (SHM_MIN_BYTES <= n and self.up_ring is not None and n <= self.up_ring.size
+                and self.sock.get(zmq.EVENTS) & zmq.POLLOUT):
             off = self.up_ring.alloc(n)
-            if off is not None:  # else the switch still holds too much of the arena: inline, through the socket
+            if off is None:  # the switch still holds the arena: wait for a release a while, then go inline
+                now = time.monotonic()
+                if self.shm_full_since is None:
+                    self.shm_full_since = now
+                if now - self.shm_full_since < SHM_WAIT_S:
+                    self.shm_waiting = True
+                    return False
+            else:
                 self.arena.up[off : off + n] = payload
                 try:
                     self.sock.send_multipart((head, SHM_TAG, pack_desc(self.arena.token, off, n)), zmq.NOBLOCK)
@@ -568,6 +594,7 @@ class _IOThread:
 
     def _send_lanes(self) -> None:
         lanes = self.lanes
+        self.shm_waiting = False
         while True:
             if lanes[0]:
                 q = lanes[0]
@@ -656,6 +683,7 @@ class _IOThread:
                 if self.arena is not None and frame.meta["token"] == self.arena.token:
                     for off in frame.meta["offsets"]:
                         self.up_ring.free(off)
+                    self.shm_full_since = None
 
     # shared memory
     def _shm_payload(self, desc: memoryview) -> tuple[memoryview, tuple[int, int]]:
@@ -663,22 +691,27 @@ class _IOThread:
         token, off, n = unpack_desc(desc)
         if self.arena is None or token != self.arena.token:
             raise WireError("bad_shm", f"descriptor names arena {token:x}, which this worker has not mapped")
-        return self.arena.region(self.arena.down, off, n), (token, off)
+        return self.arena.region(self.arena.down, off, n), (token, off, n)
 
-    def _shm_done(self, region: tuple[int, int] | None) -> None:
+    def _shm_done(self, region: tuple[int, int, int] | None) -> None:
         """We no longer need a downward region: the switch may reuse it (told in the next release frame)."""
         if region is not None:
-            self.down_done.append(region)
+            if not self.down_done:
+                self.release_due = time.monotonic() + SHM_RELEASE_DELAY_S
+            self.down_done.append(region[:2])
+            self.down_done_bytes += region[2]
 
     def _flush_shm_releases(self) -> None:
         if not self.down_done:
             return
         token = self.arena.token if self.arena is not None else 0
+        if token and self.down_done_bytes < self.arena.half // 4 and time.monotonic() < self.release_due:
+            return
         offsets = [off for t, off in self.down_done if t == token]  # (a replaced arena's regions went with it)
         for i in range(0, len(offsets), 500):
             head = encode_frame(FrameType.SHM_RELEASE, {"token": token, "offsets": offsets[i : i + 500]})
             self.lanes[Lane.CONTROL].append((head, b"", None))
-        self.down_done = []
+        self.down_done, self.down_done_bytes = [], 0
 
     def _take_arena(self, offer: Any) -> None:
         """Map the arena a WELCOME offers, unless it is the one we have (or one we could not map)."""
@@ -697,7 +730,8 @@ class _IOThread:
             return
         # regions of the old arena are forgotten with it: frames still naming it are dropped by the switch and
         # sent again, like everything else after a switch restart
-        self.arena, self.up_ring, self.down_done = arena, Ring(half), []
+        self.arena, self.up_ring, self.down_done, self.shm_full_since = arena, Ring(half), [], None
+        self.down_done_bytes = 0
         self.hello_head = self._hello()
         self._send_raw(self.hello_head, b"")  # tells the switch we mapped it, so it may send downwards through it
 

@@ -10,7 +10,8 @@ A ZeroMQ message then holds the frame head and a 24-byte descriptor instead of t
 Every step falls back to an inline payload (arena full, not mapped, too small a payload), so shared memory
 changes only where the bytes live, never what arrives. The switch seals the memfd against shrinking, so a
 worker cannot make the switch's mapping fault; the memfd's name carries a random token that the worker checks
-after opening, so it never maps some other file that happens to have that descriptor number.
+after opening, so it never maps some other file that happens to have that descriptor number. Only processes
+that may already read the switch's memory (its user, or root) can open the arena at all.
 """
 from __future__ import annotations
 

@@ -151,6 +151,24 @@ def test_shared_memory_off_or_too_small_falls_back_to_the_socket(procs, federati
     assert _status(b, lambda s: True)["shm_bytes"] == {"in": 0, "out": 0}
 
 
+def test_full_arena_sends_through_the_socket_without_loss(procs, federation):
+    """A slow link keeps switch A holding the regions of frames it has not sent yet: the worker's small arena
+    fills, the worker waits a little for releases, then sends through the socket, and nothing is lost."""
+    edit_yaml(Path(federation["clusters"]["A"]["switch_yaml"]),
+              lambda d: (d["local"].update(shm_bytes=1 << 20), d["link"].update(shape={"rate_mbit": 40.0})))
+    a = start_switch(procs, Path(federation["clusters"]["A"]["switch_yaml"]))
+    start_switch(procs, Path(federation["clusters"]["B"]["switch_yaml"]))
+    msgs = [os.urandom(250_000) for _ in range(24)]
+    with Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(federation, "B"), job="j", rank=0) as eb:
+        ca, cb = ea.channel("B", 0, "full"), eb.channel("A", 0, "full")
+        for m in msgs:
+            ca.send(m, lane="bulk")
+        assert [cb.recv(timeout_s=60) for _ in msgs] == msgs
+    st = _status(a, lambda s: s["shm_bytes"]["in"] > 0)
+    assert 0 < st["shm_bytes"]["in"] < sum(map(len, msgs))
+
+
 def test_worker_without_shared_memory_keeps_the_socket(two_switches, tmp_path):
     fed, a, b = two_switches
     data = yaml.safe_load(Path(worker_yaml(fed, "A")).read_text())
