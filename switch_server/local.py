@@ -287,7 +287,8 @@ class LocalSide:
         elif len(parts) in (2, 3):
             payload = parts[2].buffer if len(parts) == 3 else b""
         else:
-            self.refuse(ident, "bad_parts", f"expected 1 or 2 message parts after the identity, got {len(parts) - 1}")
+            self.refuse(ident, "bad_parts", f"expected head and payload (or head, {SHM_TAG.decode()} and a shared-memory "
+                        f"descriptor) after the identity, got {len(parts) - 1} parts")
             return
         head = parts[1]
         user = head.get("User-Id")

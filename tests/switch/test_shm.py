@@ -231,6 +231,9 @@ def test_arena_misuse_is_refused_and_the_switch_keeps_serving(two_switches):
         # a malformed descriptor
         w.sock.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"x", channel_id=key.id), SHM_TAG, b"xyz"])
         assert w.next(FrameType.ERROR).meta["code"] == "bad_shm"
+        w.sock.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"x", channel_id=key.id), b"x", b"y", b"z"])
+        err = w.next(FrameType.ERROR).meta
+        assert err["code"] == "bad_parts" and "got 4 parts" in err["message"]
         with Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
             rx = eb.channel("A", 7, "raw")
             # another arena's token (as after a switch restart): dropped without a word, nothing delivered
