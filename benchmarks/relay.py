@@ -402,8 +402,8 @@ def main(argv: list[str] | None = None) -> int:
         noshm.close()
         time.sleep(1.2)  # a status period
         shm_in, shm_out = switch_status(fed, "A")["shm_bytes"]["in"], switch_status(fed, "B")["shm_bytes"]["out"]
-        full_bytes = sum(_plan(size, args.budget_mib * MIB)[0] * size + _plan(size, args.budget_mib * MIB)[1] * size
-                         for size in sizes)
+        # what the full path carried: the throughput messages and the latency samples of every size
+        full_bytes = sum(sum(_plan(size, args.budget_mib * MIB)) * size for size in sizes)
 
         # a 64 KiB activation on its own channel while a bulk transfer runs; the bulk sender and receiver are
         # other ranks, so other processes (as in a real job), and do not share this process's interpreter lock

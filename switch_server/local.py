@@ -24,7 +24,8 @@ from zmq.utils import z85
 
 from nebula.config import LocalConfig
 from nebula.wire import Frame, FrameType, Lane, WireError, decode_frame, decode_head, encode_frame
-from nebula.wire.shm import SHM_MIN_BYTES, SHM_TAG, Arena, Ring, pack_desc, unpack_desc
+from nebula.wire.shm import (RELEASE_BATCH, RELEASE_DELAY_S, SHM_MIN_BYTES, SHM_TAG, Arena, Ring, pack_desc,
+                              release_now, unpack_desc)
 from security.curve import local_password
 from switch_server.lanes import LaneQueues
 
@@ -41,10 +42,6 @@ PENDING_TTL_S = 30.0
 # link writer runs
 PUMP_BATCH = 16
 RANK_HELD_S = 3.0  # a rank whose connection sent a HELLO this recently is not handed to another connection
-RELEASE_BATCH = 500  # offsets per SHM_RELEASE frame (keeps its meta well inside the wire's limit)
-# released regions go back in batches: when a quarter of an arena waits, or this long after the first one
-# (a release per frame would cost each message another wake-up of the worker)
-RELEASE_DELAY_S = 0.02
 
 
 class WorkerShm:
@@ -369,7 +366,7 @@ class LocalSide:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # shutting down: the arena goes with the process
             return
-        if shm.released_bytes >= shm.arena.half // 4:
+        if release_now(shm.released_bytes, shm.arena.half):
             if not self._release_soon:
                 self._release_soon = True
                 loop.call_soon(self._send_releases)

@@ -38,7 +38,8 @@ from nebula.wire import (
     encode_meta,
     lane_of,
 )
-from nebula.wire.shm import SHM_MIN_BYTES, SHM_TAG, Arena, Ring, pack_desc, unpack_desc
+from nebula.wire.shm import (RELEASE_BATCH, RELEASE_DELAY_S, SHM_MIN_BYTES, SHM_TAG, Arena, Ring, pack_desc,
+                              release_now, unpack_desc)
 from security.curve import local_password
 
 log = logging.getLogger(__name__)
@@ -53,9 +54,6 @@ SNDHWM = 16  # frames inside ZeroMQ; more wait in our lanes so a small activatio
 # a full shared-memory arena is waited on this long (the switch hands regions back as its link sends them);
 # then payloads go through the socket until it does
 SHM_WAIT_S = 0.05
-# regions read are handed back in batches: when a quarter of the arena waits, or this long after the first one
-# (a release per message would cost each message another wake-up on both sides)
-SHM_RELEASE_DELAY_S = 0.02
 
 
 class ChannelError(Exception):
@@ -686,8 +684,8 @@ class _IOThread:
                     self.shm_full_since = None
 
     # shared memory
-    def _shm_payload(self, desc: memoryview) -> tuple[memoryview, tuple[int, int]]:
-        """A downward payload in the arena, and the (token, offset) to hand back once it is read."""
+    def _shm_payload(self, desc: memoryview) -> tuple[memoryview, tuple[int, int, int]]:
+        """A downward payload in the arena, and its (token, offset, length), to hand back once it is read."""
         token, off, n = unpack_desc(desc)
         if self.arena is None or token != self.arena.token:
             raise WireError("bad_shm", f"descriptor names arena {token:x}, which this worker has not mapped")
@@ -697,7 +695,7 @@ class _IOThread:
         """We no longer need a downward region: the switch may reuse it (told in the next release frame)."""
         if region is not None:
             if not self.down_done:
-                self.release_due = time.monotonic() + SHM_RELEASE_DELAY_S
+                self.release_due = time.monotonic() + RELEASE_DELAY_S
             self.down_done.append(region[:2])
             self.down_done_bytes += region[2]
 
@@ -705,11 +703,11 @@ class _IOThread:
         if not self.down_done:
             return
         token = self.arena.token if self.arena is not None else 0
-        if token and self.down_done_bytes < self.arena.half // 4 and time.monotonic() < self.release_due:
+        if token and not release_now(self.down_done_bytes, self.arena.half) and time.monotonic() < self.release_due:
             return
         offsets = [off for t, off in self.down_done if t == token]  # (a replaced arena's regions went with it)
-        for i in range(0, len(offsets), 500):
-            head = encode_frame(FrameType.SHM_RELEASE, {"token": token, "offsets": offsets[i : i + 500]})
+        for i in range(0, len(offsets), RELEASE_BATCH):
+            head = encode_frame(FrameType.SHM_RELEASE, {"token": token, "offsets": offsets[i : i + RELEASE_BATCH]})
             self.lanes[Lane.CONTROL].append((head, b"", None))
         self.down_done, self.down_done_bytes = [], 0
 

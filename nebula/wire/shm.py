@@ -26,6 +26,15 @@ from nebula.wire.frame import WireError
 
 SHM_TAG = b"NEBULA-SHM"  # the middle ZeroMQ part of a DATA message whose payload lies in the arena
 SHM_MIN_BYTES = 8192  # smaller payloads travel inline: the descriptor and release cost more than the copy
+RELEASE_BATCH = 500  # offsets per SHM_RELEASE frame (keeps its meta well inside the wire's limit)
+# both sides hand regions back in batches: when a quarter of the arena waits, or this long after the first one
+# (a release per frame would cost every message another wake-up on the other side)
+RELEASE_DELAY_S = 0.02
+
+
+def release_now(pending_bytes: int, half: int) -> bool:
+    """Whether released regions of `pending_bytes` in an arena half of `half` bytes should go back at once."""
+    return pending_bytes >= half // 4
 _DESC = struct.Struct("!QQQ")  # token, offset within the direction's half, length
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _NAME = "nebula-shm-"
@@ -99,13 +108,6 @@ class Ring:
         if not live:
             self._head = 0
         return True
-
-    def __contains__(self, off: int) -> bool:
-        return off in self._at
-
-    def length(self, off: int) -> int:
-        """Length of the live allocation at `off` (KeyError if none)."""
-        return self._at[off][1]
 
 
 class Arena:
