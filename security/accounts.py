@@ -256,15 +256,26 @@ class Accounts:
                        (int(locked), int(locked), name))
         self.audit.append(actor, "user.lock" if locked else "user.unlock", name)
 
+    def _dummy_hash(self) -> str:
+        """A hash with this store's scrypt cost that no password matches (random salt and digest, no KDF run)."""
+        salt, digest = (base64.b64encode(secrets.token_bytes(k)).decode() for k in (16, 32))
+        return "$".join(["scrypt", str(self.scrypt_n), str(SCRYPT_R), str(SCRYPT_P), salt, digest])
+
     def authenticate(self, name: str, password: str) -> Account:
-        """Check `name`'s password; after `max_failures` consecutive failures the account locks."""
+        """Check `name`'s password; after `max_failures` consecutive failures the account locks.
+
+        Every path runs the password KDF once, so an unknown or locked user costs the same time as a wrong
+        password and login timing does not reveal which user names exist.
+        """
         with closing(self._db()) as db:
             try:
                 row = self._user(db, name)
             except AccountError:
+                verify_password(password, self._dummy_hash())
                 self.audit.append(name, "login", name, "failed", {"why": "unknown user"})
                 raise AuthenticationFailed(f"login failed for {name!r}: unknown user or wrong password") from None
             if row["locked"]:
+                verify_password(password, row["pw_hash"])
                 self.audit.append(name, "login", name, "denied", {"why": "locked"})
                 raise AccountLocked(f"account {name!r} is locked; an admin can run `nebula-admin user unlock {name}`")
             ok = verify_password(password, row["pw_hash"])
