@@ -51,9 +51,11 @@ def check_switch_start(cfg: Any, config_path: str | os.PathLike | None = None) -
     and federation; and that `tls.key`, `audit.signing_key`, `local.curve_secret_key` and the worker key files
     provisioned beside the config (`workers/`) are readable by their owner only.
     """
-    keys: list[tuple[str | os.PathLike, str]] = [(cfg.tls.key, "TLS key (tls.key)"),
-                                                 (cfg.audit.signing_key, "audit signing key (audit.signing_key)"),
-                                                 (cfg.local.curve_secret_key, "CURVE secret key (local.curve_secret_key)")]
+    keys: list[tuple[str | os.PathLike, str]] = [
+        (cfg.tls.key, "TLS key (tls.key)"),
+        (cfg.audit.signing_key, "audit signing key (audit.signing_key)"),
+        (cfg.local.curve_secret_key, "CURVE secret key (local.curve_secret_key)"),
+    ]
     named = {Path(p).resolve() for p, _ in keys}
     if config_path is not None:
         keys += [(p, "key file") for p in private_key_files(Path(config_path).resolve().parent)

@@ -176,8 +176,9 @@ def check_own_identity(ca: str | os.PathLike, cert: str | os.PathLike, crl: str 
     for what, have, want in (("federation", ident.federation, federation), ("role", ident.role, role),
                              ("cluster", ident.cluster, cluster)):
         if have != want:
+            wanted = _ident_wanted(federation, role, cluster)
             raise TLSConfigError(f"certificate {cert} is {ident.uri}, of {what} {have!r}, but this process serves "
-                                 f"{what} {want!r}; use a certificate issued for {_ident_wanted(federation, role, cluster)} "
+                                 f"{what} {want!r}; use a certificate issued for {wanted} "
                                  f"(`nebula-admin cert issue --role {role}"
                                  f"{f' --cluster {cluster}' if cluster else ''} ...`) or fix the config")
     return ident
