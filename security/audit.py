@@ -58,6 +58,7 @@ GENESIS = "0" * 64
 CHECKPOINT_ACTION = "audit.checkpoint"
 PEER_CHECKPOINT_ACTION = "audit.peer_checkpoint"
 _AUDIT_ACTOR = "audit"
+PEER_RECORD_MIN_S = 1.0  # at most one peer checkpoint kept per cluster in this interval
 
 
 def default_actor() -> str:
@@ -220,7 +221,7 @@ class AuditLog:
         self._offset = -1  # bytes of the log already accounted for; -1 = not yet read
         self._tail_cp: Checkpoint | None = None  # the checkpoint the last record carries, if it is one
         self._caught_up = False  # whether this writer has signed (or found signed) the tail it opened on
-        self._peer_last: dict[str, tuple[int, str]] = {}
+        self._peer_last: dict[str, tuple[int, float]] = {}  # cluster -> (seq, monotonic time) last stored
         self._closed = False
 
     # ---- catching up with other writers (called with the flock held)
@@ -343,11 +344,14 @@ class AuditLog:
         """Keep a checkpoint received from `cluster` (signature checked first): beside this log and as a record in it.
 
         The record puts the peer's signed head into this log's own chain, which this log's next checkpoint signs:
-        the two switches' heads are then cross-signed. A repeat of the checkpoint stored last is not recorded again.
+        the two switches' heads are then cross-signed. One checkpoint per cluster is kept per PEER_RECORD_MIN_S,
+        and none at or below the seq kept last, so a peer flooding checkpoints costs neither records nor signatures.
         """
         verify_checkpoint(cp)
-        if self._peer_last.get(cluster) == (cp.seq, cp.head):
-            return
+        last = self._peer_last.get(cluster)
+        now = time.monotonic()
+        if last is not None and (cp.seq <= last[0] or now - last[1] < PEER_RECORD_MIN_S):
+            return  # a repeat, an older one, or one of a flood: the latest is kept at the next interval
         path = peer_checkpoints_path(self.path, cluster)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -369,7 +373,7 @@ class AuditLog:
                     self._checkpoint_locked()
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
-        self._peer_last[cluster] = (cp.seq, cp.head)
+        self._peer_last[cluster] = (cp.seq, now)
 
     def close(self) -> None:
         """Write a final checkpoint (unless the head is already one) and close the files."""

@@ -260,14 +260,17 @@ def test_unsigned_tail_of_a_crashed_writer_is_signed_by_the_next_writer(tmp_path
     assert verify_log(log, public_key_pem(key)).ok
 
 
-def test_peer_checkpoints_are_kept_beside_and_inside_the_peers_log_and_witness_truncation(tmp_path, key):
+def test_peer_checkpoints_are_kept_beside_and_inside_the_peers_log_and_witness_truncation(tmp_path, key,
+                                                                                          monkeypatch):
+    import security.audit
+    monkeypatch.setattr(security.audit, "PEER_RECORD_MIN_S", 0.0)  # keep every one (no flood here)
     log = make_log(tmp_path, key, n=12, every=5)
     cps = read_checkpoints(checkpoints_path(log))
     peer_key = tmp_path / "peer.key"
     generate_signing_key(peer_key)
     with AuditLog(tmp_path / "peer.log", peer_key) as peer_audit:
         peer_audit.append("switch:B", "switch_started", "B")
-        for cp in cps + cps[-1:]:  # a repeat is not recorded twice
+        for cp in cps + cps[:1]:  # a repeat (or an older one) is not recorded again
             peer_audit.store_peer_checkpoint("A", cp)
         with pytest.raises(AuditError, match="invalid signature"):
             peer_audit.store_peer_checkpoint("A", Checkpoint(seq=99, head=cps[0].head, time=0.0,
@@ -287,6 +290,24 @@ def test_peer_checkpoints_are_kept_beside_and_inside_the_peers_log_and_witness_t
     assert verify_log(log).ok
     report = verify_log(log, witnesses=held)
     assert not report.ok and report.first_bad == 7 and "truncated" in report.reason
+
+
+def test_a_flood_of_peer_checkpoints_costs_one_record_and_no_new_signature(tmp_path, key):
+    log = make_log(tmp_path, key, n=200, every=1)  # 200 distinct, validly signed checkpoints of A
+    cps = read_checkpoints(checkpoints_path(log))
+    peer_key = tmp_path / "peer.key"
+    generate_signing_key(peer_key)
+    with AuditLog(tmp_path / "peer.log", peer_key) as peer_audit:
+        peer_audit.append("switch:B", "switch_started", "B")
+        first = peer_audit.checkpoint()
+        peer_audit.store_peer_checkpoint("A", cps[0])
+        answer = peer_audit.checkpoint()  # what the switch sends back: a new head is signed once
+        n = peer_audit.seq
+        for cp in cps[1:]:
+            peer_audit.store_peer_checkpoint("A", cp)
+            assert peer_audit.checkpoint() == answer  # nothing new to sign while the flood is dropped
+        assert peer_audit.seq == n and answer != first
+    assert len(read_checkpoints(peer_checkpoints_path(tmp_path / "peer.log", "A"))) == 1
 
 
 _WRITER = """
