@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 
@@ -65,8 +65,12 @@ def _switch_files(cfg_path: Path) -> tuple[dict[str, Any], Path | None, Path | N
     return cfg, log, key, state
 
 
-def find_evidence(log: str | os.PathLike) -> Evidence:
-    """Pins, witnesses and signs of use for the audit log at `log`, from the files around it (see the module doc)."""
+def find_evidence(log: str | os.PathLike, peer_dirs: Iterable[str | os.PathLike] = ()) -> Evidence:
+    """Pins, witnesses and signs of use for the audit log at `log`, from the files around it (see the module doc).
+
+    `peer_dirs` are further peer cluster directories (each with its switch.yaml, audit log and state, e.g. copied
+    from the peer's host) to take witnesses and pins from.
+    """
     log = Path(log).resolve()
     cfg_path = log.parent / "switch.yaml"
     found = _switch_files(cfg_path) if cfg_path.exists() else None
@@ -88,15 +92,17 @@ def find_evidence(log: str | os.PathLike) -> Evidence:
     witnesses: list[Checkpoint] = []
     sources: list[str] = []
     peers = cfg.get("peers") if isinstance(cfg.get("peers"), list) else []
-    for peer in peers:
-        name = peer.get("cluster") if isinstance(peer, dict) else None
-        peer_cfg = log.parent.parent / str(name) / "switch.yaml"
-        if not isinstance(name, str) or not peer_cfg.exists():
-            continue
-        pf = _switch_files(peer_cfg)
+    names = [p.get("cluster") for p in peers if isinstance(p, dict) and isinstance(p.get("cluster"), str)]
+    dirs = [log.parent.parent / name for name in names] + [Path(d).resolve() for d in peer_dirs]
+    seen: set[Path] = set()
+    for peer_dir in dirs:
+        peer_cfg = peer_dir / "switch.yaml"
+        pf = _switch_files(peer_cfg) if peer_cfg.exists() and peer_dir not in seen else None
+        seen.add(peer_dir)
         if pf is None or pf[1] is None:
             continue
-        _, peer_log, _, peer_state = pf
+        peer_conf, peer_log, _, peer_state = pf
+        name = str(peer_conf.get("cluster", peer_dir.name))
         got = _peer_witnesses(peer_log, cluster, notes)
         if got:
             witnesses += got

@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "(default: pinned from the config beside the log)")
     ver.add_argument("--witness", action="append", default=[],
                      help="checkpoints file held elsewhere (e.g. a peer's copy); repeatable")
+    ver.add_argument("--peer-dir", action="append", default=[],
+                     help="a peer cluster's directory (its switch.yaml, audit log, state), e.g. copied from the "
+                          "peer's host: its copies of this log's checkpoints and its pinned key are used; repeatable")
     ver.add_argument("--no-discover", action="store_true",
                      help="use only --key and --witness, not the config and peers' copies found beside the log")
     ver.set_defaults(handler=verify)
@@ -48,7 +51,7 @@ def verify(args: argparse.Namespace) -> int:
     """Handler of `audit verify`: exit 0 when intact, 1 when tampered or suspicious."""
     pem = Path(args.key).read_bytes() if args.key else None
     witnesses = [cp for w in args.witness for cp in read_checkpoints(w)]
-    ev = Evidence() if args.no_discover or not Path(args.log).exists() else find_evidence(args.log)
+    ev = Evidence() if args.no_discover or not Path(args.log).exists() else find_evidence(args.log, args.peer_dir)
     report = verify_log(args.log, pem, witnesses + list(ev.witnesses), signer=None if pem else ev.signer,
                         pin_source=f"--key {args.key}" if pem else ev.pin_source, has_run=ev.has_run)
     used = ([f"key pinned from {args.key if pem else ev.pin_source}"] if pem or ev.signer else

@@ -78,3 +78,7 @@ def test_attacks_on_one_switchs_audit_files_are_caught_by_default(procs, tmp_pat
     shutil.move(b.config.parent, tmp_path / "B-elsewhere")
     code, out = _verify(capsys, log_a)
     assert code == 1 and out.startswith("SUSPICIOUS") and "log is empty although switch A has started" in out
+    # B's directory copied from its host and named explicitly gives its witnesses back
+    code = admin(["audit", "verify", "--log", str(log_a), "--peer-dir", str(tmp_path / "B-elsewhere")])
+    out = capsys.readouterr().out
+    assert code == 1 and out.startswith("TAMPERED") and "were deleted" in out and "from peer B" in out
