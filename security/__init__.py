@@ -1,6 +1,7 @@
 """Security layer: certificate authority and lifecycle, TLS contexts, accounts and grants, tamper-evident audit log.
 
-Submodules (import what you need): `identity`, `ca`, `tls`, `audit`, `curve`, `provision`, `accounts`, `cli`.
+Submodules (import what you need): `identity`, `ca`, `tls`, `preflight`, `audit`, `audit_verify`, `audit_evidence`,
+`curve`, `provision`, `accounts`, `routes`, `cli`.
 """
 from security._files import atomic_write
 from security.errors import (

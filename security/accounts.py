@@ -23,11 +23,13 @@ from security._time import iso, utcnow
 from security.audit import AuditLog, default_actor, generate_signing_key
 from security.errors import AccessDenied, AccountError, AccountLocked, AuthenticationFailed, IdentityError
 from security.identity import check_name
+from security.routes import ROUTE_SCHEMA, RouteGrant, RoutePolicy, parse_route_resource, policy_from_rows
 
 __all__ = [
     "Accounts",
     "Account",
     "Grant",
+    "RouteGrant",
     "ACCOUNT_ROLES",
     "NAMESPACE_DIRS",
     "hash_password",
@@ -159,7 +161,7 @@ class Accounts:
             self.home.mkdir(parents=True, exist_ok=True)
             os.chmod(self.home, 0o700)
         with closing(self._db()) as db, db:
-            db.executescript(_SCHEMA)
+            db.executescript(_SCHEMA + ROUTE_SCHEMA)
         os.chmod(self.home / "accounts.db", 0o600)
         if not (self.home / "audit_signing.key").exists():
             generate_signing_key(self.home / "audit_signing.key")
@@ -256,15 +258,26 @@ class Accounts:
                        (int(locked), int(locked), name))
         self.audit.append(actor, "user.lock" if locked else "user.unlock", name)
 
+    def _dummy_hash(self) -> str:
+        """A hash with this store's scrypt cost that no password matches (random salt and digest, no KDF run)."""
+        salt, digest = (base64.b64encode(secrets.token_bytes(k)).decode() for k in (16, 32))
+        return "$".join(["scrypt", str(self.scrypt_n), str(SCRYPT_R), str(SCRYPT_P), salt, digest])
+
     def authenticate(self, name: str, password: str) -> Account:
-        """Check `name`'s password; after `max_failures` consecutive failures the account locks."""
+        """Check `name`'s password; after `max_failures` consecutive failures the account locks.
+
+        Every path runs the password KDF once, so an unknown or locked user costs the same time as a wrong
+        password and login timing does not reveal which user names exist.
+        """
         with closing(self._db()) as db:
             try:
                 row = self._user(db, name)
             except AccountError:
+                verify_password(password, self._dummy_hash())
                 self.audit.append(name, "login", name, "failed", {"why": "unknown user"})
                 raise AuthenticationFailed(f"login failed for {name!r}: unknown user or wrong password") from None
             if row["locked"]:
+                verify_password(password, row["pw_hash"])
                 self.audit.append(name, "login", name, "denied", {"why": "locked"})
                 raise AccountLocked(f"account {name!r} is locked; an admin can run `nebula-admin user unlock {name}`")
             ok = verify_password(password, row["pw_hash"])
@@ -345,6 +358,69 @@ class Accounts:
             rows = db.execute(q + " ORDER BY id", args).fetchall()
         return [Grant(r["id"], r["owner"], r["grantee"], r["resource"], r["created"], r["expires"], r["revoked"])
                 for r in rows]
+
+    # ---- route grants: which clusters and stages an account's workers may address (see security.routes)
+    def add_route_grant(self, account: str, resource: str, expires: dt.datetime | None = None, *,
+                        actor: str | None = None) -> RouteGrant:
+        """Let `account`'s workers address `resource` (`cluster:B`, `stage:NAME`, `cluster:*`) until `expires`."""
+        actor = actor or default_actor()
+        kind, name = parse_route_resource(resource)
+        try:
+            check_name(account, "account")
+        except IdentityError as exc:
+            raise AccountError(str(exc)) from None
+        if expires is not None:
+            if expires.tzinfo is None:
+                expires = expires.replace(tzinfo=dt.timezone.utc)
+            if expires <= utcnow():
+                raise AccountError(f"expiry {iso(expires)} is in the past; give a future time such as 7d")
+        with closing(self._db()) as db:
+            cur = db.execute("INSERT INTO route_grants (account, kind, name, granted_by, created, expires) "
+                             "VALUES (?,?,?,?,?,?)", (account, kind, name, actor, iso(utcnow()),
+                                                      None if expires is None else iso(expires)))
+            gid = cur.lastrowid
+        self.audit.append(actor, "grant.add", account, detail={"id": f"r{gid}", "resource": f"{kind}:{name}",
+                                                               "expires": None if expires is None else iso(expires)})
+        return self.route_grant(gid)
+
+    def route_grant(self, grant_id: int) -> RouteGrant:
+        """The route grant with `grant_id` (shown as r<id>)."""
+        with closing(self._db()) as db:
+            r = db.execute("SELECT * FROM route_grants WHERE id = ?", (grant_id,)).fetchone()
+        if r is None:
+            raise AccountError(f"route grant r{grant_id} does not exist; see `nebula-admin grant list`")
+        return RouteGrant(r["id"], r["account"], f"{r['kind']}:{r['name']}", r["granted_by"], r["created"],
+                          r["expires"], r["revoked"])
+
+    def revoke_route_grant(self, grant_id: int, *, actor: str | None = None) -> None:
+        """Withdraw route grant `grant_id` now."""
+        actor = actor or default_actor()
+        g = self.route_grant(grant_id)
+        if g.revoked:
+            raise AccountError(f"route grant r{grant_id} is already revoked (at {g.revoked})")
+        with closing(self._db()) as db:
+            db.execute("UPDATE route_grants SET revoked = ? WHERE id = ?", (iso(utcnow()), grant_id))
+        self.audit.append(actor, "grant.revoke", g.account, detail={"id": f"r{grant_id}", "resource": g.resource})
+
+    def list_route_grants(self, account: str | None = None) -> list[RouteGrant]:
+        """Route grants, optionally only those of `account`."""
+        q, args = "SELECT id FROM route_grants", []
+        if account is not None:
+            q, args = q + " WHERE account = ?", [account]
+        with closing(self._db()) as db:
+            ids = [r[0] for r in db.execute(q + " ORDER BY id", args).fetchall()]
+        return [self.route_grant(i) for i in ids]
+
+    def route_policy(self) -> RoutePolicy:
+        """A snapshot of the live route grants (what a switch enforces; `security.routes.load_route_policy` reads
+        the same without opening the audit log)."""
+        with closing(self._db()) as db:
+            rows = db.execute("SELECT account, kind, name, expires, revoked FROM route_grants").fetchall()
+        return policy_from_rows([tuple(r) for r in rows])
+
+    def allowed_clusters(self, account: str) -> frozenset[str] | None:
+        """Clusters `account`'s workers may address (`*` = any); None while no cluster grant exists in this store."""
+        return self.route_policy().allowed_clusters(account)
 
     # ---- the one access path to resources
     def open_resource(self, actor: str, owner: str, resource: str, mode: str = "rb") -> IO:

@@ -1,12 +1,16 @@
-"""Tamper-evident audit log: hash-chained JSON-lines records with Ed25519-signed checkpoints.
+"""Tamper-evident audit log: hash-chained JSON-lines records with Ed25519-signed checkpoints inside the chain.
 
 Files: `<log>` holds one record per line, each carrying `prev` (hash of the record before) and `hash`
-(sha256 of its own canonical JSON without `hash`). `<log>.checkpoints` holds signed checkpoints
-(seq, head hash, time, signer) written every `checkpoint_every` records and on close; a checkpoint kept
-outside the log is what exposes a log truncated back past it. `<log>.peers/<cluster>.checkpoints` keeps
-checkpoints received from other clusters' switches (witnesses for their logs). Several processes may
-append to one log: each append takes an exclusive `flock` on the log and first catches up with records
-the others wrote.
+(sha256 of its own canonical JSON without `hash`). A signed checkpoint (seq, head hash, time, signer) is
+itself a record of the chain (action `audit.checkpoint`), written after the first record, after every
+`checkpoint_every`-th record, when a writer finds an unsigned tail left by another, and on close: a rewrite
+cannot keep them valid without the signing key, and cannot drop them without leaving a long unsigned tail,
+so no file beside the log is needed to notice it. `<log>.checkpoints` keeps a copy of each checkpoint (what
+is sent to peers). Checkpoints received from other clusters' switches are both kept in
+`<log>.peers/<cluster>.checkpoints` and recorded in this log (`audit.peer_checkpoint`): each switch's log,
+signed by its own key, holds its peers' heads, so a peer can prove what another's log said.
+Verification lives in `security.audit_verify`. Several processes may append to one log: each append takes
+an exclusive `flock` on the log and first catches up with records the others wrote.
 """
 from __future__ import annotations
 
@@ -44,10 +48,17 @@ __all__ = [
     "filter_records",
     "checkpoints_path",
     "peer_checkpoints_path",
+    "signer_of",
+    "checkpoint_of_record",
+    "CHECKPOINT_ACTION",
+    "PEER_CHECKPOINT_ACTION",
 ]
 
 GENESIS = "0" * 64
-_RECORD_KEYS = frozenset({"seq", "time", "actor", "action", "target", "outcome", "detail", "prev", "hash"})
+CHECKPOINT_ACTION = "audit.checkpoint"
+PEER_CHECKPOINT_ACTION = "audit.peer_checkpoint"
+_AUDIT_ACTOR = "audit"
+PEER_RECORD_MIN_S = 1.0  # at most one peer checkpoint kept per cluster in this interval
 
 
 def default_actor() -> str:
@@ -110,6 +121,11 @@ def _raw_public(pem: bytes) -> bytes:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
+def signer_of(pem: bytes) -> str:
+    """The `signer` field (base64 raw Ed25519 public key) that checkpoints signed by `pem`'s key carry."""
+    return base64.b64encode(_raw_public(pem)).decode()
+
+
 def public_key_pem(signing_key_path: str | os.PathLike) -> bytes:
     """Public key PEM of the Ed25519 signing key at `signing_key_path` (to pin it in `verify_log`)."""
     return _load_signing_key(signing_key_path).public_key().public_bytes(
@@ -166,6 +182,21 @@ def verify_checkpoint(cp: Checkpoint, public_key_pem: bytes | None = None) -> No
         raise AuditError(f"checkpoint at seq {cp.seq} has an invalid signature (checkpoint edited)") from None
 
 
+def checkpoint_of_record(rec: dict) -> Checkpoint | None:
+    """The checkpoint an `audit.checkpoint` (or `audit.peer_checkpoint`) record carries; None for other records."""
+    if rec.get("action") == CHECKPOINT_ACTION:
+        d = rec.get("detail")
+        if not isinstance(d, dict):
+            raise AuditError(f"checkpoint record {rec.get('seq')} has no detail")
+        return Checkpoint.from_json(_canonical({k: d.get(k) for k in ("seq", "head", "time", "signer", "signature")}))
+    if rec.get("action") == PEER_CHECKPOINT_ACTION:
+        d = rec.get("detail")
+        if not isinstance(d, dict) or not isinstance(d.get("checkpoint"), dict):
+            raise AuditError(f"peer checkpoint record {rec.get('seq')} has no checkpoint")
+        return Checkpoint.from_json(_canonical(d["checkpoint"]))
+    return None
+
+
 class AuditLog:
     """Appender for one audit log; a context manager whose close writes a final checkpoint."""
 
@@ -188,7 +219,9 @@ class AuditLog:
         self._seq = 0
         self._head = GENESIS
         self._offset = -1  # bytes of the log already accounted for; -1 = not yet read
-        self._last_cp_seq = -1
+        self._tail_cp: Checkpoint | None = None  # the checkpoint the last record carries, if it is one
+        self._caught_up = False  # whether this writer has signed (or found signed) the tail it opened on
+        self._peer_last: dict[str, tuple[int, float]] = {}  # cluster -> (seq, monotonic time) last stored
         self._closed = False
 
     # ---- catching up with other writers (called with the flock held)
@@ -197,13 +230,14 @@ class AuditLog:
         if size == self._offset:
             return
         if size == 0:
-            self._seq, self._head = 0, GENESIS
+            self._seq, self._head, self._tail_cp = 0, GENESIS, None
         else:
             last = self._last_line(size)
             try:
                 rec = json.loads(last)
                 self._seq, self._head = int(rec["seq"]), str(rec["hash"])
-            except (ValueError, KeyError, TypeError):
+                self._tail_cp = checkpoint_of_record(rec) if rec.get("action") == CHECKPOINT_ACTION else None
+            except (ValueError, KeyError, TypeError, AuditError):
                 raise AuditError(f"audit log {self.path} ends with a malformed record; run "
                                  f"`nebula-admin audit verify --log {self.path}`") from None
         self._offset = size
@@ -223,55 +257,80 @@ class AuditLog:
                 return buf[nl + 1:]
             end = start
 
+    def _write_locked(self, actor: str, action: str, target: str, outcome: str, detail: dict | None) -> int:
+        seq = self._seq + 1
+        body = _canonical({"seq": seq, "time": round(time.time(), 6), "actor": actor, "action": action,
+                           "target": target, "outcome": outcome, "detail": detail or {}, "prev": self._head})
+        digest = hashlib.sha256(body.encode()).hexdigest()
+        line = f'{body[:-1]},"hash":"{digest}"}}\n'.encode()
+        os.write(self._fd, line)
+        self._offset += len(line)
+        self._seq, self._head, self._tail_cp = seq, digest, None
+        return seq
+
     def append(self, actor: str, action: str, target: str, outcome: str = "ok",
                detail: dict | None = None) -> int:
-        """Append one record and return its sequence number (a checkpoint follows every N-th record)."""
+        """Append one record and return its sequence number (a signed checkpoint record follows the first
+        record and every N-th)."""
         for name, value in (("actor", actor), ("action", action), ("target", target), ("outcome", outcome)):
             if not isinstance(value, str):
                 raise AuditError(f"audit {name} must be a string, got {type(value).__name__}")
         if detail is not None and not isinstance(detail, dict):
             raise AuditError(f"audit detail must be a dict or None, got {type(detail).__name__}")
+        if action in (CHECKPOINT_ACTION, PEER_CHECKPOINT_ACTION):
+            raise AuditError(f"action {action!r} is reserved for the audit log's own signed records")
         with self._lock:
             if self._closed:
                 raise AuditError(f"audit log {self.path} is closed")
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
                 self._sync()
-                seq = self._seq + 1
-                body = _canonical({"seq": seq, "time": round(time.time(), 6), "actor": actor, "action": action,
-                                   "target": target, "outcome": outcome, "detail": detail or {},
-                                   "prev": self._head})
-                digest = hashlib.sha256(body.encode()).hexdigest()
-                line = f'{body[:-1]},"hash":"{digest}"}}\n'.encode()
-                os.write(self._fd, line)
-                self._offset += len(line)
-                self._seq, self._head = seq, digest
-                if seq % self.checkpoint_every == 0:
+                self._catch_up_locked()
+                seq = self._write_locked(actor, action, target, outcome, detail)
+                if seq == 1 or seq % self.checkpoint_every == 0:
                     self._checkpoint_locked()
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
         return seq
 
+    def _catch_up_locked(self) -> None:
+        # a writer that stopped without its closing checkpoint left an unsigned tail: sign it before adding to it,
+        # so an honest log never has more than `checkpoint_every` unsigned records at its end
+        if not self._caught_up:
+            self._caught_up = True
+            if self._seq > 0 and self._tail_cp is None:
+                self._checkpoint_locked()
+
     def _checkpoint_locked(self) -> Checkpoint:
-        os.fsync(self._fd)
+        if self._tail_cp is not None:  # the head is a checkpoint already: nothing new to sign
+            return self._tail_cp
         cp = Checkpoint(seq=self._seq, head=self._head, time=round(time.time(), 6), signer=self._signer, signature="")
         sig = base64.b64encode(self._key.sign(cp.message())).decode()
         cp = Checkpoint(seq=cp.seq, head=cp.head, time=cp.time, signer=cp.signer, signature=sig)
+        detail = json.loads(cp.to_json())
+        detail["every"] = self.checkpoint_every
+        self._write_locked(_AUDIT_ACTOR, CHECKPOINT_ACTION, self.path.name, "ok", detail)
+        self._tail_cp = cp
+        os.fsync(self._fd)
         fd = os.open(checkpoints_path(self.path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             os.write(fd, (cp.to_json() + "\n").encode())
             os.fsync(fd)
         finally:
             os.close(fd)
-        self._last_cp_seq = cp.seq
         return cp
 
     def checkpoint(self) -> Checkpoint:
-        """Sign and store a checkpoint of the current head now."""
+        """Sign the current head now (as a checkpoint record); the latest checkpoint if the head is one already."""
         with self._lock:
+            if self._closed:
+                raise AuditError(f"audit log {self.path} is closed")
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
                 self._sync()
+                self._caught_up = True
+                if self._seq == 0:
+                    raise AuditError(f"audit log {self.path} has no record to sign yet; append one first")
                 return self._checkpoint_locked()
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -282,8 +341,17 @@ class AuditLog:
         return self._seq
 
     def store_peer_checkpoint(self, cluster: str, cp: Checkpoint) -> None:
-        """Keep a checkpoint received from `cluster` beside this log (signature checked first)."""
+        """Keep a checkpoint received from `cluster` (signature checked first): beside this log and as a record in it.
+
+        The record puts the peer's signed head into this log's own chain, which this log's next checkpoint signs:
+        the two switches' heads are then cross-signed. One checkpoint per cluster is kept per PEER_RECORD_MIN_S,
+        and none at or below the seq kept last, so a peer flooding checkpoints costs neither records nor signatures.
+        """
         verify_checkpoint(cp)
+        last = self._peer_last.get(cluster)
+        now = time.monotonic()
+        if last is not None and (cp.seq <= last[0] or now - last[1] < PEER_RECORD_MIN_S):
+            return  # a repeat, an older one, or one of a flood: the latest is kept at the next interval
         path = peer_checkpoints_path(self.path, cluster)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -292,32 +360,36 @@ class AuditLog:
             os.write(fd, (cp.to_json() + "\n").encode())
         finally:
             os.close(fd)
+        with self._lock:
+            if self._closed:
+                raise AuditError(f"audit log {self.path} is closed")
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                self._sync()
+                self._catch_up_locked()
+                seq = self._write_locked(_AUDIT_ACTOR, PEER_CHECKPOINT_ACTION, cluster, "ok",
+                                         {"checkpoint": json.loads(cp.to_json())})
+                if seq % self.checkpoint_every == 0:
+                    self._checkpoint_locked()
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._peer_last[cluster] = (cp.seq, now)
 
     def close(self) -> None:
-        """Write a final checkpoint (unless the head is already checkpointed) and close the files."""
+        """Write a final checkpoint (unless the head is already one) and close the files."""
         with self._lock:
             if self._closed:
                 return
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
                 self._sync()
-                if self._seq > 0 and self._seq != self._last_cp_seq and self._seq > self._stored_cp_seq():
+                if self._seq > 0:
                     self._checkpoint_locked()
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
                 os.close(self._fd)
                 os.close(self._rfd)
                 self._closed = True
-
-    def _stored_cp_seq(self) -> int:
-        try:
-            with open(checkpoints_path(self.path), "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 4096))
-                lines = f.read().splitlines()
-            return Checkpoint.from_json(lines[-1]).seq if lines else -1
-        except (FileNotFoundError, AuditError, IndexError):
-            return -1
 
     def __enter__(self) -> "AuditLog":
         return self
@@ -333,18 +405,6 @@ class AuditLog:
                 pass
 
 
-@dataclass(frozen=True, slots=True)
-class VerifyReport:
-    """Result of `verify_log`: ok, number of intact records, first bad sequence number (None if ok), why."""
-
-    ok: bool
-    records: int
-    first_bad: int | None
-    reason: str
-    checkpoints: int = 0
-    last_checkpoint: int | None = None
-
-
 def read_checkpoints(path: str | os.PathLike) -> list[Checkpoint]:
     """All checkpoints stored in a checkpoints file (empty if it does not exist)."""
     try:
@@ -352,88 +412,6 @@ def read_checkpoints(path: str | os.PathLike) -> list[Checkpoint]:
     except FileNotFoundError:
         return []
     return [Checkpoint.from_json(line) for line in data.splitlines() if line.strip()]
-
-
-def verify_log(path: str | os.PathLike, public_key_pem: bytes | None = None,
-               witnesses: Iterable[Checkpoint] = ()) -> VerifyReport:
-    """Check the hash chain and every signed checkpoint of the log at `path`; name the first bad record.
-
-    Detects edited, deleted, inserted and reordered records, rewritten chains that no longer match a
-    signed checkpoint, and truncation back past the last checkpoint. `witnesses` are extra checkpoints of
-    this log held elsewhere (e.g. by a peer cluster). With `public_key_pem`, checkpoints must be signed by it.
-    """
-    path = Path(path)
-    data = read_file(path, "audit log", AuditError, "pass the path of an existing audit log")
-    try:
-        cps = read_checkpoints(checkpoints_path(path))
-    except AuditError as exc:
-        return VerifyReport(False, 0, None, f"checkpoints file {checkpoints_path(path)}: {exc}")
-    cps = cps + list(witnesses)
-    by_seq: dict[int, list[Checkpoint]] = {}
-    for cp in cps:
-        try:
-            verify_checkpoint(cp, public_key_pem)
-        except AuditError as exc:
-            return VerifyReport(False, 0, cp.seq, str(exc), len(cps))
-        by_seq.setdefault(cp.seq, []).append(cp)
-    last_cp = max(by_seq, default=None)
-    lines = data.split(b"\n")
-    partial = lines.pop()  # b"" when the file ends with a newline
-    prev = GENESIS
-    last_good_cp = 0
-    n = 0
-    for i, line in enumerate(lines):
-        expected = i + 1
-        bad = _check_line(line, expected, prev)
-        if isinstance(bad, _Bad):
-            return VerifyReport(False, n, expected, f"record {expected} (line {expected}): {bad}", len(cps), last_cp)
-        prev = bad
-        n = expected
-        for cp in by_seq.get(expected, ()):
-            if cp.head != prev:
-                return VerifyReport(
-                    False, n, last_good_cp + 1,
-                    f"records {last_good_cp + 1}..{expected} were rewritten: the hash at seq {expected} does not "
-                    f"match the signed checkpoint", len(cps), last_cp)
-        if expected in by_seq:
-            last_good_cp = expected
-    if partial:
-        return VerifyReport(False, n, n + 1, f"record {n + 1} (line {n + 1}) is incomplete: partial write or "
-                                             f"truncated mid-record", len(cps), last_cp)
-    if last_cp is not None and last_cp > n:
-        return VerifyReport(False, n, n + 1, f"log ends at record {n} but a signed checkpoint covers seq {last_cp}: "
-                                             f"records {n + 1}..{last_cp} were deleted (truncated)", len(cps), last_cp)
-    if last_cp is None:
-        note = f"{n} records, chain intact, no signed checkpoint yet (truncation cannot be detected)"
-    else:
-        note = f"{n} records, chain intact, last signed checkpoint at seq {last_cp}"
-    return VerifyReport(True, n, None, note, len(cps), last_cp)
-
-
-def _check_line(line: bytes, expected: int, prev: str) -> str:
-    """The record's hash if it is intact at position `expected` after `prev`, else a `_Bad` reason."""
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return _Bad("is not valid JSON (edited or corrupted)")
-    if not isinstance(rec, dict) or set(rec) != _RECORD_KEYS:
-        return _Bad("does not have the record fields (edited or inserted)")
-    seq = rec["seq"]
-    if seq != expected:
-        if isinstance(seq, int) and seq > expected:
-            return _Bad(f"expected seq {expected}, found {seq}: records deleted or reordered")
-        return _Bad(f"expected seq {expected}, found {seq}: record inserted, duplicated or reordered")
-    claimed = rec.pop("hash")
-    if rec["prev"] != prev:
-        return _Bad(f"its prev hash does not match record {expected - 1}: a record before it was deleted, "
-                    "inserted or edited")
-    if hashlib.sha256(_canonical(rec).encode()).hexdigest() != claimed:
-        return _Bad("its content does not match its hash (edited)")
-    return claimed
-
-
-class _Bad(str):
-    """Reason a record failed (a str subclass so `_check_line` can return either a hash or a reason)."""
 
 
 def read_records(path: str | os.PathLike) -> Iterator[dict]:
@@ -464,3 +442,11 @@ def filter_records(records: Iterable[dict], *, user: str | None = None, action: 
         if outcome is not None and r.get("outcome") != outcome:
             continue
         yield r
+
+
+def __getattr__(name: str) -> Any:
+    # the verifier lives in security.audit_verify (which imports this module); keep the old import path working
+    if name in ("verify_log", "VerifyReport"):
+        from security import audit_verify
+        return getattr(audit_verify, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -108,8 +108,11 @@ def provision(federation: str, clusters: Sequence[str], out: str | os.PathLike, 
             ca_ref = {"ca": "../ca/ca.pem", "crl": "../ca/crl.pem"}
         else:
             ca_ref = {"ca": str(Path(ca_dir).resolve() / "ca.pem"), "crl": str(Path(ca_dir).resolve() / "crl.pem")}
-        ports = free_ports(host, len(clusters))
-        local_ports = free_ports("127.0.0.1", len(clusters))
+        if host == "127.0.0.1":  # one draw, so a WAN port and a local port can never be the same
+            both = free_ports(host, 2 * len(clusters))
+            ports, local_ports = both[:len(clusters)], both[len(clusters):]
+        else:
+            ports, local_ports = free_ports(host, len(clusters)), free_ports("127.0.0.1", len(clusters))
         listen = {c: _addr(host, p) for c, p in zip(clusters, ports)}
         summary: dict = {"federation": federation, "ca": str((Path(ca_dir) if ca_dir else out / "ca").resolve()),
                          "clusters": {}}

@@ -7,6 +7,7 @@ import ssl
 from typing import Collection
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 
 from security._files import read_file
 from security.errors import IdentityError, SecurityError, TLSConfigError
@@ -16,6 +17,7 @@ __all__ = [
     "server_context",
     "client_context",
     "check_peer",
+    "check_own_identity",
     "crl_serials",
     "describe_tls_error",
     "load_crl",
@@ -133,6 +135,58 @@ def check_peer(ssl_obj: ssl.SSLObject | ssl.SSLSocket, *, role: str | None, clus
     if cluster is not None and ident.cluster != cluster:
         raise PeerRejected("wrong_cluster", f"peer {ident.uri} is of cluster {ident.cluster!r}, expected {cluster!r}")
     return ident
+
+
+def check_own_identity(ca: str | os.PathLike, cert: str | os.PathLike, crl: str | os.PathLike, *, role: str,
+                       cluster: str | None, federation: str, now: dt.datetime | None = None) -> Identity:
+    """Identity of this process's own certificate if it may serve: issued by `ca`, valid now, not revoked in `crl`,
+    of `role`, `cluster` and `federation`; else TLSConfigError naming the file, the problem and the fix."""
+    try:
+        ca_cert = x509.load_pem_x509_certificate(_need(ca, "CA certificate"))
+    except ValueError as exc:
+        raise TLSConfigError(f"CA certificate {ca} is not a valid PEM certificate ({exc})") from None
+    try:
+        own = x509.load_pem_x509_certificate(_need(cert, "certificate"))
+    except ValueError as exc:
+        raise TLSConfigError(f"certificate {cert} is not a valid PEM certificate ({exc}); issue it again with "
+                             "`nebula-admin cert issue`") from None
+    serial = f"{own.serial_number:x}"
+    try:
+        own.verify_directly_issued_by(ca_cert)
+    except (ValueError, TypeError, InvalidSignature):
+        raise TLSConfigError(
+            f"certificate {cert} (serial {serial}, issuer {own.issuer.rfc4514_string()}) is not issued by the CA "
+            f"{ca} ({ca_cert.subject.rfc4514_string()}): peers would refuse it; issue it with that CA "
+            "(`nebula-admin cert issue --ca DIR ...`) or point tls.ca at the CA that issued it") from None
+    now = now or dt.datetime.now(dt.timezone.utc)
+    if now < own.not_valid_before_utc:
+        raise TLSConfigError(f"certificate {cert} (serial {serial}) is not valid before "
+                             f"{own.not_valid_before_utc:%Y-%m-%dT%H:%M:%SZ}; check this host's clock or wait")
+    if now >= own.not_valid_after_utc:
+        raise TLSConfigError(f"certificate {cert} (serial {serial}) expired at "
+                             f"{own.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}; renew it with "
+                             f"`nebula-admin cert renew --ca DIR --serial {serial}`")
+    if load_crl(crl, ca_cert).get_revoked_certificate_by_serial_number(own.serial_number) is not None:
+        raise TLSConfigError(f"certificate {cert} (serial {serial}) is revoked in the CRL {crl}; issue a new one "
+                             "with `nebula-admin cert issue` (a revoked certificate cannot be renewed)")
+    try:
+        ident = identity_of(own)
+    except IdentityError as exc:
+        raise TLSConfigError(f"certificate {cert}: {exc}") from None
+    for what, have, want in (("federation", ident.federation, federation), ("role", ident.role, role),
+                             ("cluster", ident.cluster, cluster)):
+        if have != want:
+            wanted = _ident_wanted(federation, role, cluster)
+            raise TLSConfigError(f"certificate {cert} is {ident.uri}, of {what} {have!r}, but this process serves "
+                                 f"{what} {want!r}; use a certificate issued for {wanted} "
+                                 f"(`nebula-admin cert issue --role {role}"
+                                 f"{f' --cluster {cluster}' if cluster else ''} ...`) or fix the config")
+    return ident
+
+
+def _ident_wanted(federation: str, role: str, cluster: str | None) -> str:
+    """The identity URI a certificate for `role` in `cluster` of `federation` carries (for messages)."""
+    return f"spiffe://{federation}/{role}/{cluster or '-'}/<name>"
 
 
 _VERIFY_CODES = {

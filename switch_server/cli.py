@@ -46,10 +46,14 @@ def _serve(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # asyncio repeats "socket.send() raised exception" for every write racing a cut connection; links report it once
     logging.getLogger("asyncio").setLevel(logging.ERROR)
+    from security.errors import SecurityError
+    from security.preflight import check_switch_start
+
     try:
         cfg = load_switch_config(args.config)
+        check_switch_start(cfg, args.config)  # fail closed: own certificate, CA, CRL, key file permissions
         server = SwitchServer(cfg, args.config)
-    except (ConfigError, SwitchError) as exc:
+    except (ConfigError, SwitchError, SecurityError) as exc:
         print(f"nebula-switch: {exc}", file=sys.stderr)
         return 2
 

@@ -21,6 +21,7 @@ MAGIC = b"NB"
 _HEADER = struct.Struct("!2sBBBBHQQQIIIQ")
 HEADER_BYTES = _HEADER.size
 MAX_META_BYTES = 8192
+MAX_META_DEPTH = 16  # nesting of arrays/objects in meta: deeper input would exhaust the JSON parser's recursion
 MAX_PAYLOAD_BYTES = 64 * 1024**2  # hard ceiling for one chunk; links use a smaller configured chunk size
 MAX_TOTAL_BYTES = 1 << 44
 MAX_NAME_CHARS = 256
@@ -231,14 +232,40 @@ def _parse_meta(h: Header, raw: bytes | memoryview) -> dict[str, Any]:
     if not raw:
         meta: Any = {}
     else:
+        raw = bytes(raw)
+        if raw.count(b"[") + raw.count(b"{") > MAX_META_DEPTH and _nesting_depth(raw) > MAX_META_DEPTH:
+            raise WireError("bad_meta", f"meta nests arrays/objects deeper than {MAX_META_DEPTH} levels; "
+                                        "send a flat JSON object")
         try:
-            meta = json.loads(bytes(raw).decode("utf-8"))
+            meta = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise WireError("bad_meta", f"meta is not UTF-8 JSON: {exc}") from None
     if not isinstance(meta, dict):
         raise WireError("bad_meta", f"meta must be a JSON object, got {type(meta).__name__}")
     _check_meta(h, meta)
     return meta
+
+
+def _nesting_depth(raw: bytes) -> int:
+    """Deepest nesting of [ and { in JSON text `raw`, brackets inside strings not counted."""
+    depth = deepest = 0
+    in_str = escaped = False
+    for c in raw:
+        if in_str:
+            if escaped:
+                escaped = False
+            elif c == 0x5C:  # backslash
+                escaped = True
+            elif c == 0x22:
+                in_str = False
+        elif c == 0x22:
+            in_str = True
+        elif c in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
 
 
 def decode_head(head: bytes | memoryview, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> tuple[Header, dict[str, Any]]:

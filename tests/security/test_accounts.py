@@ -170,3 +170,29 @@ def test_audit_log_of_the_store_verifies(acc):
     acc.audit.checkpoint()
     report = verify_log(acc.audit.path)
     assert report.ok and report.records == len(actions(acc)) >= 5
+
+
+def test_login_runs_the_password_kdf_for_unknown_and_locked_users_too(acc, monkeypatch):
+    import hashlib
+    import security.accounts as accounts_module
+    calls = []
+    real = hashlib.scrypt
+
+    def counting_scrypt(password, **kw):
+        calls.append((kw["n"], kw["r"], kw["p"], kw["dklen"]))
+        return real(password, **kw)
+
+    monkeypatch.setattr(accounts_module.hashlib, "scrypt", counting_scrypt)
+    kdf_runs = {}
+    for name in ("alice", "nobody"):  # an existing user with a wrong password, and one that does not exist
+        calls.clear()
+        with pytest.raises(AuthenticationFailed, match="unknown user or wrong password"):
+            acc.authenticate(name, "wrong-password")
+        kdf_runs[name] = list(calls)
+    assert kdf_runs["alice"] == kdf_runs["nobody"] == [(N, 8, 1, 32)]  # one KDF run at the same cost either way
+    acc.lock("bob")
+    calls.clear()
+    with pytest.raises(AccountLocked):
+        acc.authenticate("bob", "bob-password")
+    assert calls == [(N, 8, 1, 32)]
+    assert ("nobody", "login", "nobody", "failed") in actions(acc)

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from security.audit import (AuditLog, Checkpoint, checkpoints_path, filter_records, generate_signing_key,
-                            peer_checkpoints_path, public_key_pem, read_checkpoints, read_records,
-                            verify_checkpoint, verify_log)
+from security.audit import (CHECKPOINT_ACTION, PEER_CHECKPOINT_ACTION, AuditLog, Checkpoint, checkpoint_of_record,
+                            checkpoints_path, filter_records, generate_signing_key, peer_checkpoints_path,
+                            public_key_pem, read_checkpoints, read_records, verify_checkpoint)
+from security.audit_verify import verify_log
+from security.cli import main as admin
 from security.errors import AuditError
 
 
@@ -34,17 +36,27 @@ def lines(log: Path) -> list[bytes]:
     return log.read_bytes().splitlines(keepends=True)
 
 
-def test_records_chain_and_checkpoints_every_n_and_on_close(tmp_path, key):
+def test_records_chain_and_signed_checkpoint_records_inside_the_log(tmp_path, key):
     log = make_log(tmp_path, key, n=12, every=5)
     recs = list(read_records(log))
-    assert [r["seq"] for r in recs] == list(range(1, 13))
-    assert recs[0]["prev"] == "0" * 64 and all(recs[i]["prev"] == recs[i - 1]["hash"] for i in range(1, 12))
+    assert [r["seq"] for r in recs] == list(range(1, 17))
+    assert recs[0]["prev"] == "0" * 64 and all(recs[i]["prev"] == recs[i - 1]["hash"] for i in range(1, 16))
     assert {"time", "actor", "action", "target", "outcome", "detail"} <= set(recs[0])
-    cps = read_checkpoints(checkpoints_path(log))
-    assert [c.seq for c in cps] == [5, 10, 12]
-    assert cps[-1].head == recs[-1]["hash"]
+    # a signed checkpoint record follows the first record and every 5th; each signs the head before it
+    inside = [r for r in recs if r["action"] == CHECKPOINT_ACTION]
+    assert [r["seq"] for r in inside] == [2, 6, 11, 16]
+    for r in inside:
+        cp = checkpoint_of_record(r)
+        verify_checkpoint(cp, public_key_pem(key))
+        assert cp.seq == r["seq"] - 1 and cp.head == recs[r["seq"] - 2]["hash"] and r["detail"]["every"] == 5
+    assert [c.seq for c in read_checkpoints(checkpoints_path(log))] == [1, 5, 10, 15]  # the copies beside it
     report = verify_log(log, public_key_pem(key))
-    assert report.ok and report.records == 12 and report.first_bad is None and report.last_checkpoint == 12
+    assert report.ok and report.kind == "ok" and report.records == 16 and report.first_bad is None
+    assert report.last_checkpoint == 15
+    with AuditLog(log, key, checkpoint_every=5) as audit:  # closing signs an unsigned tail
+        audit.append("user0", "job.start", "j")
+    assert [r["action"] for r in read_records(log)][-2:] == ["job.start", CHECKPOINT_ACTION]
+    assert verify_log(log).ok
 
 
 def test_checkpoint_json_round_trip_and_bad_signature(key, tmp_path):
@@ -66,7 +78,7 @@ def test_checkpoint_json_round_trip_and_bad_signature(key, tmp_path):
 def test_edited_record_is_named(tmp_path, key):
     log = make_log(tmp_path, key)
     ls = lines(log)
-    ls[6] = ls[6].replace(b'"actor":"user0"', b'"actor":"mallory"')
+    ls[6] = ls[6].replace(b'"outcome":"ok"', b'"outcome":"denied"')
     log.write_bytes(b"".join(ls))
     report = verify_log(log)
     assert not report.ok and report.first_bad == 7 and "edited" in report.reason and report.records == 6
@@ -110,57 +122,192 @@ def test_truncation_back_past_a_checkpoint_is_found(tmp_path, key):
     assert not report.ok and report.first_bad == 7 and "incomplete" in report.reason
 
 
-def test_rewritten_chain_with_recomputed_hashes_fails_the_signed_checkpoint(tmp_path, key):
-    log = make_log(tmp_path, key, n=12, every=5)
+def forge(log: Path, edit=lambda recs: recs, *, resign: Path | None = None, drop_checkpoints_after: int | None = None,
+          keep_checkpoint_file: int | None = None) -> None:
+    """What an attacker who can write the log (but not read the signing key) does: edit records, renumber, recompute
+    every hash; drop checkpoint records after a seq, or re-sign them with `resign`; cut or delete the copies beside."""
     recs = [json.loads(l) for l in lines(log)]
-    recs[6]["outcome"] = "denied"
-    prev = recs[5]["hash"]
-    out = []
-    for r in recs[6:]:  # the attacker recomputes every hash after the edit: the chain alone looks fine
-        r.pop("hash")
-        r["prev"] = prev
+    recs = edit(recs)
+    if drop_checkpoints_after is not None:
+        recs = [r for r in recs if r["action"] != CHECKPOINT_ACTION or r["seq"] <= drop_checkpoints_after]
+    signer = None
+    if resign is not None:
+        from cryptography.hazmat.primitives import serialization
+        sk = serialization.load_pem_private_key(resign.read_bytes(), password=None)
+    out, prev, cps = [], "0" * 64, []
+    for seq, r in enumerate(recs, 1):
+        r.pop("hash", None)
+        r["seq"], r["prev"] = seq, prev
+        if resign is not None and r["action"] == CHECKPOINT_ACTION:
+            import base64
+            pub = base64.b64encode(sk.public_key().public_bytes(serialization.Encoding.Raw,
+                                                                serialization.PublicFormat.Raw)).decode()
+            cp = Checkpoint(seq=seq - 1, head=prev, time=r["detail"]["time"], signer=pub, signature="")
+            cp = Checkpoint(seq=cp.seq, head=cp.head, time=cp.time, signer=pub,
+                            signature=base64.b64encode(sk.sign(cp.message())).decode())
+            r["detail"] = dict(json.loads(cp.to_json()), every=r["detail"]["every"])
+            cps.append(cp)
         body = json.dumps(r, sort_keys=True, separators=(",", ":"))
         prev = hashlib.sha256(body.encode()).hexdigest()
         out.append(body[:-1] + f',"hash":"{prev}"}}\n')
-    log.write_bytes(b"".join(lines(log)[:6]) + "".join(out).encode())
-    report = verify_log(log)
-    assert not report.ok and report.first_bad == 6 and "rewritten" in report.reason and "checkpoint" in report.reason
-
-
-def test_edited_checkpoint_and_foreign_signer_are_found(tmp_path, key):
-    log = make_log(tmp_path, key)
+    log.write_bytes("".join(out).encode())
     cpf = checkpoints_path(log)
-    original = cpf.read_bytes()
-    cp = json.loads(original.splitlines()[0])
-    cp["seq"] = 4
-    cpf.write_bytes(json.dumps(cp).encode() + b"\n" + b"\n".join(original.splitlines()[1:]) + b"\n")
+    if resign is not None:
+        cpf.write_text("".join(c.to_json() + "\n" for c in cps))
+    elif keep_checkpoint_file is None:
+        cpf.unlink()
+    else:
+        cpf.write_bytes(b"".join(cpf.read_bytes().splitlines(keepends=True)[:keep_checkpoint_file]))
+
+
+def set_outcome(seq: int, outcome: str):
+    def edit(recs):
+        recs[seq - 1]["outcome"] = outcome
+        return recs
+    return edit
+
+
+def verify_cli(capsys, log: Path, *extra: str) -> tuple[int, str]:
+    code = admin(["audit", "verify", "--log", str(log), *extra])
+    return code, capsys.readouterr().out
+
+
+def test_rewritten_chain_with_recomputed_hashes_fails_the_checkpoints_inside_the_log(tmp_path, key, capsys):
+    log = make_log(tmp_path, key, n=12, every=5)
+    forge(log, set_outcome(7, "denied"))  # the attacker recomputes every hash and deletes <log>.checkpoints
     report = verify_log(log)
-    assert not report.ok and "invalid signature" in report.reason
-    cpf.write_bytes(original)
-    other = generate_signing_key(tmp_path / "other.key")
-    report = verify_log(log, other)
-    assert not report.ok and "different key" in report.reason
+    assert not report.ok and report.kind == "tampered" and report.first_bad == 6 and "rewritten" in report.reason
+    code, out = verify_cli(capsys, log, "--key", str(key))
+    assert code == 1 and out.startswith("TAMPERED") and "checkpoint in record 11 covers another head" in out
 
 
-def test_peer_checkpoints_witness_truncation_of_both_files(tmp_path, key):
+def test_rewrite_that_drops_every_checkpoint_and_their_copies_is_suspicious(tmp_path, key, capsys):
+    log = make_log(tmp_path, key, n=12, every=5)
+    forge(log, set_outcome(7, "denied"), drop_checkpoints_after=0)
+    report = verify_log(log, public_key_pem(key))
+    assert not report.ok and report.kind == "suspicious" and "no signed checkpoint record" in report.reason
+    code, out = verify_cli(capsys, log, "--key", str(key))
+    assert code == 1 and out.startswith("SUSPICIOUS") and "was rewritten" in out
+
+
+def test_rewrite_cut_back_to_an_early_checkpoint_leaves_a_long_unsigned_tail(tmp_path, key, capsys):
+    log = make_log(tmp_path, key, n=12, every=5)
+    # keep the checkpoint record at seq 6 (it still matches), rewrite after it, drop the later checkpoint records
+    # and cut <log>.checkpoints back to the checkpoints up to seq 5
+    forge(log, set_outcome(9, "denied"), drop_checkpoints_after=6, keep_checkpoint_file=2)
+    report = verify_log(log, public_key_pem(key))
+    assert not report.ok and report.kind == "suspicious" and report.first_bad == 7
+    assert "records 7..14 (8) follow the last signed checkpoint" in report.reason
+    code, out = verify_cli(capsys, log)
+    assert code == 1 and "SUSPICIOUS" in out and "checkpoints were dropped" in out
+
+
+def test_resigned_with_another_key_is_caught_by_the_key_beside_the_log(tmp_path, key, capsys):
+    log = make_log(tmp_path, key, n=12, every=5)
+    mallory = tmp_path / "mallory" / "k.key"
+    generate_signing_key(mallory)
+    forge(log, set_outcome(3, "denied"), resign=mallory)
+    assert verify_log(log).ok  # self-consistent: only a pin can tell
+    code, out = verify_cli(capsys, log)  # the pin comes from audit_signing.key beside the log, by default
+    assert code == 1 and out.startswith("TAMPERED") and "different key than the one pinned" in out
+    assert "audit_signing.key" in out
+    code, out = verify_cli(capsys, log, "--key", str(mallory))
+    assert code == 0 and "OK" in out
+
+
+def test_empty_log_is_suspicious_when_its_writer_has_run(tmp_path, key, capsys):
+    log = make_log(tmp_path, key, n=3)
+    log.write_bytes(b"")
+    report = verify_log(log)  # the checkpoints beside it still cover seq 3
+    assert not report.ok and "deleted" in report.reason
+    checkpoints_path(log).unlink()
+    assert verify_log(log).ok  # nothing left that says anything was ever written ...
+    report = verify_log(log, has_run="switch A has started (state/epoch holds boot epoch 2)")
+    assert not report.ok and "switch A has started" in report.reason  # ... unless its writer's state says so
+    (tmp_path / "accounts.db").write_bytes(b"")  # an account store beside the log has audited every change
+    code, out = verify_cli(capsys, log)
+    assert code == 1 and out.startswith("SUSPICIOUS") and "account store" in out
+    fresh = tmp_path / "fresh" / "audit.log"
+    fresh.parent.mkdir()
+    fresh.write_bytes(b"")
+    assert verify_cli(capsys, fresh)[0] == 0
+
+
+def test_honest_log_verifies_from_the_cli_with_the_key_pinned_by_default(tmp_path, key, capsys):
+    log = make_log(tmp_path, key, n=40, every=10)
+    with AuditLog(log, key, checkpoint_every=10) as audit:
+        audit.append("alice", "login", "alice")
+    code, out = verify_cli(capsys, log)
+    assert code == 0 and out.startswith("OK") and "key pinned from" in out and "audit_signing.key" in out
+    code, out = verify_cli(capsys, log, "--no-discover")
+    assert code == 0 and "no pinned key" in out
+
+
+def test_unsigned_tail_of_a_crashed_writer_is_signed_by_the_next_writer(tmp_path, key):
+    log = make_log(tmp_path, key, n=4, every=5)
+    ls = lines(log)
+    # a writer killed before its closing checkpoint: records 6..9 follow the checkpoint at 5, no checkpoint after
+    with AuditLog(log, key, checkpoint_every=5) as audit:
+        for i in range(3):
+            audit.append("w", "job.step", str(i))
+        n_before = audit.seq
+        audit._closed = True  # simulate the kill: no closing checkpoint
+    assert len(lines(log)) == n_before and len(ls) < n_before
+    with AuditLog(log, key, checkpoint_every=5) as audit:
+        audit.append("w", "job.step", "after restart")
+    recs = list(read_records(log))
+    assert recs[n_before]["action"] == CHECKPOINT_ACTION  # signed before anything was added
+    assert verify_log(log, public_key_pem(key)).ok
+
+
+def test_peer_checkpoints_are_kept_beside_and_inside_the_peers_log_and_witness_truncation(tmp_path, key,
+                                                                                          monkeypatch):
+    import security.audit
+    monkeypatch.setattr(security.audit, "PEER_RECORD_MIN_S", 0.0)  # keep every one (no flood here)
     log = make_log(tmp_path, key, n=12, every=5)
     cps = read_checkpoints(checkpoints_path(log))
     peer_key = tmp_path / "peer.key"
     generate_signing_key(peer_key)
     with AuditLog(tmp_path / "peer.log", peer_key) as peer_audit:
-        for cp in cps:
+        peer_audit.append("switch:B", "switch_started", "B")
+        for cp in cps + cps[:1]:  # a repeat (or an older one) is not recorded again
             peer_audit.store_peer_checkpoint("A", cp)
         with pytest.raises(AuditError, match="invalid signature"):
             peer_audit.store_peer_checkpoint("A", Checkpoint(seq=99, head=cps[0].head, time=0.0,
                                                              signer=cps[0].signer, signature=cps[0].signature))
+        with pytest.raises(AuditError, match="reserved"):
+            peer_audit.append("x", CHECKPOINT_ACTION, "y")
     held = read_checkpoints(peer_checkpoints_path(tmp_path / "peer.log", "A"))
     assert held == cps
-    log.write_bytes(b"".join(lines(log)[:9]))
+    inside = [checkpoint_of_record(r) for r in read_records(tmp_path / "peer.log")
+              if r["action"] == PEER_CHECKPOINT_ACTION]
+    assert inside == cps
+    assert verify_log(tmp_path / "peer.log", public_key_pem(peer_key)).ok  # the peer's own key signs them
+    # both local files cut back consistently to the checkpoint at seq 5 (record 6): only a witness can tell
+    log.write_bytes(b"".join(lines(log)[:6]))
     cpf = checkpoints_path(log)
-    cpf.write_bytes(b"".join(cpf.read_bytes().splitlines(keepends=True)[:1]))
-    assert verify_log(log).ok  # both local files cut consistently: only a witness can tell
+    cpf.write_bytes(b"".join(cpf.read_bytes().splitlines(keepends=True)[:2]))
+    assert verify_log(log).ok
     report = verify_log(log, witnesses=held)
-    assert not report.ok and report.first_bad == 10 and "truncated" in report.reason
+    assert not report.ok and report.first_bad == 7 and "truncated" in report.reason
+
+
+def test_a_flood_of_peer_checkpoints_costs_one_record_and_no_new_signature(tmp_path, key):
+    log = make_log(tmp_path, key, n=200, every=1)  # 200 distinct, validly signed checkpoints of A
+    cps = read_checkpoints(checkpoints_path(log))
+    peer_key = tmp_path / "peer.key"
+    generate_signing_key(peer_key)
+    with AuditLog(tmp_path / "peer.log", peer_key) as peer_audit:
+        peer_audit.append("switch:B", "switch_started", "B")
+        first = peer_audit.checkpoint()
+        peer_audit.store_peer_checkpoint("A", cps[0])
+        answer = peer_audit.checkpoint()  # what the switch sends back: a new head is signed once
+        n = peer_audit.seq
+        for cp in cps[1:]:
+            peer_audit.store_peer_checkpoint("A", cp)
+            assert peer_audit.checkpoint() == answer  # nothing new to sign while the flood is dropped
+        assert peer_audit.seq == n and answer != first
+    assert len(read_checkpoints(peer_checkpoints_path(tmp_path / "peer.log", "A"))) == 1
 
 
 _WRITER = """
@@ -181,20 +328,20 @@ def test_several_writer_processes_keep_one_valid_chain(tmp_path, key):
         assert p.wait(timeout=120) == 0
     report = verify_log(log, public_key_pem(key))
     assert report.ok, report.reason
-    assert report.records == 1200
+    assert sum(r["action"] == "job.step" for r in read_records(log)) == 1200
     recs = list(read_records(log))
     for k in range(3):  # each writer's records appear in its own order
         mine = [r["target"] for r in recs if r["actor"] == f"w{k}"]
         assert mine == [f"w{k}-{i}" for i in range(400)]
-    assert report.last_checkpoint == 1200
+    assert report.last_checkpoint == report.records - 1  # the last writer's close signed the head
 
 
 def test_filter_records_and_bad_input(tmp_path, key):
     log = make_log(tmp_path, key, n=6)
     recs = list(read_records(log))
-    assert [r["seq"] for r in filter_records(recs, user="user1")] == [2, 5]
-    assert [r["seq"] for r in filter_records(recs, action="data")] == [2, 4, 6]
-    assert [r["seq"] for r in filter_records(recs, since=recs[3]["time"])][-3:] == [4, 5, 6]
+    assert [r["seq"] for r in filter_records(recs, user="user1")] == [3, 7]
+    assert [r["seq"] for r in filter_records(recs, action="data")] == [3, 5, 8]
+    assert [r["seq"] for r in filter_records(recs, since=recs[3]["time"])][:3] == [4, 5, 6]
     with pytest.raises(AuditError, match="audit signing key .*missing.key does not exist"):
         AuditLog(tmp_path / "x.log", tmp_path / "missing.key")
     with AuditLog(tmp_path / "y.log", key) as audit:

@@ -153,7 +153,7 @@ def test_every_ca_operation_is_an_audit_record(ca, tmp_path):
     issued = ca.issue("w", "worker", "A", out_dir=tmp_path)
     ca.revoke(issued.serial, "superseded")
     ca.write_crl()
-    actions = [r["action"] for r in read_records(ca.audit_path)]
+    actions = [r["action"] for r in read_records(ca.audit_path) if r["action"] != "audit.checkpoint"]
     assert actions == ["ca.init", "cert.issue", "cert.revoke", "crl.write"]
     assert verify_log(ca.audit_path).ok
 

@@ -1,0 +1,134 @@
+"""Route grants: which destination clusters (and job stages) an account's workers may address, as the switch sees it.
+
+Grants are kept in an account home's `accounts.db` (table `route_grants`) and administered with
+`nebula-admin grant add --to ACCOUNT --resource cluster:B` (or `stage:NAME`, or `cluster:*` for any cluster).
+A kind of route grant is enforced once any grant of that kind exists in the store: from then on an account
+reaches only what it holds a live (unrevoked, unexpired) grant for. A store that never had a `cluster:` grant
+restricts no cluster, so federations that do not use route grants keep working unchanged.
+"""
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Mapping
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+from security._time import iso, utcnow
+from security.errors import AccountError
+from security.identity import check_name
+
+__all__ = ["ROUTE_KINDS", "ANY", "RouteGrant", "RoutePolicy", "parse_route_resource", "is_route_resource",
+           "load_route_policy", "policy_from_rows", "ROUTE_SCHEMA"]
+
+ROUTE_KINDS = ("cluster", "stage")
+ANY = "*"
+ROUTE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS route_grants (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    account TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    granted_by TEXT NOT NULL,
+    created TEXT NOT NULL,
+    expires TEXT,
+    revoked TEXT
+);
+"""
+
+
+def is_route_resource(resource: str) -> bool:
+    """True if `resource` names a route (`cluster:X`, `stage:X`) rather than a path in an owner's namespace."""
+    return isinstance(resource, str) and resource.split(":", 1)[0] in ROUTE_KINDS and ":" in resource
+
+
+def parse_route_resource(resource: str) -> tuple[str, str]:
+    """(kind, name) of `cluster:B`, `stage:encoder` or `cluster:*`; AccountError naming the accepted forms."""
+    kind, _, name = resource.partition(":") if isinstance(resource, str) else ("", "", "")
+    if kind not in ROUTE_KINDS or not name:
+        raise AccountError(f"route resource {resource!r} is not one of cluster:NAME, stage:NAME, cluster:*, stage:*")
+    if name != ANY:
+        try:
+            check_name(name, kind)
+        except ValueError as exc:
+            raise AccountError(f"route resource {resource!r}: {exc}") from None
+    return kind, name
+
+
+@dataclass(frozen=True, slots=True)
+class RouteGrant:
+    """Permission for `account`'s workers to address `resource` (`cluster:B`, `stage:encoder`, `cluster:*`)."""
+
+    id: int
+    account: str
+    resource: str
+    granted_by: str
+    created: str
+    expires: str | None
+    revoked: str | None
+
+    @property
+    def status(self) -> str:
+        """active, expired or revoked (as of now)."""
+        if self.revoked:
+            return "revoked"
+        if self.expires is not None and self.expires <= iso(utcnow()):
+            return "expired"
+        return "active"
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePolicy:
+    """A snapshot of the live route grants: per kind, None (not in use: unrestricted) or account -> names."""
+
+    clusters: Mapping[str, frozenset[str]] | None
+    stages: Mapping[str, frozenset[str]] | None
+
+    def allowed_clusters(self, account: str) -> frozenset[str] | None:
+        """Clusters `account` may address (`*` = any); None when cluster grants are not in use."""
+        return None if self.clusters is None else self.clusters.get(account, frozenset())
+
+    def allowed_stages(self, account: str) -> frozenset[str] | None:
+        """Stages `account` may run or address (`*` = any); None when stage grants are not in use."""
+        return None if self.stages is None else self.stages.get(account, frozenset())
+
+    def refusal(self, account: str, cluster: str, stage: str | None = None) -> str | None:
+        """Why `account` may not address `cluster` (and `stage`), with the fix; None when it may."""
+        for kind, allowed, name in (("cluster", self.allowed_clusters(account), cluster),
+                                    ("stage", self.allowed_stages(account) if stage is not None else None, stage)):
+            if allowed is not None and ANY not in allowed and name not in allowed:
+                return (f"account {account!r} holds no grant for {kind} {name!r}; an admin can run "
+                        f"`nebula-admin grant add --to {account} --resource {kind}:{name}`")
+        return None
+
+
+def load_route_policy(home: str | os.PathLike) -> RoutePolicy:
+    """Read the live route grants of the account home `home` (read-only; nothing is written, not even the audit).
+
+    A missing home or database is an error (fail closed): pass a home made by `nebula-admin user add`.
+    """
+    db_path = Path(home) / "accounts.db"
+    if not db_path.exists():
+        raise AccountError(f"no account database {db_path}; create the home with `nebula-admin user add --home "
+                           f"{home} ...` or fix the path")
+    try:
+        with closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)) as db:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            rows = db.execute("SELECT account, kind, name, expires, revoked FROM route_grants").fetchall() \
+                if "route_grants" in tables else []
+    except sqlite3.Error as exc:
+        raise AccountError(f"cannot read route grants from {db_path} ({exc}); check the file") from None
+    return policy_from_rows(rows)
+
+
+def policy_from_rows(rows: list[tuple[str, str, str, str | None, str | None]]) -> RoutePolicy:
+    """RoutePolicy from (account, kind, name, expires, revoked) rows."""
+    now = iso(utcnow())
+    used = {kind for _, kind, _, _, _ in rows}
+    live: dict[str, dict[str, set[str]]] = {k: {} for k in ROUTE_KINDS}
+    for account, kind, name, expires, revoked in rows:
+        if revoked is None and (expires is None or expires > now) and kind in live:
+            live[kind].setdefault(account, set()).add(name)
+    frozen = {k: {a: frozenset(n) for a, n in v.items()} if k in used else None for k, v in live.items()}
+    return RoutePolicy(clusters=frozen["cluster"], stages=frozen["stage"])
