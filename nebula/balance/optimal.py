@@ -17,26 +17,40 @@ import numpy as np
 from nebula.balance.base import register, require_fit
 from nebula.balance.cost import Allocation, AllocationError, DeviceProfile, LayerCost, Problem, evaluate
 
-__all__ = ["min_bottleneck", "min_bottleneck_matrices", "allocate_optimal"]
+__all__ = ["step", "min_bottleneck", "min_bottleneck_matrices", "allocate_optimal"]
+
+
+def step(row: np.ndarray, cost: np.ndarray, pos: int, num_devices: int) -> tuple[np.ndarray, np.ndarray]:
+    """One device of the recursion: (new row, argmin start per end) for the device at position `pos` of the order.
+
+    Only starts a in [pos, L-D+pos] and ends b in [pos+1, L-D+pos+1] can lead to a full partition (every device holds
+    a layer), so the min-max runs on that window alone; elsewhere the new row is inf.
+    """
+    n = len(row) - 1
+    lo, hi = pos, n - num_devices + pos  # inclusive range of starts
+    m = np.maximum(row[lo:hi + 1, None], cost[lo:hi + 1, lo + 1:hi + 2])
+    arg = np.argmin(m, axis=0)
+    out = np.full(n + 1, math.inf)
+    out[lo + 1:hi + 2] = m[arg, np.arange(m.shape[1])]
+    back = np.zeros(n + 1, dtype=np.int64)
+    back[lo + 1:hi + 2] = arg + lo
+    return out, back
 
 
 def min_bottleneck_matrices(costs: Sequence[np.ndarray]) -> tuple[float, list[int]]:
     """Exact min-max partition given each device's (L+1)x(L+1) stage-time matrix in order; (inf, []) if none fits."""
-    n = costs[0].shape[0] - 1
+    n, d = costs[0].shape[0] - 1, len(costs)
     best = np.full(n + 1, math.inf)
     best[0] = 0.0
-    back = np.empty((len(costs), n + 1), dtype=np.int64)
-    cols = np.arange(n + 1)
+    backs = []
     for k, c in enumerate(costs):
-        m = np.maximum(best[:, None], c)
-        arg = np.argmin(m, axis=0)
-        best = m[arg, cols]
-        back[k] = arg
+        best, back = step(best, c, k, d)
+        backs.append(back)
     if not math.isfinite(best[n]):
         return math.inf, []
     bounds = [n]
-    for k in range(len(costs) - 1, -1, -1):
-        bounds.append(int(back[k][bounds[-1]]))
+    for k in range(d - 1, -1, -1):
+        bounds.append(int(backs[k][bounds[-1]]))
     return float(best[n]), bounds[::-1]
 
 
