@@ -238,7 +238,8 @@ def _targets(records: list[dict]) -> None:
     print(f"  faster than sky wherever sky is not optimal: {ok(sky_worse)} (sky not optimal on {len(sky_not_opt)} of "
           f"{len(sky_rows)}; sky's Algorithm 1 failed on {sky_fail}; sky/optimal mean "
           f"{statistics.mean(r['res']['sky'][0].bottleneck_s / r['opt'] for r in sky_rows):.3f}x)")
-    print(f"  re-allocation < 5 s with the optimal bottleneck: {ok(max(realloc) < 5 and all(r['realloc_same'] for r in records))}"
+    same = all(r["realloc_same"] for r in records)
+    print(f"  re-allocation < 5 s with the optimal bottleneck: {ok(max(realloc) < 5 and same)}"
           f" (max {max(realloc):.3f} s)")
 
 

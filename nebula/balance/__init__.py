@@ -11,6 +11,7 @@ from nebula.balance.base import allocate, method_names, register
 from nebula.balance.cost import Allocation, AllocationError, DeviceProfile, LayerCost, evaluate
 from nebula.balance.reallocate import LayerMove, Reallocation, reallocate
 from nebula.balance.simulate import LinkShape, Slowdown, draw_factors, draw_slowdowns
+from nebula.balance.spec import AllocationSpec, spec_of
 
 __all__ = [
     "LayerCost",
@@ -28,4 +29,6 @@ __all__ = [
     "LinkShape",
     "draw_factors",
     "draw_slowdowns",
+    "AllocationSpec",
+    "spec_of",
 ]

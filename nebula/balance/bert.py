@@ -26,7 +26,7 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BertShape:
-    """Sizes of a BERT-style classifier and of one training iteration (defaults: BERT-Large, batch 32 as in the paper)."""
+    """Sizes of a BERT-style classifier and one training iteration (defaults: BERT-Large, batch 32 as the paper)."""
 
     num_layers: int
     hidden: int = 1024

@@ -73,7 +73,8 @@ def order_lower_bound(layers: Sequence[LayerCost], devices: Sequence[DeviceProfi
     act_min = min(float(x.activation_bytes) for x in layers)
     link = [d.latency_s + act_min / d.bandwidth_bytes_per_s for d in devices]
     total = sum(f)
-    exempt = max(range(len(devices)), key=lambda k: link[k] / devices[k].time_per_flop_s)  # the last device sends nothing
+    # the last device sends nothing: exempt the one whose link costs the most capacity
+    exempt = max(range(len(devices)), key=lambda k: link[k] / devices[k].time_per_flop_s)
 
     def capacity(t: float) -> float:
         return sum(max(0.0, t - (0.0 if k == exempt else link[k])) / d.time_per_flop_s for k, d in enumerate(devices))

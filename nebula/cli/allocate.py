@@ -1,4 +1,4 @@
-"""`nebula allocate --model M --devices devices.yaml [--method ...]`: print a layer allocation, optionally into a job."""
+"""`nebula allocate --model M --devices devices.yaml [--method ...]`: print (or write into a job) an allocation."""
 from __future__ import annotations
 
 import argparse
