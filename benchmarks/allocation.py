@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     for memory in args.memory:
         ratio_hdr = (f"{'model':9s} {'dev':>3s} {'seed':>4s} | " + " ".join(f"{m:>16s}" for m in METHODS)
-                     + f" | {'saved vs even':>13s}")
+                     + f" | {'saved vs even':>13s} {'at most':>10s}")
         time_hdr = (f"{'model':9s} {'dev':>3s} {'seed':>4s} | " + " ".join(f"{m:>13s}" for m in METHODS)
                     + f" | {'reallocate':>10s} {'moved':>6s}")
         ratio_lines, time_lines = [], []
@@ -152,13 +152,15 @@ def main(argv: list[str] | None = None) -> int:
                         a, _, note = res[m]
                         cells.append(f"{a.bottleneck_s / opt:6.3f} {note[:9]:>9s}" if a else f"{note[:16]:>16s}")
                     key = f"{model:9s} {d:3d} {seed:4d} | "
-                    ratio_lines.append(key + " ".join(cells) + f" | {1 - opt / rec['even']:13.1%}")
+                    ratio_lines.append(key + " ".join(cells) + f" | {1 - opt / rec['even']:13.1%}"
+                                       f" {1 - rec['bound'] / rec['even']:10.1%}")
                     times = " ".join(f"{res[m][1]:13.4f}" if not math.isnan(res[m][1]) else f"{'-':>13s}"
                                      for m in METHODS)
                     time_lines.append(key + times + f" | {rec['realloc_s']:10.4f} {rec['moved']:6.1%}")
                     print(".", end="", file=sys.stderr, flush=True)
         print(f"\n[{memory}] {MEMORY_DOC[memory]}")
-        print("Predicted iteration time / optimal's (lower is better); 'saved vs even': 1 - optimal / even")
+        print("Predicted iteration time / optimal's (lower is better); 'saved vs even': 1 - optimal / even; "
+              "'at most': 1 - lower bound / even, the most any allocator in any device order could save")
         print(ratio_hdr)
         print("-" * len(ratio_hdr))
         print("\n".join(ratio_lines))
@@ -214,7 +216,7 @@ def _targets(records: list[dict]) -> None:
 
     exact = all(r["res"]["optimal"][0].bottleneck_s == r["opt"] for r in records)
     milp_rows = [r for r in records if r["res"]["milp"][0] is not None and r["res"]["milp"][0].notes["proven_optimal"]]
-    milp_agree = all(abs(r["res"]["milp"][0].bottleneck_s - r["opt"]) <= 1e-7 * r["opt"] for r in milp_rows)
+    milp_agree = all(abs(r["res"]["milp"][0].bottleneck_s - r["opt"]) <= 1e-6 * r["opt"] for r in milp_rows)
     big = [r["res"]["optimal"][1] for r in records if r["model"] == "bert-160" and r["devices"] == 64]
     at64 = [1 - r["opt"] / r["even"] for r in records if r["devices"] == 64]
     at64_by = {m: [1 - r["opt"] / r["even"] for r in records if r["devices"] == 64 and r["memory"] == m]
@@ -227,7 +229,7 @@ def _targets(records: list[dict]) -> None:
     realloc = [r["realloc_s"] for r in records]
     print("\nTargets (all memory settings together)")
     print(f"  optimal = 1.00x the optimum on every instance: {ok(exact)} ({len(records)} instances; HiGHS proved "
-          f"the same optimum on {len(milp_rows)} of them: {ok(milp_agree)})")
+          f"the same optimum (to 1e-6, its tolerance) on all {len(milp_rows)} instances it finished: {ok(milp_agree)})")
     print(f"  optimal <= 1 s for 160 layers x 64 devices: {ok(max(big) <= 1.0)} (max {max(big) * 1e3:.1f} ms)")
     print(f"  at 64 devices >= 55% faster than even: {ok(min(at64) >= 0.55)} (time saved: min {min(at64):.1%}, "
           f"mean {statistics.mean(at64):.1%}; " + ", ".join(f"{m}: min {min(v):.1%}" for m, v in at64_by.items() if v)

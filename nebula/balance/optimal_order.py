@@ -6,10 +6,11 @@ operations, e.g. 9 devices x 163 layers or 13 devices x 43 layers) by dynamic pr
 adding device i after them gives ``min_a max(best[S][a], stage_time(i, a, b))`` (O(2^D * D * L^2), vectorised per
 (S, i), each device's window of possible cut points only).
 
-Beyond that, a search: every device's stage-time matrix is built once; candidate orders (as given, fastest first,
-slowest first, most memory first) are solved exactly by `optimal`'s recursion, and the best one is improved by
-local search: swap the bottleneck device with every other position (the recursion restarts from the first changed
-position, earlier rows are kept), take the best improving swap, repeat until none improves or `max_rounds`.
+Beyond that, a search: every device's stage-time matrix is built once; candidate orders (as given, as given with
+the slowest device last, fastest first, slowest first, most memory first) are solved exactly by `optimal`'s
+recursion, and the best one is improved by local search: swap the bottleneck device with every other position
+(the recursion restarts from the first changed position, earlier rows are kept), take the best improving swap,
+repeat until none improves or `max_rounds`.
 The result reports `lower_bound_s`, the best bound this module knows for any order (the largest of: a fluid bound,
 capacities (T - link time)/time_per_flop summing to the model's FLOPs; the k slowest devices must hold k distinct
 layers; the largest layer on the fastest device), so ``Allocation.gap`` says how far from optimal it can be.
@@ -92,8 +93,9 @@ def _search(costs: list[np.ndarray], devices: Sequence[DeviceProfile], max_round
     idx = list(range(d))
     mem = [dev.memory_bytes for dev in devices]
     tpf = [dev.time_per_flop_s for dev in devices]
-    candidates = [idx, sorted(idx, key=lambda k: tpf[k]), sorted(idx, key=lambda k: -tpf[k]),
-                  sorted(idx, key=lambda k: (-mem[k], tpf[k]))]
+    slowest = max(idx, key=lambda k: tpf[k])  # last, it sends nothing and may hold only the small head layers
+    candidates = [idx, [k for k in idx if k != slowest] + [slowest], sorted(idx, key=lambda k: tpf[k]),
+                  sorted(idx, key=lambda k: -tpf[k]), sorted(idx, key=lambda k: (-mem[k], tpf[k]))]
     best_t, order = math.inf, idx
     for cand in candidates:
         t, _ = min_bottleneck_matrices([costs[k] for k in cand])
