@@ -214,7 +214,9 @@ def _targets(records: list[dict]) -> None:
     def ok(flag: bool) -> str:
         return "yes" if flag else "NO"
 
-    exact = all(r["res"]["optimal"][0].bottleneck_s == r["opt"] for r in records)
+    # no fixed-order method may beat optimal on its own instance, and HiGHS must find the same optimum
+    exact = all(r["res"][m][0].bottleneck_s >= r["opt"] for r in records for m in ("even", "sky", "milp")
+                if r["res"][m][0] is not None)
     milp_rows = [r for r in records if r["res"]["milp"][0] is not None and r["res"]["milp"][0].notes["proven_optimal"]]
     milp_agree = all(abs(r["res"]["milp"][0].bottleneck_s - r["opt"]) <= 1e-6 * r["opt"] for r in milp_rows)
     big = [r["res"]["optimal"][1] for r in records if r["model"] == "bert-160" and r["devices"] == 64]
@@ -228,8 +230,9 @@ def _targets(records: list[dict]) -> None:
     sky_fail = len(records) - len(sky_rows)
     realloc = [r["realloc_s"] for r in records]
     print("\nTargets (all memory settings together)")
-    print(f"  optimal = 1.00x the optimum on every instance: {ok(exact)} ({len(records)} instances; HiGHS proved "
-          f"the same optimum (to 1e-6, its tolerance) on all {len(milp_rows)} instances it finished: {ok(milp_agree)})")
+    print(f"  optimal = 1.00x the optimum on every instance: {ok(exact and milp_agree)} (no fixed-order method beat it "
+          f"on any of {len(records)} instances: {ok(exact)}; HiGHS proved the same optimum, to its 1e-6 tolerance, on "
+          f"all {len(milp_rows)} instances it finished: {ok(milp_agree)})")
     print(f"  optimal <= 1 s for 160 layers x 64 devices: {ok(max(big) <= 1.0)} (max {max(big) * 1e3:.1f} ms)")
     print(f"  at 64 devices >= 55% faster than even: {ok(min(at64) >= 0.55)} (time saved: min {min(at64):.1%}, "
           f"mean {statistics.mean(at64):.1%}; " + ", ".join(f"{m}: min {min(v):.1%}" for m, v in at64_by.items() if v)
