@@ -112,3 +112,12 @@ def test_allocation_spec_checks_and_job_file_still_loads_without_it(tmp_path):
     spec = AllocationSpec(devices=("a", "b"), bounds=(0, 3, 5))
     assert spec.layers_of("b") == range(3, 5)
     assert load_job_config(REPO / "recipes/toy/job.yaml").job == "toy"
+
+
+def test_allocation_spec_loads_through_the_config_schema():
+    from nebula.config import from_dict
+
+    spec = from_dict(AllocationSpec, {"method": "sky", "devices": ["a", "b"], "bounds": [0, 2, 4]}, "allocation")
+    assert spec.bounds == (0, 2, 4) and spec.devices == ("a", "b")
+    with pytest.raises(ConfigError, match="unknown key allocation.cuts"):
+        from_dict(AllocationSpec, {"method": "sky", "cuts": [0, 4]}, "allocation")

@@ -77,3 +77,14 @@ def test_reallocate_bad_input():
         reallocate(before, layers, named, "optimal", tolerance=-1)
     with pytest.raises(AllocationError, match="bytes missing"):
         reallocate(before, layers, [dataclasses.replace(named[0], memory_bytes=2.0)], "optimal")
+
+
+def test_reallocate_with_optimal_order_keeps_its_best_order():
+    layers, devices = random_instance(42, 10, 4, memory=False)
+    before = allocate(layers, devices, "optimal-order")
+    rest = [d for d in devices if d.name != "d2"]
+    r = reallocate(before, layers, rest, "optimal-order")
+    fresh = allocate(layers, rest, "optimal-order")
+    assert r.allocation.bottleneck_s == fresh.bottleneck_s
+    assert r.allocation.method == "optimal-order" and sorted(r.allocation.order) == [0, 1, 2]
+    assert all(m.dst != "d2" for m in r.moves)
