@@ -1,0 +1,80 @@
+"""Allocator registry and `allocate(layers, devices, method)`, the one entry point of `nebula.balance`."""
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Sequence
+
+from nebula.balance.cost import Allocation, AllocationError, DeviceProfile, LayerCost, Problem, check_problem
+
+__all__ = ["Allocator", "register", "allocate", "method_names", "memory_shortfall", "require_fit"]
+
+# allocate(layers, devices, **options) -> Allocation, inputs already checked
+Allocator = Callable[..., Allocation]
+
+_REGISTRY: dict[str, Allocator] = {}
+# name -> module that registers it on import (modules load on first use: milp pulls in scipy)
+_MODULES = {"even": "nebula.balance.even", "sky": "nebula.balance.sky", "optimal": "nebula.balance.optimal",
+            "optimal-order": "nebula.balance.optimal_order", "milp": "nebula.balance.milp"}
+
+
+def register(name: str) -> Callable[[Allocator], Allocator]:
+    """Decorator: make an allocator function available to `allocate` under `name`."""
+    def deco(fn: Allocator) -> Allocator:
+        _REGISTRY[name] = fn
+        return fn
+    return deco
+
+
+def method_names() -> list[str]:
+    """Names `allocate` accepts."""
+    return sorted(set(_MODULES) | set(_REGISTRY))
+
+
+def allocate(layers: Sequence[LayerCost], devices: Sequence[DeviceProfile], method: str = "optimal",
+             **options) -> Allocation:
+    """Allocate contiguous layer ranges to `devices` with `method`; AllocationError when nothing fits."""
+    if method not in _REGISTRY:
+        if method not in _MODULES:
+            raise ValueError(f"unknown allocation method {method!r}; known methods: {', '.join(method_names())}")
+        importlib.import_module(_MODULES[method])
+    check_problem(layers, devices)
+    return _REGISTRY[method](list(layers), list(devices), **options)
+
+
+def memory_shortfall(prob: Problem, devices: Sequence[DeviceProfile]) -> AllocationError | None:
+    """None when some partition in this device order fits every memory cap, else an error naming device and bytes.
+
+    Packing each device as full as its memory allows (leaving one layer for each later device) reaches at least as
+    far as any feasible partition, so the first device it cannot serve is the one short of memory.
+    """
+    n, d = prob.num_layers, len(devices)
+    pos = 0
+    for k, dev in enumerate(devices):
+        limit = n - (d - 1 - k)  # leave one layer per later device
+        if k == d - 1:
+            need = prob.memory_bytes(pos, n)
+            if need > dev.memory_bytes:
+                return AllocationError(
+                    f"device {dev.label(k)} (last of {d}) must hold layers {pos}..{n - 1} ({need:.0f} bytes) but has "
+                    f"{dev.memory_bytes:.0f}: {need - dev.memory_bytes:.0f} bytes missing even with every earlier "
+                    "device full; add memory or devices, or shrink the model (smaller batch, fewer optimizer states)")
+            return None
+        first = prob.memory_bytes(pos, pos + 1)
+        if first > dev.memory_bytes:
+            return AllocationError(
+                f"device {dev.label(k)} cannot hold even one layer (layer {pos} needs {first:.0f} bytes, it has "
+                f"{dev.memory_bytes:.0f}): {first - dev.memory_bytes:.0f} bytes missing; give it more memory, drop it, "
+                "or try method 'optimal-order'")
+        b = pos + 1
+        while b < limit and prob.memory_bytes(pos, b + 1) <= dev.memory_bytes:
+            b += 1
+        pos = b
+    return None  # unreachable: the last device returns
+
+
+def require_fit(prob: Problem, devices: Sequence[DeviceProfile]) -> None:
+    """Raise the memory shortfall error of this device order, if any."""
+    err = memory_shortfall(prob, devices)
+    if err is not None:
+        raise err
+
