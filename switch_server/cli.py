@@ -82,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from switch_server.server import status_path
+    from switch_server.status import status_path
 
     try:
         cfg = load_switch_config(args.config)
