@@ -150,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--recv", action="store_true")
     mode.add_argument("--send", action="store_true")
     pr.add_argument("--to", help="destination cluster (with --send)")
-    pr.add_argument("--count", type=int, default=100)
+    pr.add_argument("--count", type=int, default=100,
+                    help="messages to send; with --recv, to receive in all (each sender numbers its own from 0)")
     pr.add_argument("--bytes", type=int, default=65536)
     pr.add_argument("--job", default="probe")
     pr.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each message")
