@@ -1,6 +1,8 @@
 """`nebula-switch`: serve (run a switch server), status (links and throughput), probe (end-to-end link test)."""
 from __future__ import annotations
 
+__all__ = ["build_parser", "main"]
+
 import argparse
 import asyncio
 import ctypes

@@ -1,6 +1,8 @@
 """Prometheus metrics of one switch server (own registry, so several servers can live in one process)."""
 from __future__ import annotations
 
+__all__ = ["SwitchMetrics"]
+
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
