@@ -62,5 +62,12 @@ class LinkHost(Host, Protocol):
     def refuse_remote(self, frame: Any, code: str, message: str) -> None:
         """Tell a peer cluster's worker why its frame was refused."""
 
+    policy: Any  # switch_server.authz.PeerPolicy
+    actor: str
+
+    def audit_limited(self, kind: Any, actor: str, action: str, target: str, outcome: str = "ok",
+                      detail: dict | None = None) -> bool:
+        """Audit a repeatable event, at most once per kind and period (the rest counted); True if written now."""
+
 
 ErrorSink = Callable[[str, str], None]

@@ -17,6 +17,8 @@ from nebula.config.switch import load_switch_config
 from nebula.wire import ChannelKey, FrameType, Lane, encode_frame
 from security.audit import AuditLog
 from security.errors import AuditError
+from switch_server.auditlimit import AuditThrottle
+from switch_server.authz import PeerPolicy
 from switch_server.budget import ALL, MemoryBudget, Party
 from switch_server.checkpoints import CheckpointExchange
 from switch_server.host import Origin
@@ -73,6 +75,8 @@ class SwitchServer:
         self.trust = PeerTrust(self.metrics, self.audit, self.actor)
         self.trust.load(cfg)
         self.checkpoints = CheckpointExchange(self.state, self.audit, self.actor)
+        self.policy = PeerPolicy(cfg)
+        self.audit_limited = AuditThrottle(self.audit)
         public, secret = load_curve_keys(cfg.local.curve_secret_key)
         self.local = LocalSide(self, cfg.local, public, secret)
 
@@ -243,6 +247,7 @@ class SwitchServer:
             self.audit(self.actor, "reload", str(self.config_path), "error", {"reason": str(exc)[:300]})
             return False
         self.budget.set_cap(new.link.memory_cap_bytes)
+        self.policy = PeerPolicy(new)
         new_peers = {p.cluster: p for p in new.peers}
         for cluster in list(self.links):
             if cluster not in new_peers:
@@ -301,6 +306,7 @@ class SwitchServer:
                     for link in self.links.values():
                         if link.up:
                             link.send_checkpoint()
+                self.audit_limited.flush()
                 self.write_status()
             except Exception:
                 log.exception("periodic maintenance failed")

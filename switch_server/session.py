@@ -100,11 +100,33 @@ class InboundSession:
         self.bytes_in += n
         server.metrics.count(self.cluster, frame.header.lane, "in", n)
         self.held_bytes += n
+        refusal = server.policy.check(self.cluster, frame)
+        if refusal is not None:
+            self.release(n)
+            self.refused(frame, *refusal)
+            return
         err = server.route(frame, head, payload, origin=self, from_peer=self.cluster)
         if err is not None:
             self.release(n)
             server.refuse_remote(frame, err[0], err[1])
         self.schedule_ack()
+
+    def refused(self, frame: Any, code: str, message: str) -> None:
+        """Refuse one frame of this peer's (the session goes on): counted, audited (bounded), and told to the peer
+        on this session, never to the cluster the frame names (it may be forged)."""
+        server = self.server
+        server.metrics.refused.labels(reason=code).inc()
+        server.metrics.peer_refused.labels(peer=self.cluster, reason=code).inc()
+        detail: dict[str, Any] = {"reason": code, "detail": message[:300], "type": frame.type.name}
+        try:
+            detail["channel"] = frame.key().to_meta() if frame.type != FrameType.ERROR else frame.meta.get("channel")
+        except WireError:
+            pass
+        if server.audit_limited(("frame_refused", self.cluster, code), server.actor, "frame_refused", self.cluster,
+                                "denied", detail):
+            log.warning("refused a frame of peer %s: %s: %s", self.cluster, code, message)
+            if not self.closed and not self.writer.transport.is_closing():
+                write_frame(self.writer, encode_frame(FrameType.ERROR, {"code": code, "message": message[:1000]}))
 
     def _on_ping(self, frame: Any, _head: bytes, _payload: Any) -> None:
         if self.writer.transport.is_closing():
