@@ -33,6 +33,7 @@ WRITE_HIGH_WATER = 256 * 1024
 # ahead of an activation that arrives later (higher lanes are not capped)
 BULK_INFLIGHT_BYTES = 1024**2
 SMALL_FRAME_BYTES = 64 * 1024  # bytes in the transport before we wait: keeps lane priorities meaningful
+CHECKPOINT_MIN_S = 1.0  # a peer's audit checkpoints are taken at most this often per connection
 
 
 class Unacked(NamedTuple):
@@ -67,11 +68,13 @@ class OutboundLink:
         self.stopping = False
         self.writer: FrameStream | None = None
         self.peer_serial: int | None = None
+        self.peer_not_after = 0.0
         self.sent_bytes = 0  # this session, for credit
         self.credit = 0
         self.bytes_out = 0  # since start, for status
         self.last_error = ""
         self.established = False
+        self.last_checkpoint = -CHECKPOINT_MIN_S
         self.on_frame = Dispatcher(f"the outgoing link to {self.cluster}", {
             FrameType.LINK_ACK: self._on_link_ack,
             FrameType.PONG: self._on_pong,
@@ -168,6 +171,7 @@ class OutboundLink:
             self.last_error = "peer certificate refused"
             return False
         self.peer_serial = server.trust.serial_of(ssl_obj)
+        self.peer_not_after = server.trust.not_after_of(ssl_obj)
         write_frame(writer, encode_frame(FrameType.LINK_HELLO, {"cluster": server.cfg.cluster, "epoch": server.epoch}))
         frame, _, _ = await reader.read_frame(HANDSHAKE_TIMEOUT_S)
         if frame.type == FrameType.ERROR:
@@ -220,9 +224,9 @@ class OutboundLink:
             while not reader_task.done():
                 if transport.is_closing():
                     raise ConnectionResetError("connection to the peer was lost")
-                if resend:
+                if resend and self.sent_bytes < self.credit:  # (resent frames use credit like new ones)
                     seq, lane, head, payload, n = resend.popleft()
-                elif (self.lanes and self.rtx_bytes < cap and self.sent_bytes < self.credit
+                elif (not resend and self.lanes and self.rtx_bytes < cap and self.sent_bytes < self.credit
                       and not (self.rtx_bytes >= bulk_cap and self.lanes.only_bulk())):
                     lane, (head, payload), n = self.lanes.pop()
                     seq = self.next_seq
@@ -330,6 +334,11 @@ class OutboundLink:
         self.server.metrics.rtt.labels(peer=self.cluster).set(self.rtt_s)
 
     def _on_checkpoint(self, frame: Any) -> None:
+        now = time.monotonic()
+        if now - self.last_checkpoint < CHECKPOINT_MIN_S:  # (a flood of them would have us verify and store each)
+            self.server.metrics.peer_refused.labels(peer=self.cluster, reason="checkpoint_flood").inc()
+            return
+        self.last_checkpoint = now
         self.server.checkpoints.receive(self.cluster, frame.meta["checkpoint"])
 
     def _on_error(self, frame: Any) -> None:

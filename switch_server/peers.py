@@ -1,7 +1,7 @@
 """TLS trust of peer switches: contexts, certificate checks, the CRL (polled), refusals; accepting peer sessions."""
 from __future__ import annotations
 
-__all__ = ["PeerTrust", "SwitchError", "accept_peer", "cut_revoked", "mtime"]
+__all__ = ["PRE_HELLO_STAGING_BYTES", "PeerTrust", "SwitchError", "accept_peer", "cut_untrusted", "mtime"]
 
 import asyncio
 import logging
@@ -27,6 +27,8 @@ from switch_server.tlstransport import accept_tls
 log = logging.getLogger(__name__)
 
 Audit = Callable[..., None]
+# a connection that has not identified itself (LINK_HELLO) gets a small buffer and may send no payload
+PRE_HELLO_STAGING_BYTES = 16 * 1024
 
 
 class SwitchError(Exception):
@@ -36,9 +38,10 @@ class SwitchError(Exception):
 class PeerTrust:
     """The TLS contexts, own certificate and revocation list of one switch, and the identity checks of its peers."""
 
-    def __init__(self, metrics: SwitchMetrics, audit: Audit, actor: str) -> None:
+    def __init__(self, metrics: SwitchMetrics, audit: Audit, actor: str, audit_limited: Audit) -> None:
         self.metrics = metrics
         self.audit = audit
+        self.audit_limited = audit_limited  # refusals of unidentified connections are audited in aggregate
         self.actor = actor
         self.server_ctx: ssl.SSLContext | None = None
         self.client_ctx: ssl.SSLContext | None = None
@@ -81,14 +84,22 @@ class PeerTrust:
         """Count and audit a refused peer."""
         self.metrics.handshake_failures.labels(reason=reason).inc()
         log.warning("peer %s (%s) rejected: %s: %s", who, address, reason, detail)
-        self.audit(self.actor, "peer_rejected", who, "denied",
-                   {"reason": reason, "address": address, "detail": detail[:300], "direction": "out" if outgoing else "in"})
+        direction = "out" if outgoing else "in"
+        self.audit_limited(("peer_rejected", reason, address.rpartition(":")[0], direction), self.actor,
+                           "peer_rejected", who, "denied",
+                           {"reason": reason, "address": address, "detail": detail[:300], "direction": direction})
 
     @staticmethod
     def serial_of(ssl_obj: Any) -> int | None:
         """Serial number of the peer certificate of a TLS connection."""
         der = ssl_obj.getpeercert(binary_form=True)
         return x509.load_der_x509_certificate(der).serial_number if der else None
+
+    @staticmethod
+    def not_after_of(ssl_obj: Any) -> float:
+        """When the peer certificate of a TLS connection expires (epoch seconds); the session is cut then."""
+        der = ssl_obj.getpeercert(binary_form=True)
+        return x509.load_der_x509_certificate(der).not_valid_after_utc.timestamp() if der else 0.0
 
     def check_switch(self, ssl_obj: Any, cluster: str | None, address: str, outgoing: bool, *,
                      federation: str, peers: Any) -> Any:
@@ -120,7 +131,9 @@ async def accept_peer(host: Any, conn: socket.socket, peer: Any) -> None:
     address = f"{peer[0]}:{peer[1]}" if peer else "?"
     trust: PeerTrust = host.trust
     session: InboundSession | None = None
-    writer = FrameStream(host.cfg.link.chunk_bytes)
+    writer = FrameStream(0, PRE_HELLO_STAGING_BYTES)
+    host.unauthenticated += 1
+    identified = False
     try:
         try:
             await accept_tls(conn, trust.server_ctx, writer, HANDSHAKE_TIMEOUT_S)
@@ -137,7 +150,11 @@ async def accept_peer(host: Any, conn: socket.socket, peer: Any) -> None:
         if frame.type != FrameType.LINK_HELLO or frame.meta["cluster"] != ident.cluster:
             raise WireError("bad_handshake",
                             f"expected LINK_HELLO from cluster {ident.cluster}, got {frame.type.name} {frame.meta}")
+        identified = True
+        host.unauthenticated -= 1
+        writer.grow()
         session = InboundSession(host, ident.cluster, writer, trust.serial_of(ssl_obj))
+        session.not_after = trust.not_after_of(ssl_obj)
         old = host.sessions.get(ident.cluster)
         if old is not None:
             old.close("replaced by a new connection")
@@ -145,8 +162,9 @@ async def accept_peer(host: Any, conn: socket.socket, peer: Any) -> None:
         await session.run(frame.meta["epoch"])
     except WireError as exc:
         host.metrics.refused.labels(reason=exc.code).inc()
-        host.audit(host.actor, "frame_refused", session.cluster if session else address, "denied",
-                   {"reason": exc.code, "detail": exc.message[:300]})
+        who = session.cluster if session else address
+        host.audit_limited(("frame_refused", exc.code, session.cluster if session else address.rpartition(":")[0]),
+                           host.actor, "frame_refused", who, "denied", {"reason": exc.code, "detail": exc.message[:300]})
         try:
             write_frame(writer, encode_frame(FrameType.ERROR, {"code": exc.code, "message": exc.message}))
             await asyncio.wait_for(writer.drain(), 1.0)
@@ -157,6 +175,8 @@ async def accept_peer(host: Any, conn: socket.socket, peer: Any) -> None:
     except Exception:
         log.exception("session from %s failed", address)
     finally:
+        if not identified:
+            host.unauthenticated -= 1
         if session is not None:
             session.close()
             if host.sessions.get(session.cluster) is session:
@@ -165,16 +185,24 @@ async def accept_peer(host: Any, conn: socket.socket, peer: Any) -> None:
             writer.transport.abort()
 
 
-def cut_revoked(host: Any) -> None:
-    """Close live sessions and links whose peer certificate is now on the CRL (audited)."""
-    revoked = host.trust.revoked
+def cut_untrusted(host: Any) -> None:
+    """Close live sessions and links whose peer certificate is now on the CRL or has expired (audited)."""
+    revoked, now = host.trust.revoked, time.time()
+
+    def why(serial: int | None, not_after: float) -> str | None:
+        if serial in revoked:
+            return "revoked"
+        return "expired" if not_after and not_after <= now else None
+
     for cluster, s in list(host.sessions.items()):
-        if s.serial in revoked:
-            host.audit(host.actor, "peer_rejected", cluster, "denied", {"reason": "revoked", "live": True})
-            host.metrics.handshake_failures.labels(reason="revoked").inc()
-            s.close("certificate revoked")
+        reason = why(s.serial, s.not_after)
+        if reason is not None:
+            host.audit(host.actor, "peer_rejected", cluster, "denied", {"reason": reason, "live": True})
+            host.metrics.handshake_failures.labels(reason=reason).inc()
+            s.close(f"certificate {reason}")
     for cluster, link in host.links.items():
-        if link.up and link.peer_serial in revoked:
-            host.audit(host.actor, "peer_rejected", cluster, "denied", {"reason": "revoked", "live": True})
-            host.metrics.handshake_failures.labels(reason="revoked").inc()
-            link.drop_session("peer certificate revoked")
+        reason = why(link.peer_serial, link.peer_not_after) if link.up else None
+        if reason is not None:
+            host.audit(host.actor, "peer_rejected", cluster, "denied", {"reason": reason, "live": True})
+            host.metrics.handshake_failures.labels(reason=reason).inc()
+            link.drop_session(f"peer certificate {reason}")

@@ -25,7 +25,8 @@ from switch_server.host import Origin
 from switch_server.link import OutboundLink
 from switch_server.local import LocalSide
 from switch_server.metrics import SwitchMetrics
-from switch_server.peers import PeerTrust, SwitchError, accept_peer, cut_revoked, mtime
+from switch_server.memtrim import MemoryTrim
+from switch_server.peers import PeerTrust, SwitchError, accept_peer, cut_untrusted, mtime
 from switch_server.session import InboundSession
 from switch_server.shaper import TokenBucket
 from switch_server.state import SwitchState, state_dir
@@ -72,11 +73,13 @@ class SwitchServer:
         self.audit_log: AuditLog | None = None
         self.closed = asyncio.Event()
         self._last_status: dict[str, Any] = {}
-        self.trust = PeerTrust(self.metrics, self.audit, self.actor)
+        self.audit_limited = AuditThrottle(self.audit)
+        self.trust = PeerTrust(self.metrics, self.audit, self.actor, self.audit_limited)
         self.trust.load(cfg)
         self.checkpoints = CheckpointExchange(self.state, self.audit, self.actor)
         self.policy = PeerPolicy(cfg)
-        self.audit_limited = AuditThrottle(self.audit)
+        self.unauthenticated = 0  # WAN connections that have not identified themselves yet
+        self._trim = MemoryTrim()
         public, secret = load_curve_keys(cfg.local.curve_secret_key)
         self.local = LocalSide(self, cfg.local, public, secret)
 
@@ -138,6 +141,14 @@ class SwitchServer:
         link.start()
 
     def _accepted(self, conn: socket.socket, peer: Any) -> None:
+        if self.unauthenticated >= self.cfg.limits.max_unauthenticated:
+            # each such connection holds a buffer and a TLS state: beyond the cap they are closed unread
+            conn.close()
+            self.metrics.handshake_failures.labels(reason="too_many_unauthenticated").inc()
+            self.audit_limited(("peer_rejected", "too_many_unauthenticated"), self.actor, "peer_rejected", "?",
+                               "denied", {"reason": "too_many_unauthenticated", "address": f"{peer[0]}:{peer[1]}",
+                                          "limit": self.cfg.limits.max_unauthenticated})
+            return
         task = asyncio.create_task(accept_peer(self, conn, peer))
         self.accepting.add(task)
         task.add_done_callback(self.accepting.discard)
@@ -208,7 +219,9 @@ class SwitchServer:
 
     def link_window(self) -> int:
         """Bytes one peer may have queued here before it runs out of credit."""
-        return max(self.cfg.link.chunk_bytes * 4, self.cfg.link.memory_cap_bytes // max(1, len(self.cfg.peers)))
+        configured = self.cfg.limits.peer_memory_bytes
+        share = configured or self.cfg.link.memory_cap_bytes // max(1, len(self.cfg.peers))
+        return max(self.cfg.link.chunk_bytes * 4, share)
 
     def link_in_state(self, cluster: str) -> dict[str, int]:
         """Receive state of `cluster`'s link: its epoch and the last link sequence number received."""
@@ -267,7 +280,7 @@ class SwitchServer:
         for account, bucket in self.account_buckets.items():
             bucket.set_rate(new.limits.account_rate_mbit)
         self.local.set_workers(new.local.workers)
-        cut_revoked(self)
+        cut_untrusted(self)
         self.audit(self.actor, "reload", str(self.config_path), "ok",
                    {"peers": sorted(new_peers), "revoked": len(self.trust.revoked)})
         self.link_changed()
@@ -282,7 +295,7 @@ class SwitchServer:
             self.trust.crl_mtime = mtime(self.cfg.tls.crl)  # (tried again when the file changes again)
             return
         self.audit(self.actor, "crl_reload", self.cfg.tls.crl, "ok", {"revoked": len(self.trust.revoked)})
-        cut_revoked(self)
+        cut_untrusted(self)
 
     # ---- periodic work and status ----
     async def _periodic(self) -> None:
@@ -306,7 +319,9 @@ class SwitchServer:
                     for link in self.links.values():
                         if link.up:
                             link.send_checkpoint()
+                cut_untrusted(self)  # (certificates expire while sessions live)
                 self.audit_limited.flush()
+                self._trim.maybe(self.budget.used, self.unauthenticated)
                 self.write_status()
             except Exception:
                 log.exception("periodic maintenance failed")

@@ -127,6 +127,22 @@ class LimitsConfig:
 
     peer_rate_mbit: float | None = None
     account_rate_mbit: float | None = None
+    # memory budgets within link.memory_cap_bytes (None: derived from it): one peer's frames queued here (its
+    # credit window; default the cap over the number of peers), one local account's queued frames while other
+    # accounts are active (default half the cap), frames held for one account's ranks that have not connected yet
+    # (default an eighth of the cap)
+    peer_memory_bytes: int | None = None
+    account_memory_bytes: int | None = None
+    pending_bytes: int | None = None
+    max_unauthenticated: int = 64  # WAN connections at once that have not yet identified themselves (LINK_HELLO)
+
+    def __post_init__(self) -> None:
+        for name in ("peer_memory_bytes", "account_memory_bytes", "pending_bytes"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v <= 0):
+                raise ValueError(f"limits.{name}={v!r} must be a positive number of bytes, or left out")
+        if not isinstance(self.max_unauthenticated, int) or self.max_unauthenticated < 1:
+            raise ValueError(f"limits.max_unauthenticated={self.max_unauthenticated!r} must be at least 1")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -2,13 +2,16 @@
 transfer through the same switch completes with nothing lost."""
 from __future__ import annotations
 
+import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from nebula.channel import Endpoint, PeerUnavailable
-from nebula.wire import ChannelKey, FrameType
+from nebula.config import split_host_port
+from nebula.wire import ChannelKey, FrameType, encode_frame
 from security.provision import provision
 from tests.switch.attackers import RawPeer
 from tests.switch.conftest import TEST_CHUNK_BYTES, edit_yaml, start_switch, wait_audit, worker_yaml
@@ -39,6 +42,18 @@ def _legit_transfer(fed, n: int, job: str = "j") -> tuple[threading.Thread, list
     t = threading.Thread(target=run)
     t.start()
     return t, got
+
+
+def _summed(switch, action: str, want: int, timeout_s: float = 20.0) -> tuple[list[dict], int]:
+    """Records of `action` and the events they stand for (events not written one by one are summed up in a record
+    written a period later), waiting until they reach `want`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        recs = [r for r in switch.audit() if r["action"] == action]
+        total = sum(1 + r["detail"].get("suppressed", 0) for r in recs)
+        if total >= want or time.monotonic() > deadline:
+            return recs, total
+        time.sleep(0.2)
 
 
 def test_peer_cannot_speak_for_another_cluster(procs, three):
@@ -82,3 +97,79 @@ def test_peer_may_address_only_accounts_and_jobs_it_may_reach(procs, three):
     finally:
         c.close()
     wait_audit(a, lambda r: r["action"] == "frame_refused" and r["detail"].get("reason") == "account_not_reachable")
+
+
+def test_peer_ignoring_its_credit_is_cut_with_a_reason(procs, three):
+    """C sends far past the credit A granted (to a rank that never connects): its session is closed with
+    credit_exceeded, audited; A's memory held for it stays within the peer budget; B->A traffic is untouched."""
+    ya = Path(three["clusters"]["A"]["switch_yaml"])
+    edit_yaml(ya, lambda d: d.setdefault("limits", {}).update(peer_memory_bytes=2 * 1024**2))
+    a = start_switch(procs, ya)
+    start_switch(procs, Path(three["clusters"]["B"]["switch_yaml"]))
+    t, got = _legit_transfer(three, 20)
+    c = RawPeer(a.wan, three["clusters"]["C"]["switch_yaml"])
+    try:
+        credit = c.hello()["credit"]
+        assert credit <= 2 * 1024**2 + TEST_CHUNK_BYTES
+        key = ChannelKey("j", "nebula", "C", 0, "A", 7, "flood")
+        with pytest.raises((ConnectionError, OSError)):
+            for i in range(200):  # 40 MB against a 2 MiB credit
+                c.data(key, bytes(200_000), seq=i + 1)
+            c.read_until(FrameType.LINK_WELCOME)  # (never comes: the switch closes the session)
+    finally:
+        c.close()
+    rec = wait_audit(a, lambda r: r["action"] == "frame_refused" and r["detail"].get("reason") == "credit_exceeded")
+    assert rec["target"] == "C" and "granted" in rec["detail"]["detail"]
+    t.join(90)
+    assert [int.from_bytes(m[:4], "big") for m in got] == list(range(20))
+
+
+def test_ping_and_checkpoint_floods_are_bounded(procs, three):
+    """C floods PINGs without reading PONGs, then CHECKPOINT frames: the excess goes unanswered (counted, audited
+    in aggregate), at most a few checkpoints are looked at, and a B->A transfer completes meanwhile."""
+    a = start_switch(procs, Path(three["clusters"]["A"]["switch_yaml"]))
+    start_switch(procs, Path(three["clusters"]["B"]["switch_yaml"]))
+    t, got = _legit_transfer(three, 20)
+    c = RawPeer(a.wan, three["clusters"]["C"]["switch_yaml"])
+    try:
+        c.hello()
+        ping = encode_frame(FrameType.PING, {"t": 1.0})
+        for _ in range(20):
+            c.send(ping * 1000)  # 20,000 PINGs, never reading a PONG
+        bogus = encode_frame(FrameType.CHECKPOINT, {"checkpoint": "{}"})
+        c.send(bogus * 2000)
+        # (the connection stays open meanwhile: closing it with PONGs unread would reset it before A reads all)
+        wait_audit(a, lambda r: r["action"] == "control_ignored" and r["detail"]["reason"] == "ping_flood")
+        wait_audit(a, lambda r: r["action"] == "control_ignored" and r["detail"]["reason"] == "checkpoint_flood")
+    finally:
+        c.close()
+    t.join(90)
+    assert [int.from_bytes(m[:4], "big") for m in got] == list(range(20))
+    looked_at = [r for r in a.audit() if r["action"] == "peer_checkpoint_rejected" and r["target"] == "C"]
+    assert 1 <= len(looked_at) <= 5, len(looked_at)
+    ignored, total = _summed(a, "control_ignored", 1000)
+    assert len(ignored) < 100 and total >= 1000, (len(ignored), total)
+
+
+def test_unidentified_connections_are_capped(procs, three):
+    """200 TCP connections that never finish TLS or send LINK_HELLO: beyond limits.max_unauthenticated they are
+    closed at once, audited in aggregate, and B->A traffic goes on."""
+    ya = Path(three["clusters"]["A"]["switch_yaml"])
+    edit_yaml(ya, lambda d: d.setdefault("limits", {}).update(max_unauthenticated=16))
+    a = start_switch(procs, ya)
+    start_switch(procs, Path(three["clusters"]["B"]["switch_yaml"]))
+    t, got = _legit_transfer(three, 20)
+    conns = []
+    try:
+        for _ in range(200):
+            conns.append(socket.create_connection(split_host_port(a.wan), timeout=10))
+        rec = wait_audit(a, lambda r: r["action"] == "peer_rejected"
+                         and r["detail"]["reason"] == "too_many_unauthenticated")
+        assert rec["detail"]["limit"] == 16
+        t.join(90)
+        assert [int.from_bytes(m[:4], "big") for m in got] == list(range(20))
+    finally:
+        for s in conns:
+            s.close()
+    refused, total = _summed(a, "peer_rejected", 200)
+    assert len(refused) < 50 and total >= 200, (len(refused), total)
