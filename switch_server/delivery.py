@@ -12,6 +12,7 @@ import zmq
 
 from nebula.wire import FrameType, Lane, LaneQueues, encode_frame
 from nebula.wire.shm import SHM_MIN_BYTES, SHM_TAG, pack_desc
+from switch_server.budget import Party
 from switch_server.host import Host, Origin
 from switch_server.localshm import WorkerShm
 
@@ -27,6 +28,7 @@ class Queued(NamedTuple):
     payload: Any
     origin: Origin | None  # told when the frame leaves (a peer session then grants credit)
     data: bool  # a relayed frame, charged to the memory budget (not a control frame of ours for one connection)
+    party: Party | None = None  # whom its bytes are charged to (the local account that sent it)
 
 
 class Outbox:
@@ -49,6 +51,7 @@ class Delivery:
         self.sock: zmq.Socket | None = None
         self.outboxes: dict[bytes, Outbox] = {}
         self.pending: dict[Address, Outbox] = {}
+        self.pending_bytes: dict[str, int] = {}  # per account: bytes held for its ranks that have not connected
         self._shm_of = shm_of  # the ready arena of a connection, if any
         self._gone = gone  # a connection turned out to be closed
         self._kick = kick  # a send may have eaten the socket's readable edge
@@ -60,29 +63,49 @@ class Delivery:
         box.lanes.push(Lane.CONTROL, Queued(head, b"", None, False), len(head))
         self.flush(ident)
 
+    def pending_cap(self) -> int:
+        """Bytes one account may have held for its ranks that have not connected (limits.pending_bytes)."""
+        cfg = self.host.cfg
+        return cfg.limits.pending_bytes or cfg.link.memory_cap_bytes // 8
+
     def deliver(self, addr: Address, ident: bytes | None, lane: Lane, head: bytes, payload: Any,
-                origin: Origin | None) -> None:
+                origin: Origin | None, party: Party | None = None) -> bool:
         """Queue a frame for the worker at `addr` (connection `ident`, None if that rank has not said hello:
-        then it is held for it until PENDING_TTL_S)."""
+        then it is held for it until PENDING_TTL_S, within the account's limits.pending_bytes); False if it was
+        dropped instead (the sender sends it again, end to end, as it does for any frame lost)."""
         n = len(head) + len(payload)
-        self.host.budget.charge(n, hold=False)  # (senders are held back by credit and the link's own queue)
-        entry = Queued(head, payload, origin, True)
+        if ident is None:
+            held = self.pending_bytes.get(addr[0], 0)
+            if held + n > self.pending_cap():
+                return False
+            self.pending_bytes[addr[0]] = held + n
+        self.host.budget.charge(n, party, hold=False)  # (senders are held back by credit and the link's own queue)
+        entry = Queued(head, payload, origin, True, party)
         if ident is None:
             box = self.pending.get(addr)
             if box is None:
                 box = self.pending[addr] = Outbox()
             box.lanes.push(lane, entry, n)
-            return
+            return True
         box = self.outboxes.get(ident)
         if box is None:
             box = self.outboxes[ident] = Outbox()
         box.lanes.push(lane, entry, n)
         self.flush(ident)
+        return True
+
+    def _unhold(self, account: str, nbytes: int) -> None:
+        left = self.pending_bytes.get(account, 0) - nbytes
+        if left > 0:
+            self.pending_bytes[account] = left
+        else:
+            self.pending_bytes.pop(account, None)
 
     def adopt(self, addr: Address, ident: bytes) -> None:
         """A connection took the rank at `addr`: frames held for that rank are now its own."""
         box = self.pending.pop(addr, None)
         if box is not None:
+            self._unhold(addr[0], box.lanes.bytes)
             mine = self.outboxes.setdefault(ident, Outbox())
             while (item := box.lanes.pop()) is not None:
                 mine.lanes.push(*item)
@@ -96,11 +119,13 @@ class Delivery:
         if box.retry is not None:
             box.retry.cancel()
         if addr is not None and box.lanes:
+            # (kept whatever the account's pending budget: they were admitted once, and the rank may come back)
             held = self.pending.setdefault(addr, Outbox())
             while (item := box.lanes.pop()) is not None:
                 lane, entry, n = item
                 if entry.data:  # not a control frame meant for the old connection
                     held.lanes.push(lane, entry, n)
+                    self.pending_bytes[addr[0]] = self.pending_bytes.get(addr[0], 0) + n
                 else:
                     self._release(entry)
         else:
@@ -112,6 +137,7 @@ class Delivery:
         now = time.monotonic()
         for addr, box in list(self.pending.items()):
             if now - box.since > PENDING_TTL_S:
+                self._unhold(addr[0], box.lanes.bytes)
                 for entry in box.lanes.clear():
                     self._release(entry)
                 del self.pending[addr]
@@ -119,7 +145,7 @@ class Delivery:
     def _release(self, entry: Queued) -> None:
         n = len(entry.head) + len(entry.payload)
         if entry.data:
-            self.host.budget.release(n)
+            self.host.budget.release(n, entry.party)
         if entry.origin is not None:
             entry.origin.release(n)
 

@@ -29,7 +29,7 @@ class Host(Protocol):
         """Append one audit record."""
 
     def route(self, frame: Any, head: bytes, payload: Any, origin: Origin | None,
-              from_peer: str | None = None) -> tuple[str, str] | None:
+              from_peer: str | None = None, party: Any = None) -> tuple[str, str] | None:
         """Send a frame on towards its destination; (code, reason) if it cannot go anywhere."""
 
 
@@ -41,6 +41,10 @@ class LocalHost(Host, Protocol):
 
     def welcome_meta(self) -> dict[str, Any]:
         """WELCOME meta for workers."""
+
+    def audit_limited(self, kind: Any, actor: str, action: str, target: str, outcome: str = "ok",
+                      detail: dict | None = None) -> bool:
+        """Audit a repeatable event, at most a few per kind and period (the rest counted); True if written now."""
 
 
 class LinkHost(Host, Protocol):

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from nebula.config import PeerConfig, split_host_port
 from nebula.wire import Dispatcher, FrameType, Lane, LaneQueues, WireError, encode_frame, relink
+from switch_server.budget import Party
 from switch_server.framestream import FrameStream, write_frame
 from switch_server.host import LinkHost
 from switch_server.shaper import TokenBucket, min_rate
@@ -101,11 +102,11 @@ class OutboundLink:
             await asyncio.wait({self.task}, timeout=2.0)
         self._close()
 
-    def enqueue(self, lane: Lane, head: bytes, payload: Any) -> None:
-        """Queue a frame for this peer."""
+    def enqueue(self, lane: Lane, head: bytes, payload: Any, party: Party | None = None) -> None:
+        """Queue a frame for this peer (charged to `party`, e.g. the local account that sent it)."""
         n = len(head) + len(payload)
-        self.lanes.push(lane, (head, payload), n)
-        self.server.budget.charge(n)
+        self.lanes.push(lane, (head, payload, party), n)
+        self.server.budget.charge(n, party)
         self.wake.set()
 
     def queued_bytes(self) -> int:
@@ -228,13 +229,13 @@ class OutboundLink:
                     seq, lane, head, payload, n = resend.popleft()
                 elif (not resend and self.lanes and self.rtx_bytes < cap and self.sent_bytes < self.credit
                       and not (self.rtx_bytes >= bulk_cap and self.lanes.only_bulk())):
-                    lane, (head, payload), n = self.lanes.pop()
+                    lane, (head, payload, party), n = self.lanes.pop()
                     seq = self.next_seq
                     self.next_seq += 1
                     head = relink(head, seq)
                     self.rtx.append(Unacked(seq, lane, head, payload, n))
                     self.rtx_bytes += n
-                    server.budget.release(n)
+                    server.budget.release(n, party)
                 else:
                     if batch:
                         writer.write(b"".join(batch))

@@ -19,8 +19,10 @@ import zmq
 import zmq.asyncio
 
 from nebula.config import LocalConfig
-from nebula.wire import Dispatcher, Frame, FrameType, Lane, WireError, decode_frame, decode_head
+from nebula.wire import (HEADER_BYTES, MAX_META_BYTES, Dispatcher, Frame, FrameType, Lane, WireError, decode_frame,
+                         decode_head)
 from nebula.wire.shm import SHM_TAG
+from switch_server.budget import Party
 from switch_server.delivery import Delivery
 from switch_server.host import LocalHost, Origin
 from switch_server.localshm import ShmReleases, WorkerShm
@@ -34,6 +36,7 @@ SNDHWM = 8  # frames queued per worker inside ZeroMQ; the rest waits in our lane
 PUMP_BATCH = 16
 RANK_HELD_S = 3.0  # a rank whose connection sent a HELLO this recently is not handed to another connection
 SILENT_S = 120.0  # a registration with no frame for this long is forgotten
+AUDITED_REFUSALS = frozenset({"not_attributed"})  # a worker trying to speak for another account, job or rank
 
 
 @dataclass(slots=True)
@@ -104,6 +107,10 @@ class LocalSide:
         r.setsockopt(zmq.ROUTER_MANDATORY, 1)
         r.sndhwm = SNDHWM
         r.rcvhwm = 16  # frames waiting here are FIFO: keep few, so priorities act in our lanes instead
+        # a far larger message part ends the connection before it is read into memory (a frame is a head of at
+        # most HEADER_BYTES + MAX_META_BYTES and a payload of at most one chunk; up to twice that, it is read and
+        # refused with chunk_too_large, which names the fix)
+        r.maxmsgsize = 2 * self.server.cfg.link.chunk_bytes + HEADER_BYTES + MAX_META_BYTES
         r.bind(bind_endpoint(self.cfg.endpoint))
         self.endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)  # (the TCP one, with the port a port of 0 got)
         if self.cfg.ipc_endpoint:
@@ -242,18 +249,37 @@ class LocalSide:
                 frame,
             )
             return
+        party = ("account", reg.account)
+        budget = self.server.budget
+        share = budget.share(party)
+        if share.cap_bytes is None:
+            share.cap_bytes = self.account_cap()
+        if share.used > share.cap_bytes and self._others_active(reg.account):
+            # over its share while other accounts work here: this account's frames are dropped (its workers
+            # send them again), rather than holding back the one socket all accounts' workers share
+            self.dropped(reg.account, "account_over_budget", f"account {reg.account!r} has {share.used} bytes "
+                         f"queued here, over limits.account_memory_bytes={share.cap_bytes}")
+            return
         limit = self.server.cfg.link.max_message_bytes
         if t == FrameType.DATA and frame.header.total_len > limit:
             self.refuse(ident, "too_large", f"message of {frame.header.total_len} bytes exceeds link.max_message_bytes="
                         f"{limit}; split it or raise the limit", frame)
             return
-        err = self.server.route(frame, bytes(head.buffer), payload, origin=None)
+        err = self.server.route(frame, bytes(head.buffer), payload, origin=None, party=party)
         if err is not None:
             self.refuse(ident, err[0], err[1], frame)
         wait = self.server.account_bucket(reg.account).take(len(payload) + len(head.buffer))
         if wait > 0:  # per-account rate limit: stop reading until the account's bucket has refilled
             self.throttled = True
             asyncio.get_running_loop().call_later(wait, self._unthrottle)
+
+    def account_cap(self) -> int:
+        """Bytes one account may have queued here while others work too (limits.account_memory_bytes)."""
+        cfg = self.server.cfg
+        return cfg.limits.account_memory_bytes or cfg.link.memory_cap_bytes // 2
+
+    def _others_active(self, account: str) -> bool:
+        return any(r.account != account for r in self.by_ident.values())
 
     def _shm_payload(self, ident: bytes, desc: memoryview) -> memoryview | None:
         """The payload a worker placed in its arena; None if stale (sent before a switch restart, or into an arena
@@ -339,6 +365,12 @@ class LocalSide:
         """Send an ERROR frame with `code` and `message` to the worker that sent `frame`."""
         self.server.metrics.refused.labels(reason=code).inc()
         log.info("refused frame from worker: %s: %s", code, message)
+        if code in AUDITED_REFUSALS:
+            reg = self.by_ident.get(ident)
+            self.server.audit_limited(("worker_refused", code, reg.account if reg else ""), self.server.actor,
+                                      "frame_refused", f"worker:{reg.name}" if reg else "worker", "denied",
+                                      {"reason": code, "detail": message[:300],
+                                       "account": reg.account if reg else None})
         meta: dict[str, Any] = {"code": code, "message": message}
         seq = 0
         if frame is not None and frame.type in (FrameType.DATA, FrameType.ACK):
@@ -347,10 +379,24 @@ class LocalSide:
         self.send_control(ident, FrameType.ERROR, meta, seq=seq)
 
     def deliver(self, account: str, job: str, rank: int, lane: Lane, head: bytes, payload: Any,
-                origin: Origin | None) -> None:
-        """Queue a frame for local rank `rank` of (account, job); held briefly if that rank has not said hello."""
+                origin: Origin | None, party: Party | None = None) -> None:
+        """Queue a frame for local rank `rank` of (account, job); held briefly if that rank has not said hello
+        (within the account's limits.pending_bytes: beyond, dropped, and its sender sends it again later)."""
         addr = (account, job, rank)
-        self.delivery.deliver(addr, self.by_addr.get(addr), lane, head, payload, origin)
+        if not self.delivery.deliver(addr, self.by_addr.get(addr), lane, head, payload, origin, party):
+            n = len(head) + len(payload)
+            if origin is not None:
+                origin.release(n)
+            self.dropped(account, "pending_over_budget", f"frames held for ranks of account {account!r} that have "
+                         f"not connected exceed limits.pending_bytes={self.delivery.pending_cap()}")
+        return None
+
+    def dropped(self, account: str, code: str, message: str) -> None:
+        """A frame was dropped to keep one account within its budget (its sender resends it): counted, audited
+        in aggregate."""
+        self.server.metrics.refused.labels(reason=code).inc()
+        self.server.audit_limited(("frame_dropped", account, code), self.server.actor, "frame_dropped", account,
+                                  "denied", {"reason": code, "detail": message})
 
     def sweep(self) -> None:
         """Drop frames held for ranks that never said hello, and registrations of workers long silent."""

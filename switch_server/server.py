@@ -169,8 +169,9 @@ class SwitchServer:
 
     # ---- routing ----
     def route(self, frame: Any, head: bytes, payload: Any, origin: Origin | None,
-              from_peer: str | None = None) -> tuple[str, str] | None:
-        """Send a DATA/ACK/ERROR frame on towards its destination; return (code, reason) if it cannot go anywhere."""
+              from_peer: str | None = None, party: Party | None = None) -> tuple[str, str] | None:
+        """Send a DATA/ACK/ERROR frame on towards its destination, its bytes charged to `party` (the local account
+        that sent it); return (code, reason) if it cannot go anywhere."""
         t = frame.type
         if t == FrameType.ERROR:
             ch = frame.meta.get("channel")
@@ -187,15 +188,14 @@ class SwitchServer:
         else:
             cluster, rank, lane = key.src_cluster, key.src_rank, Lane.CONTROL
         if cluster == self.cfg.cluster:
-            self.local.deliver(key.account, key.job, rank, lane, head, payload, origin)
-            return None
+            return self.local.deliver(key.account, key.job, rank, lane, head, payload, origin, party)
         if from_peer is not None:
             return "unknown_destination", f"switch {self.cfg.cluster} does not relay to cluster {cluster!r}"
         link = self.links.get(cluster)
         if link is None:
             known = ", ".join(sorted(self.links)) or "none"
             return "unknown_destination", f"no route to cluster {cluster!r}; this switch knows: {known}"
-        link.enqueue(lane, head, payload)
+        link.enqueue(lane, head, payload, party)
         return None
 
     def refuse_remote(self, frame: Any, code: str, message: str) -> None:
