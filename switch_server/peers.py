@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 Audit = Callable[..., None]
 # a connection that has not identified itself (LINK_HELLO) gets a small buffer and may send no payload
 PRE_HELLO_STAGING_BYTES = 16 * 1024
+# a peer cut for ignoring its credit or flooding control frames may not reconnect for this long
+PENALIZED = frozenset({"credit_exceeded", "ping_flood", "checkpoint_flood"})
+PENALTY_S = 5.0
 
 
 class SwitchError(Exception):
@@ -132,8 +135,8 @@ async def accept_peer(host: Any, conn: socket.socket, peer: Any) -> None:
     trust: PeerTrust = host.trust
     session: InboundSession | None = None
     writer = FrameStream(0, PRE_HELLO_STAGING_BYTES)
-    host.unauthenticated += 1
-    identified = False
+    me = asyncio.current_task()
+    host.unidentified[me] = None  # (oldest first: the one evicted when too many wait)
     try:
         try:
             await accept_tls(conn, trust.server_ctx, writer, HANDSHAKE_TIMEOUT_S)
@@ -146,12 +149,15 @@ async def accept_peer(host: Any, conn: socket.socket, peer: Any) -> None:
                                    peers=host.links)
         if ident is None:
             return
+        penalty = host.penalties.get(ident.cluster, 0.0) - time.monotonic()
+        if penalty > 0:
+            raise WireError("penalized", f"peer {ident.cluster} broke the link protocol (credit or flood) and may "
+                            f"reconnect in {penalty:.1f} s")
         frame, _, _ = await writer.read_frame(HANDSHAKE_TIMEOUT_S)
         if frame.type != FrameType.LINK_HELLO or frame.meta["cluster"] != ident.cluster:
             raise WireError("bad_handshake",
                             f"expected LINK_HELLO from cluster {ident.cluster}, got {frame.type.name} {frame.meta}")
-        identified = True
-        host.unauthenticated -= 1
+        host.unidentified.pop(me, None)
         writer.grow()
         session = InboundSession(host, ident.cluster, writer, trust.serial_of(ssl_obj))
         session.not_after = trust.not_after_of(ssl_obj)
@@ -161,6 +167,8 @@ async def accept_peer(host: Any, conn: socket.socket, peer: Any) -> None:
         host.sessions[ident.cluster] = session
         await session.run(frame.meta["epoch"])
     except WireError as exc:
+        if session is not None and exc.code in PENALIZED:  # reconnecting at once would only repeat it
+            host.penalties[session.cluster] = time.monotonic() + PENALTY_S
         host.metrics.refused.labels(reason=exc.code).inc()
         who = session.cluster if session else address
         host.audit_limited(("frame_refused", exc.code, session.cluster if session else address.rpartition(":")[0]),
@@ -175,8 +183,7 @@ async def accept_peer(host: Any, conn: socket.socket, peer: Any) -> None:
     except Exception:
         log.exception("session from %s failed", address)
     finally:
-        if not identified:
-            host.unauthenticated -= 1
+        host.unidentified.pop(me, None)
         if session is not None:
             session.close()
             if host.sessions.get(session.cluster) is session:

@@ -78,7 +78,8 @@ class SwitchServer:
         self.trust.load(cfg)
         self.checkpoints = CheckpointExchange(self.state, self.audit, self.actor)
         self.policy = PeerPolicy(cfg)
-        self.unauthenticated = 0  # WAN connections that have not identified themselves yet
+        self.unidentified: dict[asyncio.Task, None] = {}  # WAN connections not identified yet, oldest first
+        self.penalties: dict[str, float] = {}  # peer cluster -> until when its connections are refused
         self._trim = MemoryTrim()
         public, secret = load_curve_keys(cfg.local.curve_secret_key)
         self.local = LocalSide(self, cfg.local, public, secret)
@@ -141,14 +142,17 @@ class SwitchServer:
         link.start()
 
     def _accepted(self, conn: socket.socket, peer: Any) -> None:
-        if self.unauthenticated >= self.cfg.limits.max_unauthenticated:
-            # each such connection holds a buffer and a TLS state: beyond the cap they are closed unread
-            conn.close()
+        if len(self.unidentified) >= self.cfg.limits.max_unauthenticated:
+            # each such connection holds a buffer and a TLS state: beyond the cap the oldest is closed, so that
+            # connections held open to fill the cap cannot keep a real peer from reconnecting
+            oldest = next(iter(self.unidentified))
+            self.unidentified.pop(oldest)
+            oldest.cancel()
             self.metrics.handshake_failures.labels(reason="too_many_unauthenticated").inc()
             self.audit_limited(("peer_rejected", "too_many_unauthenticated"), self.actor, "peer_rejected", "?",
                                "denied", {"reason": "too_many_unauthenticated", "address": f"{peer[0]}:{peer[1]}",
-                                          "limit": self.cfg.limits.max_unauthenticated})
-            return
+                                          "limit": self.cfg.limits.max_unauthenticated,
+                                          "detail": "the oldest connection that had not identified itself was closed"})
         task = asyncio.create_task(accept_peer(self, conn, peer))
         self.accepting.add(task)
         task.add_done_callback(self.accepting.discard)
@@ -321,7 +325,7 @@ class SwitchServer:
                             link.send_checkpoint()
                 cut_untrusted(self)  # (certificates expire while sessions live)
                 self.audit_limited.flush()
-                self._trim.maybe(self.budget.used, self.unauthenticated)
+                self._trim.maybe(self.budget.used, len(self.unidentified))
                 self.write_status()
             except Exception:
                 log.exception("periodic maintenance failed")

@@ -20,6 +20,8 @@ log = logging.getLogger(__name__)
 PINGS_PER_S = 20.0
 PING_BURST = 40.0
 CHECKPOINT_MIN_S = 1.0
+# a peer whose unanswered control frames pass this many in one session is flooding, not probing: it is cut
+MAX_IGNORED_CONTROL = 2000
 # answers (PONG, LINK_ACK) are not written while this much waits unread in the connection: a peer that never reads
 # cannot make us buffer without bound (acknowledgements are cumulative: a later one says it all)
 CONTROL_BACKLOG_BYTES = 64 * 1024
@@ -45,6 +47,7 @@ class InboundSession:
         self.ping_tokens = PING_BURST
         self.ping_stamp = time.monotonic()
         self.last_checkpoint = -CHECKPOINT_MIN_S
+        self.ignored_control = 0
         self.link_state: dict[str, int] = {}  # this peer's inbound link state (epoch, last link sequence)
         self.on_frame = Dispatcher(f"a session from {cluster}", {
             FrameType.DATA: self._on_routed,
@@ -173,6 +176,10 @@ class InboundSession:
         server.metrics.peer_refused.labels(peer=self.cluster, reason=code).inc()
         server.audit_limited(("control_ignored", self.cluster, code), server.actor, "control_ignored", self.cluster,
                              "denied", {"reason": code, "type": frame.type.name, "detail": message})
+        self.ignored_control += 1
+        if self.ignored_control > MAX_IGNORED_CONTROL:
+            raise WireError(code, f"peer {self.cluster} sent over {MAX_IGNORED_CONTROL} control frames too many: "
+                            f"{message}; its session is closed")
 
     def _on_checkpoint(self, frame: Any, _head: bytes, _payload: Any) -> None:
         now = time.monotonic()

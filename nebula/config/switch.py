@@ -134,7 +134,9 @@ class LimitsConfig:
     peer_memory_bytes: int | None = None
     account_memory_bytes: int | None = None
     pending_bytes: int | None = None
-    max_unauthenticated: int = 64  # WAN connections at once that have not yet identified themselves (LINK_HELLO)
+    # WAN connections at once that have not yet identified themselves (TLS, then LINK_HELLO); beyond, the oldest
+    # is closed
+    max_unauthenticated: int = 64
 
     def __post_init__(self) -> None:
         for name in ("peer_memory_bytes", "account_memory_bytes", "pending_bytes"):
