@@ -16,14 +16,15 @@ class RawPeer:
     """TLS connection to a switch's WAN listener, authenticated as the switch of the cluster whose switch.yaml
     is given (its certificate and key)."""
 
-    def __init__(self, wan: str, switch_yaml: str | Path, timeout_s: float = 10.0) -> None:
+    def __init__(self, wan: str, switch_yaml: str | Path, timeout_s: float = 10.0, cert: Path | None = None,
+                 key: Path | None = None) -> None:
         cfg = yaml.safe_load(Path(switch_yaml).read_text())
         base = Path(switch_yaml).parent
         tls = cfg["tls"]
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.check_hostname = False
         ctx.load_verify_locations(str(base / tls["ca"]))
-        ctx.load_cert_chain(str(base / tls["cert"]), str(base / tls["key"]))
+        ctx.load_cert_chain(str(cert or base / tls["cert"]), str(key or base / tls["key"]))
         self.cluster = cfg["cluster"]
         raw = socket.create_connection(split_host_port(wan), timeout=timeout_s)
         self.sock = ctx.wrap_socket(raw)

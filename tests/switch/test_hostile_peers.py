@@ -12,6 +12,7 @@ import pytest
 from nebula.channel import Endpoint, PeerUnavailable
 from nebula.config import split_host_port
 from nebula.wire import ChannelKey, FrameType, encode_frame
+from security.ca import CertificateAuthority
 from security.provision import provision
 from tests.switch.attackers import RawPeer
 from tests.switch.conftest import TEST_CHUNK_BYTES, edit_yaml, start_switch, wait_audit, worker_yaml
@@ -176,3 +177,21 @@ def test_unidentified_connections_are_capped(procs, three):
             s.close()
     refused, total = _summed(a, "peer_rejected", 100)
     assert len(refused) < 50 and total >= 100, (len(refused), total)
+
+
+def test_live_session_is_cut_when_the_peer_certificate_expires(procs, three):
+    """C connects with a certificate valid for a few more seconds: once it expires, A closes the live session
+    and audits it (revocation already did so; expiry now does too)."""
+    ca = CertificateAuthority.open(three["ca"])
+    short = ca.issue("short-c", "switch", "C", days=4 / 86400, out_dir=Path(three["ca"]).parent / "short")
+    a = start_switch(procs, Path(three["clusters"]["A"]["switch_yaml"]))
+    c = RawPeer(a.wan, three["clusters"]["C"]["switch_yaml"], cert=short.cert_path, key=short.key_path)
+    try:
+        c.hello()
+        with pytest.raises((ConnectionError, OSError)):
+            c.read_until(FrameType.LINK_WELCOME, limit=10_000)  # PONGs... until A cuts the session
+    finally:
+        c.close()
+    rec = wait_audit(a, lambda r: r["action"] == "peer_rejected" and r["detail"].get("reason") == "expired"
+                     and r["detail"].get("live"))
+    assert rec["target"] == "C"
