@@ -74,3 +74,28 @@ def test_account_flooding_unconnected_ranks_is_bounded_and_stalls_no_other(procs
         stop.set()
         watcher.join()
     assert 0 < peak[0] <= pending + MIB, peak[0]
+
+
+def test_account_over_its_share_is_dropped_not_every_worker_held(procs, federation):
+    """With B's switch down, account nebula's frames for B pile up in A's link queue: past its share
+    (limits.account_memory_bytes) they are dropped and audited, while account ops keeps talking inside A."""
+    ya = Path(federation["clusters"]["A"]["switch_yaml"])
+    edit_yaml(ya, lambda d: (d.setdefault("link", {}).update(memory_cap_bytes=16 * MIB),
+                             d.setdefault("limits", {}).update(account_memory_bytes=4 * MIB)))
+    ops_a = add_worker(federation, "A", "opsworker", "ops")
+    a = start_switch(procs, ya)  # (B never starts: its link stays down)
+    flooder = Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=0)
+    try:
+        with Endpoint.connect(ops_a, job="legit", rank=0) as o0, Endpoint.connect(ops_a, job="legit", rank=1) as o1:
+            flood = flooder.channel("B", 0, "flood")
+            for _ in range(24):
+                flood.send(bytes(MIB), lane="bulk")
+            rec = wait_audit(a, lambda r: r["action"] == "frame_dropped"
+                             and r["detail"]["reason"] == "account_over_budget")
+            assert rec["target"] == "nebula" and "limits.account_memory_bytes" in rec["detail"]["detail"]
+            tx, rx = o0.channel("A", 1, "legit"), o1.channel("A", 0, "legit")
+            for i in range(20):
+                tx.send(i.to_bytes(4, "big") * 1000)
+            assert [int.from_bytes(rx.recv(timeout_s=30)[:4], "big") for _ in range(20)] == list(range(20))
+    finally:
+        flooder.close(flush_s=0)
