@@ -5,6 +5,8 @@ the rest of it straight into that buffer, so its payload reaches the next hop as
 """
 from __future__ import annotations
 
+__all__ = ["FrameStream", "write_frame"]
+
 import asyncio
 from collections import deque
 from typing import Any
@@ -25,10 +27,10 @@ def _expire(w: asyncio.Future) -> None:
 class FrameStream(asyncio.BufferedProtocol):
     """Protocol of one peer-link connection: `await read_frame()` for parsed frames, `write`/`drain` to send."""
 
-    def __init__(self, max_payload: int) -> None:
+    def __init__(self, max_payload: int, staging_bytes: int = STAGING_BYTES) -> None:
         self.max_payload = max_payload
         self.transport: Any = None
-        self._buf = bytearray(STAGING_BYTES)
+        self._buf = bytearray(staging_bytes)
         self._view = memoryview(self._buf)
         self._lo = 0  # unparsed bytes are _buf[_lo:_hi]
         self._hi = 0
@@ -92,6 +94,14 @@ class FrameStream(asyncio.BufferedProtocol):
         self._write_paused = False
         if self._drain_waiter is not None and not self._drain_waiter.done():
             self._drain_waiter.set_result(None)
+
+    def grow(self, staging_bytes: int = STAGING_BYTES) -> None:
+        """Enlarge the staging buffer (a connection starts small until its peer has identified itself)."""
+        if staging_bytes > len(self._buf):
+            n = self._hi - self._lo
+            buf = bytearray(staging_bytes)
+            buf[:n] = self._view[self._lo : self._hi]
+            self._buf, self._view, self._lo, self._hi = buf, memoryview(buf), 0, n
 
     # ---- parsing ----
     def _compact(self) -> None:
@@ -240,3 +250,11 @@ class FrameStream(asyncio.BufferedProtocol):
                 await self._drain_waiter
             finally:
                 self._drain_waiter = None
+
+
+def write_frame(writer: FrameStream, head: bytes, payload: Any = b"") -> None:
+    """Write one frame (head, then payload without copying it first)."""
+    if payload:
+        writer.writelines((head, payload))
+    else:
+        writer.write(head)

@@ -39,9 +39,14 @@ class PeerConfig:
 
     cluster: str
     address: str  # host:port of its WAN listener
+    # accounts of this cluster the peer's workers may address ("*": every account with a worker here); the jobs
+    # are those the account's workers here may join
+    accounts: tuple[str, ...] = ("*",)
 
     def __post_init__(self) -> None:
         split_host_port(self.address, f"peer {self.cluster!r} address")
+        if not self.accounts:
+            raise ValueError(f"peer {self.cluster!r}: accounts is empty; list the accounts it may address, or '*'")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,6 +127,24 @@ class LimitsConfig:
 
     peer_rate_mbit: float | None = None
     account_rate_mbit: float | None = None
+    # memory budgets within link.memory_cap_bytes (None: derived from it): one peer's frames queued here (its
+    # credit window; default the cap over the number of peers), one local account's queued frames while other
+    # accounts are active (default half the cap), frames held for one account's ranks that have not connected yet
+    # (default an eighth of the cap)
+    peer_memory_bytes: int | None = None
+    account_memory_bytes: int | None = None
+    pending_bytes: int | None = None
+    # WAN connections at once that have not yet identified themselves (TLS, then LINK_HELLO); beyond, the oldest
+    # is closed
+    max_unauthenticated: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("peer_memory_bytes", "account_memory_bytes", "pending_bytes"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v <= 0):
+                raise ValueError(f"limits.{name}={v!r} must be a positive number of bytes, or left out")
+        if not isinstance(self.max_unauthenticated, int) or self.max_unauthenticated < 1:
+            raise ValueError(f"limits.max_unauthenticated={self.max_unauthenticated!r} must be at least 1")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

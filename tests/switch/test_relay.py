@@ -14,7 +14,7 @@ from nebula.channel import ChannelError, Endpoint
 from nebula.wire import ChannelKey, FrameType, decode_frame, encode_frame
 from security.audit import peer_checkpoints_path, read_checkpoints, verify_checkpoint
 from security.curve import write_curve_keypair
-from tests.switch.conftest import wait_audit, worker_yaml
+from tests.switch.conftest import TEST_CHUNK_BYTES, wait_audit, worker_yaml
 
 
 def test_relay_both_directions_in_order(two_switches):
@@ -102,14 +102,22 @@ def test_malformed_and_oversized_frames_refused_with_reason(two_switches):
         s.send_multipart([huge, b"y" * 10])
         err = _next_error(s)
         assert err["code"] == "too_large" and "max_message_bytes" in err["message"] and err["channel"]["name"] == "raw"
-        s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"z" * (1 << 20), channel_id=key.id),
-                          b"z" * (1 << 20)])
+        over = TEST_CHUNK_BYTES + 1
+        s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"z" * over, channel_id=key.id), b"z" * over])
         assert _next_error(s)["code"] == "chunk_too_large"
         s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"abc", channel_id=key.id), b"ab"])
         assert _next_error(s)["code"] == "truncated"
         other = ChannelKey("j", "nebula", "A", 6, "B", 0, "raw")  # pretends to be another rank
         s.send_multipart([encode_frame(FrameType.DATA, other.to_meta(), b"q", channel_id=other.id), b"q"])
         assert _next_error(s)["code"] == "not_attributed"
+        rec = wait_audit(a, lambda r: r["action"] == "frame_refused" and r["detail"]["reason"] == "not_attributed")
+        assert rec["target"] == "worker:worker" and rec["detail"]["account"] == "nebula"
+        # a part far past the chunk size (ZMQ_MAXMSGSIZE) ends the connection before the switch holds it
+        mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        huge = 8 * TEST_CHUNK_BYTES
+        s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"h" * huge, channel_id=key.id), b"h" * huge])
+        assert mon.poll(10000), "the switch kept a connection that sent an oversized part"
+        mon.close(0)
     finally:
         s.close(0)
     # the switch keeps serving everyone else

@@ -1,0 +1,250 @@
+"""Abuse benchmark: switch A's peak RSS growth and a legitimate transfer's throughput while each flood runs.
+
+Three clusters are provisioned on loopback; switches A and B run, and cluster C's certificate is the hostile peer
+(an ordinary TLS client speaking the wire format). A legitimate probe (account `ops`, B -> A, 64 KiB messages)
+is timed alone, then while each flood runs; every flood is bounded in count and time. Prints, side by side in one
+run: RSS growth of switch A against its configured memory cap, and the probe's throughput against its unloaded
+rate (targets: growth <= the cap, throughput >= 50%).
+
+    .venv/bin/python benchmarks/abuse.py                 # a minute or two
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import selectors
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from nebula.channel import Endpoint  # noqa: E402
+from nebula.config import split_host_port  # noqa: E402
+from nebula.wire import ChannelKey, FrameType, encode_frame  # noqa: E402
+from security.provision import provision  # noqa: E402
+from tests.switch.attackers import RawPeer  # noqa: E402
+from tests.switch.test_hostile_workers import add_worker  # noqa: E402
+
+MIB = 1024**2
+CAP = 64 * MIB
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of process `pid` now."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+class Sampler:
+    """Peak RSS of a process while a block runs (sampled every 20 ms)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self.stop = pid, 0, threading.Event()
+        self.base = rss_bytes(pid)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            self.peak = max(self.peak, rss_bytes(self.pid))
+            time.sleep(0.02)
+
+    def growth(self) -> int:
+        self.stop.set()
+        self.thread.join()
+        return max(0, self.peak - self.base)
+
+
+def start(cfg: Path) -> tuple[subprocess.Popen, str]:
+    """A switch server on `cfg`; (process, WAN address)."""
+    p = subprocess.Popen([sys.executable, "-m", "switch_server.cli", "serve", "--config", str(cfg), "--log-level",
+                          "warning"], stdout=subprocess.PIPE, stderr=open(cfg.parent / "switch.stderr", "ab"),
+                         text=True, start_new_session=True, cwd=REPO)
+    sel = selectors.DefaultSelector()
+    sel.register(p.stdout, selectors.EVENT_READ)
+    line = p.stdout.readline() if sel.select(60) else ""
+    if not line.startswith("listening"):
+        raise RuntimeError(f"switch {cfg} did not start; see {cfg.parent / 'switch.stderr'}")
+    fields = dict(kv.split("=", 1) for kv in line.split()[1:])
+    return p, fields["wan"]
+
+
+def probe(oa: Endpoint, ob: Endpoint, n: int, size: int) -> float:
+    """MB/s of `n` messages of `size` bytes from B's ops worker to A's."""
+    tx, rx = ob.channel("A", 0, "probe"), oa.channel("B", 0, "probe")
+    data = os.urandom(size)
+    t0 = time.monotonic()
+    for _ in range(n):
+        tx.send(data)
+    for _ in range(n):
+        rx.recv(timeout_s=120)
+    return n * size / (time.monotonic() - t0) / 1e6
+
+
+def flood_credit(wan: str, c_yaml: str, stop: threading.Event) -> None:
+    """DATA frames far past the granted credit, to a rank that never connects; reconnect when cut."""
+    key = ChannelKey("j", "nebula", "C", 0, "A", 7, "flood")
+    for _ in range(20):
+        if stop.is_set():
+            return
+        try:
+            c = RawPeer(wan, c_yaml)
+            c.hello()
+            for i in range(2000):
+                if stop.is_set():
+                    break
+                c.data(key, bytes(200_000), seq=i + 1)
+        except (ConnectionError, OSError, ssl.SSLError):
+            pass
+        finally:
+            try:
+                c.close()
+            except UnboundLocalError:
+                pass
+
+
+def flood_ping(wan: str, c_yaml: str, stop: threading.Event) -> None:
+    """PINGs without ever reading a PONG."""
+    c = RawPeer(wan, c_yaml)
+    try:
+        c.hello()
+        burst = encode_frame(FrameType.PING, {"t": 1.0}) * 2000
+        for _ in range(100):  # 200,000 PINGs at most
+            if stop.is_set():
+                break
+            c.send(burst)
+        stop.wait(30)
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        c.close()
+
+
+def flood_checkpoint(wan: str, c_yaml: str, stop: threading.Event) -> None:
+    """CHECKPOINT frames, each of which would have A verify it and answer with a signed checkpoint of its own."""
+    c = RawPeer(wan, c_yaml)
+    try:
+        c.hello()
+        burst = encode_frame(FrameType.CHECKPOINT, {"checkpoint": "{}"}) * 1000
+        for _ in range(20):  # 20,000 frames
+            if stop.is_set():
+                break
+            c.send(burst)
+        stop.wait(30)
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        c.close()
+
+
+def flood_unidentified(wan: str, c_yaml: str, stop: threading.Event) -> None:
+    """300 TLS connections that never send LINK_HELLO, held open."""
+    cfg = yaml.safe_load(Path(c_yaml).read_text())
+    base = Path(c_yaml).parent
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.load_verify_locations(str(base / cfg["tls"]["ca"]))
+    ctx.load_cert_chain(str(base / cfg["tls"]["cert"]), str(base / cfg["tls"]["key"]))
+    conns = []
+    try:
+        for _ in range(300):
+            if stop.is_set():
+                break
+            try:
+                raw = socket.create_connection(split_host_port(wan), timeout=5)
+                conns.append(raw)
+                conns[-1] = ctx.wrap_socket(raw)
+            except (OSError, ssl.SSLError):
+                continue
+        stop.wait(30)
+    finally:
+        for s in conns:
+            s.close()
+
+
+def flood_pending(worker: str, stop: threading.Event) -> None:
+    """A worker of account nebula sends 256 MiB to a rank of its own that never connects."""
+    ep = Endpoint.connect(worker, job="j", rank=0)
+    try:
+        ch = ep.channel("A", 3, "flood")
+        for _ in range(256):
+            if stop.is_set():
+                break
+            ch.send(bytes(MIB), lane="bulk")
+        stop.wait(30)
+    finally:
+        ep.close(flush_s=0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=300, help="probe messages per measurement")
+    ap.add_argument("--bytes", type=int, default=64 * 1024, help="probe message size")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="nebula-abuse-"))
+    fed = provision("abuse", ["A", "B", "C"], tmp / "fed")
+    ya = Path(fed["clusters"]["A"]["switch_yaml"])
+    d = yaml.safe_load(ya.read_text())
+    d.setdefault("link", {})["memory_cap_bytes"] = CAP
+    d["metrics"] = {"listen": None}
+    ya.write_text(yaml.safe_dump(d, sort_keys=False))
+    ops = {c: str(add_worker(fed, c, "opsworker", "ops")) for c in ("A", "B")}
+    procs = []
+    try:
+        pa, wan = start(ya)
+        pb, _ = start(Path(fed["clusters"]["B"]["switch_yaml"]))
+        procs += [pa, pb]
+        c_yaml = fed["clusters"]["C"]["switch_yaml"]
+        floods = [
+            ("credit ignored (to an unconnected rank)", lambda s: flood_credit(wan, c_yaml, s)),
+            ("PING flood, PONGs never read", lambda s: flood_ping(wan, c_yaml, s)),
+            ("CHECKPOINT flood (20,000)", lambda s: flood_checkpoint(wan, c_yaml, s)),
+            ("300 connections without LINK_HELLO", lambda s: flood_unidentified(wan, c_yaml, s)),
+            ("account floods its unconnected ranks", lambda s: flood_pending(fed["clusters"]["A"]["worker_yaml"], s)),
+        ]
+        with Endpoint.connect(ops["A"], job="legit", rank=0) as oa, Endpoint.connect(ops["B"], job="legit", rank=0) as ob:
+            probe(oa, ob, 20, args.bytes)  # warm-up
+            base = probe(oa, ob, args.messages, args.bytes)
+            rows = []
+            for name, flood in floods:
+                stop = multiprocessing.Event()
+                sampler = Sampler(pa.pid)
+                # the attacker is a process of its own, as it would be: it shares no interpreter with the probe
+                t = multiprocessing.Process(target=flood, args=(stop,), daemon=True)
+                t.start()
+                time.sleep(1.0)  # the flood is under way
+                rate = probe(oa, ob, args.messages, args.bytes)
+                stop.set()
+                t.join(60)
+                if t.is_alive():
+                    t.kill()
+                rows.append((name, sampler.growth(), rate))
+                time.sleep(2.0)  # the switch settles (and trims) before the next flood
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGTERM)
+        for p in procs:
+            p.wait(20)
+    print(f"\nswitch A: link.memory_cap_bytes = {CAP // MIB} MiB; legitimate probe: {args.messages} x "
+          f"{args.bytes // 1024} KiB, account ops, B -> A; unloaded {base:.1f} MB/s")
+    print(f"{'flood':<42}{'RSS growth MiB':>16}{'/ cap':>8}{'probe MB/s':>12}{'/ unloaded':>12}  targets")
+    for name, growth, rate in rows:
+        ok = "ok" if growth <= CAP and rate >= 0.5 * base else "MISSED"
+        print(f"{name:<42}{growth / MIB:>16.1f}{growth / CAP:>8.2f}{rate:>12.1f}{rate / base:>12.2f}  {ok}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Attacks by a worker of one account on its own switch: the account is held to its budgets, audited in aggregate,
+and another account's transfer through the same switch completes with nothing lost."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from nebula.channel import Endpoint
+from security.curve import write_curve_keypair
+from tests.switch.conftest import edit_yaml, start_switch, wait_audit, worker_yaml
+
+MIB = 1024**2
+
+
+def add_worker(fed, cluster: str, name: str, account: str) -> Path:
+    """A second worker credential on `cluster`'s switch, of another account; its worker.yaml."""
+    wy = Path(worker_yaml(fed, cluster))
+    public = write_curve_keypair(wy.parent / "workers" / f"{name}.key_secret")
+    edit_yaml(wy.parent / "switch.yaml", lambda d: d["local"]["workers"].append(
+        {"name": name, "account": account, "curve_public_key": public}))
+    doc = yaml.safe_load(wy.read_text())
+    doc.update(curve_key=f"workers/{name}.key_secret", account=account, name=name)
+    out = wy.parent / f"worker-{name}.yaml"
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return out
+
+
+def test_account_flooding_unconnected_ranks_is_bounded_and_stalls_no_other(procs, federation):
+    """Account nebula sends 48 MiB to a rank of its own that never connects: A holds at most limits.pending_bytes
+    of it (the rest is dropped, audited in aggregate), and account ops's 20 messages A->B all arrive meanwhile."""
+    ya = Path(federation["clusters"]["A"]["switch_yaml"])
+    pending = 4 * MIB
+    edit_yaml(ya, lambda d: (d.setdefault("link", {}).update(memory_cap_bytes=32 * MIB),
+                             d.setdefault("limits", {}).update(pending_bytes=pending)))
+    ops_a = add_worker(federation, "A", "opsworker", "ops")
+    ops_b = add_worker(federation, "B", "opsworker", "ops")
+    a = start_switch(procs, ya)
+    start_switch(procs, Path(federation["clusters"]["B"]["switch_yaml"]))
+    peak = [0]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                st = json.loads((ya.parent / "state" / "status.json").read_text())
+                peak[0] = max(peak[0], st["queued_bytes"])
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        flooder = Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=0)
+        with Endpoint.connect(ops_a, job="legit", rank=0) as oa, Endpoint.connect(ops_b, job="legit", rank=0) as ob:
+            flood = flooder.channel("A", 3, "flood")
+            for _ in range(48):
+                flood.send(bytes(MIB), lane="bulk")
+            tx, rx = oa.channel("B", 0, "legit"), ob.channel("A", 0, "legit")
+            for i in range(20):
+                tx.send(i.to_bytes(4, "big") * 1000)
+            got = [int.from_bytes(rx.recv(timeout_s=60)[:4], "big") for _ in range(20)]
+            assert got == list(range(20))
+            rec = wait_audit(a, lambda r: r["action"] == "frame_dropped"
+                             and r["detail"]["reason"] == "pending_over_budget")
+            assert rec["target"] == "nebula" and "limits.pending_bytes" in rec["detail"]["detail"]
+            time.sleep(1.5)  # a status period with the flood held
+        flooder.close(flush_s=0)  # (its messages are never acknowledged: the rank never connects)
+    finally:
+        stop.set()
+        watcher.join()
+    assert 0 < peak[0] <= pending + MIB, peak[0]
+
+
+def test_account_over_its_share_is_dropped_not_every_worker_held(procs, federation):
+    """With B's switch down, account nebula's frames for B pile up in A's link queue: past its share
+    (limits.account_memory_bytes) they are dropped and audited, while account ops keeps talking inside A."""
+    ya = Path(federation["clusters"]["A"]["switch_yaml"])
+    edit_yaml(ya, lambda d: (d.setdefault("link", {}).update(memory_cap_bytes=16 * MIB),
+                             d.setdefault("limits", {}).update(account_memory_bytes=4 * MIB)))
+    ops_a = add_worker(federation, "A", "opsworker", "ops")
+    a = start_switch(procs, ya)  # (B never starts: its link stays down)
+    flooder = Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=0)
+    try:
+        with Endpoint.connect(ops_a, job="legit", rank=0) as o0, Endpoint.connect(ops_a, job="legit", rank=1) as o1:
+            flood = flooder.channel("B", 0, "flood")
+            for _ in range(24):
+                flood.send(bytes(MIB), lane="bulk")
+            rec = wait_audit(a, lambda r: r["action"] == "frame_dropped"
+                             and r["detail"]["reason"] == "account_over_budget")
+            assert rec["target"] == "nebula" and "limits.account_memory_bytes" in rec["detail"]["detail"]
+            tx, rx = o0.channel("A", 1, "legit"), o1.channel("A", 0, "legit")
+            for i in range(20):
+                tx.send(i.to_bytes(4, "big") * 1000)
+            assert [int.from_bytes(rx.recv(timeout_s=30)[:4], "big") for _ in range(20)] == list(range(20))
+    finally:
+        flooder.close(flush_s=0)
