@@ -11,7 +11,7 @@ from .base import Codec, CodecError, Encoded, decode, get_codec
 from .encoded import HEADER_PREFIX, MAGIC, build_header
 
 __all__ = ["FrameError", "MAGIC", "build_header", "encoded_to_frames", "encode_to_frames", "frames_to_encoded",
-           "decode_from_frames"]
+           "decode_from_frames", "TensorCoder"]
 
 _MAX_HEADER = 1 << 20
 _MAX_DEPTH = 16
@@ -159,3 +159,30 @@ def decode_from_frames(frames: Sequence[Any], like: str | None = None, place: An
     if isinstance(y, np.ndarray) and not y.flags.writeable:
         y = y.copy()  # payload views of read-only frames must not leak out as read-only arrays
     return y
+
+
+class TensorCoder:
+    """The one tensor <-> frames path of a channel direction (Channel.send_tensor/recv_tensor, the pipeline's
+    boundaries): one codec instance per spec, so stateful codecs (ef, lowrank, auto) keep their state per direction."""
+
+    def __init__(self) -> None:
+        self._codecs: dict[str, Codec] = {}
+
+    def codec(self, codec: Codec | str) -> Codec:
+        """This direction's instance for spec `codec` (made on first use); a Codec instance passes through."""
+        if isinstance(codec, Codec):
+            return codec
+        c = self._codecs.get(codec)
+        if c is None:
+            c = self._codecs[codec] = get_codec(codec)
+        return c
+
+    def encode(self, x: Any, codec: Codec | str = "none") -> list[bytes | memoryview]:
+        """Encode x (numpy array or paddle.Tensor) with this direction's `codec` into wire frames."""
+        return encoded_to_frames(self.codec(codec).encode(x))
+
+    def decode(self, frames: Sequence[Any], codec: Codec | str | None = None, like: str | None = None) -> Any:
+        """Decode wire frames: statelessly (the frames name their codec) unless a Codec instance is given."""
+        if isinstance(codec, Codec):
+            return codec.decode(frames_to_encoded(frames, like))
+        return decode_from_frames(frames, like=like)
