@@ -15,10 +15,11 @@ from zmq.utils.monitor import recv_monitor_message
 
 from nebula.channel.arena import SHM_WAIT_S, ArenaClient, Region
 from nebula.channel.connection import connect, handshake_failure, silent_switch
-from nebula.channel.delivery import Delivered, OutFrame, OutMessage, Receiver, Sender
+from nebula.channel.delivery import Delivered, OutMessage, Receiver, Sender
 from nebula.channel.errors import ChannelError
+from nebula.channel.outlet import Outlet
 from nebula.config.worker import WorkerConfig
-from nebula.wire import ChannelKey, FrameType, Lane, WireError, decode_frame, encode_frame
+from nebula.wire import ChannelKey, FrameType, WireError, decode_frame, encode_frame
 from nebula.wire.shm import SHM_TAG
 
 __all__ = ["HEARTBEAT_S", "SWITCH_SILENT_S", "Inbox", "IOThread"]
@@ -46,7 +47,7 @@ class ChannelKeys(Protocol):
 
 
 class IOThread:
-    """Owns the socket, the lanes, every channel's Sender and Receiver, and the arena client."""
+    """Owns the socket and its outlet (the lanes), every channel's Sender and Receiver, and the arena client."""
 
     def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int) -> None:
         self.cfg, self.job, self.rank, self.window_bytes = cfg, job, rank, window_bytes
@@ -54,8 +55,6 @@ class IOThread:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         self.cmds: deque = deque()
-        self.lanes: tuple[deque[OutFrame], ...] = (deque(), deque(), deque(), deque())
-        self.turn = 0
         self.tx: dict[int, Sender] = {}
         self.rx: dict[int, Receiver] = {}
         self.inboxes: dict[int, Inbox] = {}  # by rx channel id
@@ -72,6 +71,7 @@ class IOThread:
         self.running = True
         self.thread = threading.Thread(target=self._run, name=f"nebula-channel-{job}-{rank}", daemon=True)
         self.shm = ArenaClient(cfg.shared_memory and self.transport == "ipc")
+        self.out = Outlet(self.sock, self.shm)
         self.hello_head = self._hello()
         self.resend_after_welcome = False
         self.handlers = {FrameType.ACK: self._on_ack, FrameType.WELCOME: self._on_welcome,
@@ -185,12 +185,12 @@ class IOThread:
         while self.running:
             now = time.monotonic()
             if now >= next_hello:
-                self._send_raw(self.hello_head, b"")
+                self.out.send_now(self.hello_head, b"")
                 next_hello = now + HEARTBEAT_S
             if now >= next_check:
                 self._check_timeouts(now)
                 next_check = now + 0.5
-            want = zmq.POLLIN | (zmq.POLLOUT if any(self.lanes) and not shm.waiting else 0)
+            want = zmq.POLLIN | (zmq.POLLOUT if self.out.pending else 0)
             if want != sock_events:
                 poller.modify(self.sock, want)
                 sock_events = want
@@ -212,8 +212,8 @@ class IOThread:
             self._recv_all()
             self._flush_acks()
             for head in shm.release_frames(time.monotonic()):
-                self.lanes[Lane.CONTROL].append(OutFrame(head, b"", None))
-            self._send_lanes()
+                self.out.control(head)
+            self.out.drain()
 
     def _on_monitor(self) -> None:
         while True:
@@ -253,54 +253,7 @@ class IOThread:
     def _queue(self, tx: Sender, msgs: list[OutMessage]) -> None:
         now = time.monotonic()
         for msg in msgs:
-            self.lanes[msg.lane].extend(tx.frames(msg, self.chunk_bytes, now))
-
-    def _send_raw(self, head: bytes, payload: Any) -> bool:
-        n = len(payload)
-        shm = self.shm
-        if shm.fits(n) and self.sock.get(zmq.EVENTS) & zmq.POLLOUT:
-            placed = shm.put(payload, time.monotonic())
-            if placed is False:
-                return False
-            if placed is not True:
-                desc, off = placed
-                try:
-                    self.sock.send_multipart((head, SHM_TAG, desc), zmq.NOBLOCK)
-                    return True
-                except zmq.Again:
-                    shm.unput(off)
-                    return False
-        try:
-            if n:
-                self.sock.send_multipart((head, payload), zmq.NOBLOCK, copy=n < 65536)
-            else:
-                self.sock.send(head, zmq.NOBLOCK)
-            return True
-        except zmq.Again:
-            return False
-
-    def _send_lanes(self) -> None:
-        lanes = self.lanes
-        self.shm.waiting = False
-        while True:
-            if lanes[0]:
-                q = lanes[0]
-            elif lanes[1] or lanes[2]:
-                if lanes[1] and lanes[2]:
-                    q = lanes[1 + self.turn]
-                    self.turn ^= 1
-                else:
-                    q = lanes[1] if lanes[1] else lanes[2]
-            elif lanes[3]:
-                q = lanes[3]
-            else:
-                return
-            head, payload, msg = q[0]
-            if not self._send_raw(head, payload):
-                return
-            q.popleft()
-            if msg is not None:
-                msg.frame_sent(time.monotonic())
+            self.out.push(msg.lane, tx.frames(msg, self.chunk_bytes, now))
 
     def _resend(self, tx: Sender, why: str) -> None:
         msgs = tx.resendable()
@@ -358,7 +311,7 @@ class IOThread:
         self.last_welcome = time.monotonic()
         if self.shm.wanted and "shm" in meta and self.shm.take(meta["shm"]):
             self.hello_head = self._hello()
-            self._send_raw(self.hello_head, b"")  # tells the switch we mapped it, so it may send downwards through it
+            self.out.send_now(self.hello_head, b"")  # tells the switch we mapped it, so it may send downwards through it
         self.chunk_bytes = meta["chunk_bytes"]
         self.max_message_bytes = meta["max_message_bytes"]
         restarted = self.boot not in (0, meta["boot"])
@@ -382,7 +335,7 @@ class IOThread:
         code, message = frame.meta["code"], frame.meta["message"]
         if code == "no_hello":
             # our switch restarted and does not know us yet: introduce ourselves and resend after its welcome
-            self._send_raw(self.hello_head, b"")
+            self.out.send_now(self.hello_head, b"")
             self.resend_after_welcome = True
             return
         ch = frame.meta.get("channel")
@@ -449,5 +402,5 @@ class IOThread:
             recv_seq, consumed = rx.ack_state()
             head = encode_frame(FrameType.ACK, {**rx.key.to_meta(), "consumed": consumed}, channel_id=cid,
                                 seq=recv_seq)
-            self.lanes[Lane.CONTROL].append(OutFrame(head, b"", None))
+            self.out.control(head)
         self.dirty.clear()
