@@ -10,7 +10,7 @@ import logging
 from typing import Any, NamedTuple
 
 from nebula.wire import FrameType, WireError, encode_frame
-from nebula.wire.shm import RELEASE_BATCH, RELEASE_DELAY_S, SHM_MIN_BYTES, Arena, Ring, pack_desc, release_now, unpack_desc
+from nebula.wire.shm import RELEASE_DELAY_S, SHM_MIN_BYTES, Arena, ReleaseBatch, Ring, pack_desc, read_desc
 
 __all__ = ["SHM_WAIT_S", "Region", "ArenaClient"]
 
@@ -39,9 +39,7 @@ class ArenaClient:
         self.refused = 0  # token of an offered arena we could not map (not tried again)
         self.full_since: float | None = None  # the upward half has had no room since then
         self.waiting = False  # the next frame waits for room in it (so: no POLLOUT wake-ups meanwhile)
-        self.done: list[Region] = []
-        self.done_bytes = 0
-        self.release_due = 0.0
+        self.releases: ReleaseBatch | None = None  # downward regions read and not yet handed back
 
     @property
     def token(self) -> int:
@@ -65,7 +63,7 @@ class ArenaClient:
             return False
         # regions of the old arena are forgotten with it: frames still naming it are dropped by the switch and
         # sent again, like everything else after a switch restart
-        self.arena, self.up_ring, self.done, self.done_bytes, self.full_since = arena, Ring(half), [], 0, None
+        self.arena, self.up_ring, self.releases, self.full_since = arena, Ring(half), ReleaseBatch(half), None
         return True
 
     def fits(self, n: int) -> bool:
@@ -98,28 +96,28 @@ class ArenaClient:
             self.full_since = None
 
     def payload(self, desc: memoryview) -> tuple[memoryview, Region]:
-        """A downward payload in the arena and its region; WireError if the descriptor is not ours."""
-        token, off, n = unpack_desc(desc)
-        if self.arena is None or token != self.arena.token:
-            raise WireError("bad_shm", f"descriptor names arena {token:x}, which this worker has not mapped")
-        return self.arena.region(self.arena.down, off, n), Region(token, off, n)
+        """A downward payload in the arena and its region; WireError if the descriptor is unsound or not ours."""
+        found = read_desc(desc, self.arena, self.arena.down if self.arena is not None else memoryview(b""))
+        if found is None:
+            raise WireError("bad_shm", "descriptor names an arena which this worker has not mapped")
+        off, view = found
+        return view, Region(self.arena.token, off, len(view))
 
-    def release(self, region: Region | None, now: float) -> None:
+    @property
+    def release_due(self) -> float | None:
+        """When the regions waiting to go back are due at the latest (None: none wait)."""
+        if self.releases is None or not self.releases.offsets:
+            return None
+        return self.releases.since + RELEASE_DELAY_S
+
+    def release(self, region: Region | None) -> None:
         """We no longer need a downward region: the switch may reuse it (told in the next release frame)."""
-        if region is not None:
-            if not self.done:
-                self.release_due = now + RELEASE_DELAY_S
-            self.done.append(region)
-            self.done_bytes += region.nbytes
+        # a replaced arena's regions went with it: an offset of it must not free a live region of the new one
+        if region is not None and region.token == self.token:
+            self.releases.add(region.offset, region.nbytes)
 
-    def release_frames(self, now: float) -> list[bytes]:
+    def release_frames(self) -> list[bytes]:
         """SHM_RELEASE frame heads for the regions waiting to go back, once a batch is due (else none)."""
-        if not self.done:
+        if self.releases is None or not self.releases.due():
             return []
-        token = self.token
-        if token and not release_now(self.done_bytes, self.arena.half) and now < self.release_due:
-            return []
-        offsets = [r.offset for r in self.done if r.token == token]  # (a replaced arena's regions went with it)
-        self.done, self.done_bytes = [], 0
-        return [encode_frame(FrameType.SHM_RELEASE, {"token": token, "offsets": offsets[i : i + RELEASE_BATCH]})
-                for i in range(0, len(offsets), RELEASE_BATCH)]
+        return [encode_frame(FrameType.SHM_RELEASE, meta) for meta in self.releases.take(self.token)]

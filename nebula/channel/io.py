@@ -19,7 +19,7 @@ from nebula.channel.delivery import Delivered, OutMessage, Receiver, Sender
 from nebula.channel.errors import ChannelError
 from nebula.channel.outlet import Outlet
 from nebula.config.worker import WorkerConfig
-from nebula.wire import ChannelKey, FrameType, WireError, decode_frame, encode_frame
+from nebula.wire import ChannelKey, Dispatcher, FrameType, WireError, decode_frame, encode_frame
 from nebula.wire.shm import SHM_TAG
 
 __all__ = ["HEARTBEAT_S", "SWITCH_SILENT_S", "Inbox", "IOThread"]
@@ -74,8 +74,9 @@ class IOThread:
         self.out = Outlet(self.sock, self.shm)
         self.hello_head = self._hello()
         self.resend_after_welcome = False
-        self.handlers = {FrameType.ACK: self._on_ack, FrameType.WELCOME: self._on_welcome,
-                         FrameType.ERROR: self._on_error, FrameType.SHM_RELEASE: self._on_shm_release}
+        self.on_frame = Dispatcher("a worker's connection to its switch", {
+            FrameType.DATA: self._on_data, FrameType.ACK: self._on_ack, FrameType.WELCOME: self._on_welcome,
+            FrameType.ERROR: self._on_error, FrameType.SHM_RELEASE: self._on_shm_release})
 
     def _hello(self) -> bytes:
         cfg = self.cfg
@@ -195,7 +196,7 @@ class IOThread:
                 poller.modify(self.sock, want)
                 sock_events = want
             until = min(next_hello, next_check)
-            if shm.done:
+            if shm.release_due is not None:
                 until = min(until, shm.release_due)
             if shm.waiting and shm.full_since is not None:
                 until = min(until, shm.full_since + SHM_WAIT_S)
@@ -211,7 +212,7 @@ class IOThread:
             self._do_cmds()
             self._recv_all()
             self._flush_acks()
-            for head in shm.release_frames(time.monotonic()):
+            for head in shm.release_frames():
                 self.out.control(head)
             self.out.drain()
 
@@ -292,20 +293,18 @@ class IOThread:
                 frame = decode_frame(parts[0].buffer, payload)
             except WireError as exc:
                 log.warning("switch sent a malformed frame (%s); ignored", exc)
-                shm.release(region, time.monotonic())
+                shm.release(region)
                 continue
-            if frame.type == FrameType.DATA:
-                self._on_data(frame, payload, region)
-                continue
-            shm.release(region, time.monotonic())
-            handler = self.handlers.get(frame.type)
-            if handler is not None:
-                handler(frame)
+            try:
+                self.on_frame(frame, payload, region)
+            except WireError as exc:  # a frame type workers do not take
+                log.warning("switch sent a frame this worker does not take (%s); ignored", exc)
+                shm.release(region)
 
-    def _on_shm_release(self, frame: Any) -> None:
+    def _on_shm_release(self, frame: Any, *_: Any) -> None:
         self.shm.on_release(frame.meta)
 
-    def _on_welcome(self, frame: Any) -> None:
+    def _on_welcome(self, frame: Any, *_: Any) -> None:
         meta = frame.meta
         first = not self.welcome.is_set()
         self.last_welcome = time.monotonic()
@@ -331,7 +330,7 @@ class IOThread:
         if first:
             self.welcome.set()
 
-    def _on_error(self, frame: Any) -> None:
+    def _on_error(self, frame: Any, *_: Any) -> None:
         code, message = frame.meta["code"], frame.meta["message"]
         if code == "no_hello":
             # our switch restarted and does not know us yet: introduce ourselves and resend after its welcome
@@ -361,7 +360,7 @@ class IOThread:
                 inbox.errors.append(err)
                 inbox.cond.notify_all()
 
-    def _on_ack(self, frame: Any) -> None:
+    def _on_ack(self, frame: Any, *_: Any) -> None:
         tx = self.tx.get(frame.header.channel_id)
         if tx is not None:
             self._queue(tx, tx.on_ack(frame.header.seq, frame.meta["consumed"], time.monotonic()))
@@ -373,15 +372,13 @@ class IOThread:
             key = frame.key()
             if key.dst_rank != self.rank or key.dst_cluster != self.cfg.cluster or key.job != self.job:
                 log.warning("dropping a frame addressed to %s", key)
-                self.shm.release(region, time.monotonic())
+                self.shm.release(region)
                 return
             rx = self.rx[h.channel_id] = Receiver(key)
             self.inboxes.setdefault(h.channel_id, Inbox())
         out = rx.on_chunk(h, payload, frame.meta.get("parts"), self.max_message_bytes, region)
-        if out.release:
-            now = time.monotonic()
-            for r in out.release:
-                self.shm.release(r, now)
+        for r in out.release:
+            self.shm.release(r)
         if out.ack:
             self.dirty.add(h.channel_id)
         if out.refused is not None:

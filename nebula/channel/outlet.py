@@ -10,7 +10,7 @@ import zmq
 
 from nebula.channel.arena import ArenaClient
 from nebula.channel.delivery import OutFrame
-from nebula.wire import Lane
+from nebula.wire import Lane, next_lane
 from nebula.wire.shm import SHM_TAG
 
 __all__ = ["Outlet"]
@@ -63,22 +63,15 @@ class Outlet:
             return False
 
     def drain(self) -> None:
-        """Send queued frames by lane priority until the socket has no room or the lanes are empty."""
+        """Send queued frames by the lane rule (`nebula.wire.next_lane`) until the socket has no room or the
+        lanes are empty."""
         lanes = self.lanes
         self.shm.waiting = False
         while True:
-            if lanes[0]:
-                q = lanes[0]
-            elif lanes[1] or lanes[2]:
-                if lanes[1] and lanes[2]:
-                    q = lanes[1 + self.turn]
-                    self.turn ^= 1
-                else:
-                    q = lanes[1] if lanes[1] else lanes[2]
-            elif lanes[3]:
-                q = lanes[3]
-            else:
+            lane, self.turn = next_lane(lanes, self.turn)
+            if lane < 0:
                 return
+            q = lanes[lane]
             head, payload, msg = q[0]
             if not self.send_now(head, payload):
                 return
