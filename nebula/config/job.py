@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from nebula.compress.config import CompressionConfig
 from nebula.config._schema import ConfigError, load_yaml
+from nebula.config._schema import resolve_path as _resolve
 
 DEVICES = ("cpu", "gpu", "npu", "xpu")
 MODES = ("pipeline", "oneway")
@@ -228,10 +229,6 @@ class JobConfig:
         self.cluster(cluster_id)
         stages = tuple(dataclasses.replace(s, cluster=cluster_id) for s in self.stages)
         return dataclasses.replace(self, stages=stages, mode="pipeline")
-
-
-def _resolve(p: str | None, base: Path) -> str | None:
-    return p if p is None or Path(p).is_absolute() else str((base / p).resolve())
 
 
 def resolve_job_paths(cfg: JobConfig, base: Path) -> JobConfig:
