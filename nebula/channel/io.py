@@ -297,8 +297,8 @@ class IOThread:
                 continue
             try:
                 self.on_frame(frame, payload, region)
-            except WireError as exc:  # a frame type workers do not take
-                log.warning("switch sent a frame this worker does not take (%s); ignored", exc)
+            except WireError as exc:  # a frame type workers do not take, or meta its handler cannot use
+                log.warning("switch sent a frame this worker cannot use (%s); ignored", exc)
                 shm.release(region)
 
     def _on_shm_release(self, frame: Any, *_: Any) -> None:
