@@ -91,3 +91,27 @@ def test_ipc_settings_validated():
     local = {**MINIMAL["local"], "ipc_endpoint": "tcp://127.0.0.1:9"}
     with pytest.raises(ConfigError, match=r"local.ipc_endpoint .* must start with ipc://"):
         from_dict(SwitchConfig, {**MINIMAL, "local": local})
+
+
+def test_paths_in_every_config_file_resolve_by_one_rule(tmp_path):
+    from nebula.config import load_job_config, load_worker_config
+    from nebula.config._schema import resolve_path
+
+    sub = tmp_path / "conf"
+    sub.mkdir()
+    assert resolve_path("a/../k.pem", sub) == str(tmp_path / "conf" / "k.pem")
+    assert resolve_path("/abs/k.pem", sub) == "/abs/k.pem" and resolve_path(None, sub) is None
+    (sub / "switch.yaml").write_text(yaml.safe_dump({**MINIMAL, "state_dir": "../state"}))
+    sw = load_switch_config(sub / "switch.yaml")
+    assert sw.tls.key == str(sub / "switch.key") and sw.state_dir == str(tmp_path / "state")
+    (sub / "worker.yaml").write_text(yaml.safe_dump({
+        "federation": "fed", "cluster": "A", "endpoint": "tcp://127.0.0.1:7000", "switch_curve_public_key": "x" * 40,
+        "curve_key": "keys/w.key_secret", "account": "alice"}))
+    assert load_worker_config(sub / "worker.yaml").curve_key == str(sub / "keys" / "w.key_secret")
+    (sub / "job.yaml").write_text(yaml.safe_dump({
+        "job": "j", "recipe": {"factory": "recipes.toy:ToyRecipe"}, "train": {"steps": 1, "global_batch": 1},
+        "clusters": [{"id": "A", "worker": "worker.yaml"}], "stages": [{"name": "s", "cluster": "A"}],
+        "checkpoint": {"dir": "/abs/ckpt", "init_from": "../ck/step_1"}}))
+    job = load_job_config(sub / "job.yaml")
+    assert job.cluster("A").worker == str(sub / "worker.yaml") and job.checkpoint.dir == "/abs/ckpt"
+    assert job.checkpoint.init_from == str(tmp_path / "ck" / "step_1") and job.metrics.dir == str(sub / "metrics")

@@ -63,6 +63,12 @@ def load_yaml(cls: type[T], file: str | Path) -> T:
         raise ConfigError(f"{file}: {exc}") from exc
 
 
+def resolve_path(p: str | None, base: Path) -> str | None:
+    """`p` made absolute against `base` (the directory of the config file that names it) if it is relative;
+    absolute paths and None pass through. The one rule for every path in a config file."""
+    return p if p is None or Path(p).is_absolute() else str((base / p).resolve())
+
+
 def to_dict(obj: Any) -> Any:
     """Inverse of `from_dict`: plain dicts, lists and scalars, ready for `yaml.safe_dump`."""
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

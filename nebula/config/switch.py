@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nebula.config._schema import ConfigError, load_yaml
+from nebula.config._schema import ConfigError, load_yaml, resolve_path
 
 LANES = ("control", "activation", "gradient", "bulk")
 
@@ -206,15 +206,11 @@ _PATH_FIELDS = {
 
 def resolve_paths(cfg: SwitchConfig, base: Path) -> SwitchConfig:
     """Return `cfg` with relative file paths made absolute against `base`."""
-
-    def fix(p: str | None) -> str | None:
-        return p if p is None or Path(p).is_absolute() else str((base / p).resolve())
-
     changes = {}
     for section, names in _PATH_FIELDS.items():
         sub = getattr(cfg, section)
-        changes[section] = dataclasses.replace(sub, **{n: fix(getattr(sub, n)) for n in names})
-    changes["state_dir"] = fix(cfg.state_dir)
+        changes[section] = dataclasses.replace(sub, **{n: resolve_path(getattr(sub, n), base) for n in names})
+    changes["state_dir"] = resolve_path(cfg.state_dir, base)
     return dataclasses.replace(cfg, **changes)
 
 

@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from nebula.config._schema import ConfigError, load_yaml
+from nebula.config._schema import ConfigError, load_yaml, resolve_path
 
 TRANSPORTS = ("auto", "tcp", "ipc")
 
@@ -79,10 +79,7 @@ def load_worker_config(file: str | Path) -> WorkerConfig:
     """Load and validate a worker YAML file; `curve_key` is taken relative to the file's directory."""
     file = Path(file)
     cfg = load_yaml(WorkerConfig, file)
-    key = Path(cfg.curve_key)
-    if not key.is_absolute():
-        key = (file.resolve().parent / key).resolve()
-    return dataclasses.replace(cfg, curve_key=str(key))
+    return dataclasses.replace(cfg, curve_key=resolve_path(cfg.curve_key, file.resolve().parent))
 
 
 __all__ = ["WorkerConfig", "load_worker_config", "local_endpoint", "is_local_host", "ConfigError"]
