@@ -35,6 +35,32 @@ MODES = ("pipeline", "oneway")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineSpec:
+    """A layer pipeline inside one cluster (hybrid DP x PP): its ranks form num_stages stages x replicas.
+
+    The recipe's layers (its `layered()` model) are cut into `num_stages` contiguous ranges, by `bounds` when given,
+    else by the `allocation` method (nebula.balance) from the device profiles the ranks measure at start-up.
+    """
+
+    num_stages: int = 2
+    allocation: str = "even"  # allocator method of nebula.balance used when bounds is not given
+    bounds: tuple[int, ...] | None = None  # explicit partition index, length num_stages + 1 (0 .. num_layers)
+    slowdown: tuple[float, ...] = ()  # per rank: compute takes this many times longer (>= 1; simulated devices)
+    probe: bool = True  # measure each rank (compute, memory, link) before allocating; false: identical devices
+
+    def __post_init__(self) -> None:
+        if self.num_stages < 1:
+            raise ValueError(f"pipeline.num_stages={self.num_stages} must be >= 1")
+        if self.bounds is not None:
+            b = list(self.bounds)
+            if len(b) != self.num_stages + 1 or b[0] != 0 or any(x >= y for x, y in zip(b, b[1:])):
+                raise ValueError(f"pipeline.bounds={b} must be {self.num_stages + 1} strictly increasing layer "
+                                 "indices starting at 0 (the last is the number of layers)")
+        if any(not f >= 1.0 for f in self.slowdown):
+            raise ValueError(f"pipeline.slowdown={list(self.slowdown)} must hold factors >= 1 (1 = full speed)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterSpec:
     """One cluster of the job: where its ranks run and how they reach their switch server."""
 
@@ -44,6 +70,7 @@ class ClusterSpec:
     procs_per_node: int = 1  # ranks per machine (paddle.distributed.launch --nproc_per_node)
     worker: str | None = None  # worker.yaml of this cluster's switch; required when the job spans clusters
     master: str | None = None  # host:port of node 0's rendezvous, needed only when nodes > 1
+    pipeline: PipelineSpec | None = None  # layer pipeline over this cluster's ranks (None: ranks are data parallel)
 
     def __post_init__(self) -> None:
         if not self.id or not self.id.replace("-", "").replace("_", "").isalnum():
@@ -54,6 +81,13 @@ class ClusterSpec:
             raise ValueError(f"cluster {self.id}: procs_per_node={self.procs_per_node} must be >= 1")
         if self.nodes > 1 and not self.master:
             raise ValueError(f"cluster {self.id}: nodes={self.nodes} needs master: <host:port of node 0>")
+        pp = self.pipeline
+        if pp is not None and self.world_size % pp.num_stages:
+            raise ValueError(f"cluster {self.id}: {self.world_size} ranks do not split into pipeline.num_stages="
+                             f"{pp.num_stages} stages of equal replicas; use a divisor of {self.world_size}")
+        if pp is not None and pp.slowdown and len(pp.slowdown) != self.world_size:
+            raise ValueError(f"cluster {self.id}: pipeline.slowdown has {len(pp.slowdown)} factors for "
+                             f"{self.world_size} ranks; give one per rank")
 
     @property
     def world_size(self) -> int:
@@ -190,6 +224,17 @@ class JobConfig:
             if per:
                 raise ValueError(f"train.global_batch={self.train.global_batch} must divide evenly over "
                                  f"{rcv.world_size} receiver ranks x {self.train.micro_batches} micro-batches")
+            return
+        piped = [c for c in self.clusters if c.pipeline is not None]
+        if piped and len(segs) > 1:
+            raise ValueError(f"cluster {piped[0].id} has a pipeline: a layer pipeline inside a cluster runs in a "
+                             "job of one cluster; remove clusters[].pipeline or run the stages in one cluster")
+        if piped:
+            pp = piped[0].pipeline
+            replicas = piped[0].world_size // pp.num_stages
+            if self.train.global_batch % (replicas * self.train.micro_batches):
+                raise ValueError(f"train.global_batch={self.train.global_batch} must divide evenly over {replicas} "
+                                 f"replicas x {self.train.micro_batches} micro-batches")
             return
         sizes = {c: self.cluster(c).world_size for c in segs}
         if len(set(sizes.values())) != 1:

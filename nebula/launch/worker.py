@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_job_config(args.job)
     if args.intra:
         cfg = cfg.intra(args.cluster)
+    if cfg.cluster(args.cluster).pipeline is not None:  # layer pipeline inside this cluster (hybrid DP x PP)
+        from nebula.hybrid.runner import run_hybrid
+
+        run = run_hybrid  # noqa: F811
     try:
         res = run(cfg, args.cluster, workdir=Path(args.job).resolve().parent)
     except PeerLost as exc:
