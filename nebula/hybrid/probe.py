@@ -118,10 +118,30 @@ def measure_links(rank: int, world: int, message_bytes: int, groups: Any, repeat
         g = groups.link(rank, peer)
         small = ping_pong(peer, leader, 4, repeats, g)
         big = ping_pong(peer, leader, message_bytes, repeats, g)
-        latency = small / 2
-        transfer = max(big / 2 - latency, 1e-9)
-        mine[side] = (latency, message_bytes / transfer)
+        mine[side] = _share(_link_of(small, big, message_bytes) if leader else (0.0, 0.0), peer, leader, g)
     return mine.get("next", mine.get("prev", (0.0, math.inf)))
+
+
+def _link_of(small_rtt_s: float, big_rtt_s: float, message_bytes: int) -> tuple[float, float]:
+    """(latency, bandwidth) from the round trips of a tiny and an `message_bytes` message."""
+    latency = small_rtt_s / 2
+    transfer = big_rtt_s / 2 - latency
+    return latency, (message_bytes / transfer if transfer > 0 else math.inf)
+
+
+def _share(link: tuple[float, float], peer: int, leader: bool, group: Any) -> tuple[float, float]:
+    """The leader's measurement, on both ends (the follower's clock starts while it waits, so only the leader
+    times the round trips)."""
+    import paddle
+    import paddle.distributed as dist
+
+    t = paddle.to_tensor(np.array(link, dtype=np.float64))
+    if leader:
+        dist.send(t, dst=peer, group=group)
+    else:
+        dist.recv(t, src=peer, group=group)
+    lat, bw = (float(v) for v in t.numpy())
+    return lat, bw
 
 
 def probe_ranks(*, rank: int, world: int, groups: Any = None, device: str = "cpu", slowdown: float = 1.0,
