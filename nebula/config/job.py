@@ -170,6 +170,33 @@ class MetricsSpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class WanSpec:
+    """The WAN link between consecutive clusters, as the between-cluster allocation charges it."""
+
+    latency_ms: float = 30.0
+    rate_mbit: float = 100.0  # measured with nebula-switch probe
+
+    def __post_init__(self) -> None:
+        if self.latency_ms < 0 or self.rate_mbit <= 0:
+            raise ValueError(f"allocation.wan latency_ms={self.latency_ms} must be >= 0 and rate_mbit="
+                             f"{self.rate_mbit} > 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AllocationSpec:
+    """Cut the recipe's layers between the clusters (one stage per cluster) from their measured profiles.
+
+    A preflight step (nebula.hybrid.plan) reads each cluster's profiles file (written by `nebula bench`), charges
+    the WAN link to every cluster but the last, runs the allocator and passes the cut to the recipe as `bounds`.
+    `allocation: optimal` is short for `{method: optimal}` with profiles at profiles/<cluster>.yaml.
+    """
+
+    method: str = "optimal"
+    profiles: dict[str, str] = field(default_factory=dict)  # cluster id -> profiles file (default profiles/<id>.yaml)
+    wan: WanSpec = field(default_factory=WanSpec)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class JobConfig:
     """A whole job: every cluster reads this same file and runs its own stages."""
 
@@ -185,8 +212,24 @@ class JobConfig:
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
     peer_timeout_s: float = 120.0  # how long a rank waits for a silent peer cluster before exiting
     startup_timeout_s: float = 600.0  # how long a starting rank waits for the peer clusters to start
+    # cut between clusters by an allocator instead of by hand: a method name or an AllocationSpec mapping
+    allocation: Any = None
+
+    @property
+    def allocation_spec(self) -> AllocationSpec | None:
+        """`allocation` as a spec (a bare method name means default profiles and WAN)."""
+        return self.allocation
 
     def __post_init__(self) -> None:
+        if isinstance(self.allocation, str):
+            object.__setattr__(self, "allocation", AllocationSpec(method=self.allocation))
+        elif isinstance(self.allocation, dict):
+            from nebula.config._schema import from_dict
+
+            object.__setattr__(self, "allocation", from_dict(AllocationSpec, self.allocation, "allocation"))
+        elif self.allocation is not None and not isinstance(self.allocation, AllocationSpec):
+            raise ValueError(f"allocation={self.allocation!r} must be a method name (e.g. optimal) or a mapping "
+                             "with method, profiles, wan")
         if not self.job or "/" in self.job:
             raise ValueError(f"job {self.job!r} must be a non-empty name without '/'")
         if not self.clusters:
@@ -285,7 +328,11 @@ def resolve_job_paths(cfg: JobConfig, base: Path) -> JobConfig:
     ck = cfg.checkpoint
     ck = dataclasses.replace(ck, dir=_resolve(ck.dir, base), init_from=_resolve(ck.init_from, base))
     mt = dataclasses.replace(cfg.metrics, dir=_resolve(cfg.metrics.dir, base))
-    return dataclasses.replace(cfg, clusters=clusters, checkpoint=ck, metrics=mt)
+    al = cfg.allocation_spec
+    if al is not None:
+        files = {c: al.profiles.get(c, f"profiles/{c}.yaml") for c, _ in cfg.segments}
+        al = dataclasses.replace(al, profiles={c: _resolve(f, base) for c, f in {**al.profiles, **files}.items()})
+    return dataclasses.replace(cfg, clusters=clusters, checkpoint=ck, metrics=mt, allocation=al)
 
 
 def load_job_config(file: str | Path) -> JobConfig:

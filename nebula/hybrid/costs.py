@@ -17,7 +17,7 @@ import numpy as np
 
 from nebula.hybrid.layered import LayeredModel, build_layers
 
-__all__ = ["layer_costs", "pipeline_time_s", "PARAM_COPIES"]
+__all__ = ["layer_costs", "analytic_layer_costs", "pipeline_time_s", "PARAM_COPIES"]
 
 PARAM_COPIES = 4  # weight, gradient, Adam's two moments
 
@@ -63,6 +63,28 @@ def layer_costs(model: LayeredModel, batch: int, *, seed: int = 0, time_per_flop
         out.append(LayerCost(seconds / time_per_flop_s, PARAM_COPIES * params + micro_batches * _nbytes(xin),
                              2 * act, f"layer{i}"))
         x = y.detach()
+    return out
+
+
+def analytic_layer_costs(model: LayeredModel, batch: int, *, micro_batches: int = 1) -> list:
+    """LayerCosts from shapes alone (the same on every machine): 6 x batch x parameters FLOPs per micro-batch
+    (forward 2, backward 4 per multiply-add weight), bytes as in `layer_costs`."""
+    import paddle
+
+    from nebula.balance import LayerCost
+
+    layers = build_layers(model, 0, model.num_layers, 0)
+    x = model.inputs(np.arange(batch))
+    out = []
+    with paddle.no_grad():
+        for i, layer in enumerate(layers):
+            params = sum(int(np.prod(p.shape)) for p in layer.parameters())
+            pbytes = sum(_nbytes(p) for p in layer.parameters())
+            y = layer(x)
+            act = _nbytes(y) if i < model.num_layers - 1 else 0
+            out.append(LayerCost(6.0 * batch * params, PARAM_COPIES * pbytes + micro_batches * _nbytes(x), 2 * act,
+                                 f"layer{i}"))
+            x = y
     return out
 
 

@@ -42,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     from nebula.pipeline.runtime import run
 
     cfg = load_job_config(args.job)
+    if cfg.allocation is not None:  # the same preflight as the launcher's: every rank gets the same cut
+        from nebula.hybrid.plan import resolve_allocation
+
+        cfg = resolve_allocation(cfg)
     if args.intra:
         cfg = cfg.intra(args.cluster)
     if cfg.cluster(args.cluster).pipeline is not None:  # layer pipeline inside this cluster (hybrid DP x PP)
