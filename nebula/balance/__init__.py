@@ -9,6 +9,9 @@ possible. Layer costs come from `nebula.balance.profile` (real Paddle layers, or
 """
 from nebula.balance.base import allocate, method_names, register
 from nebula.balance.cost import Allocation, AllocationError, DeviceProfile, LayerCost, evaluate
+from nebula.balance.reallocate import LayerMove, Reallocation, reallocate
+from nebula.balance.simulate import LinkShape, Slowdown, draw_factors, draw_slowdowns
+from nebula.balance.spec import AllocationSpec, spec_of
 
 __all__ = [
     "LayerCost",
@@ -19,4 +22,13 @@ __all__ = [
     "evaluate",
     "method_names",
     "register",
+    "reallocate",
+    "Reallocation",
+    "LayerMove",
+    "Slowdown",
+    "LinkShape",
+    "draw_factors",
+    "draw_slowdowns",
+    "AllocationSpec",
+    "spec_of",
 ]

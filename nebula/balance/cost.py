@@ -218,7 +218,7 @@ def check_problem(layers: Sequence[LayerCost], devices: Sequence[DeviceProfile])
 def evaluate(method: str, bounds: Sequence[int], layers: Sequence[LayerCost] | Problem,
              devices: Sequence[DeviceProfile], order: Sequence[int] | None = None,
              lower_bound_s: float | None = None, notes: dict | None = None) -> Allocation:
-    """Build the Allocation of `bounds` over `devices` (already in allocation order); AllocationError on a bad partition."""
+    """The Allocation of `bounds` over `devices` (in allocation order); AllocationError on a bad partition."""
     prob = layers if isinstance(layers, Problem) else Problem.of(layers)
     bounds = tuple(int(b) for b in bounds)
     d, n = len(devices), prob.num_layers
@@ -232,9 +232,10 @@ def evaluate(method: str, bounds: Sequence[int], layers: Sequence[LayerCost] | P
         used.append(prob.memory_bytes(a, b))
     for k, dev in enumerate(devices):
         if used[k] > dev.memory_bytes:
+            missing = used[k] - dev.memory_bytes
             raise AllocationError(f"device {dev.label(k)} would hold layers {bounds[k]}..{bounds[k + 1] - 1} "
-                                  f"({used[k]:.0f} bytes) but has {dev.memory_bytes:.0f}: {used[k] - dev.memory_bytes:.0f}"
-                                  " bytes missing; give it fewer layers (method 'optimal') or more memory")
+                                  f"({used[k]:.0f} bytes) but has {dev.memory_bytes:.0f}: {missing:.0f} bytes "
+                                  "missing; give it fewer layers (method 'optimal') or more memory")
     return Allocation(method=method, bounds=bounds, stage_times_s=tuple(times), bottleneck_s=max(times),
                       memory_used_bytes=tuple(used), devices=tuple(devices),
                       order=tuple(order) if order is not None else tuple(range(d)),

@@ -45,8 +45,9 @@ def allocate_milp(layers: Sequence[LayerCost], devices: Sequence[DeviceProfile],
         if k + 1 < d - 1:
             for j in range(n):
                 rows.append(({u(k + 1, j): 1.0, u(k, j): -1.0}, 0.0, math.inf))  # nested prefixes
-    # scale every stage-time row by the largest coefficient so HiGHS sees numbers near 1
-    scale = max(max(dev.time_per_flop_s for dev in devices) * f.sum(), 1e-30)
+    # stage-time rows are divided by the fluid bound (every device busy until the model's FLOPs are done), which is
+    # close to the optimum, so that HiGHS's absolute tolerances (1e-6) are relative to the bottleneck itself
+    scale = max(f.sum() / sum(1.0 / dev.time_per_flop_s for dev in devices), 1e-30)
     for k, dev in enumerate(devices):
         x: dict[int, float] = {}  # x[k, j] = u[k, j] - u[k-1, j] as coefficients over u, plus a constant
         for j in range(n):

@@ -6,13 +6,14 @@ operations, e.g. 9 devices x 163 layers or 13 devices x 43 layers) by dynamic pr
 adding device i after them gives ``min_a max(best[S][a], stage_time(i, a, b))`` (O(2^D * D * L^2), vectorised per
 (S, i), each device's window of possible cut points only).
 
-Beyond that, a search: every device's stage-time matrix is built once; candidate orders (as given, fastest first,
-slowest first, most memory first) are solved exactly by `optimal`'s recursion, and the best one is improved by
-local search: swap the bottleneck device with every other position (the recursion restarts from the first changed
-position, earlier rows are kept), take the best improving swap, repeat until none improves or `max_rounds`.
-The result reports `lower_bound_s`, the best bound this module knows for any order (the largest of: a fluid bound,
-capacities (T - link time)/time_per_flop summing to the model's FLOPs; the k slowest devices must hold k distinct
-layers; the largest layer on the fastest device), so ``Allocation.gap`` says how far from optimal it can be.
+Beyond that, a search: every device's stage-time matrix is built once; candidate orders (as given, as given with
+the slowest device last, fastest first, slowest first, most memory first) are solved exactly by `optimal`'s
+recursion, and the best one is improved by local search: swap the bottleneck device with every other position
+(the recursion restarts from the first changed position, earlier rows are kept), take the best improving swap,
+repeat until none improves or `max_rounds`.
+The result reports `lower_bound_s`, the best bound this module knows for any order (`order_lower_bound`: layer
+counts that fit each device, a fluid bound, the k slowest devices), so ``Allocation.gap`` says how far from optimal
+it can be.
 """
 from __future__ import annotations
 
@@ -65,24 +66,56 @@ def best_order_exact(costs: Sequence[np.ndarray]) -> tuple[float, list[int], lis
 
 
 def order_lower_bound(layers: Sequence[LayerCost], devices: Sequence[DeviceProfile]) -> float:
-    """A lower bound on the bottleneck of every order and partition (ignores contiguity and memory)."""
-    f = sorted(float(x.flops) for x in layers)
-    tpf = sorted((d.time_per_flop_s for d in devices), reverse=True)
-    bound = max(t * fk for t, fk in zip(tpf, f))  # the k slowest hold k distinct layers, one at least f_(k)
-    bound = max(bound, min(tpf) * f[-1])
+    """A lower bound on the bottleneck of every order and partition (the largest of the bounds below).
+
+    k slowest: the k slowest devices hold k distinct layers, so one of them holds a layer of at least the k-th
+    smallest FLOPs. Count: within a bottleneck T, device k holds at most as many of the L - j largest layers as the
+    smallest of them fit in (T - its link time) / time_per_flop and in its memory; the counts must reach L - j
+    (j = 0..7; for j = 0 every device needs one layer; one device, the last, sends nothing). Fluid: the capacities (T - link time) /
+    time_per_flop must add up to the model's FLOPs. Contiguity and order are ignored, so every order respects it.
+    """
+    order = np.argsort([float(x.flops) for x in layers], kind="stable")
+    f = np.array([float(layers[i].flops) for i in order])
+    mem = np.array([float(layers[i].memory_bytes) for i in order])
+    tpf = np.array([d.time_per_flop_s for d in devices])
+    cap_m = np.array([d.memory_bytes for d in devices])
+    bound = float(max(t * fk for t, fk in zip(np.sort(tpf)[::-1], f)))
+    bound = max(bound, float(tpf.min() * f[-1]))
     act_min = min(float(x.activation_bytes) for x in layers)
-    link = [d.latency_s + act_min / d.bandwidth_bytes_per_s for d in devices]
-    total = sum(f)
-    exempt = max(range(len(devices)), key=lambda k: link[k] / devices[k].time_per_flop_s)  # the last device sends nothing
+    link = np.array([d.latency_s + act_min / d.bandwidth_bytes_per_s for d in devices])
+    n, total = len(layers), float(f.sum())
 
-    def capacity(t: float) -> float:
-        return sum(max(0.0, t - (0.0 if k == exempt else link[k])) / d.time_per_flop_s for k, d in enumerate(devices))
+    def count_ok_for(drop: int):
+        # only the n - drop largest layers are counted: small layers (embedding, head) would otherwise count on
+        # every device at once; with drop > 0 a device may hold none of them
+        cum_f = np.concatenate([[0.0], np.cumsum(f[drop:])])
+        cum_m = np.concatenate([[0.0], np.cumsum(np.sort(mem[drop:]))])
+        by_memory = np.searchsorted(cum_m, cap_m, side="right") - 1
+        need = 1 if drop == 0 else 0
 
-    lo, hi = 0.0, max(link) + total * max(tpf) + 1e-300
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if capacity(mid) >= total else (mid, hi)
-    return max(bound, lo)
+        def ok(t: float) -> bool:
+            with_link = np.minimum(np.searchsorted(cum_f, (t - link) / tpf, side="right") - 1, by_memory)
+            free = np.minimum(np.searchsorted(cum_f, t / tpf, side="right") - 1, by_memory)
+            short = np.flatnonzero(with_link < need)
+            if len(short) > 1 or (len(short) == 1 and free[short[0]] < need):
+                return False
+            gain = free - with_link  # the device that goes last sends nothing
+            last = short[0] if len(short) else int(np.argmax(gain))
+            return int(with_link.sum() + gain[last]) >= n - drop
+        return ok
+
+    def fluid_ok(t: float) -> bool:
+        cap = np.maximum(0.0, t - link) / tpf
+        return float(cap.sum() + (np.minimum(t, link) / tpf).max()) >= total
+
+    hi = float(link.max() + total * tpf.max()) * (1 + 1e-12) + 1e-300
+    for ok in [count_ok_for(drop) for drop in range(min(n, 8))] + [fluid_ok]:
+        lo, top = 0.0, hi
+        for _ in range(100):
+            mid = (lo + top) / 2
+            lo, top = (lo, mid) if ok(mid) else (mid, top)
+        bound = max(bound, lo)  # `lo` fails the relaxation, so every real bottleneck is above it
+    return bound
 
 
 def _search(costs: list[np.ndarray], devices: Sequence[DeviceProfile], max_rounds: int) -> tuple[float, list[int]]:
@@ -91,8 +124,9 @@ def _search(costs: list[np.ndarray], devices: Sequence[DeviceProfile], max_round
     idx = list(range(d))
     mem = [dev.memory_bytes for dev in devices]
     tpf = [dev.time_per_flop_s for dev in devices]
-    candidates = [idx, sorted(idx, key=lambda k: tpf[k]), sorted(idx, key=lambda k: -tpf[k]),
-                  sorted(idx, key=lambda k: (-mem[k], tpf[k]))]
+    slowest = max(idx, key=lambda k: tpf[k])  # last, it sends nothing and may hold only the small head layers
+    candidates = [idx, [k for k in idx if k != slowest] + [slowest], sorted(idx, key=lambda k: tpf[k]),
+                  sorted(idx, key=lambda k: -tpf[k]), sorted(idx, key=lambda k: (-mem[k], tpf[k]))]
     best_t, order = math.inf, idx
     for cand in candidates:
         t, _ = min_bottleneck_matrices([costs[k] for k in cand])

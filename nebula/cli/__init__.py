@@ -12,6 +12,7 @@ __all__ = ["main"]
 _COMMANDS = {
     "launch": "nebula.cli.launch",
     "bench": "nebula.cli.bench",
+    "allocate": "nebula.cli.allocate",
 }
 
 

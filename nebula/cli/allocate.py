@@ -1,0 +1,41 @@
+"""`nebula allocate --model M --devices devices.yaml [--method ...]`: print (or write into a job) an allocation."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the `allocate` subcommand."""
+    from nebula.balance.base import method_names
+    from nebula.balance.bert import PRESETS
+
+    p = subparsers.add_parser("allocate", help="allocate a model's layers to devices", description=__doc__)
+    p.add_argument("--model", required=True,
+                   help=f"a preset ({', '.join(PRESETS)}) or a profile YAML file (nebula.balance.profile)")
+    p.add_argument("--devices", required=True, help="devices.yaml (see nebula.balance.devices)")
+    p.add_argument("--method", default="optimal", choices=method_names(), help="allocator (default: optimal)")
+    p.add_argument("--batch", type=int, default=None, help="preset models: sequences per iteration")
+    p.add_argument("--seq-len", type=int, default=None, help="preset models: tokens per sequence")
+    p.add_argument("--write-job", metavar="JOB", default=None,
+                   help="also write the allocation under `allocation:` in this job YAML file")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Allocate and print the table; exit 2 on bad input or an allocation that cannot fit."""
+    from nebula.balance import AllocationError
+    from nebula.balance.report import allocate_model, format_table, write_job
+    from nebula.config._schema import ConfigError
+
+    try:
+        changes = {k: v for k, v in (("batch", args.batch), ("seq_len", args.seq_len)) if v is not None}
+        alloc, names = allocate_model(args.model, args.devices, args.method, **changes)
+        print(format_table(alloc, names))
+        if args.write_job:
+            write_job(Path(args.write_job), alloc)
+            print(f"wrote allocation to {args.write_job}")
+    except (AllocationError, ConfigError, ValueError, OSError) as exc:
+        print(f"nebula allocate: {exc}", file=sys.stderr)
+        return 2
+    return 0
