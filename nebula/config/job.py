@@ -47,6 +47,7 @@ class PipelineSpec:
     bounds: tuple[int, ...] | None = None  # explicit partition index, length num_stages + 1 (0 .. num_layers)
     slowdown: tuple[float, ...] = ()  # per rank: compute takes this many times longer (>= 1; simulated devices)
     probe: bool = True  # measure each rank (compute, memory, link) before allocating; false: identical devices
+    probe_together: bool = False  # time all ranks at once (ranks sharing a host's cores see their contention)
 
     def __post_init__(self) -> None:
         if self.num_stages < 1:
@@ -194,6 +195,11 @@ class AllocationSpec:
     method: str = "optimal"
     profiles: dict[str, str] = field(default_factory=dict)  # cluster id -> profiles file (default profiles/<id>.yaml)
     wan: WanSpec = field(default_factory=WanSpec)
+    # a cut already made (nebula allocate --write-job writes these): bounds are used as they are, no profiles read
+    devices: tuple[str, ...] = ()  # the clusters in pipeline order
+    bounds: tuple[int, ...] = ()
+    bottleneck_s: float | None = None  # predicted, for the record
+    stage_times_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

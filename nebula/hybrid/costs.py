@@ -49,6 +49,8 @@ def layer_costs(model: LayeredModel, batch: int, *, seed: int = 0, time_per_flop
         times = []
         for r in range(warmup + repeats):
             t0 = time.perf_counter()
+            if i == 0:  # the first stage loads its inputs too
+                xin = model.inputs(ids)
             y = layer(xin)
             if i == model.num_layers - 1:
                 model.loss(y, model.targets(ids)).backward()
@@ -59,7 +61,7 @@ def layer_costs(model: LayeredModel, batch: int, *, seed: int = 0, time_per_flop
             layer.clear_gradients()
         params = sum(_nbytes(p) for p in layer.parameters())
         act = _nbytes(y) if i < model.num_layers - 1 else 0
-        seconds = float(np.median(times))
+        seconds = float(np.median(times))  # median, like the probe it is divided by
         out.append(LayerCost(seconds / time_per_flop_s, PARAM_COPIES * params + micro_batches * _nbytes(xin),
                              2 * act, f"layer{i}"))
         x = y.detach()

@@ -19,7 +19,7 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     import paddle
 
-__all__ = ["send_tensor", "recv_tensor", "send_like", "recv_like", "ping_pong", "make_groups", "Groups"]
+__all__ = ["send_tensor", "recv_tensor", "send_like", "recv_like", "ping_pong", "make_groups", "Groups", "wait_all"]
 
 _MAX_DIMS = 8
 _DTYPES = ["float32", "float16", "bfloat16", "float64", "int64", "int32"]
@@ -74,13 +74,28 @@ def _header(t: "paddle.Tensor") -> np.ndarray:
     return h
 
 
-def send_tensor(t: "paddle.Tensor", dst: int, group: Any) -> None:
-    """Send `t` (any shape, a supported dtype) to global rank `dst` over `group`: header, then data."""
+def send_tensor(t: "paddle.Tensor", dst: int, group: Any, pending: list | None = None) -> None:
+    """Send `t` (any shape, a supported dtype) to global rank `dst` over `group`: header, then data.
+
+    With `pending`, the sends are started and their tasks (and tensors, which must stay alive) appended there, for
+    `wait_all` later: the sender computes on while the receiver is still busy with an earlier micro-batch."""
     import paddle
     import paddle.distributed as dist
 
-    dist.send(paddle.to_tensor(_header(t)), dst=dst, group=group)
-    dist.send(t.detach(), dst=dst, group=group)
+    header, data = paddle.to_tensor(_header(t)), t.detach()
+    if pending is None:
+        dist.send(header, dst=dst, group=group)
+        dist.send(data, dst=dst, group=group)
+        return
+    pending.append((dist.isend(header, dst=dst, group=group), header))
+    pending.append((dist.isend(data, dst=dst, group=group), data))
+
+
+def wait_all(pending: list) -> None:
+    """Wait for every started send in `pending`, then empty it."""
+    for task, _ in pending:
+        task.wait()
+    pending.clear()
 
 
 def recv_tensor(src: int, group: Any) -> "paddle.Tensor":
@@ -100,11 +115,16 @@ def recv_tensor(src: int, group: Any) -> "paddle.Tensor":
     return out
 
 
-def send_like(t: "paddle.Tensor", dst: int, group: Any) -> None:
-    """Send `t` whose shape and dtype the receiver already knows (a gradient going back)."""
+def send_like(t: "paddle.Tensor", dst: int, group: Any, pending: list | None = None) -> None:
+    """Send `t` whose shape and dtype the receiver already knows (a gradient going back); `pending` as in
+    `send_tensor`."""
     import paddle.distributed as dist
 
-    dist.send(t.detach(), dst=dst, group=group)
+    data = t.detach()
+    if pending is None:
+        dist.send(data, dst=dst, group=group)
+    else:
+        pending.append((dist.isend(data, dst=dst, group=group), data))
 
 
 def recv_like(like: "paddle.Tensor", src: int, group: Any) -> "paddle.Tensor":

@@ -74,10 +74,20 @@ def resolve_allocation(cfg: JobConfig) -> JobConfig:
     """`cfg` with the recipe's `bounds` set from `plan_clusters` (unchanged when the job has no allocation)."""
     if cfg.allocation is None:
         return cfg
-    alloc = plan_clusters(cfg)
-    bounds = [int(b) for b in alloc.bounds]
-    log.info("allocation %s: layers cut at %s between clusters %s (predicted stage times %s s)",
-             cfg.allocation_spec.method, bounds, [c for c, _ in cfg.segments],
-             [round(float(x), 6) for x in alloc.stage_times_s])
+    al, segs = cfg.allocation_spec, [c for c, _ in cfg.segments]
+    if al.bounds:
+        if al.devices and list(al.devices) != segs:
+            raise ConfigError(f"allocation.devices {list(al.devices)} are not the job's clusters in stage order "
+                              f"{segs}; rerun nebula allocate --write-job with these clusters")
+        if len(al.bounds) != len(segs) + 1:
+            raise ConfigError(f"allocation.bounds={list(al.bounds)} cut the model into {len(al.bounds) - 1} stages "
+                              f"but the job runs {len(segs)} clusters; drop bounds to compute them at launch")
+        bounds = [int(b) for b in al.bounds]
+        log.info("allocation %s: layers cut at %s between clusters %s (from the job file)", al.method, bounds, segs)
+    else:
+        alloc = plan_clusters(cfg)
+        bounds = [int(b) for b in alloc.bounds]
+        log.info("allocation %s: layers cut at %s between clusters %s (predicted stage times %s s)", al.method,
+                 bounds, segs, [round(float(x), 6) for x in alloc.stage_times_s])
     recipe = dataclasses.replace(cfg.recipe, args={**cfg.recipe.args, "bounds": bounds})
     return dataclasses.replace(cfg, recipe=recipe)

@@ -56,6 +56,9 @@ def probe_compute(*, slowdown: float = 1.0, warmup: int = 3, repeats: int = 10) 
     device would take (the paper's speed control: measured time x (slowdown - 1) more)."""
     import paddle
 
+    from nebula.balance.simulate import Slowdown
+
+    slow = Slowdown(compute=slowdown)
     paddle.seed(0)
     net = paddle.nn.Sequential(*[m for _ in range(PROBE_DEPTH)
                                  for m in (paddle.nn.Linear(PROBE_WIDTH, PROBE_WIDTH), paddle.nn.Tanh())])
@@ -65,9 +68,7 @@ def probe_compute(*, slowdown: float = 1.0, warmup: int = 3, repeats: int = 10) 
         t0 = time.perf_counter()
         net(x).mean().backward()
         net.clear_gradients()
-        dt = time.perf_counter() - t0
-        if slowdown > 1.0:
-            time.sleep(dt * (slowdown - 1.0))
+        slow.apply_compute(time.perf_counter() - t0)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     flops = 3 * 2 * PROBE_BATCH * PROBE_WIDTH * PROBE_WIDTH * PROBE_DEPTH  # backward is twice the forward
@@ -145,15 +146,25 @@ def _share(link: tuple[float, float], peer: int, leader: bool, group: Any) -> tu
 
 
 def probe_ranks(*, rank: int, world: int, groups: Any = None, device: str = "cpu", slowdown: float = 1.0,
-                message_bytes: int = 1 << 16, repeats: int = 10) -> list[RankProbe]:
+                message_bytes: int = 1 << 16, repeats: int = 20, together: bool = False) -> list[RankProbe]:
     """Run the device benchmark on this rank and gather every rank's result (on every rank, in rank order).
 
+    Ranks are timed one at a time (each device's own speed) unless `together`: then all at once, so ranks that
+    share a host's cores are measured with the contention they will have in training (but a simulated slow rank,
+    which sleeps, then leaves its core to the others and looks faster than it is).
     `groups`: the pair groups of `nebula.hybrid.p2p.make_groups` (created here when None)."""
     if groups is None and world > 1:
         from nebula.hybrid.p2p import make_groups
 
         groups = make_groups(rank, world)
-    compute_s, flops = probe_compute(slowdown=slowdown, repeats=repeats)
+    compute_s = flops = 0.0
+    for turn in range(1 if together else world):
+        if world > 1:
+            import paddle.distributed as dist
+
+            dist.barrier()
+        if together or turn == rank:
+            compute_s, flops = probe_compute(slowdown=slowdown, repeats=repeats)
     latency, bandwidth = measure_links(rank, world, message_bytes, groups)
     mine = RankProbe(rank, compute_s, flops, free_memory_bytes(device), latency, bandwidth)
     if world == 1:

@@ -26,7 +26,7 @@ import numpy as np
 from nebula.config.job import JobConfig, PipelineSpec
 from nebula.hybrid import checkpoint as ckpt
 from nebula.hybrid.layered import LayeredModel, build_layers, check_bounds, layered_model
-from nebula.hybrid.p2p import recv_like, recv_tensor, send_like, send_tensor
+from nebula.hybrid.p2p import recv_like, recv_tensor, send_like, send_tensor, wait_all
 from nebula.hybrid.topology import Layout
 from nebula.pipeline.data import rank_micro_batches, step_ids
 from nebula.pipeline.metrics import MetricsWriter
@@ -36,6 +36,8 @@ from nebula.pipeline.stage import load_recipe
 __all__ = ["run_hybrid", "HybridPlan", "plan_bounds", "stage_devices"]
 
 log = logging.getLogger(__name__)
+
+MESSAGES_PER_MICRO_BATCH = 3  # shape header and activation forward, gradient back
 
 
 @dataclass(slots=True)
@@ -67,9 +69,10 @@ def stage_devices(probes: list, layout: Layout) -> list:
     out = []
     for s in range(layout.num_stages):
         ps = [probes[r] for r in layout.stage_ranks(s)]
+        # a boundary carries MESSAGES_PER_MICRO_BATCH messages per micro-batch (header, activation, gradient)
         out.append(DeviceProfile(max(p.time_per_flop_s for p in ps), min(p.free_memory_bytes for p in ps),
-                                 max(p.latency_s for p in ps), min(p.bandwidth_bytes_per_s for p in ps),
-                                 f"stage{s}"))
+                                 MESSAGES_PER_MICRO_BATCH * max(p.latency_s for p in ps),
+                                 min(p.bandwidth_bytes_per_s for p in ps), f"stage{s}"))
     return out
 
 
@@ -113,6 +116,9 @@ class _HybridRunner:
         self.layout = Layout(pp.num_stages, self.world // pp.num_stages)
         self.stage, self.replica = self.layout.stage_of(self.rank), self.layout.replica_of(self.rank)
         self.slowdown = pp.slowdown[self.rank] if pp.slowdown else 1.0
+        from nebula.balance.simulate import Slowdown
+
+        self._slowdown = Slowdown(compute=self.slowdown)
         self.groups = None
         if self.world > 1:
             from nebula.hybrid.p2p import make_groups
@@ -132,11 +138,29 @@ class _HybridRunner:
         self._prev_group = self.groups.link(self.rank, self.prev_rank) if self.prev_rank is not None else None
         self._next_group = self.groups.link(self.rank, self.next_rank) if self.next_rank is not None else None
         self.metrics = MetricsWriter(cfg.metrics.dir, cluster, self.rank)
+        if self.rank == 0 and cfg.metrics.dir:
+            self._write_plan(Path(cfg.metrics.dir) / f"{cluster}.plan.json")
         self._wait_s = 0.0
         self._compute_s = 0.0
         log.info("cluster %s rank %d: stage %d of %d, replica %d of %d, layers %d..%d (%s)", cluster, self.rank,
                  self.stage, self.layout.num_stages, self.replica, self.layout.num_replicas, self.start,
                  self.stop - 1, self.plan.method)
+
+    def _write_plan(self, path: Path) -> None:
+        """The layout, the cut, the measured ranks and the predicted stage times, for benchmarks and people."""
+        import json
+
+        from nebula.hybrid.costs import pipeline_time_s
+
+        plan = self.plan
+        doc = {"num_stages": plan.layout.num_stages, "num_replicas": plan.layout.num_replicas,
+               "bounds": plan.bounds, "method": plan.method, "micro_batches": self.cfg.train.micro_batches,
+               "slowdown": list(self.pp.slowdown), "predicted_stage_s": plan.predicted_stage_s,
+               "predicted_step_s": (pipeline_time_s(plan.predicted_stage_s, self.cfg.train.micro_batches)
+                                    if plan.predicted_stage_s else None),
+               "probes": [p.to_dict() for p in plan.probes]}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=1))
 
     # ---- allocation ---------------------------------------------------------------------------------------
     def _plan(self) -> HybridPlan:
@@ -147,7 +171,7 @@ class _HybridRunner:
             from nebula.hybrid.probe import probe_ranks
 
             probes = probe_ranks(rank=self.rank, world=self.world, groups=self.groups, device=self.spec.device,
-                                 slowdown=self.slowdown)
+                                 slowdown=self.slowdown, together=pp.probe_together)
         if explicit:
             return plan_bounds(self.model, self.layout, pp, probes, None)
         if not probes:
@@ -175,9 +199,8 @@ class _HybridRunner:
 
     # ---- compute with simulated slowdown ------------------------------------------------------------------
     def _slow(self, t0: float) -> None:
-        dt = time.perf_counter() - t0
-        if self.slowdown > 1.0:
-            time.sleep(dt * (self.slowdown - 1.0))
+        """Account the compute since `t0`, stretched by this rank's simulated slowdown (nebula.balance.simulate)."""
+        self._slowdown.apply_compute(time.perf_counter() - t0)
         self._compute_s += time.perf_counter() - t0
 
     def _recv(self, fn: Any, *args: Any) -> Any:
@@ -200,14 +223,16 @@ class _HybridRunner:
         mbs = self._micro_batches(step)
         m_count = len(mbs)
         saved: list[tuple[Any, Any]] = []  # (input, output-or-loss) per micro-batch
+        pending: list = []  # sends in flight: compute goes on while the next stage is busy
         loss_sum = 0.0
         for ids in mbs:  # fill: all forwards
+            t0 = time.perf_counter()
             if self.first:
                 x = self.model.inputs(ids)
             else:
                 x = self._recv(recv_tensor, self.prev_rank, self._prev_group)
                 x.stop_gradient = False
-            t0 = time.perf_counter()
+                t0 = time.perf_counter()
             y = self.net(x)
             if self.last:
                 y = self.model.loss(y, self.model.targets(ids))
@@ -216,7 +241,7 @@ class _HybridRunner:
                 y = y / (m_count * self.layout.num_replicas)
             self._slow(t0)
             if not self.last:
-                send_tensor(y, self.next_rank, self._next_group)
+                send_tensor(y, self.next_rank, self._next_group, pending)
             saved.append((x, y))
         for x, y in saved:  # drain: all backwards, same order
             if self.last:
@@ -228,7 +253,8 @@ class _HybridRunner:
                 y.backward(g)
             self._slow(t0)
             if not self.first:
-                send_like(x.grad, self.prev_rank, self._prev_group)
+                send_like(x.grad, self.prev_rank, self._prev_group, pending)
+        wait_all(pending)
         if self.group is not None:
             for p in self.net.parameters():
                 if p.grad is not None:

@@ -68,3 +68,12 @@ def test_allocation_bad_input_is_refused_with_the_fix(tmp_path):
         resolve_allocation(load_job_config(_job(tmp_path, {"profiles": {"B": "profiles/A.yaml"}})))
     with pytest.raises(ConfigError, match="unknown key allocation.wan.bandwidth"):
         load_job_config(_job(tmp_path, {"wan": {"bandwidth": 3}}))
+
+
+def test_a_cut_written_into_the_job_is_used_as_it_is(tmp_path):
+    """`nebula allocate --write-job` writes method, devices and bounds: no profiles are needed then."""
+    cfg = resolve_allocation(load_job_config(_job(tmp_path, {"method": "optimal", "devices": ["A", "B"],
+                                                             "bounds": [0, 7, LAYERS], "bottleneck_s": 0.5})))
+    assert cfg.recipe.args["bounds"] == [0, 7, LAYERS]
+    with pytest.raises(ConfigError, match="not the job's clusters in stage order"):
+        resolve_allocation(load_job_config(_job(tmp_path, {"devices": ["B", "A"], "bounds": [0, 7, LAYERS]})))
