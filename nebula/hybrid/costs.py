@@ -27,7 +27,7 @@ def _nbytes(t: Any) -> int:
 
 
 def layer_costs(model: LayeredModel, batch: int, *, seed: int = 0, time_per_flop_s: float | None = None,
-                micro_batches: int = 1, warmup: int = 2, repeats: int = 5) -> list:
+                micro_batches: int = 1, warmup: int = 2, repeats: int = 10) -> list:
     """One LayerCost per layer for micro-batches of `batch` examples (ids 0..batch-1 as the probe input).
 
     `time_per_flop_s`: the probe's rate on this process (measured now when None)."""
