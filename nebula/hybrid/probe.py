@@ -127,7 +127,9 @@ def _link_of(small_rtt_s: float, big_rtt_s: float, message_bytes: int) -> tuple[
     """(latency, bandwidth) from the round trips of a tiny and an `message_bytes` message."""
     latency = small_rtt_s / 2
     transfer = big_rtt_s / 2 - latency
-    return latency, (message_bytes / transfer if transfer > 0 else math.inf)
+    if transfer <= 0:  # jitter hid the transfer time: charge the whole one-way time (a lower bound on bandwidth)
+        transfer = big_rtt_s / 2
+    return latency, message_bytes / transfer
 
 
 def _share(link: tuple[float, float], peer: int, leader: bool, group: Any) -> tuple[float, float]:
@@ -146,7 +148,7 @@ def _share(link: tuple[float, float], peer: int, leader: bool, group: Any) -> tu
 
 
 def probe_ranks(*, rank: int, world: int, groups: Any = None, device: str = "cpu", slowdown: float = 1.0,
-                message_bytes: int = 1 << 16, repeats: int = 20, together: bool = False) -> list[RankProbe]:
+                message_bytes: int = 1 << 20, repeats: int = 20, together: bool = False) -> list[RankProbe]:
     """Run the device benchmark on this rank and gather every rank's result (on every rank, in rank order).
 
     Ranks are timed one at a time (each device's own speed) unless `together`: then all at once, so ranks that
