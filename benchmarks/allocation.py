@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio_hdr = (f"{'model':9s} {'dev':>3s} {'seed':>4s} | " + " ".join(f"{m:>16s}" for m in METHODS)
                      + f" | {'saved vs even':>13s} {'at most':>10s}")
         time_hdr = (f"{'model':9s} {'dev':>3s} {'seed':>4s} | " + " ".join(f"{m:>13s}" for m in METHODS)
-                    + f" | {'reallocate':>10s} {'moved':>6s}")
+                    + f" | {'reallocate':>10s} {'moved':>6s} {'moved@5%':>8s}")
         ratio_lines, time_lines = [], []
         for model in MODELS:
             layers = bert_costs(preset(model))
@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                                        f" {1 - rec['bound'] / rec['even']:10.1%}")
                     times = " ".join(f"{res[m][1]:13.4f}" if not math.isnan(res[m][1]) else f"{'-':>13s}"
                                      for m in METHODS)
-                    time_lines.append(key + times + f" | {rec['realloc_s']:10.4f} {rec['moved']:6.1%}")
+                    time_lines.append(key + times + f" | {rec['realloc_s']:10.4f} {rec['moved']:6.1%}"
+                                      f" {rec['moved_loose']:8.1%}")
                     print(".", end="", file=sys.stderr, flush=True)
         print(f"\n[{memory}] {MEMORY_DOC[memory]}")
         print("Predicted iteration time / optimal's (lower is better); 'saved vs even': 1 - optimal / even; "
@@ -165,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         print("-" * len(ratio_hdr))
         print("\n".join(ratio_lines))
         print(f"\n[{memory}] Run time of each allocator, seconds; 'reallocate': re-plan after the slowest device "
-              "leaves, 'moved': layer bytes it moves, as a share of the model")
+              "leaves, 'moved': layer bytes it moves, as a share of the model ('moved@5%': allowing a bottleneck "
+              "5% above the optimum)")
         print(time_hdr)
         print("-" * len(time_hdr))
         print("\n".join(time_lines))
@@ -200,12 +202,14 @@ def _instance(model: str, layers: list[LayerCost], d: int, seed: int, memory: st
     start = time.perf_counter()
     r = reallocate(res["optimal"][0], layers, rest, "optimal")
     realloc_s = time.perf_counter() - start
+    loose = reallocate(res["optimal"][0], layers, rest, "optimal", tolerance=0.05)
     from nebula.balance.optimal_order import order_lower_bound
 
     return {"model": model, "devices": d, "seed": seed, "memory": memory, "res": res, "opt": opt,
             "bound": order_lower_bound(layers, devices),
             "even": res["even"][0].bottleneck_s, "realloc_s": realloc_s,
             "moved": r.moved_bytes / sum(x.memory_bytes for x in layers),
+            "moved_loose": loose.moved_bytes / sum(x.memory_bytes for x in layers),
             "realloc_same": r.allocation.bottleneck_s == allocate(layers, rest, "optimal").bottleneck_s}
 
 
