@@ -17,6 +17,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--node-rank", type=int, default=0, help="index of this node when the cluster has nodes > 1")
     p.add_argument("--log-dir", default=None, help="per-rank logs (default: <metrics.dir>/log/<cluster>)")
     p.add_argument("--check", action="store_true", help="validate the job and print the command, start nothing")
+    p.add_argument("--elastic", action="store_true",
+                   help="layer pipeline: when a rank leaves, relaunch with one rank fewer on a new allocation, "
+                        "resuming from the last per-layer checkpoint")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,6 +32,11 @@ def run(args: argparse.Namespace) -> int:
             print(" ".join(build_command(args.job, cfg, args.cluster, intra=args.intra, node_rank=args.node_rank,
                                          log_dir=args.log_dir)))
             return 0
+        if args.elastic:
+            from nebula.hybrid.elastic import launch_elastic
+
+            prepare(args.job, args.cluster)
+            return launch_elastic(args.job, args.cluster)
         return launch(args.job, args.cluster, intra=args.intra, node_rank=args.node_rank, log_dir=args.log_dir)
     except ConfigError as exc:
         print(f"nebula launch: invalid job: {exc}", file=sys.stderr)

@@ -36,6 +36,33 @@ MODES = ("pipeline", "oneway")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class PipelineSpec:
+    """A layer pipeline inside one cluster (hybrid DP x PP): its ranks form num_stages stages x replicas.
+
+    The recipe's layers (its `layered()` model) are cut into `num_stages` contiguous ranges, by `bounds` when given,
+    else by the `allocation` method (nebula.balance) from the device profiles the ranks measure at start-up.
+    """
+
+    num_stages: int = 2
+    allocation: str = "even"  # allocator method of nebula.balance used when bounds is not given
+    bounds: tuple[int, ...] | None = None  # explicit partition index, length num_stages + 1 (0 .. num_layers)
+    slowdown: tuple[float, ...] = ()  # per rank: compute takes this many times longer (>= 1; simulated devices)
+    probe: bool = True  # measure each rank (compute, memory, link) before allocating; false: identical devices
+    probe_together: bool = False  # time all ranks at once (ranks sharing a host's cores see their contention)
+
+    def __post_init__(self) -> None:
+        if self.num_stages < 1:
+            raise ValueError(f"pipeline.num_stages={self.num_stages} must be >= 1")
+        if self.bounds is not None:
+            b = list(self.bounds)
+            if len(b) != self.num_stages + 1 or b[0] != 0 or any(x >= y for x, y in zip(b, b[1:])):
+                raise ValueError(f"pipeline.bounds={b} must be {self.num_stages + 1} strictly increasing layer "
+                                 "indices starting at 0 (the last is the number of layers)")
+        if any(not f >= 1.0 for f in self.slowdown):
+            raise ValueError(f"pipeline.slowdown={list(self.slowdown)} must hold factors >= 1 (1 = full speed)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterSpec:
     """One cluster of the job: where its ranks run and how they reach their switch server."""
 
@@ -45,6 +72,7 @@ class ClusterSpec:
     procs_per_node: int = 1  # ranks per machine (paddle.distributed.launch --nproc_per_node)
     worker: str | None = None  # worker.yaml of this cluster's switch; required when the job spans clusters
     master: str | None = None  # host:port of node 0's rendezvous, needed only when nodes > 1
+    pipeline: PipelineSpec | None = None  # layer pipeline over this cluster's ranks (None: ranks are data parallel)
 
     def __post_init__(self) -> None:
         if not self.id or not self.id.replace("-", "").replace("_", "").isalnum():
@@ -55,6 +83,13 @@ class ClusterSpec:
             raise ValueError(f"cluster {self.id}: procs_per_node={self.procs_per_node} must be >= 1")
         if self.nodes > 1 and not self.master:
             raise ValueError(f"cluster {self.id}: nodes={self.nodes} needs master: <host:port of node 0>")
+        pp = self.pipeline
+        if pp is not None and self.world_size % pp.num_stages:
+            raise ValueError(f"cluster {self.id}: {self.world_size} ranks do not split into pipeline.num_stages="
+                             f"{pp.num_stages} stages of equal replicas; use a divisor of {self.world_size}")
+        if pp is not None and pp.slowdown and len(pp.slowdown) != self.world_size:
+            raise ValueError(f"cluster {self.id}: pipeline.slowdown has {len(pp.slowdown)} factors for "
+                             f"{self.world_size} ranks; give one per rank")
 
     @property
     def world_size(self) -> int:
@@ -137,6 +172,38 @@ class MetricsSpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class WanSpec:
+    """The WAN link between consecutive clusters, as the between-cluster allocation charges it."""
+
+    latency_ms: float = 30.0
+    rate_mbit: float = 100.0  # measured with nebula-switch probe
+
+    def __post_init__(self) -> None:
+        if self.latency_ms < 0 or self.rate_mbit <= 0:
+            raise ValueError(f"allocation.wan latency_ms={self.latency_ms} must be >= 0 and rate_mbit="
+                             f"{self.rate_mbit} > 0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AllocationSpec:
+    """Cut the recipe's layers between the clusters (one stage per cluster) from their measured profiles.
+
+    A preflight step (nebula.hybrid.plan) reads each cluster's profiles file (written by `nebula bench`), charges
+    the WAN link to every cluster but the last, runs the allocator and passes the cut to the recipe as `bounds`.
+    `allocation: optimal` is short for `{method: optimal}` with profiles at profiles/<cluster>.yaml.
+    """
+
+    method: str = "optimal"
+    profiles: dict[str, str] = field(default_factory=dict)  # cluster id -> profiles file (default profiles/<id>.yaml)
+    wan: WanSpec = field(default_factory=WanSpec)
+    # a cut already made (nebula allocate --write-job writes these): bounds are used as they are, no profiles read
+    devices: tuple[str, ...] = ()  # the clusters in pipeline order
+    bounds: tuple[int, ...] = ()
+    bottleneck_s: float | None = None  # predicted, for the record
+    stage_times_s: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class JobConfig:
     """A whole job: every cluster reads this same file and runs its own stages."""
 
@@ -152,8 +219,24 @@ class JobConfig:
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
     peer_timeout_s: float = 120.0  # how long a rank waits for a silent peer cluster before exiting
     startup_timeout_s: float = 600.0  # how long a starting rank waits for the peer clusters to start
+    # cut between clusters by an allocator instead of by hand: a method name or an AllocationSpec mapping
+    allocation: Any = None
+
+    @property
+    def allocation_spec(self) -> AllocationSpec | None:
+        """`allocation` as a spec (a bare method name means default profiles and WAN)."""
+        return self.allocation
 
     def __post_init__(self) -> None:
+        if isinstance(self.allocation, str):
+            object.__setattr__(self, "allocation", AllocationSpec(method=self.allocation))
+        elif isinstance(self.allocation, dict):
+            from nebula.config._schema import from_dict
+
+            object.__setattr__(self, "allocation", from_dict(AllocationSpec, self.allocation, "allocation"))
+        elif self.allocation is not None and not isinstance(self.allocation, AllocationSpec):
+            raise ValueError(f"allocation={self.allocation!r} must be a method name (e.g. optimal) or a mapping "
+                             "with method, profiles, wan")
         if not self.job or "/" in self.job:
             raise ValueError(f"job {self.job!r} must be a non-empty name without '/'")
         if not self.clusters:
@@ -191,6 +274,17 @@ class JobConfig:
             if per:
                 raise ValueError(f"train.global_batch={self.train.global_batch} must divide evenly over "
                                  f"{rcv.world_size} receiver ranks x {self.train.micro_batches} micro-batches")
+            return
+        piped = [c for c in self.clusters if c.pipeline is not None]
+        if piped and len(segs) > 1:
+            raise ValueError(f"cluster {piped[0].id} has a pipeline: a layer pipeline inside a cluster runs in a "
+                             "job of one cluster; remove clusters[].pipeline or run the stages in one cluster")
+        if piped:
+            pp = piped[0].pipeline
+            replicas = piped[0].world_size // pp.num_stages
+            if self.train.global_batch % (replicas * self.train.micro_batches):
+                raise ValueError(f"train.global_batch={self.train.global_batch} must divide evenly over {replicas} "
+                                 f"replicas x {self.train.micro_batches} micro-batches")
             return
         sizes = {c: self.cluster(c).world_size for c in segs}
         if len(set(sizes.values())) != 1:
@@ -237,7 +331,11 @@ def resolve_job_paths(cfg: JobConfig, base: Path) -> JobConfig:
     ck = cfg.checkpoint
     ck = dataclasses.replace(ck, dir=_resolve(ck.dir, base), init_from=_resolve(ck.init_from, base))
     mt = dataclasses.replace(cfg.metrics, dir=_resolve(cfg.metrics.dir, base))
-    return dataclasses.replace(cfg, clusters=clusters, checkpoint=ck, metrics=mt)
+    al = cfg.allocation_spec
+    if al is not None:
+        files = {c: al.profiles.get(c, f"profiles/{c}.yaml") for c, _ in cfg.segments}
+        al = dataclasses.replace(al, profiles={c: _resolve(f, base) for c, f in {**al.profiles, **files}.items()})
+    return dataclasses.replace(cfg, clusters=clusters, checkpoint=ck, metrics=mt, allocation=al)
 
 
 def load_job_config(file: str | Path) -> JobConfig:

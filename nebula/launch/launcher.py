@@ -20,6 +20,10 @@ WORKER_SCRIPT = Path(__file__).resolve().parent / "worker.py"
 def prepare(job_file: str | Path, cluster: str, *, intra: bool = False) -> JobConfig:
     """Load and fully validate the job for `cluster` (ConfigError before any process starts)."""
     cfg = load_job_config(job_file)
+    if cfg.allocation is not None:  # preflight: the cut between clusters comes from their measured profiles
+        from nebula.hybrid.plan import resolve_allocation
+
+        cfg = resolve_allocation(cfg)
     if intra:
         cfg = cfg.intra(cluster)
     validate_job(cfg, cluster)

@@ -42,8 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     from nebula.pipeline.runtime import run
 
     cfg = load_job_config(args.job)
+    if cfg.allocation is not None:  # the same preflight as the launcher's: every rank gets the same cut
+        from nebula.hybrid.plan import resolve_allocation
+
+        cfg = resolve_allocation(cfg)
     if args.intra:
         cfg = cfg.intra(args.cluster)
+    if cfg.cluster(args.cluster).pipeline is not None:  # layer pipeline inside this cluster (hybrid DP x PP)
+        from nebula.hybrid.runner import run_hybrid
+
+        run = run_hybrid  # noqa: F811
     try:
         res = run(cfg, args.cluster, workdir=Path(args.job).resolve().parent)
     except PeerLost as exc:

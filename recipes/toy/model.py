@@ -14,6 +14,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from nebula.hybrid import LayeredModel, RangeRecipe
 from nebula.pipeline import Recipe, Stage, StageContext, StageOutput
 
 
@@ -93,19 +94,64 @@ class ToyStage(Stage):
         return h
 
 
+class ToyLayers(LayeredModel):
+    """The toy MLP as a list of layers: dim -> hidden, `num_layers - 2` hidden -> hidden, hidden -> classes."""
+
+    def __init__(self, recipe: "ToyRecipe") -> None:
+        self.r = recipe
+        self.num_layers = recipe.num_layers
+        self.num_examples = recipe.num_examples
+
+    def build_layer(self, index: int) -> paddle.nn.Layer:
+        """Layer `index`: the first reads the features, the last gives the class logits."""
+        r = self.r
+        if index == 0:
+            return _Block(r.dim, r.hidden, True)
+        if index == self.num_layers - 1:
+            return _Block(r.hidden, r.classes, False)
+        return _Block(r.hidden, r.hidden, True)
+
+    def inputs(self, ids: np.ndarray) -> paddle.Tensor:
+        """Features of `ids`."""
+        return paddle.to_tensor(features(ids, self.r.dim, self.r.data_seed))
+
+    def targets(self, ids: np.ndarray) -> paddle.Tensor:
+        """Teacher labels of `ids`."""
+        return paddle.to_tensor(labels(ids, self.r.dim, self.r.classes, self.r.data_seed))
+
+    def loss(self, output: paddle.Tensor, targets: paddle.Tensor) -> paddle.Tensor:
+        """Mean cross-entropy."""
+        return F.cross_entropy(output, targets)
+
+    def build_optimizer(self, parameters: list) -> paddle.optimizer.Optimizer:
+        """Adam (per parameter, so any cut of the layers trains exactly like the whole)."""
+        return paddle.optimizer.Adam(learning_rate=self.r.lr, parameters=parameters)
+
+
 class ToyRecipe(Recipe):
     """Toy MLP in `num_stages` stages named embed, mid1..., head (or gen, disc with oneway=True).
 
     `depth` adds hidden layers to every stage (more compute per byte on the boundary, for benchmarks).
+    `layered()` gives the MLP as `num_layers` layers (for allocation and in-cluster layer pipelines); with
+    `bounds` (a partition index over those layers, e.g. chosen by an allocation) the stages are its ranges.
     """
 
     def __init__(self, *, dim: int = 8, hidden: int = 32, classes: int = 4, num_stages: int = 2,
                  num_examples: int = 4096, lr: float = 0.01, data_seed: int = 7, oneway: bool = False,
-                 depth: int = 0) -> None:
+                 depth: int = 0, num_layers: int = 6, bounds: list[int] | None = None) -> None:
+        if num_layers < 2:
+            raise ValueError(f"num_layers={num_layers} must be >= 2 (input and output layer)")
+        self.num_layers = num_layers
+        self.bounds = None
+        if bounds is not None:
+            num_stages = len(bounds) - 1
+            self.bounds = list(bounds)
         if num_stages < 2:
             raise ValueError(f"num_stages={num_stages} must be >= 2")
         if oneway and num_stages != 2:
             raise ValueError("oneway=True needs num_stages=2 (sender, receiver)")
+        if oneway and bounds is not None:
+            raise ValueError("bounds cut the layered MLP; oneway=True has its own two stages, drop one of them")
         self.dim, self.hidden, self.classes, self.lr = dim, hidden, classes, lr
         self.data_seed, self.oneway, self.depth = data_seed, oneway, depth
         self.num_examples = num_examples
@@ -114,8 +160,14 @@ class ToyRecipe(Recipe):
         else:
             self.stage_names = ("embed", *(f"mid{i}" for i in range(1, num_stages - 1)), "head")
 
+    def layered(self) -> ToyLayers:
+        """The MLP as `num_layers` layers."""
+        return ToyLayers(self)
+
     def stage(self, name: str) -> Stage:
         """The stage called `name`."""
+        if self.bounds is not None:
+            return RangeRecipe(self.layered(), self.bounds, self.stage_names).stage(name)
         i = list(self.stage_names).index(name)
         pos = "first" if i == 0 else "last" if i == len(self.stage_names) - 1 else "middle"
         return ToyStage(self, pos)

@@ -1,0 +1,83 @@
+"""Hybrid DP x PP inside one cluster under real paddle.distributed.launch: the unpartitioned model's losses."""
+from __future__ import annotations
+
+import pytest
+
+from nebula.config.job import load_job_config
+from nebula.hybrid.checkpoint import committed_steps, read_marker
+from nebula.hybrid.elastic import relayout
+from nebula.hybrid.runner import run_hybrid
+from nebula.pipeline import read_metrics, replace_steps
+from tests.hybrid.helpers import assert_same_losses, hybrid_job, losses_of, reference_losses, run_cluster
+
+
+def test_two_stage_pipeline_gives_the_unpartitioned_losses_and_resumes_on_one_rank(procs, tmp_path):
+    """2 ranks = 2 stages x 1 replica, layers cut at 2 of 6: activations and gradients cross ranks over gloo.
+    Then one rank is gone: the per-layer checkpoint loads into a one-stage layout that trains on exactly."""
+    job = hybrid_job(tmp_path, ranks=2, pipeline={"num_stages": 2, "bounds": [0, 2, 6]}, steps=2,
+                     checkpoint={"dir": "ck"})
+    run_cluster(procs, job)
+    ref = reference_losses(steps=4)
+    for rank in (0, 1):  # every rank learns the step's loss
+        assert_same_losses(losses_of(tmp_path / "metrics" / f"A.rank{rank}.jsonl"), ref, range(2))
+    recs = read_metrics(tmp_path / "metrics" / "A.rank1.jsonl")
+    assert {r["stage"] for r in recs} == {1} and recs[0]["bounds"] == [0, 2, 6]
+    assert all(r["wait_s"] > 0 for r in recs)  # the last stage waited for activations from rank 0
+    assert committed_steps(tmp_path / "ck", "A", 6) == [2]
+    assert read_marker(tmp_path / "ck", 2, "A")["bounds"] == [0, 2, 6]
+
+    cfg = relayout(load_job_config(job), "A", 1, 6)  # one rank left: a new layout, the cut re-allocated
+    assert cfg.cluster("A").pipeline.num_stages == 1 and cfg.cluster("A").pipeline.bounds is None
+    res = run_hybrid(replace_steps(cfg, 4), "A")
+    assert res.start_step == 2
+    assert_same_losses(res.losses, ref, range(2, 4))
+
+
+@pytest.mark.slow
+def test_two_stages_by_two_replicas_with_allocation_gives_the_unpartitioned_losses(procs, tmp_path):
+    """4 ranks = 2 stages x 2 replicas; the ranks benchmark themselves and the optimal allocator cuts the layers."""
+    job = hybrid_job(tmp_path, ranks=4, pipeline={"num_stages": 2, "allocation": "optimal"}, steps=3)
+    run_cluster(procs, job)
+    ref = reference_losses(steps=3)
+    recs = {r: read_metrics(tmp_path / "metrics" / f"A.rank{r}.jsonl") for r in range(4)}
+    assert [recs[r][0]["stage"] for r in range(4)] == [0, 1, 0, 1]
+    assert [recs[r][0]["replica"] for r in range(4)] == [0, 0, 1, 1]
+    bounds = recs[0][0]["bounds"]
+    assert all(recs[r][0]["bounds"] == bounds for r in range(4)) and recs[0][0]["method"] == "optimal"
+    for r in range(4):
+        assert_same_losses(losses_of(tmp_path / "metrics" / f"A.rank{r}.jsonl"), ref, range(3))
+
+
+@pytest.mark.slow
+def test_rank_killed_mid_run_relaunches_on_fewer_ranks_and_trains_on(procs, tmp_path):
+    """4 ranks (2 x 2) train; rank 3 is killed after a checkpoint; `nebula launch --elastic` relaunches 3 ranks as
+    3 stages with a new allocation, which resume from the last committed step and finish with the reference."""
+    import os
+    import signal
+    import time
+
+    from tests.pipeline.federation import BIN, finish
+
+    steps = 10
+    job = hybrid_job(tmp_path, ranks=4, steps=steps, checkpoint={"dir": "ck", "every": 1},
+                     pipeline={"num_stages": 2, "bounds": [0, 3, 6], "allocation": "even", "probe": False,
+                               "slowdown": [200.0, 1.0, 1.0, 1.0]})
+    p = procs.start([str(BIN / "nebula"), "launch", str(job), "--cluster", "A", "--elastic"], cwd=str(tmp_path))
+    rank3 = tmp_path / "metrics" / "A.rank3.jsonl"
+    deadline = time.monotonic() + 180
+    while not committed_steps(tmp_path / "ck", "A", 6) or not rank3.is_file() or not rank3.read_text().strip():
+        assert p.poll() is None and time.monotonic() < deadline, "the job ended before a checkpoint was committed"
+        time.sleep(0.1)
+    killed_after = committed_steps(tmp_path / "ck", "A", 6)[-1]
+    os.kill(read_metrics(rank3)[0]["pid"], signal.SIGKILL)
+    code, out = finish(p, 240)
+    assert code == 0, out[-4000:]
+    assert "relaunching 3 rank(s) as 3 stage(s) x 1 replica(s)" in out
+    assert killed_after < steps, "the kill came after training had finished"
+    ref = reference_losses(steps=steps)
+    recs = read_metrics(tmp_path / "metrics" / "A.rank2.jsonl")
+    after = [r for r in recs if r["bounds"] != [0, 3, 6]]  # the relaunched layout's records
+    assert after and all(len(r["bounds"]) == 4 and r["stage"] == 2 for r in after)
+    resumed = after[0]["step"]
+    assert resumed >= killed_after and after[-1]["step"] == steps - 1
+    assert_same_losses({r["step"]: r["loss"] for r in after}, ref, range(resumed, steps))
