@@ -36,6 +36,7 @@ SNDHWM = 8  # frames queued per worker inside ZeroMQ; the rest waits in our lane
 PUMP_BATCH = 16
 RANK_HELD_S = 3.0  # a rank whose connection sent a HELLO this recently is not handed to another connection
 SILENT_S = 120.0  # a registration with no frame for this long is forgotten
+DROPPED_CREDIT_HOLD_S = 10.0  # a peer's frames dropped here keep using its credit this long
 AUDITED_REFUSALS = frozenset({"not_attributed"})  # a worker trying to speak for another account, job or rank
 
 
@@ -386,7 +387,9 @@ class LocalSide:
         if not self.delivery.deliver(addr, self.by_addr.get(addr), lane, head, payload, origin, party):
             n = len(head) + len(payload)
             if origin is not None:
-                origin.release(n)
+                # a peer's credit for it comes back only later: a peer cannot stream at line rate into frames
+                # this switch drops (its own senders resend such frames later anyway)
+                asyncio.get_running_loop().call_later(DROPPED_CREDIT_HOLD_S, origin.release, n)
             self.dropped(account, "pending_over_budget", f"frames held for ranks of account {account!r} that have "
                          f"not connected exceed limits.pending_bytes={self.delivery.pending_cap()}")
         return None

@@ -29,9 +29,10 @@ log = logging.getLogger(__name__)
 Audit = Callable[..., None]
 # a connection that has not identified itself (LINK_HELLO) gets a small buffer and may send no payload
 PRE_HELLO_STAGING_BYTES = 16 * 1024
-# a peer cut for ignoring its credit or flooding control frames may not reconnect for this long
+# a peer cut for ignoring its credit or flooding control frames may not reconnect for a while
 PENALIZED = frozenset({"credit_exceeded", "ping_flood", "checkpoint_flood"})
-PENALTY_S = 5.0
+PENALTY_S = 5.0  # doubled for each further offence, up to PENALTY_MAX_S
+PENALTY_MAX_S = 300.0
 
 
 class SwitchError(Exception):
@@ -168,7 +169,8 @@ async def accept_peer(host: Any, conn: socket.socket, peer: Any) -> None:
         await session.run(frame.meta["epoch"])
     except WireError as exc:
         if session is not None and exc.code in PENALIZED:  # reconnecting at once would only repeat it
-            host.penalties[session.cluster] = time.monotonic() + PENALTY_S
+            strikes = host.strikes[session.cluster] = host.strikes.get(session.cluster, 0) + 1
+            host.penalties[session.cluster] = time.monotonic() + min(PENALTY_MAX_S, PENALTY_S * 2 ** (strikes - 1))
         host.metrics.refused.labels(reason=exc.code).inc()
         who = session.cluster if session else address
         host.audit_limited(("frame_refused", exc.code, session.cluster if session else address.rpartition(":")[0]),

@@ -80,6 +80,7 @@ class SwitchServer:
         self.policy = PeerPolicy(cfg)
         self.unidentified: dict[asyncio.Task, None] = {}  # WAN connections not identified yet, oldest first
         self.penalties: dict[str, float] = {}  # peer cluster -> until when its connections are refused
+        self.strikes: dict[str, int] = {}  # peer cluster -> times it was cut for breaking the link protocol
         self._trim = MemoryTrim()
         public, secret = load_curve_keys(cfg.local.curve_secret_key)
         self.local = LocalSide(self, cfg.local, public, secret)
