@@ -379,12 +379,13 @@ def _normalise(out: Any, last: bool) -> Any:
 def _timed(fn: Callable[[], Any], num: int, r: "_Runner") -> tuple[Any, float]:
     """Run forward + backward `num` times (gradients dropped); the last output and the median seconds."""
     out, times = None, []
-    for _ in range(num + 1):  # the first call warms up
-        t0 = time.perf_counter()
-        out = fn()
-        if out.loss is not None:
-            out.loss.backward()
-        times.append(time.perf_counter() - t0)
+    with r._no_sync():  # only this rank runs the probe: no data-parallel all-reduce inside backward
+        for _ in range(num + 1):  # the first call warms up
+            t0 = time.perf_counter()
+            out = fn()
+            if out.loss is not None:
+                out.loss.backward()
+            times.append(time.perf_counter() - t0)
     for loc in r.locals:
         loc.opt.clear_grad()
     return out, float(np.median(times[1:]))
