@@ -78,6 +78,14 @@ class GeneratorStage(_Base):
         meta = read_meta(d)
         self.vocab_size = int(meta["vocab_size"])
         self.data = load_group(d, self.group)
+        if self.r.only_languages:  # e.g. an English-only baseline: monolingual rows of these languages only
+            langs = list(meta["languages"])
+            keep = np.isin(self.data.lang, [langs.index(x) for x in self.r.only_languages if x in langs])
+            keep &= self.data.task != TRTD
+            if not keep.any():
+                raise ValueError(f"group {self.group!r} has no monolingual text in {list(self.r.only_languages)}; "
+                                 "fix only_languages or the groups")
+            self.data = type(self.data)(self.data.ids[keep], self.data.lang[keep], self.data.task[keep])
         cfg = preset(self.r.preset).generator.replace(vocab_size=self.vocab_size, max_positions=meta["max_len"])
         return Generator(cfg)
 
@@ -166,7 +174,7 @@ class ElectraRecipe(Recipe):
     def __init__(self, *, data: str = "data", groups: list[str] | tuple[str, ...] = ("romance_germanic", "slavic_cjk"),
                  preset: str = "tiny", lambda_rtd: float = 50.0, mu_clm: float = 1.0, mask_rate: float = 0.15,
                  gen_lr: float = 5e-4, disc_lr: float = 5e-4, warmup_steps: int = 20, decay_steps: int = 1000,
-                 disc_delay_s: float = 0.0) -> None:
+                 disc_delay_s: float = 0.0, only_languages: list[str] | None = None) -> None:
         from recipes.electra.model import preset as lookup
 
         lookup(preset)
@@ -185,6 +193,7 @@ class ElectraRecipe(Recipe):
         self.lambda_rtd, self.mu_clm, self.mask_rate = float(lambda_rtd), float(mu_clm), float(mask_rate)
         self.gen_lr, self.disc_lr, self.warmup_steps, self.decay_steps = gen_lr, disc_lr, warmup_steps, decay_steps
         self.disc_delay_s = float(disc_delay_s)
+        self.only_languages = tuple(only_languages or ())
         self.stage_names = tuple(f"gen_{g}" for g in self.groups) + ("disc",)
         self.num_examples = NUM_EXAMPLES
         self._stages: dict[str, Stage] = {f"gen_{g}": GeneratorStage(self, g, i) for i, g in enumerate(self.groups)}

@@ -54,7 +54,8 @@ def plot(intra: list[dict], inter: list[dict], out: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     if intra:
-        ax.plot([r["step"] for r in intra], [r["loss"] for r in intra], label="intra-cluster", color="tab:blue")
+        ax.plot([r["step"] for r in intra], [r["loss"] for r in intra], label="intra-cluster", color="tab:blue",
+                lw=3.5, alpha=0.45)  # wide and pale: the inter-cluster curve lies on top of it where both ran
     if inter:
         ax.plot([r["step"] for r in inter], [r["loss"] for r in inter], label="inter-cluster (hot start)",
                 color="tab:orange")

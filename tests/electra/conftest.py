@@ -36,8 +36,11 @@ def phrases() -> list[str]:
 def write_catalogs(root: Path, langs: tuple[str, ...] = ("es", "it", "ru", "ja")) -> Path:
     """<root>/<lang>/LC_MESSAGES/{files,images}.mo: two software domains per language."""
     ps = phrases()
+    first = tuple(VERBS)[:4]  # the domain follows the verb, so a classifier can learn it
+    files = [p for p in ps if p.split()[0] in first]
+    images = [p for p in ps if p.split()[0] not in first]
     for lang in langs:
-        for domain, part in (("files", ps[0::2]), ("images", ps[1::2])):
+        for domain, part in (("files", files), ("images", images)):
             write_mo(root / lang / "LC_MESSAGES" / f"{domain}.mo", [(p, _translate(lang, p)) for p in part])
     return root
 
