@@ -41,8 +41,9 @@ class CorpusConfig:
     max_words: int = 12
     test_per_mille: int = 50
     dev_per_mille: int = 25
-    vocab_size: int = 4000
-    max_len: int = 48  # tokens per example, [CLS] included (TRTD pairs share it)
+    vocab_size: int = 2000
+    character_coverage: float = 0.995  # CJK scripts hold thousands of characters: the rarest become <unk>
+    max_len: int = 32  # tokens per example, [CLS] included (TRTD pairs share it)
     max_per_language: int = 0  # 0: every message
     salt: str = "nebula-electra-v1"
 
@@ -174,7 +175,7 @@ def prepare(out_dir: str | Path, cfg: CorpusConfig, locale_root: str | Path = "/
                                    ensure_ascii=False) + "\n")
     train = corpus["train"]
     texts = sorted({e.en for e in train}) + [e.text for e in train]
-    tok = train_tokenizer(texts, out / TOKENIZER_FILE, cfg.vocab_size, character_coverage=0.9995)
+    tok = train_tokenizer(texts, out / TOKENIZER_FILE, cfg.vocab_size, cfg.character_coverage)
     counts = {}
     for gi, (name, langs) in enumerate(cfg.groups.items()):
         g = encode_group(tok, train, langs, cfg.languages, cfg.max_len, with_english=gi == 0)

@@ -2,14 +2,14 @@
 # Downstream evaluation of a run_local.sh run: pretrain the same discriminator on English only (one cluster, as
 # many steps as the cross-cluster run), export both, and compare them with a random initialisation on
 # cross-lingual domain classification (fine-tuned on English) and x->en sentence retrieval.
-# Usage: bash recipes/electra/eval_local.sh RUN_DIR   env: PRESET (tiny), STEPS (250), FT_STEPS (300), SEEDS (2)
+# Usage: bash recipes/electra/eval_local.sh RUN_DIR   env: PRESET (tiny), STEPS (400), FT_STEPS (300), SEEDS (2)
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 PY=${PY:-$REPO/.venv/bin/python}
 RUN=$(cd "${1:?usage: $0 RUN_DIR (made by run_local.sh)}" && pwd)
 PRESET=${PRESET:-tiny}
-STEPS=${STEPS:-250}
+STEPS=${STEPS:-400}
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 sed -e "s#@PRESET@#$PRESET#g" -e "s#@STEPS@#$STEPS#g" -e "s#@DECAY@#$STEPS#g" "$HERE/configs/english.yaml.in" \

@@ -6,7 +6,7 @@
 # start, Figure 8), continues inter-cluster from that checkpoint, prints the summary, exports the discriminator as
 # an ABNet base, and stops everything it started.
 # Usage: bash recipes/electra/run_local.sh [RUN_DIR]
-# env: PRESET (tiny), INTRA_STEPS (150), HOT_START (100), STEPS (250: the inter run ends there), K (1),
+# env: PRESET (tiny), INTRA_STEPS (400), HOT_START (200), STEPS (400: the inter run ends there), K (1),
 #      RATE_MBIT (170), MAX_PER_LANGUAGE (3000)
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -16,9 +16,9 @@ PY=${PY:-$REPO/.venv/bin/python}
 BIN=$(dirname "$PY")
 RUN=${1:-$REPO/runs/electra-$(date +%Y%m%d-%H%M%S)}
 PRESET=${PRESET:-tiny}
-HOT_START=${HOT_START:-100}
-INTRA_STEPS=${INTRA_STEPS:-250}
-STEPS=${STEPS:-250}
+HOT_START=${HOT_START:-200}
+INTRA_STEPS=${INTRA_STEPS:-400}
+STEPS=${STEPS:-400}
 K=${K:-1}
 RATE_MBIT=${RATE_MBIT:-170}
 mkdir -p "$RUN/logs"

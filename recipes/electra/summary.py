@@ -70,6 +70,15 @@ def plot(intra: list[dict], inter: list[dict], out: Path) -> Path:
     return out
 
 
+def _mean(recs: list[dict], key: str) -> float:
+    return sum(r[key] for r in recs) / max(len(recs), 1)
+
+
+def _per_micro_batch(rec: dict, key: str) -> float:
+    """A loss the discriminator summed over its micro-batches of the step, as a mean."""
+    return rec.get(key, float("nan")) / max(rec.get("micro_batches", 1.0), 1.0)
+
+
 def summarise(run: Path, generators: list[str], discriminator: str = "D", last: int = 20) -> dict:
     """Everything the summary prints, as a dict."""
     run = Path(run)
@@ -81,10 +90,11 @@ def summarise(run: Path, generators: list[str], discriminator: str = "D", last: 
     tail = [r for recs in subs for r in recs[-last:]]
     out = {
         "steps": [disc[0]["step"], disc[-1]["step"]],
-        "disc_loss": [disc[0]["loss"], disc[-1]["loss"]],
-        "rtd_loss": [disc[0].get("rtd_loss"), disc[-1].get("rtd_loss")],
-        "clm_loss": [disc[0].get("clm_loss"), disc[-1].get("clm_loss")],
-        "gen_loss": {g: [recs[0]["loss"], recs[-1]["loss"]] for g in generators
+        "disc_loss": [_mean(disc[:10], "loss"), _mean(disc[-10:], "loss")],
+        "intra_loss_from_scratch": [_mean(intra[:10], "loss"), _mean(intra[-10:], "loss")] if intra else None,
+        "rtd_loss": [_per_micro_batch(disc[0], "rtd_loss"), _per_micro_batch(disc[-1], "rtd_loss")],
+        "clm_loss": [_per_micro_batch(disc[0], "clm_loss"), _per_micro_batch(disc[-1], "clm_loss")],
+        "gen_loss": {g: [_mean(recs[:10], "loss"), _mean(recs[-10:], "loss")] for g in generators
                      if (recs := _read(run / "metrics" / f"{g}.rank0.jsonl"))},
         "per_language": per_language(tail),
         "wan_bytes_per_step": wan_bytes_per_step(run, generators + [discriminator]),
@@ -110,10 +120,14 @@ def main(argv: list[str] | None = None) -> int:
     (run / "summary.json").write_text(json.dumps(s, indent=1))
     a, b = s["steps"]
     print(f"steps {a}..{b} (k={s['k']})")
-    print(f"discriminator loss {s['disc_loss'][0]:.3f} -> {s['disc_loss'][1]:.3f}  (RTD {s['rtd_loss'][0]:.3f} -> "
-          f"{s['rtd_loss'][1]:.3f}, CLM {s['clm_loss'][0]:.3f} -> {s['clm_loss'][1]:.3f})")
+    if s["intra_loss_from_scratch"]:
+        x, y = s["intra_loss_from_scratch"]
+        print(f"intra-cluster discriminator loss (first 10 -> last 10 steps, from scratch): {x:.3f} -> {y:.3f}")
+    print(f"inter-cluster discriminator loss (first 10 -> last 10 steps) {s['disc_loss'][0]:.3f} -> "
+          f"{s['disc_loss'][1]:.3f}  (first -> last step: RTD {s['rtd_loss'][0]:.3f} -> {s['rtd_loss'][1]:.3f}, "
+          f"CLM {s['clm_loss'][0]:.3f} -> {s['clm_loss'][1]:.3f})")
     for g, (x, y) in s["gen_loss"].items():
-        print(f"generator {g} MLM loss {x:.3f} -> {y:.3f}")
+        print(f"generator {g} MLM loss (first 10 -> last 10 steps) {x:.3f} -> {y:.3f}")
     print(f"{'language':<10}{'RTD acc':>9}{'replaced recall':>17}{'CLM acc':>9}{'tokens':>9}   (last 20 steps)")
     for lang, v in s["per_language"].items():
         print(f"{lang:<10}{v['rtd_acc']:>9.3f}{v['replaced_recall']:>17.3f}{v['clm_acc']:>9.3f}{v['tokens']:>9.0f}")
