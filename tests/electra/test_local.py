@@ -47,3 +47,18 @@ def test_hot_start_continues_the_intra_cluster_loss_exactly(corpus, tmp_path):
     assert got.start_step == 6
     for s in range(6, 12):
         assert got.losses[s] == pytest.approx(ref[s], rel=1e-5), (s, got.losses[s], ref[s])
+
+
+def test_discriminator_exports_as_an_abnet_base(corpus, tmp_path):
+    from recipes.abnet.model import preset as abnet_preset
+    from recipes.abnet.pretrain import load_base
+    from recipes.electra.prepare import export_base
+
+    cfg = load_job_config(local_job(tmp_path, str(corpus), 2, checkpoint={"dir": "ckpt"}))
+    run(cfg, "L", workdir=tmp_path)
+    step = tmp_path / "ckpt" / "step_00000002"
+    base = export_base(step, corpus, tmp_path / "base", "tiny")
+    model, tok = load_base(base, abnet_preset("tiny").source)  # ABNet's own loader, shape-checked
+    assert tok.vocab_size == model.cfg.vocab_size and model.cfg.num_layers == 2
+    with pytest.raises(ValueError, match="is not a 'small' discriminator.*pass the preset it was trained with"):
+        export_base(step, corpus, tmp_path / "base2", "small")
