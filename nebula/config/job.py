@@ -200,7 +200,8 @@ class JobConfig:
             c = self.cluster(segs[0])
             if c.world_size != 1:
                 raise ValueError(f"mode oneway with every stage on cluster {c.id} (local hand-off) runs on one rank, "
-                                 f"it has {c.world_size}; set procs_per_node: 1 or place the stages on several clusters")
+                                 f"it has {c.world_size}; set procs_per_node: 1 or place the stages on several "
+                                 "clusters")
             return
         rcv = self.cluster(segs[-1])
         senders = sum(self.cluster(c).world_size for c in segs[:-1])

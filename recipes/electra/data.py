@@ -63,7 +63,8 @@ class CorpusConfig:
             seen |= set(langs)
         if self.max_len < 8 or self.vocab_size < 100:
             raise ValueError(f"max_len={self.max_len} must be >= 8 and vocab_size={self.vocab_size} >= 100")
-        if not (0 < self.test_per_mille and self.dev_per_mille >= 0 and self.test_per_mille + self.dev_per_mille < 1000):
+        t, d = self.test_per_mille, self.dev_per_mille
+        if not (0 < t and d >= 0 and t + d < 1000):
             raise ValueError(f"test_per_mille={self.test_per_mille}, dev_per_mille={self.dev_per_mille}: need "
                              "test >= 1 and dev + test < 1000")
 

@@ -34,8 +34,7 @@ def domain_labels(train: list[dict], num: int) -> list[str]:
 
 
 def _embed(model, ids):
-    import paddle
-
+    """Mean of the last layer over real tokens: [B, H]."""
     from recipes.abnet.tokenizer import PAD_ID
     from recipes.electra.model import encode
 

@@ -10,7 +10,8 @@ from tests.recipes.conftest import ADJS, NOUNS, VERBS, write_mo
 
 GROUPS = {"romance": ("es", "it"), "slavic_cjk": ("ru", "ja")}
 _CYR = str.maketrans("abcdefghijklmnopqrstuvwxyz", "абцдефгхийклмнопкрстувшхыз")
-_KANA = dict(zip("abcdefghijklmnopqrstuvwxyz", "アブクデエフグハイジカルムンオプクルスツウヴワクヤズ"))
+_KANA = dict(zip("abcdefghijklmnopqrstuvwxyz",
+                 "アブクデエフグハイジカルムンオプクルスツウヴワクヤズ"))
 
 
 def _translate(lang: str, phrase: str) -> str:

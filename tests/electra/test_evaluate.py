@@ -1,4 +1,4 @@
-"""Downstream evaluation pieces: English fine-tuning of the domain classifier learns, retrieval scores every language."""
+"""Downstream evaluation pieces: English fine-tuning of the domain classifier learns; retrieval scores each language."""
 from __future__ import annotations
 
 import paddle
