@@ -150,14 +150,22 @@ class OneWay:
 
     def setup_groups(self) -> None:
         """Receiver ranks: one scatter group per sender (every rank creates every group, in the same order)."""
-        import paddle.distributed as dist
-
         if self.local or self.is_sender or self.plan.k == 1:
             return
-        for s in range(len(self.plan.senders)):
-            g = dist.new_group(self.plan.group(s))
-            if self.plan.sender_of(self.r.rank) == s:
-                self.scatter_group = g
+        if self.r.cfg.oneway.k == "auto":
+            import paddle.distributed as dist
+
+            dist.barrier()  # rank 0 probed alone: every rank back in step before the group rendezvous
+        groups = self._new_groups(self.plan.k)
+        s = self.plan.sender_of(self.r.rank)
+        self.scatter_group = groups[s] if s is not None else None
+
+    def _new_groups(self, k: int) -> list[Any]:
+        """One process group per sender for receivers-per-sender k (a collective: every receiver rank calls it)."""
+        import paddle.distributed as dist
+
+        num = sum(n for _, n in self.sender_worlds)
+        return [dist.new_group(list(range(s * k, (s + 1) * k))) for s in range(num)]
 
     # ---- start-up -------------------------------------------------------------------------------------------
     def _signature(self) -> dict:
