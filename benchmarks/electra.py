@@ -98,6 +98,7 @@ def _job(run: Path, data: Path, fed: Federation | None, *, steps: int, k: int | 
         "checkpoint": {"dir": "ckpt", "every": ckpt_every, "keep": 10, "init_from": init},
         "metrics": {"dir": "metrics", "progress": False},
         "peer_timeout_s": 60,
+        "startup_timeout_s": 180,
     }
     run.mkdir(parents=True)
     f = run / "job.yaml"

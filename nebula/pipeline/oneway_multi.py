@@ -152,10 +152,11 @@ class OneWay:
         """Receiver ranks: one scatter group per sender (every rank creates every group, in the same order)."""
         if self.local or self.is_sender or self.plan.k == 1:
             return
-        if self.r.cfg.oneway.k == "auto":
-            import paddle.distributed as dist
+        import paddle.distributed as dist
 
-            dist.barrier()  # rank 0 probed alone: every rank back in step before the group rendezvous
+        # every rank in step before gloo's group rendezvous (after k auto rank 0 probed alone; under load ranks
+        # arrive seconds apart, and gloo then refused connections)
+        dist.barrier()
         groups = self._new_groups(self.plan.k)
         s = self.plan.sender_of(self.r.rank)
         self.scatter_group = groups[s] if s is not None else None
