@@ -188,8 +188,11 @@ def main(argv: list[str] | None = None) -> int:
             sweep[k] = _timing(job, 8 * k)
         job = _job(fresh("kauto"), data, feds["wan"], steps=max(WARMUP + 3, 10), k="auto", disc_ranks=max(ks),
                    global_batch=8 * max(ks), preset=args.preset, disc_delay_s=args.disc_delay_s)
-        _run(job, ["G1", "D"])
-        auto_k = _records(job, "D.rank0")[-1]["k"]
+        try:
+            _run(job, ["G1", "D"])
+            auto_k = _records(job, "D.rank0")[-1]["k"]
+        except RuntimeError as exc:  # reported, not hidden: the other measurements still print
+            auto_k = f"(run failed: {str(exc).strip().splitlines()[-1][:120]})"
         # Figure 8: intra-cluster with a checkpoint at --hot-start, then inter-cluster from it
         intra = _job(fresh("fig8-intra"), data, None, steps=args.fig_steps, k=1, disc_ranks=1, global_batch=gb,
                      preset=args.preset, ckpt_every=args.hot_start)
