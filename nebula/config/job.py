@@ -138,12 +138,15 @@ class TrainSpec:
 class OneWaySpec:
     """Scenario I: one sender rank feeds k receiver ranks through a root; sync tensor after every step."""
 
-    k: int = 1  # receivers per sender rank (from the measured speeds of the two sides)
+    k: int | str = 1  # receivers per sender rank, or "auto": chosen from both sides' measured step times
     sync_lag: int = 1  # steps the sender may run ahead of the receivers' last sync (0 = lock-step)
+    probe_micro_batches: int = 3  # with k auto: micro-batches each side times before training
 
     def __post_init__(self) -> None:
-        if self.k < 1:
-            raise ValueError(f"oneway.k={self.k} must be >= 1")
+        if self.k != "auto" and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 1):
+            raise ValueError(f"oneway.k={self.k!r} must be an integer >= 1 or 'auto'")
+        if self.probe_micro_batches < 1:
+            raise ValueError(f"oneway.probe_micro_batches={self.probe_micro_batches} must be >= 1")
         if self.sync_lag < 0:
             raise ValueError(f"oneway.sync_lag={self.sync_lag} must be >= 0")
 
@@ -262,18 +265,7 @@ class JobConfig:
 
     def _check_pairing(self, segs: list[str]) -> None:
         if self.mode == "oneway":
-            if len(segs) != 2:
-                raise ValueError(f"mode oneway needs exactly two clusters in stages (sender, receiver), got "
-                                 f"{' -> '.join(segs)}; use mode: pipeline for other layouts")
-            snd, rcv = self.cluster(segs[0]), self.cluster(segs[1])
-            if rcv.world_size != snd.world_size * self.oneway.k:
-                raise ValueError(f"ranks do not pair up: oneway.k={self.oneway.k} needs cluster {rcv.id} to have "
-                                 f"{snd.world_size * self.oneway.k} ranks ({snd.world_size} x k), it has "
-                                 f"{rcv.world_size}; change procs_per_node/nodes or oneway.k")
-            per = self.train.global_batch % (rcv.world_size * self.train.micro_batches)
-            if per:
-                raise ValueError(f"train.global_batch={self.train.global_batch} must divide evenly over "
-                                 f"{rcv.world_size} receiver ranks x {self.train.micro_batches} micro-batches")
+            self._check_oneway(segs)
             return
         piped = [c for c in self.clusters if c.pipeline is not None]
         if piped and len(segs) > 1:
@@ -294,6 +286,33 @@ class JobConfig:
         if self.train.global_batch % (world * self.train.micro_batches):
             raise ValueError(f"train.global_batch={self.train.global_batch} must divide evenly over {world} ranks x "
                              f"{self.train.micro_batches} micro-batches")
+
+    def _check_oneway(self, segs: list[str]) -> None:
+        """Scenario I: every cluster but the last sends (one generator each, M3), the last receives; sender rank s
+        feeds receiver ranks s*k..s*k+k-1 (receiver ranks beyond them idle); all on one cluster: local hand-off."""
+        k, t = self.oneway.k, self.train
+        if len(segs) == 1:
+            c = self.cluster(segs[0])
+            if c.world_size != 1:
+                raise ValueError(f"mode oneway with every stage on cluster {c.id} (local hand-off) runs on one rank, "
+                                 f"it has {c.world_size}; set procs_per_node: 1 or place the stages on several "
+                                 "clusters")
+            return
+        rcv = self.cluster(segs[-1])
+        senders = sum(self.cluster(c).world_size for c in segs[:-1])
+        if k == "auto":
+            if rcv.world_size < senders:
+                raise ValueError(f"ranks do not pair up: {senders} sender rank(s) need at least as many ranks on "
+                                 f"receiver cluster {rcv.id}, it has {rcv.world_size}; change procs_per_node/nodes")
+            return
+        if senders * k > rcv.world_size:
+            raise ValueError(f"ranks do not pair up: oneway.k={k} needs cluster {rcv.id} to have {senders * k} ranks "
+                             f"({senders} sender rank(s) x k), it has {rcv.world_size}: k is larger than the ranks "
+                             f"available; lower oneway.k to at most {max(rcv.world_size // senders, 1)}, use k: auto, "
+                             f"or give cluster {rcv.id} more ranks (procs_per_node/nodes)")
+        if t.global_batch % (senders * k * t.micro_batches):
+            raise ValueError(f"train.global_batch={t.global_batch} must divide evenly over {senders * k} receiver "
+                             f"ranks x {t.micro_batches} micro-batches")
 
     def cluster(self, cluster_id: str) -> ClusterSpec:
         """The cluster entry named `cluster_id`, or ConfigError naming the known ones."""
@@ -322,6 +341,8 @@ class JobConfig:
         """The same job run entirely inside `cluster_id` (the intra-cluster comparison mode)."""
         self.cluster(cluster_id)
         stages = tuple(dataclasses.replace(s, cluster=cluster_id) for s in self.stages)
+        if self.mode == "oneway" and len(self.segments) > 2:  # several senders: hand-off local, not chained
+            return dataclasses.replace(self, stages=stages)
         return dataclasses.replace(self, stages=stages, mode="pipeline")
 
 

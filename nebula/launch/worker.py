@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 EXIT_PEER_LOST = 3  # a peer cluster stayed silent past peer_timeout_s: restart all clusters to resume
+EXIT_CONFIG = 2  # the clusters disagree on something the job needs (checked before training): fix and restart
 
 
 def die_with_launcher() -> None:
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     die_with_launcher()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from nebula.config._schema import ConfigError
     from nebula.config.job import load_job_config
     from nebula.pipeline import PeerLost
     from nebula.pipeline.runtime import run
@@ -58,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("nebula.worker").error("%s", exc)
         print(f"nebula: peer cluster {exc.cluster} lost: {exc}", file=sys.stderr, flush=True)
         return EXIT_PEER_LOST
+    except ConfigError as exc:  # found at start-up, before any training step (e.g. clusters built differently)
+        logging.getLogger("nebula.worker").error("%s", exc)
+        print(f"nebula: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
     logging.getLogger("nebula.worker").info("cluster %s rank %d finished steps %d..%d", res.cluster, res.rank,
                                             res.start_step, res.end_step)
     return 0

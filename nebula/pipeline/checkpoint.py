@@ -74,12 +74,29 @@ def load(d: str | Path, stages: dict[str, tuple[Any, Any]], *, optimizer: bool =
         if not f.is_file():
             have = sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
             raise FileNotFoundError(f"checkpoint {d} has no stage {name!r} (it has {have or 'nothing'})")
-        layer.set_state_dict(paddle.load(str(f)))
+        state = paddle.load(str(f))
+        _check_shapes(d, name, layer, state)
+        layer.set_state_dict(state)
         o = d / name / "optimizer.pdopt"
         if optimizer and o.is_file():
             to_runtime = {v: k for k, v in _param_names(layer).items()}
             opt.set_state_dict(_rename(paddle.load(str(o)), to_runtime))
     return step
+
+
+def _check_shapes(d: Path, name: str, layer: Any, state: dict) -> None:
+    """Refuse a checkpoint saved by a differently sized model (paddle would only warn and keep random weights)."""
+    import numpy as np
+
+    for key, param in layer.state_dict().items():
+        if key not in state:
+            raise ValueError(f"checkpoint {d} stage {name!r} lacks parameter {key}: it was saved by a different "
+                             "model; point the checkpoint at a run of this model (same recipe, same preset)")
+        got, want = list(np.shape(state[key])), list(param.shape)
+        if got != want:
+            raise ValueError(f"checkpoint {d} stage {name!r}: parameter {key} has shape {got} there but {want} in "
+                             "this model: it was saved with another model size (preset); use the preset it was "
+                             "trained with or a checkpoint of this one")
 
 
 def prune(root: str | Path, cluster: str, stage_names: list[str], keep: int) -> None:

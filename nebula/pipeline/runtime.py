@@ -9,7 +9,8 @@ data parallel: gradients are averaged over the cluster's process group after the
 One-way mode (Scenario I, Figure 6): sender rank r computes k results per micro-batch and sends them to root
 receiver rank r*k, which scatters them to its k receivers (itself included); after every optimizer step the
 receivers all-reduce, then the root sends a small sync tensor back; a sender may run at most `oneway.sync_lag`
-steps ahead of the last sync it received.
+steps ahead of the last sync it received. Several sender clusters (M3), unequal cluster sizes, k auto and the
+local hand-off live in nebula.pipeline.oneway_multi.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from nebula.pipeline import checkpoint as ckpt
 from nebula.pipeline.data import rank_micro_batches, step_ids
 from nebula.pipeline.links import ChannelLink, Link
 from nebula.pipeline.metrics import MetricsWriter
+from nebula.pipeline.oneway_multi import OneWay
 from nebula.pipeline.stage import StageContext, StageOutput, load_recipe
 
 __all__ = ["run", "RunResult", "Wiring"]
@@ -104,7 +106,7 @@ class _Runner:
         self.segments = cfg.segments
         self.seg = [c for c, _ in self.segments].index(cluster)
         self.first_seg, self.last_seg = self.seg == 0, self.seg == len(self.segments) - 1
-        self.oneway = cfg.mode == "oneway" and len(self.segments) == 2
+        self.oneway = cfg.mode == "oneway"
         self.recipe = load_recipe(cfg.recipe)
         offset = sum(len(n) for _, n in self.segments[:self.seg])
         num_stages = len(cfg.stages)
@@ -123,10 +125,10 @@ class _Runner:
         self._scatter_wait = 0.0  # time receivers spend in the intra-cluster scatter
         self.prev = self.next = None
         self._endpoint = None
+        self.ow = OneWay(self) if self.oneway else None  # Scenario I schedule (resolves k auto before wiring)
         self._wire(wiring)
-        self.scatter_group = None
-        if self.oneway and cfg.oneway.k > 1 and not self.first_seg:
-            self.scatter_group = self._scatter_groups()
+        if self.ow is not None:
+            self.ow.setup_groups()
         self.metrics = MetricsWriter(cfg.metrics.dir, cluster, self.rank)
 
     # ---- wiring -------------------------------------------------------------------------------------------
@@ -134,10 +136,7 @@ class _Runner:
         """Rank of the peer on the previous / next boundary (None: no such boundary for this rank)."""
         if not self.oneway:
             return (self.rank if not self.first_seg else None), (self.rank if not self.last_seg else None)
-        k = self.cfg.oneway.k
-        if self.first_seg:
-            return None, self.rank * k
-        return (self.rank // k if self.rank % k == 0 else None), None
+        return self.ow.peer_ranks()
 
     def _wire(self, wiring: Wiring | None) -> None:
         from nebula.pipeline.boundary import Boundary
@@ -146,7 +145,8 @@ class _Runner:
         if prev_rank is None and next_rank is None:
             return
         if wiring is None:
-            wiring = self._channel_wiring(prev_rank, next_rank)
+            wiring = (self.ow.channel_wiring(prev_rank, next_rank) if self.oneway
+                      else self._channel_wiring(prev_rank, next_rank))
         codec = self.cfg.compression.spec_at
         timeout = self.cfg.peer_timeout_s
         if prev_rank is not None:
@@ -155,11 +155,7 @@ class _Runner:
             self.next = Boundary(side="upstream", codec=codec, peer_timeout_s=timeout, **wiring["next"])
 
     def _channel_wiring(self, prev_rank: int | None, next_rank: int | None) -> Wiring:
-        from nebula.channel import Endpoint
-
-        worker = self.spec.worker
-        self._endpoint = Endpoint.connect(worker, job=self.cfg.job, rank=self.rank,
-                                          timeout_s=self.cfg.peer_timeout_s)
+        self._connect()
         out: Wiring = {}
         for side, peer_rank, b in (("prev", prev_rank, self.seg - 1), ("next", next_rank, self.seg)):
             if peer_rank is None:
@@ -169,15 +165,14 @@ class _Runner:
                          for kind in ("act", "grad", "ctl")}
         return out
 
-    def _scatter_groups(self) -> Any:
-        import paddle.distributed as dist
+    def _connect(self) -> Any:
+        """This rank's switch connection (opened once)."""
+        if self._endpoint is None:
+            from nebula.channel import Endpoint
 
-        k, mine = self.cfg.oneway.k, None
-        for base in range(0, self.world, k):  # every rank creates every group, in the same order
-            g = dist.new_group(list(range(base, base + k)))
-            if base <= self.rank < base + k:
-                mine = g
-        return mine
+            self._endpoint = Endpoint.connect(self.spec.worker, job=self.cfg.job, rank=self.rank,
+                                              timeout_s=self.cfg.peer_timeout_s)
+        return self._endpoint
 
     # ---- checkpoints --------------------------------------------------------------------------------------
     def _stage_states(self) -> dict[str, tuple[Any, Any]]:
@@ -187,6 +182,8 @@ class _Runner:
         """The newest checkpoint step every cluster has (-1: none), agreed along the boundaries.
 
         Also the start barrier: no rank trains before its peers are up (waiting up to startup_timeout_s)."""
+        if self.oneway:
+            return self.ow.agree(steps)
         import paddle
         import paddle.distributed as dist
 
@@ -250,15 +247,16 @@ class _Runner:
 
     def _forward_local(self, ids: np.ndarray, received: Any) -> StageOutput:
         """Run this cluster's stages back to back on one micro-batch; local losses are summed."""
-        x, local_loss = received, None
+        x, local_loss, metrics = received, None, {}
         out = StageOutput()
         for loc in self.locals:
             batch = loc.stage.load(ids, loc.ctx)
             out = _normalise(loc.stage.forward(loc.model, batch, x), loc.ctx.is_last)
             if out.loss is not None:
                 local_loss = out.loss if local_loss is None else local_loss + out.loss
+            metrics.update(out.metrics or {})
             x = out.send
-        return StageOutput(send=x, loss=local_loss)
+        return StageOutput(send=x, loss=local_loss, metrics=metrics or None)
 
     def _step_pipeline(self, step: int) -> float | None:
         from nebula.pipeline.boundary import recv_forward, send_forward
@@ -295,57 +293,6 @@ class _Runner:
         if self.last_seg:
             return self._mean_over_ranks(loss_sum / m_count)
         return None
-
-    def _step_oneway(self, step: int, lag_ok: Callable[[int], None]) -> float | None:
-        import paddle
-
-        k, t = self.cfg.oneway.k, self.cfg.train
-        if self.first_seg:
-            lag_ok(step)
-            recv_world = self.world * k
-            per_sub = [self._ids(step, self.rank * k + j, recv_world) for j in range(k)]
-            loss_sum, n = 0.0, 0
-            for m in range(t.micro_batches):
-                for j in range(k):
-                    out = self._forward_local(per_sub[j][m], None)
-                    if out.send is None:
-                        raise RuntimeError("a oneway sender stage must return StageOutput(send=...)")
-                    self.next.send_array((step, m, j), out.send.detach().numpy(), "forward")
-                    if out.loss is not None:
-                        loss_sum += float(out.loss.numpy())
-                        n += 1
-                        (out.loss / (t.micro_batches * k)).backward()
-            self._optimizer_step()
-            return self._mean_over_ranks(loss_sum / max(n, 1))
-        mbs = self._ids(step, self.rank, self.world)
-        loss_sum = 0.0
-        for m, ids in enumerate(mbs):
-            x = self._receive_scattered((step, m))
-            out = self._forward_local(ids, paddle.to_tensor(x))
-            loss_sum += float(out.loss.numpy())
-            (out.loss / len(mbs)).backward()
-        self._optimizer_step()  # includes the receivers' all-reduce: they sync among themselves first
-        loss = self._mean_over_ranks(loss_sum / len(mbs))
-        if self.prev is not None:  # root: the small sync tensor to the sender
-            self.prev.send_control((step, 0, 0), np.array([step, loss], dtype=np.float64))
-        return loss
-
-    def _receive_scattered(self, key: tuple[int, int]) -> np.ndarray:
-        import paddle.distributed as dist
-
-        k = self.cfg.oneway.k
-        if k == 1:
-            return self.prev.recv_array((*key, 0))
-        out: list[Any] = []
-        if self.prev is not None:
-            parts = [self.prev.recv_array((*key, j)) for j in range(k)]
-            t0 = time.perf_counter()
-            dist.scatter_object_list(out, parts, src=self.rank, group=self.scatter_group)
-        else:
-            t0 = time.perf_counter()
-            dist.scatter_object_list(out, None, src=self.rank - self.rank % k, group=self.scatter_group)
-        self._scatter_wait += time.perf_counter() - t0
-        return out[0]
 
     def _no_sync(self) -> contextlib.ExitStack:
         """Keep DataParallel from all-reducing inside backward: micro-batch gradients accumulate locally first and
@@ -405,7 +352,7 @@ class _Runner:
                 t0 = time.perf_counter()
                 with self._no_sync():
                     if self.oneway:
-                        loss = self._step_oneway(step, lag_ok)
+                        loss = self.ow.step(step, lag_ok)
                     else:
                         loss = self._step_pipeline(step)
                 for b in (self.prev, self.next):
@@ -418,7 +365,7 @@ class _Runner:
                     bar.update(1)
                     if loss is not None:
                         bar.set_postfix(loss=f"{loss:.4f}")
-            if self.oneway and self.first_seg:
+            if self.oneway and self.ow.is_sender:
                 lag_ok(cfg.train.steps + cfg.oneway.sync_lag)  # wait for the receivers' last sync: same end step
             result.end_step = cfg.train.steps
         except Exception as exc:
@@ -442,6 +389,7 @@ class _Runner:
             "bytes_sent": sum(s.bytes_sent for s in stats), "bytes_recv": sum(s.bytes_recv for s in stats),
             "codec_s": round(sum(s.codec_s for s in stats), 6),
             "examples": self.cfg.train.global_batch // self.world, "time": time.time(),
+            **(self.ow.extra if self.ow is not None else {}),
         }
         if loss is not None:
             result.losses[step] = loss

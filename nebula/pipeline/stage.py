@@ -56,11 +56,13 @@ class StageOutput:
 
     `send`: tensor for the next stage (None on the last stage). `loss`: a scalar trained locally on this stage
     (the last stage's loss; in Scenario I also the sender's own loss, e.g. ELECTRA's generator MLM loss).
-    A bare tensor returned by forward means `send` on non-last stages and `loss` on the last one.
+    A bare tensor returned by forward means `send` on non-last stages and `loss` on the last one. `metrics`
+    (one-way mode): counts such as correct predictions per language, summed over a step's micro-batches.
     """
 
     send: "paddle.Tensor | None" = None
     loss: "paddle.Tensor | None" = None
+    metrics: "dict[str, float] | None" = None  # per-micro-batch numbers the runtime sums per step into the metrics
 
 
 class Stage(abc.ABC):
@@ -82,6 +84,10 @@ class Stage(abc.ABC):
     def forward(self, model: "paddle.nn.Layer", batch: Any,
                 received: "paddle.Tensor | None") -> "paddle.Tensor | StageOutput":
         """Run the stage on one micro-batch; see StageOutput for what to return."""
+
+    def signature(self, ctx: StageContext) -> dict[str, Any]:
+        """What a peer stage must agree with before training (e.g. the vocabulary); compared key by key."""
+        return {}
 
 
 class Recipe(abc.ABC):

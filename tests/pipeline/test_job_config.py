@@ -70,8 +70,8 @@ def test_ranks_that_do_not_pair_up(tmp_path):
         load_job_config(f)
     f = toy_job(tmp_path, clusters=[{"id": "A", "procs_per_node": 1}, {"id": "B", "procs_per_node": 3}],
                 stages=[{"name": "gen", "cluster": "A"}, {"name": "disc", "cluster": "B"}],
-                mode="oneway", oneway={"k": 2}, recipe_args={"oneway": True})
-    with pytest.raises(ConfigError, match="oneway.k=2 needs cluster B to have 2 ranks"):
+                mode="oneway", oneway={"k": 4}, recipe_args={"oneway": True})
+    with pytest.raises(ConfigError, match="oneway.k=4 needs cluster B to have 4 ranks.*larger than the ranks"):
         load_job_config(f)
     f = _two(tmp_path, global_batch=10)
     with pytest.raises(ConfigError, match="global_batch=10 must divide evenly over 2 ranks x 2 micro-batches"):

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The discriminator cluster's part of the ELECTRA job, then the export of its encoder as an ABNet base.
+# Usage: launch_discriminator.sh RUN_DIR [CLUSTER, default D]
+set -euo pipefail
+RUN=$(cd "${1:?usage: $0 RUN_DIR [CLUSTER]}" && pwd)
+CLUSTER=${2:-D}
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+PY=${PY:-$REPO/.venv/bin/python}
+cd "$REPO"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+echo "[$CLUSTER] discriminator"
+"$(dirname "$PY")/nebula" launch "$RUN/job.yaml" --cluster "$CLUSTER"
+LAST=$(ls -d "$RUN"/ckpt/step_* | sort | tail -1)
+"$PY" -m recipes.electra.prepare export --ckpt "$LAST" --data "$RUN/$CLUSTER/data" --out "$RUN/$CLUSTER/electra_base" \
+    --preset "$(grep -o 'preset: "[a-z]*"' "$RUN/job.yaml" | cut -d'"' -f2)"
