@@ -1,0 +1,60 @@
+"""Link throughput from acknowledgements: bytes delivered per second of busy link time, net of the round trip."""
+from __future__ import annotations
+
+import threading
+
+__all__ = ["ThroughputMeter"]
+
+
+class ThroughputMeter:
+    """Estimates the bytes/s a link delivers from (bytes, first frame sent, acknowledged) of each message.
+
+    Deliveries whose [sent, acknowledged] intervals overlap form one busy period; a period that carried at least
+    `min_bytes` gives one sample, bytes / (duration - latency), where latency is the shortest delivery seen (what
+    a message costs beyond its bytes: the round trip and the acknowledgement delay). Samples are smoothed with an
+    exponential moving average of weight `alpha`. Thread-safe: the channel's I/O thread records, others read.
+    """
+
+    def __init__(self, *, alpha: float = 0.3, min_bytes: int = 16384) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha={alpha!r} must be in (0, 1]; 1 keeps only the latest busy period")
+        if min_bytes < 1:
+            raise ValueError(f"min_bytes={min_bytes!r} must be >= 1")
+        self.alpha, self.min_bytes = alpha, min_bytes
+        self._lock = threading.Lock()
+        self._latency: float | None = None
+        self._period: list[float] | None = None  # [start, end, bytes] of the busy period being filled
+        self._rate: float | None = None
+        self.samples = 0
+
+    def record(self, nbytes: int, sent_at: float, acked_at: float) -> None:
+        """One message of `nbytes` whose first frame left at `sent_at` was acknowledged at `acked_at` (monotonic s)."""
+        if acked_at < sent_at:
+            return  # clock misuse: not a delivery
+        with self._lock:
+            took = acked_at - sent_at
+            self._latency = took if self._latency is None else min(self._latency, took)
+            p = self._period
+            if p is not None and sent_at <= p[1]:
+                p[1] = max(p[1], acked_at)
+                p[2] += nbytes
+                return
+            if p is not None:
+                self._close(p)
+            self._period = [sent_at, acked_at, float(nbytes)]
+
+    def _close(self, p: list[float]) -> None:
+        start, end, nbytes = p
+        if nbytes < self.min_bytes:
+            return
+        # a latency learnt only from messages as large as these would cancel their transfer time: floor at 1/8
+        busy = max(end - start - (self._latency or 0.0), (end - start) / 8, 1e-6)
+        rate = nbytes / busy
+        self._rate = rate if self._rate is None else (1 - self.alpha) * self._rate + self.alpha * rate
+        self.samples += 1
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        """The smoothed estimate (None until a busy period of at least min_bytes has ended)."""
+        with self._lock:
+            return self._rate
