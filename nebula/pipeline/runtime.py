@@ -310,7 +310,7 @@ class _Runner:
                     out = self._forward_local(per_sub[j][m], None)
                     if out.send is None:
                         raise RuntimeError("a oneway sender stage must return StageOutput(send=...)")
-                    self.next.send_array((step, m, j), out.send.detach().numpy(), "forward")
+                    self.next.send_array((step, m, j), out.send.detach(), "forward")  # encoded on its device
                     if out.loss is not None:
                         loss_sum += float(out.loss.numpy())
                         n += 1
@@ -321,7 +321,7 @@ class _Runner:
         loss_sum = 0.0
         for m, ids in enumerate(mbs):
             x = self._receive_scattered((step, m))
-            out = self._forward_local(ids, paddle.to_tensor(x))
+            out = self._forward_local(ids, x if isinstance(x, paddle.Tensor) else paddle.to_tensor(x))
             loss_sum += float(out.loss.numpy())
             (out.loss / len(mbs)).backward()
         self._optimizer_step()  # includes the receivers' all-reduce: they sync among themselves first
@@ -338,7 +338,7 @@ class _Runner:
             return self.prev.recv_array((*key, 0))
         out: list[Any] = []
         if self.prev is not None:
-            parts = [self.prev.recv_array((*key, j)) for j in range(k)]
+            parts = [np.asarray(self.prev.recv_array((*key, j))) for j in range(k)]  # host arrays pickle
             t0 = time.perf_counter()
             dist.scatter_object_list(out, parts, src=self.rank, group=self.scatter_group)
         else:
