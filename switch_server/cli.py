@@ -1,6 +1,8 @@
 """`nebula-switch`: serve (run a switch server), status (links and throughput), probe (end-to-end link test)."""
 from __future__ import annotations
 
+__all__ = ["build_parser", "main"]
+
 import argparse
 import asyncio
 import ctypes
@@ -82,7 +84,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from switch_server.server import status_path
+    from switch_server.status import status_path
 
     try:
         cfg = load_switch_config(args.config)
@@ -150,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--recv", action="store_true")
     mode.add_argument("--send", action="store_true")
     pr.add_argument("--to", help="destination cluster (with --send)")
-    pr.add_argument("--count", type=int, default=100)
+    pr.add_argument("--count", type=int, default=100,
+                    help="messages to send; with --recv, to receive in all (each sender numbers its own from 0)")
     pr.add_argument("--bytes", type=int, default=65536)
     pr.add_argument("--job", default="probe")
     pr.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each message")

@@ -5,6 +5,8 @@ the rest of it straight into that buffer, so its payload reaches the next hop as
 """
 from __future__ import annotations
 
+__all__ = ["FrameStream", "write_frame"]
+
 import asyncio
 from collections import deque
 from typing import Any
@@ -240,3 +242,11 @@ class FrameStream(asyncio.BufferedProtocol):
                 await self._drain_waiter
             finally:
                 self._drain_waiter = None
+
+
+def write_frame(writer: FrameStream, head: bytes, payload: Any = b"") -> None:
+    """Write one frame (head, then payload without copying it first)."""
+    if payload:
+        writer.writelines((head, payload))
+    else:
+        writer.write(head)

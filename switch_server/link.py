@@ -1,11 +1,12 @@
-"""Peer links over mutual TLS: one outgoing link per peer carries our frames, one accepted session per peer brings theirs.
+"""Outgoing peer links over mutual TLS: one per peer cluster carries our frames (its accepted side: `session`).
 
 The dialing side numbers every frame (link sequence), keeps it in a bounded retransmit buffer until the
 accepting side acknowledges it, sends only within the credit the accepting side grants, serves lanes by
-priority, and after a reconnect resends exactly what the other side did not receive. The accepting side
-drops link-level duplicates and stops granting credit while its own workers are slow.
+priority, and after a reconnect resends exactly what the other side did not receive.
 """
 from __future__ import annotations
+
+__all__ = ["HANDSHAKE_TIMEOUT_S", "IDLE_TIMEOUT_S", "OutboundLink", "Unacked"]
 
 import asyncio
 import logging
@@ -13,17 +14,14 @@ import random
 import ssl
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 from nebula.config import PeerConfig, split_host_port
-from nebula.wire import FrameType, Lane, WireError, encode_frame, relink
-from switch_server.framestream import FrameStream
-from switch_server.lanes import LaneQueues
+from nebula.wire import Dispatcher, FrameType, Lane, LaneQueues, WireError, encode_frame, relink
+from switch_server.framestream import FrameStream, write_frame
+from switch_server.host import LinkHost
 from switch_server.shaper import TokenBucket, min_rate
 from switch_server.tlstransport import open_connection
-
-if TYPE_CHECKING:  # pragma: no cover
-    from switch_server.server import SwitchServer
 
 log = logging.getLogger(__name__)
 
@@ -37,23 +35,25 @@ BULK_INFLIGHT_BYTES = 1024**2
 SMALL_FRAME_BYTES = 64 * 1024  # bytes in the transport before we wait: keeps lane priorities meaningful
 
 
-def write_frame(writer: FrameStream, head: bytes, payload: Any = b"") -> None:
-    """Write one frame (head, then payload without copying it first)."""
-    if payload:
-        writer.writelines((head, payload))
-    else:
-        writer.write(head)
+class Unacked(NamedTuple):
+    """A frame sent on a link and kept until the peer acknowledges its link sequence number."""
+
+    link_seq: int
+    lane: Lane
+    head: bytes
+    payload: Any
+    nbytes: int
 
 
 class OutboundLink:
     """Our frames towards one peer cluster: lanes, retransmit buffer, credit, shaper, reconnect with backoff."""
 
-    def __init__(self, server: SwitchServer, peer: PeerConfig) -> None:
+    def __init__(self, server: LinkHost, peer: PeerConfig) -> None:
         self.server = server
         self.cluster = peer.cluster
         self.address = peer.address
         self.lanes = LaneQueues()
-        self.rtx: deque[tuple[int, Lane, bytes, Any, int]] = deque()  # (link_seq, lane, head, payload, nbytes)
+        self.rtx: deque[Unacked] = deque()
         self.rtx_bytes = 0
         self.next_seq = 1
         self.up = False
@@ -72,6 +72,12 @@ class OutboundLink:
         self.bytes_out = 0  # since start, for status
         self.last_error = ""
         self.established = False
+        self.on_frame = Dispatcher(f"the outgoing link to {self.cluster}", {
+            FrameType.LINK_ACK: self._on_link_ack,
+            FrameType.PONG: self._on_pong,
+            FrameType.CHECKPOINT: self._on_checkpoint,
+            FrameType.ERROR: self._on_error,
+        })
 
     def set_limits(self) -> None:
         """Apply link.shape and limits.peer_rate_mbit (also on hot reload)."""
@@ -96,7 +102,7 @@ class OutboundLink:
         """Queue a frame for this peer."""
         n = len(head) + len(payload)
         self.lanes.push(lane, (head, payload), n)
-        self.server.mem_used += n
+        self.server.budget.charge(n)
         self.wake.set()
 
     def queued_bytes(self) -> int:
@@ -147,20 +153,21 @@ class OutboundLink:
         host, port = split_host_port(self.address)
         writer = FrameStream(server.cfg.link.chunk_bytes)
         try:
-            await open_connection(host, port, server.client_ctx, writer, HANDSHAKE_TIMEOUT_S)
+            await open_connection(host, port, server.trust.client_ctx, writer, HANDSHAKE_TIMEOUT_S)
             reader = writer
         except ssl.SSLError as exc:
-            reason = server.tls_reason(exc)
-            server.peer_rejected(self.cluster, self.address, reason, str(exc), outgoing=True)
+            reason = server.trust.tls_reason(exc)
+            server.trust.peer_rejected(self.cluster, self.address, reason, str(exc), outgoing=True)
             self.last_error = f"TLS handshake failed: {reason}"
             return False
         self.writer = writer
         ssl_obj = writer.get_extra_info("ssl_object")
-        ident = server.check_switch(ssl_obj, self.cluster, self.address, outgoing=True)
+        ident = server.trust.check_switch(ssl_obj, self.cluster, self.address, outgoing=True,
+                                          federation=server.cfg.federation, peers=server.links)
         if ident is None:
             self.last_error = "peer certificate refused"
             return False
-        self.peer_serial = server.serial_of(ssl_obj)
+        self.peer_serial = server.trust.serial_of(ssl_obj)
         write_frame(writer, encode_frame(FrameType.LINK_HELLO, {"cluster": server.cfg.cluster, "epoch": server.epoch}))
         frame, _, _ = await reader.read_frame(HANDSHAKE_TIMEOUT_S)
         if frame.type == FrameType.ERROR:
@@ -175,7 +182,7 @@ class OutboundLink:
         self.credit = frame.meta["credit"]
         self.sent_bytes = 0
         # what the peer already holds needs no resend; it is dropped when the peer acknowledges it
-        resend = deque(e for e in self.rtx if e[0] > resume)
+        resend = deque(e for e in self.rtx if e.link_seq > resume)
         if resend:
             server.metrics.retransmits.labels(peer=self.cluster).inc(len(resend))
         self.up = True
@@ -184,7 +191,7 @@ class OutboundLink:
         log.info("link to %s up (peer epoch %d, resume after %d, resending %d frames)",
                  self.cluster, self.peer_epoch, resume, len(resend))
         server.link_changed(peer_restarted=epoch_changed)
-        server.send_checkpoint(self)
+        self.send_checkpoint()
         reader.dispatch(self._on_frame)
         reader_task = asyncio.create_task(reader.serve(IDLE_TIMEOUT_S))
         ping_task = asyncio.create_task(self._pinger(writer))
@@ -218,13 +225,12 @@ class OutboundLink:
                 elif (self.lanes and self.rtx_bytes < cap and self.sent_bytes < self.credit
                       and not (self.rtx_bytes >= bulk_cap and self.lanes.only_bulk())):
                     lane, (head, payload), n = self.lanes.pop()
-                    server.mem_used -= n
                     seq = self.next_seq
                     self.next_seq += 1
                     head = relink(head, seq)
-                    self.rtx.append((seq, lane, head, payload, n))
+                    self.rtx.append(Unacked(seq, lane, head, payload, n))
                     self.rtx_bytes += n
-                    server.maybe_resume()
+                    server.budget.release(n)
                 else:
                     if batch:
                         writer.write(b"".join(batch))
@@ -300,119 +306,31 @@ class OutboundLink:
             write_frame(writer, encode_frame(FrameType.PING, {"t": time.monotonic()}))
             await asyncio.sleep(PING_EVERY_S)
 
+    def send_checkpoint(self) -> None:
+        """Send our latest signed audit checkpoint on this link."""
+        head = self.server.checkpoints.frame()
+        if head is not None and self.writer is not None:
+            write_frame(self.writer, head)
+
     def _on_frame(self, frame: Any, _head: bytes, _payload: Any) -> None:
         """A frame from the peer on our outgoing connection (called as it is parsed)."""
-        server = self.server
         if self.writer is not None:
-            self.writer.max_payload = server.cfg.link.chunk_bytes  # (hot reload may change it)
-        t = frame.type
-        if t == FrameType.LINK_ACK:
-            acked = frame.header.link_seq
-            while self.rtx and self.rtx[0][0] <= acked:
-                self.rtx_bytes -= self.rtx.popleft()[4]
-            self.credit = frame.meta["credit"]
-            self.wake.set()
-        elif t == FrameType.PONG:
-            self.rtt_s = time.monotonic() - float(frame.meta["t"])
-            server.metrics.rtt.labels(peer=self.cluster).set(self.rtt_s)
-        elif t == FrameType.CHECKPOINT:
-            server.receive_checkpoint(self.cluster, frame.meta["checkpoint"])
-        elif t == FrameType.ERROR:
-            log.warning("peer %s reports: %s: %s", self.cluster, frame.meta["code"], frame.meta["message"])
-        else:
-            raise WireError("bad_type", f"unexpected {t.name} frame on the outgoing link to {self.cluster}")
+            self.writer.max_payload = self.server.cfg.link.chunk_bytes  # (hot reload may change it)
+        self.on_frame(frame)
 
+    def _on_link_ack(self, frame: Any) -> None:
+        acked = frame.header.link_seq
+        while self.rtx and self.rtx[0].link_seq <= acked:
+            self.rtx_bytes -= self.rtx.popleft().nbytes
+        self.credit = frame.meta["credit"]
+        self.wake.set()
 
-class InboundSession:
-    """A peer's frames arriving on an accepted TLS connection: dedup, delivery, acknowledgements and credit."""
+    def _on_pong(self, frame: Any) -> None:
+        self.rtt_s = time.monotonic() - float(frame.meta["t"])
+        self.server.metrics.rtt.labels(peer=self.cluster).set(self.rtt_s)
 
-    def __init__(self, server: SwitchServer, cluster: str, stream: FrameStream, serial: int | None) -> None:
-        self.server = server
-        self.cluster = cluster
-        self.writer = stream
-        self.serial = serial
-        self.window = server.link_window()
-        self.received_bytes = 0  # this session
-        self.held_bytes = 0  # bytes of this peer's frames not yet handed to our workers
-        self.ack_scheduled = False
-        self.closed = False
-        self.bytes_in = 0
-        self.link_state: dict[str, int] = {}  # this peer's inbound link state (epoch, last link sequence)
+    def _on_checkpoint(self, frame: Any) -> None:
+        self.server.checkpoints.receive(self.cluster, frame.meta["checkpoint"])
 
-    def credit(self) -> int:
-        """Cumulative bytes the peer may send in this session."""
-        return self.received_bytes + max(0, self.window - self.held_bytes)
-
-    def release(self, nbytes: int) -> None:
-        """`nbytes` of this peer's frames left our queues: grant more credit."""
-        self.held_bytes -= nbytes
-        self.schedule_ack()
-
-    def schedule_ack(self) -> None:
-        """Send one LINK_ACK soon (coalesces many frames into one acknowledgement)."""
-        if not self.ack_scheduled and not self.closed:
-            self.ack_scheduled = True
-            asyncio.get_running_loop().call_soon(self._send_ack)
-
-    def _send_ack(self) -> None:
-        self.ack_scheduled = False
-        if self.closed or self.writer.transport.is_closing():
-            return
-        st = self.server.link_in_state(self.cluster)
-        write_frame(self.writer, encode_frame(FrameType.LINK_ACK, {"credit": self.credit()}, link_seq=st["last"]))
-
-    def close(self, reason: str = "") -> None:
-        """Abort the connection."""
-        if not self.closed:
-            self.closed = True
-            self.writer.transport.abort()
-            if reason:
-                log.info("closed session from %s: %s", self.cluster, reason)
-
-    async def run(self, epoch: int) -> None:
-        """Serve the session after LINK_HELLO until the connection ends."""
-        server = self.server
-        st = server.link_in_state(self.cluster)
-        if st["epoch"] != epoch:
-            # a restarted peer numbers from 1 again; anything it still needs it resends end to end
-            st["epoch"], st["last"] = epoch, 0
-        write_frame(self.writer, encode_frame(FrameType.LINK_WELCOME, {
-            "cluster": server.cfg.cluster, "epoch": server.epoch, "resume": st["last"], "credit": self.credit(),
-        }))
-        self.link_state = st
-        stream = self.writer
-        stream.max_payload = server.cfg.link.chunk_bytes
-        stream.dispatch(self._on_frame)
-        await stream.serve(IDLE_TIMEOUT_S)
-
-    def _on_frame(self, frame: Any, head: bytes, payload: Any) -> None:
-        """A frame of the peer's, called as it is parsed; an exception ends the session."""
-        server, st = self.server, self.link_state
-        t = frame.type
-        if t in (FrameType.DATA, FrameType.ACK, FrameType.ERROR):
-            seq = frame.header.link_seq
-            n = len(head) + len(payload)
-            if seq <= st["last"]:
-                return  # already received before a reconnect
-            if st["last"] and seq != st["last"] + 1:
-                # (with no state, e.g. after our restart, the peer resends from its oldest unacknowledged frame)
-                raise WireError("bad_sequence", f"link sequence jumped from {st['last']} to {seq}")
-            st["last"] = seq
-            self.received_bytes += n
-            self.bytes_in += n
-            server.metrics.count(self.cluster, frame.header.lane, "in", n)
-            self.held_bytes += n
-            err = server.route(frame, head, payload, origin=self, from_peer=self.cluster)
-            if err is not None:
-                self.release(n)
-                server.refuse_remote(frame, err[0], err[1])
-            self.schedule_ack()
-        elif t == FrameType.PING:
-            if self.writer.transport.is_closing():
-                raise ConnectionResetError("connection to the peer was lost")
-            write_frame(self.writer, encode_frame(FrameType.PONG, {"t": frame.meta["t"]}))
-        elif t == FrameType.CHECKPOINT:
-            server.receive_checkpoint(self.cluster, frame.meta["checkpoint"])
-            server.send_checkpoint_to(self)
-        else:
-            raise WireError("bad_type", f"unexpected {t.name} frame on a session from {self.cluster}")
+    def _on_error(self, frame: Any) -> None:
+        log.warning("peer %s reports: %s: %s", self.cluster, frame.meta["code"], frame.meta["message"])

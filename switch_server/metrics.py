@@ -1,6 +1,8 @@
 """Prometheus metrics of one switch server (own registry, so several servers can live in one process)."""
 from __future__ import annotations
 
+__all__ = ["SwitchMetrics"]
+
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
@@ -25,6 +27,9 @@ class SwitchMetrics:
             "nebula_switch_handshake_failures", "Refused TLS peers by reason", ["reason"], registry=r
         )
         self.refused = Counter("nebula_switch_refused_frames", "Frames refused by reason", ["reason"], registry=r)
+        self.peer_refused = Counter("nebula_switch_peer_refused_frames",
+                                    "Frames of a peer session refused: another source, an unreachable account or job, "
+                                    "a budget", ["peer", "reason"], registry=r)
         self.link_up = Gauge("nebula_switch_link_up", "1 while the outgoing link to a peer is established", ["peer"], registry=r)
         self.cert_expiry = Gauge("nebula_switch_certificate_expiry_seconds", "Seconds until this switch's certificate expires", registry=r)
         self.workers = Gauge("nebula_switch_workers", "Workers registered on the local side", registry=r)

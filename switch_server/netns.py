@@ -8,6 +8,8 @@ namespace (`argv(side, ...)` prefixes `ip netns exec`), their switches reach eac
 """
 from __future__ import annotations
 
+__all__ = ["NetnsError", "WanNamespaces"]
+
 import os
 import random
 import shutil

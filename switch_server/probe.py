@@ -1,6 +1,8 @@
 """`nebula-switch probe`: numbered messages through the federation, counted at the receiver (an iperf for links)."""
 from __future__ import annotations
 
+__all__ = ["PROBE_CHANNEL", "ProbeError", "probe_recv", "probe_send", "worker_file"]
+
 import struct
 import time
 from pathlib import Path
@@ -59,21 +61,45 @@ def probe_send(config: str | Path, *, to: str, count: int, size_bytes: int, job:
             "mbit_s": round(count * size_bytes * 8 / dt / 1e6, 3)}
 
 
+class _Source:
+    """What one sender's probe messages did at the receiver: indexes seen, duplicates, order."""
+
+    __slots__ = ("seen", "received", "duplicates", "out_of_order", "last")
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.received = self.duplicates = self.out_of_order = 0
+        self.last = -1
+
+    def add(self, i: int) -> None:
+        self.received += 1
+        if i in self.seen:
+            self.duplicates += 1
+        self.seen.add(i)
+        if i < self.last:
+            self.out_of_order += 1
+        self.last = max(self.last, i)
+
+    def report(self) -> dict:
+        """Counts of this sender; `missing` are indexes below its highest one that never came."""
+        return {"received": self.received, "missing": self.last + 1 - len(self.seen), "duplicates": self.duplicates,
+                "out_of_order": self.out_of_order}
+
+
 def probe_recv(config: str | Path, *, count: int, job: str = "probe", timeout_s: float = 60.0) -> dict:
-    """Receive `count` probe messages from any peer cluster; report received, missing, duplicates, order, Mbit/s."""
+    """Receive `count` probe messages in all from the peer clusters' senders; report received, missing, duplicates
+    and order in total and per sender ("cluster/rank": each numbers its messages from 0), Mbit/s and latency."""
     ep = _connect(config, job, timeout_s)
-    seen: set[int] = set()
-    received = duplicates = out_of_order = 0
+    sources: dict[str, _Source] = {}
     nbytes = 0
-    last = -1
     latencies: list[float] = []
     t_first = t_last = None
     try:
         peers = ep.peer_clusters() or [ep.cluster]
-        channels = [ep.channel(c, 0, PROBE_CHANNEL) for c in peers]
+        channels = [(f"{c}/0", ep.channel(c, 0, PROBE_CHANNEL)) for c in peers]
         deadline = time.monotonic() + timeout_s
-        while received < count and time.monotonic() < deadline:
-            for ch in channels:
+        while sum(len(s.seen) for s in sources.values()) < count and time.monotonic() < deadline:
+            for name, ch in channels:
                 try:
                     parts = ch.recv_parts(timeout_s=0.05)
                 except TimeoutError:
@@ -81,29 +107,27 @@ def probe_recv(config: str | Path, *, count: int, job: str = "probe", timeout_s:
                 except ChannelError:
                     continue  # a peer link down: keep waiting for the others until the deadline
                 now = time.time()
-                head = bytes(parts[0][: _HEAD.size])
-                i, sent = _HEAD.unpack(head)
+                i, sent = _HEAD.unpack(bytes(parts[0][: _HEAD.size]))
                 t_first = t_first or time.monotonic()
                 t_last = time.monotonic()
-                received += 1
                 nbytes += sum(len(p) for p in parts)
                 latencies.append(now - sent)
-                if i in seen:
-                    duplicates += 1
-                seen.add(i)
-                if i < last:
-                    out_of_order += 1
-                last = max(last, i)
+                src = sources.get(name)
+                if src is None:
+                    src = sources[name] = _Source()
+                src.add(i)
                 deadline = time.monotonic() + timeout_s
     finally:
         ep.close(flush_s=2.0)
     dt = (t_last - t_first) if t_first and t_last and t_last > t_first else None
     latencies.sort()
+    per_peer = {name: src.report() for name, src in sorted(sources.items())}
     return {
-        "received": received,
-        "missing": count - len(seen),
-        "duplicates": duplicates,
-        "out_of_order": out_of_order,
+        "received": sum(s.received for s in sources.values()),
+        "missing": max(0, count - sum(len(s.seen) for s in sources.values())),
+        "duplicates": sum(s.duplicates for s in sources.values()),
+        "out_of_order": sum(s.out_of_order for s in sources.values()),
         "mbit_s": round(nbytes * 8 / dt / 1e6, 3) if dt else None,
         "latency_p50_ms": round(latencies[len(latencies) // 2] * 1000, 3) if latencies else None,
+        "peers": per_peer,
     }

@@ -1,6 +1,8 @@
 """Token buckets for per-peer and per-account rate limits and the link shaper (`link.shape.rate_mbit`)."""
 from __future__ import annotations
 
+__all__ = ["TokenBucket", "min_rate"]
+
 import time
 
 

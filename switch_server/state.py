@@ -1,11 +1,19 @@
 """Durable switch state in `state_dir`: boot epoch, status snapshot, pinned peer audit keys."""
 from __future__ import annotations
 
+__all__ = ["SwitchState", "state_dir"]
+
 import json
 from pathlib import Path
 from typing import Any
 
+from nebula.config import SwitchConfig
 from security import atomic_write
+
+
+def state_dir(cfg: SwitchConfig) -> Path:
+    """The state directory of a switch: `state_dir` from its config, else `state/` beside its audit log."""
+    return Path(cfg.state_dir) if cfg.state_dir else Path(cfg.audit.log).parent / "state"
 
 
 class SwitchState:

@@ -11,6 +11,8 @@ holds them for retransmission until the peer acknowledges them.
 """
 from __future__ import annotations
 
+__all__ = ["Listener", "TLSTransport", "accept_tls", "handshake", "open_connection"]
+
 import asyncio
 import socket
 import ssl

@@ -47,12 +47,14 @@ from .base import (Codec, CodecError, Encoded, NonFiniteError, SpecError, decode
                    relative_error)
 from .config import CompressionConfig
 from .feedback import ErrorFeedbackCodec
-from .frames import FrameError, decode_from_frames, encode_to_frames, encoded_to_frames, frames_to_encoded
+from .frames import (FrameError, TensorCoder, decode_from_frames, encode_to_frames, encoded_to_frames,
+                     frames_to_encoded)
 from .lowrank import LowRankCodec, SVDCodec
 from .spec import parse_spec
 
 __all__ = [
     "Codec", "Encoded", "CodecError", "NonFiniteError", "SpecError", "FrameError", "get_codec", "known_codecs",
     "decode", "relative_error", "encode_to_frames", "encoded_to_frames", "frames_to_encoded", "decode_from_frames",
-    "CompressionConfig", "AutoCodec", "Measurement", "ErrorFeedbackCodec", "LowRankCodec", "SVDCodec", "parse_spec",
+    "TensorCoder", "CompressionConfig", "AutoCodec", "Measurement", "ErrorFeedbackCodec", "LowRankCodec",
+    "SVDCodec", "parse_spec",
 ]

@@ -1,15 +1,16 @@
-"""Codec interface, the Encoded tree, the registry of codecs by name, and stateless decoding."""
+"""Codec interface, the registry of codecs by name, and stateless decoding (the Encoded tree lives in `encoded`)."""
 from __future__ import annotations
 
 import functools
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, ClassVar, Iterator
+from dataclasses import replace
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
 from . import backend as B
+from .encoded import Encoded, raw_encoded
 from .inflation import check_inflation
 from .spec import SpecError, SpecNode, format_spec, parse_spec
 
@@ -25,57 +26,6 @@ class CodecError(ValueError):
 
 class NonFiniteError(CodecError):
     """A lossy codec was given NaN or Inf values (they would decode as garbage)."""
-
-
-@dataclass(eq=False)
-class Encoded:
-    """A compressed tensor: a tree whose leaves are arrays (numpy or paddle) and whose nodes name their codec.
-
-    `codec` is the spec that decodes this node without any state; `dtype`/`shape` are what it decodes to;
-    `parts` maps names to arrays or child nodes; `meta` holds small JSON scalars; `kind` is 'numpy' or 'paddle';
-    `spec` (root only) is the full spec of the codec that produced it.
-    """
-
-    codec: str
-    dtype: str
-    shape: tuple[int, ...]
-    parts: dict[str, Any]
-    meta: dict[str, Any] = field(default_factory=dict)
-    kind: str = "numpy"
-    spec: str | None = None
-    _header: bytes | None = field(default=None, repr=False)
-
-    def leaves(self) -> Iterator[Any]:
-        """Payload arrays in wire order (depth first, parts in insertion order)."""
-        for v in self.parts.values():
-            if isinstance(v, Encoded):
-                yield from v.leaves()
-            else:
-                yield v
-
-    @property
-    def payload_nbytes(self) -> int:
-        """Bytes of all payload arrays."""
-        return sum(B.nbytes_of(a) for a in self.leaves())
-
-    @property
-    def header(self) -> bytes:
-        """The serialised self-describing header frame (built once)."""
-        if self._header is None:
-            from .frames import build_header
-
-            self._header = build_header(self)
-        return self._header
-
-    @property
-    def nbytes(self) -> int:
-        """Exact number of bytes this tensor occupies on the wire: header plus every payload."""
-        return len(self.header) + self.payload_nbytes
-
-
-def raw_encoded(x: Any, spec: str | None = "none") -> Encoded:
-    """Lossless passthrough node (integer, bool, empty tensors and the `none` codec)."""
-    return Encoded("none", B.dtype_name(x), B.shape_of(x), {"data": x}, kind=B.kind_of(x), spec=spec)
 
 
 def check_finite(x: Any, spec: str) -> float:

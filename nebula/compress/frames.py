@@ -2,19 +2,17 @@
 from __future__ import annotations
 
 import json
-import struct
 from typing import Any, Sequence
 
 import numpy as np
 
 from . import backend as B
 from .base import Codec, CodecError, Encoded, decode, get_codec
+from .encoded import HEADER_PREFIX, MAGIC, build_header
 
 __all__ = ["FrameError", "MAGIC", "build_header", "encoded_to_frames", "encode_to_frames", "frames_to_encoded",
-           "decode_from_frames"]
+           "decode_from_frames", "TensorCoder"]
 
-MAGIC = b"NBC1"
-_PREFIX = struct.Struct("<4sI")
 _MAX_HEADER = 1 << 20
 _MAX_DEPTH = 16
 DEFAULT_MAX_BYTES = 1 << 34  # 16 GiB: a sanity bound against corrupted or hostile headers
@@ -22,26 +20,6 @@ DEFAULT_MAX_BYTES = 1 << 34  # 16 GiB: a sanity bound against corrupted or hosti
 
 class FrameError(CodecError):
     """Frames that do not parse as an encoded tensor (truncated, corrupted, or from another protocol)."""
-
-
-def _node_json(enc: Encoded) -> dict[str, Any]:
-    parts = []
-    for name, v in enc.parts.items():
-        if isinstance(v, Encoded):
-            parts.append([name, _node_json(v)])
-        else:
-            parts.append([name, {"a": B.wire_dtype_name(v), "s": list(B.shape_of(v))}])
-    node: dict[str, Any] = {"c": enc.codec, "d": enc.dtype, "s": list(enc.shape), "p": parts}
-    if enc.meta:
-        node["m"] = enc.meta
-    return node
-
-
-def build_header(enc: Encoded) -> bytes:
-    """The header frame of `enc`: magic, JSON length, JSON describing the codec tree and every payload."""
-    doc = {"v": 1, "spec": enc.spec or enc.codec, "kind": enc.kind, "tree": _node_json(enc)}
-    body = json.dumps(doc, separators=(",", ":")).encode()
-    return _PREFIX.pack(MAGIC, len(body)) + body
 
 
 def _byte_view(a: Any) -> memoryview:
@@ -95,22 +73,22 @@ def _parse_node(node: Any, payloads: list[tuple[str, tuple[int, ...]]], depth: i
 
 def _read_header(first: Any) -> tuple[dict[str, Any], int]:
     mv = memoryview(first).cast("B")
-    if len(mv) < _PREFIX.size:
-        raise FrameError(f"first frame has {len(mv)} bytes, shorter than the {_PREFIX.size}-byte prefix; not an "
+    if len(mv) < HEADER_PREFIX.size:
+        raise FrameError(f"first frame has {len(mv)} bytes, shorter than the {HEADER_PREFIX.size}-byte prefix; not an "
                          "encoded tensor")
-    magic, length = _PREFIX.unpack(mv[: _PREFIX.size])
+    magic, length = HEADER_PREFIX.unpack(mv[: HEADER_PREFIX.size])
     if magic != MAGIC:
         raise FrameError(f"bad magic {bytes(magic)!r} (expected {MAGIC!r}): these frames are not an encoded tensor "
                          "or come from an incompatible version")
-    if length > _MAX_HEADER or _PREFIX.size + length > len(mv):
+    if length > _MAX_HEADER or HEADER_PREFIX.size + length > len(mv):
         raise FrameError(f"header length {length} exceeds the frame ({len(mv)} bytes); the frame is truncated")
     try:
-        doc = json.loads(bytes(mv[_PREFIX.size: _PREFIX.size + length]))
+        doc = json.loads(bytes(mv[HEADER_PREFIX.size: HEADER_PREFIX.size + length]))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FrameError(f"header is not valid JSON ({exc}); the frame is corrupted") from None
     if not isinstance(doc, dict) or doc.get("v") != 1 or doc.get("kind") not in ("numpy", "paddle"):
         raise FrameError("header lacks version 1 / kind numpy|paddle; sender and receiver versions differ")
-    return doc, _PREFIX.size + length
+    return doc, HEADER_PREFIX.size + length
 
 
 def _check_sizes(node: dict[str, Any], max_bytes: int) -> None:
@@ -181,3 +159,30 @@ def decode_from_frames(frames: Sequence[Any], like: str | None = None, place: An
     if isinstance(y, np.ndarray) and not y.flags.writeable:
         y = y.copy()  # payload views of read-only frames must not leak out as read-only arrays
     return y
+
+
+class TensorCoder:
+    """The one tensor <-> frames path of a channel direction (Channel.send_tensor/recv_tensor, the pipeline's
+    boundaries): one codec instance per spec, so stateful codecs (ef, lowrank, auto) keep their state per direction."""
+
+    def __init__(self) -> None:
+        self._codecs: dict[str, Codec] = {}
+
+    def codec(self, codec: Codec | str) -> Codec:
+        """This direction's instance for spec `codec` (made on first use); a Codec instance passes through."""
+        if isinstance(codec, Codec):
+            return codec
+        c = self._codecs.get(codec)
+        if c is None:
+            c = self._codecs[codec] = get_codec(codec)
+        return c
+
+    def encode(self, x: Any, codec: Codec | str = "none") -> list[bytes | memoryview]:
+        """Encode x (numpy array or paddle.Tensor) with this direction's `codec` into wire frames."""
+        return encoded_to_frames(self.codec(codec).encode(x))
+
+    def decode(self, frames: Sequence[Any], codec: Codec | str | None = None, like: str | None = None) -> Any:
+        """Decode wire frames: statelessly (the frames name their codec) unless a Codec instance is given."""
+        if isinstance(codec, Codec):
+            return codec.decode(frames_to_encoded(frames, like))
+        return decode_from_frames(frames, like=like)

@@ -8,6 +8,7 @@ from typing import Any
 
 from . import backend as B
 from . import factorize as F
+from .encoded import raw_encoded
 from .spec import SpecError, SpecNode, format_spec, parse_spec
 
 __all__ = ["check_inflation", "svd_break_even_ratio", "smaller_alternatives", "forget_warnings"]
@@ -101,7 +102,7 @@ def check_inflation(spec: str, x: Any, nbytes: int) -> bool:
 
 
 def _check(spec: str, x: Any, nbytes: int, shape: tuple[int, ...], dtype: str) -> bool:
-    from .base import get_codec, raw_encoded  # the registry: imported late (base imports this module)
+    from .base import get_codec  # the registry: imported late (base imports this module)
 
     raw = raw_encoded(x).nbytes
     node = parse_spec(spec)

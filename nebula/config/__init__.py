@@ -18,7 +18,7 @@ from nebula.config.switch import (
     split_host_port,
 )
 from nebula.config.worker import WorkerConfig, load_worker_config, local_endpoint
-from nebula.config.job import JobConfig, load_job_config, validate_job
+from nebula.config.job import JobConfig, load_job_config
 
 __all__ = [
     "ConfigError",
@@ -42,5 +42,4 @@ __all__ = [
     "local_endpoint",
     "JobConfig",
     "load_job_config",
-    "validate_job",
 ]

@@ -39,9 +39,14 @@ class PeerConfig:
 
     cluster: str
     address: str  # host:port of its WAN listener
+    # accounts of this cluster the peer's workers may address ("*": every account with a worker here); the jobs
+    # are those the account's workers here may join
+    accounts: tuple[str, ...] = ("*",)
 
     def __post_init__(self) -> None:
         split_host_port(self.address, f"peer {self.cluster!r} address")
+        if not self.accounts:
+            raise ValueError(f"peer {self.cluster!r}: accounts is empty; list the accounts it may address, or '*'")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nebula.config.job import JobConfig, load_job_config, validate_job
+from nebula.config.job import JobConfig, load_job_config
+from nebula.launch.preflight import validate_job
 
 __all__ = ["prepare", "build_command", "launch", "WORKER_SCRIPT"]
 

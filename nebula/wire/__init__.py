@@ -1,4 +1,6 @@
-"""Wire format: the frame every hop (worker, switch, peer switch) speaks, with a strict parser."""
+"""Wire format: the frame every hop (worker, switch, peer switch) speaks, with a strict parser; the lane rule and
+frame dispatch both sides share."""
+from nebula.wire.dispatch import Dispatcher
 from nebula.wire.frame import (
     HEADER_BYTES,
     LANES,
@@ -22,6 +24,7 @@ from nebula.wire.frame import (
     pack_header,
     unpack_header,
 )
+from nebula.wire.lanes import LaneQueues, next_lane
 
 __all__ = [
     "HEADER_BYTES",
@@ -30,10 +33,12 @@ __all__ = [
     "MAX_PAYLOAD_BYTES",
     "VERSION",
     "ChannelKey",
+    "Dispatcher",
     "Frame",
     "FrameType",
     "Header",
     "Lane",
+    "LaneQueues",
     "WireError",
     "channel_id",
     "decode_frame",
@@ -43,6 +48,7 @@ __all__ = [
     "relink",
     "LANE_LEVEL",
     "lane_of",
+    "next_lane",
     "pack_header",
     "unpack_header",
 ]

@@ -7,6 +7,12 @@ so a malformed or hostile frame costs the receiver nothing but a clear `WireErro
 """
 from __future__ import annotations
 
+__all__ = [
+    "HEADER_BYTES", "LANES", "LANE_LEVEL", "MAX_META_BYTES", "MAX_PAYLOAD_BYTES", "VERSION", "ChannelKey", "Frame",
+    "FrameType", "Header", "Lane", "WireError", "channel_id", "decode_frame", "decode_head", "encode_frame",
+    "encode_meta", "lane_of", "pack_header", "relink", "unpack_header",
+]
+
 import enum
 import hashlib
 import json

@@ -15,7 +15,11 @@ that may already read the switch's memory (its user, or root) can open the arena
 """
 from __future__ import annotations
 
+__all__ = ["RELEASE_BATCH", "RELEASE_DELAY_S", "SHM_MIN_BYTES", "SHM_TAG", "Arena", "ReleaseBatch", "Ring",
+           "pack_desc", "read_desc", "release_metas", "release_now", "unpack_desc"]
+
 import fcntl
+import time
 import mmap
 import os
 import secrets
@@ -35,6 +39,44 @@ RELEASE_DELAY_S = 0.02
 def release_now(pending_bytes: int, half: int) -> bool:
     """Whether released regions of `pending_bytes` in an arena half of `half` bytes should go back at once."""
     return pending_bytes >= half // 4
+
+
+def release_metas(token: int, offsets: list[int]) -> list[dict]:
+    """SHM_RELEASE metas handing `offsets` of arena `token` back, at most RELEASE_BATCH offsets each."""
+    return [{"token": token, "offsets": offsets[i : i + RELEASE_BATCH]} for i in range(0, len(offsets), RELEASE_BATCH)]
+
+
+class ReleaseBatch:
+    """Regions this side is done with, gathered until they go back to the other side in SHM_RELEASE frames:
+    at once when a quarter of the arena half waits (`release_now`), else RELEASE_DELAY_S after the first one."""
+
+    __slots__ = ("half", "offsets", "nbytes", "since")
+
+    def __init__(self, half: int) -> None:
+        self.half = half
+        self.offsets: list[int] = []
+        self.nbytes = 0
+        self.since = 0.0  # when the first waiting region was added
+
+    def add(self, off: int, n: int) -> bool:
+        """Add the region of `n` bytes at `off`; True if the batch should go back now."""
+        if not self.offsets:
+            self.since = time.monotonic()
+        self.offsets.append(off)
+        self.nbytes += n
+        return release_now(self.nbytes, self.half)
+
+    def due(self) -> bool:
+        """Whether waiting regions should go back now (enough bytes, or waited RELEASE_DELAY_S)."""
+        return bool(self.offsets) and (release_now(self.nbytes, self.half)
+                                       or time.monotonic() - self.since >= RELEASE_DELAY_S)
+
+    def take(self, token: int) -> list[dict]:
+        """SHM_RELEASE metas for every waiting region of arena `token`; the batch is empty afterwards."""
+        offsets, self.offsets, self.nbytes = self.offsets, [], 0
+        return release_metas(token, offsets)
+
+
 _DESC = struct.Struct("!QQQ")  # token, offset within the direction's half, length
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _NAME = "nebula-shm-"
@@ -50,6 +92,15 @@ def unpack_desc(buf: bytes | memoryview) -> tuple[int, int, int]:
     if len(buf) != _DESC.size:
         raise WireError("bad_shm", f"shared-memory descriptor has {len(buf)} bytes, expected {_DESC.size}")
     return _DESC.unpack(buf)
+
+
+def read_desc(buf: bytes | memoryview, arena: Arena | None, half: memoryview) -> tuple[int, memoryview] | None:
+    """(offset, region) a descriptor names in `half` of `arena`; None if it names another arena (one this side
+    no longer has: stale, not hostile); WireError if it is malformed or lies outside the half."""
+    token, off, n = unpack_desc(buf)
+    if arena is None or token != arena.token:
+        return None
+    return off, arena.region(half, off, n)
 
 
 class Ring:

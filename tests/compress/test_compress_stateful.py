@@ -158,3 +158,23 @@ def test_auto_re_measures_periodically():
     assert codec.measurements(x.shape) is first
     codec.encode(x)
     assert codec.measurements(x.shape) is not first
+
+
+def test_tensor_coder_keeps_one_stateful_codec_per_spec_and_direction():
+    from nebula.compress import TensorCoder
+
+    rng = np.random.default_rng(8)
+    tx, other = TensorCoder(), TensorCoder()
+    assert tx.codec("ef(int8)") is tx.codec("ef(int8)") and tx.codec("ef(int8)") is not other.codec("ef(int8)")
+    mean = rng.standard_normal((30, 20)).astype(np.float32)
+    true_sum, got_sum = np.zeros_like(mean, dtype=np.float64), np.zeros_like(mean, dtype=np.float64)
+    for _ in range(200):  # through frames both ways: the sender's residual carries over between calls
+        g = mean + 0.5 * rng.standard_normal(mean.shape).astype(np.float32)
+        true_sum += g
+        got_sum += TensorCoder().decode(tx.encode(g, "ef(int8)"))
+    assert relative_error(true_sum, got_sum) < 0.01
+    assert tx.codec("ef(int8)").residual(mean.shape) is not None and other.codec("ef(int8)").residual(mean.shape) is None
+    # a Codec instance passed in decodes (a stateful decoder keeps its own state); specs decode statelessly
+    fp16 = get_codec("fp16")
+    y = other.decode(tx.encode(mean, fp16), fp16, like="numpy")
+    assert y.dtype == np.float32 and relative_error(mean, y) < 1e-3

@@ -9,7 +9,8 @@ import pytest
 
 from nebula.config._schema import ConfigError
 
-from nebula.config.job import load_job_config, validate_job
+from nebula.config.job import load_job_config
+from nebula.launch.preflight import validate_job
 from tests.pipeline.helpers import TWO_STAGES, toy_job
 
 NEBULA = str(Path(sys.executable).parent / "nebula")

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from security.provision import provision
 from switch_server.cli import main
-from tests.switch.conftest import edit_yaml
+from tests.switch.conftest import edit_yaml, start_switch
 
 
 def test_probe_status_and_metrics(two_switches, procs, capsys):
@@ -51,3 +52,24 @@ def test_bad_config_fails_closed(federation, capsys, tmp_path):
     assert "unknown key bogus" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["probe", "--config", str(cfg)])
+
+
+def test_probe_recv_counts_each_sender_apart(procs, tmp_path):
+    """Clusters A and B each send 200 probe messages to C at once: C reports every one, per sender and in total."""
+    fed = provision("fed3", ["A", "B", "C"], tmp_path / "fed3")
+    cfg = {c: Path(fed["clusters"][c]["switch_yaml"]) for c in ("A", "B", "C")}
+    switches = {c: start_switch(procs, cfg[c]) for c in ("A", "B", "C")}
+    recv = procs.python("-m", "switch_server.cli", "probe", "--config", str(cfg["C"]), "--recv", "--count", "400",
+                        "--timeout", "60")
+    senders = [procs.python("-m", "switch_server.cli", "probe", "--config", str(cfg[c]), "--send", "--to", "C",
+                            "--count", "200", "--bytes", "2000", "--timeout", "60") for c in ("A", "B")]
+    for s in senders:
+        out, _ = s.communicate(timeout=90)
+        assert s.returncode == 0, out
+    out, _ = recv.communicate(timeout=90)
+    result = json.loads(out.strip().splitlines()[-1])
+    assert (result["received"], result["missing"], result["duplicates"]) == (400, 0, 0), result
+    assert result["peers"] == {f"{c}/0": {"received": 200, "missing": 0, "duplicates": 0, "out_of_order": 0}
+                               for c in ("A", "B")}
+    assert recv.returncode == 0
+    assert all(s.proc.poll() is None for s in switches.values())

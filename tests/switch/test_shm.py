@@ -272,13 +272,13 @@ def test_restarted_switch_offers_a_new_arena_and_nothing_is_lost(procs, federati
         ca, cb = ea.channel("B", 0, "r"), eb.channel("A", 0, "r")
         for m in msgs[:20]:
             ca.send(m)
-        first = ea._io.arena.token
+        first = ea._io.shm.arena.token
         a.kill9()
         a = start_switch(procs, a.config)
         for m in msgs[20:]:
             ca.send(m)
         assert [cb.recv(timeout_s=90) for _ in msgs] == msgs
-        assert ea._io.arena is not None and ea._io.arena.token != first
+        assert ea._io.shm.arena is not None and ea._io.shm.arena.token != first
         assert _status(a, lambda s: s["shm_bytes"]["in"] > 0)["shm_workers"] >= 1
     with pytest.raises(ChannelError):
         ca.send(b"closed").result(timeout=5)

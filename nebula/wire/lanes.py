@@ -1,21 +1,39 @@
-"""Priority queues per lane: control first, then activation and gradient in turn, then bulk."""
+"""The lane priority rule, once for both sides: control first, then activation and gradient in turn, then bulk."""
 from __future__ import annotations
 
-from collections import deque
-from typing import Any
+__all__ = ["LaneQueues", "next_lane"]
 
-from nebula.wire import Lane
+from collections import deque
+from typing import Any, Sequence
+
+from nebula.wire.frame import Lane
+
+
+def next_lane(queues: Sequence[Any], turn: int) -> tuple[int, int]:
+    """(lane to serve next, or -1 when every queue is empty; the next turn) for four queues indexed by lane.
+
+    Activation and gradient share a level and alternate while both wait, so neither starves the other;
+    `turn` carries that alternation from one call to the next."""
+    if queues[0]:
+        return Lane.CONTROL, turn
+    if queues[1] or queues[2]:
+        if queues[1] and queues[2]:
+            return (Lane.ACTIVATION if turn == 0 else Lane.GRADIENT), turn ^ 1
+        return (Lane.ACTIVATION if queues[1] else Lane.GRADIENT), turn
+    if queues[3]:
+        return Lane.BULK, turn
+    return -1, turn
 
 
 class LaneQueues:
-    """Frames waiting for one destination, served strictly by lane level (activation = gradient, round robin)."""
+    """Frames waiting for one destination, served by `next_lane` and counted in bytes."""
 
     __slots__ = ("_q", "bytes", "_turn")
 
     def __init__(self) -> None:
         self._q: tuple[deque, deque, deque, deque] = (deque(), deque(), deque(), deque())
         self.bytes = 0
-        self._turn = 0  # alternates activation/gradient so neither starves the other
+        self._turn = 0
 
     def push(self, lane: Lane, item: Any, nbytes: int) -> None:
         """Queue `item` (counted as `nbytes`) on `lane`."""
@@ -28,23 +46,13 @@ class LaneQueues:
         self.bytes += nbytes
 
     def pop(self) -> tuple[Lane, Any, int] | None:
-        """Next item by priority, or None when empty."""
-        q = self._q
-        if q[0]:
-            lane = Lane.CONTROL
-        elif q[1] or q[2]:
-            if q[1] and q[2]:
-                lane = Lane.ACTIVATION if self._turn == 0 else Lane.GRADIENT
-                self._turn ^= 1
-            else:
-                lane = Lane.ACTIVATION if q[1] else Lane.GRADIENT
-        elif q[3]:
-            lane = Lane.BULK
-        else:
+        """(lane, item, nbytes) of the next item by priority, or None when empty."""
+        lane, self._turn = next_lane(self._q, self._turn)
+        if lane < 0:
             return None
-        item, nbytes = q[lane].popleft()
+        item, nbytes = self._q[lane].popleft()
         self.bytes -= nbytes
-        return lane, item, nbytes
+        return Lane(lane), item, nbytes
 
     def only_bulk(self) -> bool:
         """True if the next item would come from the bulk lane."""

@@ -1,0 +1,308 @@
+"""Reliable delivery on one channel as pure state: sequence numbers, the sender's window, acknowledgements,
+resends, chunking, and the receiver's reassembly and in-order delivery.
+
+No sockets and no clocks: the I/O thread passes `now` in, sends the frames a `Sender` returns, and hands the
+chunks it receives to a `Receiver`, which says what to acknowledge, deliver and release. What the receiver
+consumed opens the sender's window (credit-based flow control from end to end).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from nebula.channel.errors import ChannelError
+from nebula.wire import ChannelKey, FrameType, Header, Lane, encode_frame, encode_meta
+
+__all__ = ["RTO_S", "RTO_MAX_S", "RTO_BYTES_PER_S", "OutMessage", "OutFrame", "Admitted", "Sender", "Delivered",
+           "Reassembly", "Outcome", "Receiver"]
+
+RTO_S = 10.0  # resend a message with no acknowledgement progress for this long (then doubling)
+RTO_MAX_S = 60.0
+RTO_BYTES_PER_S = 4e6  # the slowest link the fallback timer allows for before resending
+
+
+@dataclass(eq=False, slots=True)
+class OutMessage:
+    """One message on its way; its sender keeps it until the receiver acknowledges it."""
+
+    data: memoryview
+    parts: list[int] | None  # part lengths as given to Channel.send, or None for one part
+    lane: Lane
+    future: Future  # completes once every frame of the first transmission has left for the switch
+    seq: int = 0
+    pending_frames: int = 0  # frames framed but not yet handed to ZeroMQ
+    progress: float = 0.0  # when it last made progress (framed, fully sent, acknowledgement progress)
+    rto: float = RTO_S
+
+    def frame_sent(self, now: float) -> None:
+        """One of its frames left for the switch; once all have, the future completes."""
+        self.pending_frames -= 1
+        if self.pending_frames == 0:
+            self.progress = now
+            if not self.future.done():
+                self.future.set_result(None)
+
+
+class OutFrame(NamedTuple):
+    """A frame waiting in a lane: head (header and meta), payload, and the message it belongs to (if any)."""
+
+    head: bytes
+    payload: Any
+    msg: OutMessage | None
+
+
+class Admitted(NamedTuple):
+    """A message the window let through and the receiver has not consumed yet."""
+
+    seq: int
+    nbytes: int
+
+
+class Sender:
+    """The sending half of one channel: numbers messages, admits them by window, frames, acknowledges, resends."""
+
+    def __init__(self, key: ChannelKey, window_bytes: int) -> None:
+        self.key = key
+        self.meta = encode_meta(key.to_meta())
+        self.window_bytes = window_bytes
+        self.next_seq = 1
+        self.unacked: dict[int, OutMessage] = {}  # by seq, in order
+        self.waiting: deque[OutMessage] = deque()  # not yet admitted by the window
+        self.admitted: deque[Admitted] = deque()  # admitted and not yet consumed, in seq order
+        self.inflight = 0  # bytes admitted and not yet consumed
+        self.acked = 0  # highest seq the receiver has (cumulative)
+        self.consumed = 0  # highest seq the receiver's application has taken
+
+    @property
+    def idle(self) -> bool:
+        """True when every submitted message is acknowledged."""
+        return not self.unacked and not self.waiting
+
+    def submit(self, msg: OutMessage) -> list[OutMessage]:
+        """Number `msg` and queue it behind the window; returns the messages the window now lets through."""
+        msg.seq = self.next_seq
+        self.next_seq += 1
+        self.unacked[msg.seq] = msg
+        self.waiting.append(msg)
+        return self._admit()
+
+    def _admit(self) -> list[OutMessage]:
+        out = []
+        while self.waiting:
+            msg = self.waiting[0]
+            n = len(msg.data)
+            if self.inflight and self.inflight + n > self.window_bytes:
+                break
+            self.waiting.popleft()
+            self.admitted.append(Admitted(msg.seq, n))
+            self.inflight += n
+            out.append(msg)
+        return out
+
+    def frames(self, msg: OutMessage, chunk_bytes: int, now: float) -> list[OutFrame]:
+        """The DATA frames of one (re)transmission of `msg`, in chunks of at most `chunk_bytes`."""
+        total = len(msg.data)
+        count = max(1, math.ceil(total / chunk_bytes))
+        size = math.ceil(total / count) if total else 0
+        out = []
+        for i in range(count):
+            payload = msg.data[i * size : (i + 1) * size]
+            meta = self.meta
+            if i == 0 and msg.parts is not None:
+                meta = encode_meta({**self.key.to_meta(), "parts": msg.parts})
+            head = encode_frame(FrameType.DATA, meta, payload, lane=msg.lane, channel_id=self.key.id, seq=msg.seq,
+                                chunk_index=i, chunk_count=count, total_len=total)
+            out.append(OutFrame(head, payload, msg))
+        msg.pending_frames += count
+        msg.progress = now
+        # a large message may wait long behind others on a slow link: the fallback timer grows with its size
+        msg.rto = max(msg.rto, RTO_S + total / RTO_BYTES_PER_S)
+        return out
+
+    def on_ack(self, recv_seq: int, consumed: int, now: float) -> list[OutMessage]:
+        """The receiver has every message up to `recv_seq` and consumed up to `consumed`; returns newly admitted."""
+        progressed = False
+        if recv_seq > self.acked:
+            for seq in range(self.acked + 1, recv_seq + 1):
+                msg = self.unacked.pop(seq, None)
+                if msg is not None and not msg.future.done():
+                    msg.future.set_result(None)
+            self.acked = recv_seq
+            progressed = True
+        admitted: list[OutMessage] = []
+        if consumed > self.consumed:
+            self.consumed = consumed
+            while self.admitted and self.admitted[0].seq <= consumed:
+                self.inflight -= self.admitted.popleft().nbytes
+            admitted = self._admit()
+        if progressed:
+            for msg in self.unacked.values():
+                msg.progress = max(msg.progress, now)
+        return admitted
+
+    def on_refused(self, seq: int, err: ChannelError) -> list[OutMessage]:
+        """The switch refused message `seq`: fail its future, free its window share; returns newly admitted."""
+        msg = self.unacked.pop(seq, None)
+        if msg is None:
+            return []
+        for i, adm in enumerate(self.admitted):
+            if adm.seq == seq:
+                del self.admitted[i]
+                self.inflight -= adm.nbytes
+                break
+        if not msg.future.done():
+            msg.future.set_exception(err)
+        return self._admit()
+
+    def _sent_and_admitted(self) -> list[OutMessage]:
+        seqs = {a.seq for a in self.admitted}
+        return [m for m in self.unacked.values() if m.pending_frames == 0 and m.seq in seqs]
+
+    def resendable(self) -> list[OutMessage]:
+        """Unacknowledged messages to send again now (a switch restarted): all that have fully left."""
+        return self._sent_and_admitted() if self.unacked else []
+
+    def timed_out(self, now: float) -> list[OutMessage]:
+        """Messages without acknowledgement progress for longer than their timer; their timers double."""
+        late = [m for m in self.unacked.values() if m.pending_frames == 0 and now - m.progress > m.rto]
+        if not late:
+            return []
+        seqs = {a.seq for a in self.admitted}
+        out = []
+        for msg in late:
+            if msg.seq in seqs:
+                msg.rto = max(msg.rto, min(msg.rto * 2, RTO_MAX_S))
+                out.append(msg)
+        return out
+
+
+class Delivered(NamedTuple):
+    """A complete message in its place in the stream: its bytes and parts, or why it was refused."""
+
+    data: bytes
+    parts: list[int] | None
+    error: ChannelError | None = None
+
+
+@dataclass(eq=False, slots=True)
+class Reassembly:
+    """The chunks of one message received so far (kept by index: nothing is sized by what the wire claims)."""
+
+    count: int
+    total_bytes: int
+    chunks: dict[int, Any] = field(default_factory=dict)
+    received_bytes: int = 0
+    parts: list[int] | None = None
+    regions: list[Any] = field(default_factory=list)  # shared-memory regions to hand back once joined
+
+
+@dataclass(eq=False, slots=True)
+class Outcome:
+    """What the I/O side does after a chunk: acknowledge, deliver `ready` in order, release `release`."""
+
+    ack: bool = False
+    ready: list[Delivered] = field(default_factory=list)
+    release: list[Any] = field(default_factory=list)
+    refused: ChannelError | None = None
+
+
+class Receiver:
+    """The receiving half of one channel: drops duplicates, reassembles chunks, delivers in order, exactly once."""
+
+    def __init__(self, key: ChannelKey) -> None:
+        self.key = key
+        self.expected = 1  # next seq to deliver
+        self.partial: dict[int, Reassembly] = {}
+        self.complete: dict[int, Delivered] = {}  # complete, waiting for an earlier seq
+        self.consumed = 0  # messages the application has taken
+
+    def ack_state(self) -> tuple[int, int]:
+        """(highest seq received in order, messages consumed): what an ACK frame carries."""
+        return self.expected - 1, self.consumed
+
+    def consume(self) -> None:
+        """The application took the next delivered message."""
+        self.consumed += 1
+
+    def on_chunk(self, h: Header, payload: Any, parts: list[int] | None, max_message_bytes: int,
+                 region: Any = None) -> Outcome:
+        """Take one DATA chunk (with the shared-memory `region` it lies in, if any); see `Outcome`.
+
+        `max_message_bytes` bounds what a message may claim before any state is kept for it; a message over it
+        (or whose chunks do not add up) is refused in its place in the stream, so the ones after it still arrive.
+        """
+        out = Outcome()
+        seq = h.seq
+        if seq < self.expected or seq in self.complete:
+            out.ack = True  # a duplicate: acknowledged again, delivered once
+            if region is not None:
+                out.release.append(region)
+            return out
+        entry = self.partial.get(seq)
+        if entry is None:
+            why = self._refusal(h, max_message_bytes)
+            if why is not None:
+                return self._refuse(seq, why, out, region)
+            if h.chunk_count == 1:  # the common case: nothing to join
+                if region is not None:
+                    out.release.append(region)
+                return self._complete(seq, Delivered(bytes(payload), parts), out)
+            entry = self.partial[seq] = Reassembly(h.chunk_count, h.total_len)
+        if h.chunk_count != entry.count or not 0 <= h.chunk_index < entry.count or h.chunk_index in entry.chunks:
+            if region is not None:
+                out.release.append(region)
+            return out
+        entry.received_bytes += len(payload)
+        if entry.received_bytes > entry.total_bytes:
+            del self.partial[seq]
+            out.release.extend(entry.regions)
+            return self._refuse(seq, f"its chunks carry more than the {entry.total_bytes} bytes it declares", out,
+                                region)
+        entry.chunks[h.chunk_index] = payload
+        if region is not None:
+            entry.regions.append(region)
+        if h.chunk_index == 0 and parts is not None:
+            entry.parts = parts
+        if len(entry.chunks) < entry.count:
+            return out
+        del self.partial[seq]
+        chunks = entry.chunks
+        data = b"".join([chunks[i] for i in range(entry.count)])
+        out.release.extend(entry.regions)  # copied out: the arena's regions may be reused
+        if len(data) != entry.total_bytes:
+            return self._refuse(seq, f"its chunks carry {len(data)} bytes, not the {entry.total_bytes} it declares",
+                                out, None)
+        return self._complete(seq, Delivered(data, entry.parts), out)
+
+    def _refusal(self, h: Header, limit: int) -> str | None:
+        if h.total_len > limit:
+            return (f"it declares {h.total_len} bytes, more than link.max_message_bytes={limit} of this cluster's "
+                    "switch; the sender must split it (or both clusters raise link.max_message_bytes)")
+        if h.chunk_count > max(1, h.total_len):
+            return (f"it declares {h.chunk_count} chunks for {h.total_len} bytes (every chunk carries at least "
+                    "one byte), so its header is corrupt or forged")
+        return None
+
+    def _refuse(self, seq: int, why: str, out: Outcome, region: Any) -> Outcome:
+        k = self.key
+        err = ChannelError(f"message_refused: message #{seq} on channel {k.name!r} from {k.src_cluster}/{k.src_rank} "
+                           f"was dropped: {why}")
+        if region is not None:
+            out.release.append(region)
+        out.refused = err
+        return self._complete(seq, Delivered(b"", None, err), out)
+
+    def _complete(self, seq: int, msg: Delivered, out: Outcome) -> Outcome:
+        out.ack = True  # acknowledged per complete message, not per chunk
+        if seq != self.expected:
+            self.complete[seq] = msg
+            return out
+        out.ready.append(msg)
+        self.expected += 1
+        while self.expected in self.complete:
+            out.ready.append(self.complete.pop(self.expected))
+            self.expected += 1
+        return out

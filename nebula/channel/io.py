@@ -1,0 +1,403 @@
+"""The one thread of an Endpoint that touches its ZeroMQ socket: sends by lane priority, receives, acknowledges,
+resends, and drives each channel's delivery state (`nebula.channel.delivery`) and the shared-memory arena."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from nebula.channel.arena import SHM_WAIT_S, ArenaClient, Region
+from nebula.channel.connection import connect, handshake_failure, silent_switch
+from nebula.channel.delivery import Delivered, OutMessage, Receiver, Sender
+from nebula.channel.errors import ChannelError
+from nebula.channel.outlet import Outlet
+from nebula.config.worker import WorkerConfig
+from nebula.wire import ChannelKey, Dispatcher, FrameType, WireError, decode_frame, encode_frame
+from nebula.wire.shm import SHM_TAG
+
+__all__ = ["HEARTBEAT_S", "SWITCH_SILENT_S", "Inbox", "IOThread"]
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 1.0  # HELLO (and the switch's WELCOME answer) this often
+SWITCH_SILENT_S = 5.0  # no WELCOME for this long: our own switch is unreachable
+
+
+@dataclass(eq=False)
+class Inbox:
+    """What a channel's application side and the I/O thread share: delivered messages and refusals."""
+
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    ready: deque[Delivered] = field(default_factory=deque)
+    errors: deque[BaseException] = field(default_factory=deque)
+
+
+class ChannelKeys(Protocol):
+    """What the I/O thread needs of a channel: its two stream keys."""
+
+    tx_key: ChannelKey
+    rx_key: ChannelKey
+
+
+class IOThread:
+    """Owns the socket and its outlet (the lanes), every channel's Sender and Receiver, and the arena client."""
+
+    def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int) -> None:
+        self.cfg, self.job, self.rank, self.window_bytes = cfg, job, rank, window_bytes
+        self.ctx, self.sock, self.monitor, self.address, self.transport = connect(cfg)
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        self.cmds: deque = deque()
+        self.tx: dict[int, Sender] = {}
+        self.rx: dict[int, Receiver] = {}
+        self.inboxes: dict[int, Inbox] = {}  # by rx channel id
+        self.tx_inboxes: dict[int, Inbox] = {}  # by tx channel id
+        self.dirty: set[int] = set()  # rx channels that owe an ACK
+        self.welcome = threading.Event()
+        self.boot = 0
+        self.peers: dict[str, dict] = {}
+        self.last_welcome = 0.0
+        self.chunk_bytes = 256 * 1024
+        self.max_message_bytes = 1 << 62
+        self.fatal: BaseException | None = None
+        self.refusal: BaseException | None = None
+        self.running = True
+        self.thread = threading.Thread(target=self._run, name=f"nebula-channel-{job}-{rank}", daemon=True)
+        self.shm = ArenaClient(cfg.shared_memory and self.transport == "ipc")
+        self.out = Outlet(self.sock, self.shm)
+        self.hello_head = self._hello()
+        self.resend_after_welcome = False
+        self.on_frame = Dispatcher("a worker's connection to its switch", {
+            FrameType.DATA: self._on_data, FrameType.ACK: self._on_ack, FrameType.WELCOME: self._on_welcome,
+            FrameType.ERROR: self._on_error, FrameType.SHM_RELEASE: self._on_shm_release})
+
+    def _hello(self) -> bytes:
+        cfg = self.cfg
+        meta = {"job": self.job, "rank": self.rank, "account": cfg.account, "name": cfg.name}
+        if self.shm.wanted:
+            meta["shm"] = self.shm.token
+        return encode_frame(FrameType.HELLO, meta)
+
+    # ---- called from application threads ----
+    def start(self) -> None:
+        """Start the thread."""
+        self.thread.start()
+
+    def wait_welcome(self, timeout_s: float) -> None:
+        """Block until the switch welcomed us; ChannelError naming the likely cause if it does not."""
+        if not self.welcome.wait(timeout_s):
+            raise self.fatal or self.refusal or silent_switch(self.address, self.transport, timeout_s)
+        if self.fatal is not None:
+            raise self.fatal
+
+    def register(self, ch: ChannelKeys) -> Inbox:
+        """Open a channel's streams; returns the inbox its application side reads."""
+        inbox = Inbox()
+        self._command("channel", ch, inbox)
+        return inbox
+
+    def submit(self, ch: ChannelKeys, msg: OutMessage) -> None:
+        """Queue a message on the channel's sending stream."""
+        self._command("send", ch.tx_key.id, msg)
+
+    def consumed(self, ch: ChannelKeys) -> None:
+        """The application took a message off the channel's receiving stream."""
+        self._command("consumed", ch.rx_key.id, None)
+
+    def _command(self, kind: str, a: Any, b: Any) -> None:
+        self.cmds.append((kind, a, b))
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"x")
+        except BlockingIOError:  # pragma: no cover - the pipe is full, the thread is awake anyway
+            pass
+
+    def unreachable(self, cluster: str) -> str | None:
+        """Why `cluster` cannot be reached now, or None if its link is up."""
+        if time.monotonic() - self.last_welcome > SWITCH_SILENT_S:
+            return f"our switch at {self.address} has not answered for {time.monotonic() - self.last_welcome:.0f} s"
+        if cluster == self.cfg.cluster:
+            return None
+        st = self.peers.get(cluster)
+        if st is None:
+            return f"cluster {cluster!r} is not a peer of our switch (peers: {', '.join(self.peers) or 'none'})"
+        if not st.get("up"):
+            return f"the link to cluster {cluster!r} is down since {time.ctime(st.get('down_since', 0))}"
+        return None
+
+    def wait_drained(self, timeout_s: float) -> bool:
+        """Wait until every message sent so far is acknowledged; False on timeout or a stopped thread."""
+        deadline = time.monotonic() + timeout_s
+        while self.thread.is_alive():
+            if not self.cmds and all(t.idle for t in list(self.tx.values())):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return False
+
+    def stop(self) -> None:
+        """Stop the thread (it says BYE to the switch) and wake every reader."""
+        self.running = False
+        self._wake()
+        self.thread.join(5.0)
+        for inbox in list(self.inboxes.values()) + list(self.tx_inboxes.values()):
+            with inbox.cond:
+                inbox.cond.notify_all()
+
+    # ---- the I/O thread ----
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as exc:  # pragma: no cover - last resort: make the failure visible to callers
+            log.exception("channel I/O thread failed")
+            self.fatal = ChannelError(f"channel I/O thread failed: {exc!r}")
+            self.welcome.set()
+        finally:
+            try:  # free our rank at the switch now, so a new endpoint of this process can take it at once
+                self.sock.send(encode_frame(FrameType.BYE), zmq.NOBLOCK)
+                self.sock.linger = 500
+            except zmq.ZMQError:
+                pass
+            self.monitor.close(0)
+            self.sock.close()
+            self.ctx.term()
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+
+    def _loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.wake_r, zmq.POLLIN)
+        poller.register(self.monitor, zmq.POLLIN)
+        sock_events = zmq.POLLIN
+        next_hello = 0.0
+        next_check = time.monotonic() + 1.0
+        shm = self.shm
+        while self.running:
+            now = time.monotonic()
+            if now >= next_hello:
+                self.out.send_now(self.hello_head, b"")
+                next_hello = now + HEARTBEAT_S
+            if now >= next_check:
+                self._check_timeouts(now)
+                next_check = now + 0.5
+            want = zmq.POLLIN | (zmq.POLLOUT if self.out.pending else 0)
+            if want != sock_events:
+                poller.modify(self.sock, want)
+                sock_events = want
+            until = min(next_hello, next_check)
+            if shm.release_due is not None:
+                until = min(until, shm.release_due)
+            if shm.waiting and shm.full_since is not None:
+                until = min(until, shm.full_since + SHM_WAIT_S)
+            events = dict(poller.poll(max(0.0, until - time.monotonic()) * 1000))
+            if self.wake_r in events:
+                try:
+                    while os.read(self.wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            if self.monitor in events:
+                self._on_monitor()
+            self._do_cmds()
+            self._recv_all()
+            self._flush_acks()
+            for head in shm.release_frames():
+                self.out.control(head)
+            self.out.drain()
+
+    def _on_monitor(self) -> None:
+        while True:
+            try:
+                ev = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            err = handshake_failure(ev, self.cfg, self.address, self.transport)
+            if err is not None:
+                self.fatal = err
+                self.welcome.set()
+
+    def _do_cmds(self) -> None:
+        while self.cmds:
+            kind, a, b = self.cmds.popleft()
+            if kind == "send":
+                tx = self.tx[a]
+                self._queue(tx, tx.submit(b))
+            elif kind == "consumed":
+                self.rx[a].consume()
+                self.dirty.add(a)
+            elif kind == "channel":
+                ch, inbox = a, b
+                if ch.tx_key.id not in self.tx:
+                    self.tx[ch.tx_key.id] = Sender(ch.tx_key, self.window_bytes)
+                self.tx_inboxes[ch.tx_key.id] = inbox
+                if ch.rx_key.id not in self.rx:
+                    self.rx[ch.rx_key.id] = Receiver(ch.rx_key)
+                old = self.inboxes.get(ch.rx_key.id)
+                if old is not None:  # messages that arrived before the application opened the channel
+                    with old.cond:
+                        inbox.ready.extend(old.ready)
+                        inbox.errors.extend(old.errors)
+                self.inboxes[ch.rx_key.id] = inbox
+
+    # sending
+    def _queue(self, tx: Sender, msgs: list[OutMessage]) -> None:
+        now = time.monotonic()
+        for msg in msgs:
+            self.out.push(msg.lane, tx.frames(msg, self.chunk_bytes, now))
+
+    def _resend(self, tx: Sender, why: str) -> None:
+        msgs = tx.resendable()
+        if msgs:
+            self._queue(tx, msgs)
+            log.info("resending %d messages on %s (%s)", len(msgs), tx.key.name, why)
+
+    def _check_timeouts(self, now: float) -> None:
+        for tx in self.tx.values():
+            for msg in tx.timed_out(now):
+                log.info("no acknowledgement of %s #%d for %.0f s: sending it again", tx.key.name, msg.seq,
+                         now - msg.progress)
+                self._queue(tx, [msg])
+
+    # receiving
+    def _recv_all(self) -> None:
+        sock, shm = self.sock, self.shm
+        while True:
+            try:
+                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            region = None
+            if len(parts) == 3 and parts[1].bytes == SHM_TAG:
+                try:
+                    payload, region = shm.payload(parts[2].buffer)
+                except WireError as exc:
+                    log.warning("switch sent a bad shared-memory descriptor (%s); ignored", exc)
+                    continue
+            elif len(parts) in (1, 2):
+                payload = parts[1].buffer if len(parts) == 2 else b""
+            else:
+                log.warning("switch sent a message of %d parts; ignored", len(parts))
+                continue
+            try:
+                frame = decode_frame(parts[0].buffer, payload)
+            except WireError as exc:
+                log.warning("switch sent a malformed frame (%s); ignored", exc)
+                shm.release(region)
+                continue
+            try:
+                self.on_frame(frame, payload, region)
+            except WireError as exc:  # a frame type workers do not take
+                log.warning("switch sent a frame this worker does not take (%s); ignored", exc)
+                shm.release(region)
+
+    def _on_shm_release(self, frame: Any, *_: Any) -> None:
+        self.shm.on_release(frame.meta)
+
+    def _on_welcome(self, frame: Any, *_: Any) -> None:
+        meta = frame.meta
+        first = not self.welcome.is_set()
+        self.last_welcome = time.monotonic()
+        if self.shm.wanted and "shm" in meta and self.shm.take(meta["shm"]):
+            self.hello_head = self._hello()
+            self.out.send_now(self.hello_head, b"")  # tells the switch we mapped it, so it may send downwards through it
+        self.chunk_bytes = meta["chunk_bytes"]
+        self.max_message_bytes = meta["max_message_bytes"]
+        restarted = self.boot not in (0, meta["boot"])
+        self.boot = meta["boot"]
+        old_peers, self.peers = self.peers, meta["peers"]
+        for tx in self.tx.values():
+            c = tx.key.dst_cluster
+            before = old_peers.get(c, {}).get("epoch", 0)
+            after = self.peers.get(c, {}).get("epoch", 0)
+            if restarted or self.resend_after_welcome:
+                self._resend(tx, "our switch restarted")
+            elif before not in (0, after):
+                self._resend(tx, f"the switch of {c} restarted")
+        self.resend_after_welcome = False
+        if restarted:
+            self.dirty.update(self.rx)
+        if first:
+            self.welcome.set()
+
+    def _on_error(self, frame: Any, *_: Any) -> None:
+        code, message = frame.meta["code"], frame.meta["message"]
+        if code == "no_hello":
+            # our switch restarted and does not know us yet: introduce ourselves and resend after its welcome
+            self.out.send_now(self.hello_head, b"")
+            self.resend_after_welcome = True
+            return
+        ch = frame.meta.get("channel")
+        err = ChannelError(f"{code}: {message}")
+        if ch is None:
+            log.warning("switch refused a frame: %s: %s", code, message)
+            if code == "rank_taken":
+                # retried by the heartbeat: the other connection may be a dead predecessor of this process
+                self.refusal = err
+            elif not self.welcome.is_set():
+                self.fatal = err
+                self.welcome.set()
+            return
+        key = ChannelKey.from_meta(ch)
+        tx = self.tx.get(key.id)
+        if tx is None:
+            log.warning("switch refused a frame of channel %s: %s: %s", key.name, code, message)
+            return
+        self._queue(tx, tx.on_refused(frame.header.seq, err))
+        inbox = self.tx_inboxes.get(key.id)
+        if inbox is not None:
+            with inbox.cond:
+                inbox.errors.append(err)
+                inbox.cond.notify_all()
+
+    def _on_ack(self, frame: Any, *_: Any) -> None:
+        tx = self.tx.get(frame.header.channel_id)
+        if tx is not None:
+            self._queue(tx, tx.on_ack(frame.header.seq, frame.meta["consumed"], time.monotonic()))
+
+    def _on_data(self, frame: Any, payload: Any, region: Region | None) -> None:
+        h = frame.header
+        rx = self.rx.get(h.channel_id)
+        if rx is None:
+            key = frame.key()
+            if key.dst_rank != self.rank or key.dst_cluster != self.cfg.cluster or key.job != self.job:
+                log.warning("dropping a frame addressed to %s", key)
+                self.shm.release(region)
+                return
+            rx = self.rx[h.channel_id] = Receiver(key)
+            self.inboxes.setdefault(h.channel_id, Inbox())
+        out = rx.on_chunk(h, payload, frame.meta.get("parts"), self.max_message_bytes, region)
+        for r in out.release:
+            self.shm.release(r)
+        if out.ack:
+            self.dirty.add(h.channel_id)
+        if out.refused is not None:
+            log.warning("%s", out.refused)
+        if out.ready:
+            inbox = self.inboxes[h.channel_id]
+            with inbox.cond:
+                inbox.ready.extend(out.ready)
+                inbox.cond.notify_all()
+
+    def _flush_acks(self) -> None:
+        if not self.dirty:
+            return
+        for cid in self.dirty:
+            rx = self.rx.get(cid)
+            if rx is None:
+                continue
+            recv_seq, consumed = rx.ack_state()
+            head = encode_frame(FrameType.ACK, {**rx.key.to_meta(), "consumed": consumed}, channel_id=cid,
+                                seq=recv_seq)
+            self.out.control(head)
+        self.dirty.clear()

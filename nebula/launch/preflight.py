@@ -1,0 +1,59 @@
+"""Job preflight: what a YAML schema cannot check (recipe stages, switch files, hot-start checkpoint), before any process starts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from nebula.config._schema import ConfigError
+from nebula.config.job import JobConfig
+from nebula.config.worker import load_worker_config
+
+__all__ = ["validate_job"]
+
+
+def validate_job(cfg: JobConfig, cluster: str | None = None) -> list[str]:
+    """Check what a YAML schema cannot before any process starts; raise ConfigError, return the recipe's stages.
+
+    Checks (codec specs are already checked on load): the recipe imports and its stages are exactly the configured ones, every cluster taking
+    part in an inter-cluster job has a switch (an existing worker.yaml for that cluster), and `cluster` (if given)
+    is one of the job's clusters.
+    """
+    if cluster is not None:
+        ids = [c for c, _ in cfg.segments]
+        if cluster not in ids:
+            raise ConfigError(f"cluster {cluster!r} runs no stage of job {cfg.job!r}; stages run on {', '.join(ids)}")
+    if cfg.inter_cluster:
+        for cid, _ in cfg.segments:
+            c = cfg.cluster(cid)
+            if not c.worker:
+                raise ConfigError(f"cluster {cid!r} has no switch: set clusters[{cid}].worker to its worker.yaml "
+                                  "(written by nebula-admin provision)")
+            if not Path(c.worker).is_file():
+                raise ConfigError(f"cluster {cid!r}: switch connection file {c.worker} does not exist; run "
+                                  "nebula-admin provision or fix clusters[].worker")
+            _check_worker_file(c.worker, cid)
+    if cfg.checkpoint.init_from:
+        from nebula.pipeline.checkpoint import checkpoint_step  # late: pipeline imports paddle
+
+        try:
+            checkpoint_step(cfg.checkpoint.init_from)
+        except (FileNotFoundError, ValueError, KeyError) as exc:
+            raise ConfigError(f"checkpoint.init_from: {exc}") from exc
+    from nebula.pipeline.stage import load_recipe  # late: pipeline imports paddle
+
+    recipe = load_recipe(cfg.recipe)
+    names = list(recipe.stage_names)
+    got = [s.name for s in cfg.stages]
+    if got != names:
+        raise ConfigError(f"stages {got} do not fit the model of recipe {cfg.recipe.factory}: it has stages {names} "
+                          "(in this order); list each exactly once")
+    return names
+
+
+def _check_worker_file(path: str, cluster: str) -> None:
+    try:
+        w = load_worker_config(path)
+    except Exception as exc:  # noqa: BLE001
+        raise ConfigError(f"cluster {cluster!r}: {exc}") from exc
+    if w.cluster != cluster:
+        raise ConfigError(f"cluster {cluster!r}: worker file {path} belongs to cluster {w.cluster!r}; point "
+                          f"clusters[{cluster}].worker at {cluster}'s worker.yaml")

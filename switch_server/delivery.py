@@ -1,0 +1,175 @@
+"""Frames on their way to local workers: an outbox per worker connection, frames held for ranks not yet connected,
+and the hand-over to ZeroMQ by lane priority (payloads through the worker's shared-memory arena when it has one)."""
+from __future__ import annotations
+
+__all__ = ["PENDING_TTL_S", "Delivery", "Outbox", "Queued"]
+
+import asyncio
+import time
+from typing import Any, Callable, NamedTuple
+
+import zmq
+
+from nebula.wire import FrameType, Lane, LaneQueues, encode_frame
+from nebula.wire.shm import SHM_MIN_BYTES, SHM_TAG, pack_desc
+from switch_server.host import Host, Origin
+from switch_server.localshm import WorkerShm
+
+PENDING_TTL_S = 30.0
+
+Address = tuple[str, str, int]  # (account, job, rank)
+
+
+class Queued(NamedTuple):
+    """A frame waiting for a local worker."""
+
+    head: bytes
+    payload: Any
+    origin: Origin | None  # told when the frame leaves (a peer session then grants credit)
+    data: bool  # a relayed frame, charged to the memory budget (not a control frame of ours for one connection)
+
+
+class Outbox:
+    """Frames waiting to be handed to one local worker (or to a rank not yet connected)."""
+
+    __slots__ = ("lanes", "since", "retry")
+
+    def __init__(self) -> None:
+        self.lanes = LaneQueues()
+        self.since = time.monotonic()
+        self.retry: asyncio.TimerHandle | None = None
+
+
+class Delivery:
+    """Queues towards the local workers; `sock` is the ROUTER's synchronous view once the local side is bound."""
+
+    def __init__(self, host: Host, shm_of: Callable[[bytes], WorkerShm | None], gone: Callable[[bytes], None],
+                 kick: Callable[[], None]) -> None:
+        self.host = host
+        self.sock: zmq.Socket | None = None
+        self.outboxes: dict[bytes, Outbox] = {}
+        self.pending: dict[Address, Outbox] = {}
+        self._shm_of = shm_of  # the ready arena of a connection, if any
+        self._gone = gone  # a connection turned out to be closed
+        self._kick = kick  # a send may have eaten the socket's readable edge
+
+    def send_control(self, ident: bytes, ftype: FrameType, meta: dict, seq: int = 0) -> None:
+        """Queue a control frame for one worker connection."""
+        head = encode_frame(ftype, meta, seq=seq)
+        box = self.outboxes.setdefault(ident, Outbox())
+        box.lanes.push(Lane.CONTROL, Queued(head, b"", None, False), len(head))
+        self.flush(ident)
+
+    def deliver(self, addr: Address, ident: bytes | None, lane: Lane, head: bytes, payload: Any,
+                origin: Origin | None) -> None:
+        """Queue a frame for the worker at `addr` (connection `ident`, None if that rank has not said hello:
+        then it is held for it until PENDING_TTL_S)."""
+        n = len(head) + len(payload)
+        self.host.budget.charge(n, hold=False)  # (senders are held back by credit and the link's own queue)
+        entry = Queued(head, payload, origin, True)
+        if ident is None:
+            box = self.pending.get(addr)
+            if box is None:
+                box = self.pending[addr] = Outbox()
+            box.lanes.push(lane, entry, n)
+            return
+        box = self.outboxes.get(ident)
+        if box is None:
+            box = self.outboxes[ident] = Outbox()
+        box.lanes.push(lane, entry, n)
+        self.flush(ident)
+
+    def adopt(self, addr: Address, ident: bytes) -> None:
+        """A connection took the rank at `addr`: frames held for that rank are now its own."""
+        box = self.pending.pop(addr, None)
+        if box is not None:
+            mine = self.outboxes.setdefault(ident, Outbox())
+            while (item := box.lanes.pop()) is not None:
+                mine.lanes.push(*item)
+
+    def drop(self, ident: bytes, addr: Address | None) -> None:
+        """A connection is gone: keep its relayed frames for the rank's next connection (`addr`; it gets them
+        without a resend), release the rest."""
+        box = self.outboxes.pop(ident, None)
+        if box is None:
+            return
+        if box.retry is not None:
+            box.retry.cancel()
+        if addr is not None and box.lanes:
+            held = self.pending.setdefault(addr, Outbox())
+            while (item := box.lanes.pop()) is not None:
+                lane, entry, n = item
+                if entry.data:  # not a control frame meant for the old connection
+                    held.lanes.push(lane, entry, n)
+                else:
+                    self._release(entry)
+        else:
+            for entry in box.lanes.clear():
+                self._release(entry)
+
+    def sweep(self) -> None:
+        """Drop frames held for ranks that never said hello."""
+        now = time.monotonic()
+        for addr, box in list(self.pending.items()):
+            if now - box.since > PENDING_TTL_S:
+                for entry in box.lanes.clear():
+                    self._release(entry)
+                del self.pending[addr]
+
+    def _release(self, entry: Queued) -> None:
+        n = len(entry.head) + len(entry.payload)
+        if entry.data:
+            self.host.budget.release(n)
+        if entry.origin is not None:
+            entry.origin.release(n)
+
+    def flush(self, ident: bytes) -> None:
+        """Hand queued frames to ZeroMQ by priority until its per-worker queue is full."""
+        self._flush(ident)
+        self._kick()
+
+    def _flush(self, ident: bytes) -> None:
+        box = self.outboxes.get(ident)
+        if box is None or self.sock is None:
+            return
+        if box.retry is not None:
+            box.retry.cancel()
+            box.retry = None
+        sock = self.sock
+        metrics = self.host.metrics
+        shm = self._shm_of(ident)
+        while True:
+            item = box.lanes.pop()
+            if item is None:
+                break
+            lane, entry, n = item
+            head, payload = entry.head, entry.payload
+            off = None
+            if shm is not None and entry.data and len(payload) >= SHM_MIN_BYTES:
+                off = shm.down.alloc(len(payload))  # (None when the worker still holds too much: inline then)
+            if off is not None:
+                shm.arena.down[off : off + len(payload)] = payload
+                parts = [ident, head, SHM_TAG, pack_desc(shm.arena.token, off, len(payload))]
+            else:
+                parts = [ident, head, payload] if payload else [ident, head]
+            try:
+                sock.send_multipart(parts, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                if off is not None:
+                    shm.down.free(off)
+                box.lanes.push_front(lane, entry, n)
+                box.retry = asyncio.get_running_loop().call_later(0.001, self.flush, ident)
+                return
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EHOSTUNREACH:  # the worker went away; its frames will be retransmitted end to end
+                    if off is not None:
+                        shm.down.free(off)
+                    box.lanes.push_front(lane, entry, n)
+                    self._gone(ident)
+                    return
+                raise
+            if payload:
+                metrics.count("local", lane, "out", n)
+                if off is not None:
+                    metrics.shm_bytes["out"] += len(payload)
+            self._release(entry)

@@ -1,0 +1,90 @@
+"""The switch's side of its workers' shared-memory arenas (`nebula.wire.shm`): upward payloads handed back once
+nothing here refers to them, in batches; downward regions allocated for the worker."""
+from __future__ import annotations
+
+__all__ = ["ShmReleases", "WorkerShm"]
+
+import asyncio
+import os
+import weakref
+from typing import Callable
+
+import numpy as np
+
+from nebula.wire.shm import RELEASE_DELAY_S, Arena, ReleaseBatch, Ring, read_desc
+
+
+class WorkerShm:
+    """One worker connection's arena: releases its upward regions, allocates downward regions for it."""
+
+    def __init__(self, ident: bytes, half: int, on_release: Callable[[WorkerShm, bool], None]) -> None:
+        self.ident = ident  # the connection it belongs to
+        self.arena = Arena.create(half)
+        self.down = Ring(half)
+        self.ready = False  # the worker has mapped it: downward payloads may use it
+        self.closed = False
+        self.releases = ReleaseBatch(half)
+        self._on_release = on_release
+
+    def offer(self) -> dict[str, int]:
+        """WELCOME's description of the arena, for the worker to map it."""
+        return {"pid": os.getpid(), "fd": self.arena.fd, "token": self.arena.token, "bytes": self.arena.half}
+
+    def up_payload(self, desc: memoryview) -> memoryview | None:
+        """The worker's payload a descriptor names (None if it names an arena this connection no longer has;
+        WireError if unsound). The region goes back to the worker when the last view of it is gone (the link's
+        retransmit buffer, a queue, a failed route: wherever it was last held)."""
+        found = read_desc(desc, self.arena, self.arena.up)
+        if found is None:
+            return None
+        off, region = found
+        arr = np.frombuffer(region, dtype=np.uint8)
+        weakref.finalize(arr, self._released, off, len(region)).atexit = False
+        return memoryview(arr)
+
+    def _released(self, off: int, n: int) -> None:
+        self._on_release(self, self.releases.add(off, n))
+
+    def close(self) -> None:
+        """The connection is gone: its arena goes with the last view of it."""
+        self.closed = True
+        self.arena.close_fd()
+
+
+class ShmReleases:
+    """Sends the regions that arenas released back to their workers: at once when `release_now` says so, else
+    RELEASE_DELAY_S after the first one."""
+
+    def __init__(self, send: Callable[[bytes, dict], None]) -> None:
+        self._send = send  # (connection identity, SHM_RELEASE meta)
+        self._waiting: set[WorkerShm] = set()
+        self._timer: asyncio.TimerHandle | None = None
+        self._soon = False
+
+    def released(self, shm: WorkerShm, now: bool) -> None:
+        """An upward region of `shm` is free (called as its last view goes)."""
+        self._waiting.add(shm)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # shutting down: the arena goes with the process
+            return
+        if now:
+            if not self._soon:
+                self._soon = True
+                loop.call_soon(self.flush)
+        elif self._timer is None:
+            self._timer = loop.call_later(RELEASE_DELAY_S, self.flush)
+
+    def flush(self) -> None:
+        """Send every waiting release."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._soon = False
+        for shm in self._waiting:
+            metas = shm.releases.take(shm.arena.token)
+            if shm.closed:  # the connection is gone, and its arena with it
+                continue
+            for meta in metas:
+                self._send(shm.ident, meta)
+        self._waiting.clear()

@@ -1,0 +1,64 @@
+"""The switch's status snapshot: links, sessions, queues and throughput, written to `status.json` for
+`nebula-switch status`."""
+from __future__ import annotations
+
+__all__ = ["STATUS_FILE", "status_path", "switch_status"]
+
+import datetime as dt
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from nebula.config import SwitchConfig
+from switch_server.state import state_dir
+
+STATUS_FILE = "status.json"
+
+
+def status_path(cfg: SwitchConfig) -> Path:
+    """Where a running switch with config `cfg` writes its status."""
+    return state_dir(cfg) / STATUS_FILE
+
+
+def switch_status(server: Any, prev: dict[str, Any]) -> dict[str, Any]:
+    """Snapshot of `server` (a SwitchServer); rates are measured since the snapshot `prev`."""
+    now = time.time()
+    dt_s = max(1e-3, now - prev.get("time", now - 1))
+    links = {}
+    for c, link in server.links.items():
+        before = prev.get("links", {}).get(c, {}).get("bytes_out", link.bytes_out)
+        links[c] = {
+            "address": link.address,
+            "up": link.up,
+            "peer_epoch": link.peer_epoch,
+            "rtt_ms": None if link.rtt_s is None else round(link.rtt_s * 1000, 3),
+            "queued_bytes": link.queued_bytes(),
+            "unacked_bytes": link.rtx_bytes,
+            "bytes_out": link.bytes_out,
+            "mbit_out": round((link.bytes_out - before) * 8 / dt_s / 1e6, 3),
+            "last_error": link.last_error,
+        }
+    sessions = {}
+    for c, s in server.sessions.items():
+        before = prev.get("sessions", {}).get(c, {}).get("bytes_in", s.bytes_in)
+        sessions[c] = {"bytes_in": s.bytes_in, "mbit_in": round((s.bytes_in - before) * 8 / dt_s / 1e6, 3)}
+    local = server.local
+    return {
+        "time": now,
+        "cluster": server.cfg.cluster,
+        "epoch": server.epoch,
+        "pid": os.getpid(),
+        "wan": server.wan_address,
+        "local": local.endpoint,
+        "local_ipc": server.cfg.local.ipc_endpoint,
+        "metrics": server.metrics_address,
+        "workers": len(local.by_ident),
+        # workers whose payloads go through shared memory, and the bytes that did (nebula.wire.shm)
+        "shm_workers": sum(1 for r in local.by_ident.values() if r.shm is not None and r.shm.ready),
+        "shm_bytes": dict(server.metrics.shm_bytes),
+        "queued_bytes": server.budget.used,
+        "links": links,
+        "sessions": sessions,
+        "certificate_expires": dt.datetime.fromtimestamp(server.trust.cert_not_after, dt.timezone.utc).isoformat(),
+    }

@@ -1,0 +1,79 @@
+"""A hostile peer switch for tests: an ordinary TLS client with a real provisioned certificate that speaks the wire
+format directly (LINK_HELLO, then whatever frames it likes)."""
+from __future__ import annotations
+
+import socket
+import ssl
+from pathlib import Path
+
+import yaml
+
+from nebula.config import split_host_port
+from nebula.wire import HEADER_BYTES, ChannelKey, Frame, FrameType, Lane, decode_frame, encode_frame, relink, unpack_header
+
+
+class RawPeer:
+    """TLS connection to a switch's WAN listener, authenticated as the switch of the cluster whose switch.yaml
+    is given (its certificate and key)."""
+
+    def __init__(self, wan: str, switch_yaml: str | Path, timeout_s: float = 10.0) -> None:
+        cfg = yaml.safe_load(Path(switch_yaml).read_text())
+        base = Path(switch_yaml).parent
+        tls = cfg["tls"]
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.load_verify_locations(str(base / tls["ca"]))
+        ctx.load_cert_chain(str(base / tls["cert"]), str(base / tls["key"]))
+        self.cluster = cfg["cluster"]
+        raw = socket.create_connection(split_host_port(wan), timeout=timeout_s)
+        self.sock = ctx.wrap_socket(raw)
+        self.link_seq = 0
+
+    def hello(self, epoch: int = 1) -> dict:
+        """LINK_HELLO as our cluster; return the LINK_WELCOME meta."""
+        self.send(encode_frame(FrameType.LINK_HELLO, {"cluster": self.cluster, "epoch": epoch}))
+        frame = self.read()
+        assert frame.type == FrameType.LINK_WELCOME, frame
+        self.link_seq = frame.meta["resume"]
+        return frame.meta
+
+    def send(self, head: bytes, payload: bytes = b"") -> None:
+        self.sock.sendall(head + payload)
+
+    def data(self, key: ChannelKey, payload: bytes, seq: int = 1) -> None:
+        """One single-chunk DATA message on `key`, numbered as the next frame of this link."""
+        self.link_seq += 1
+        head = encode_frame(FrameType.DATA, key.to_meta(), payload, lane=Lane.ACTIVATION, channel_id=key.id, seq=seq)
+        self.send(relink(head, self.link_seq), payload)
+
+    def read(self) -> Frame:
+        """The next frame the switch sends us."""
+        head = self._exactly(HEADER_BYTES)
+        h = unpack_header(head)
+        rest = self._exactly(h.meta_len + h.payload_len)
+        return decode_frame(head + rest[: h.meta_len], rest[h.meta_len :])
+
+    def read_until(self, ftype: FrameType, limit: int = 1000) -> Frame:
+        """The next frame of type `ftype` (others are skipped)."""
+        for _ in range(limit):
+            f = self.read()
+            if f.type == ftype:
+                return f
+        raise AssertionError(f"no {ftype.name} frame in {limit} frames")
+
+    def _exactly(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("switch closed the connection")
+            buf += chunk
+        return bytes(buf)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+

@@ -1,0 +1,44 @@
+"""A receiving worker bounds what a frame from the wire claims (chunk count, length) by its configured maximum,
+through two real switch servers: a hostile worker's forged frame is refused in its place and the stream goes on."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nebula.channel import ChannelError, Endpoint
+from nebula.wire import ChannelKey, FrameType, encode_frame
+from tests.switch.conftest import edit_yaml, start_switch, worker_yaml
+from tests.switch.test_relay import _raw_worker
+
+B_MAX = 8 * 1024**2
+
+
+def test_forged_chunk_count_is_refused_by_the_receiver_naming_channel_and_limit(procs, federation):
+    fed = federation
+    # A relays messages up to its own limit (4 GiB by default); B's workers accept at most B_MAX
+    edit_yaml(Path(fed["clusters"]["B"]["switch_yaml"]),
+              lambda d: d.setdefault("link", {}).update(max_message_bytes=B_MAX))
+    start_switch(procs, Path(fed["clusters"]["A"]["switch_yaml"]))
+    start_switch(procs, Path(fed["clusters"]["B"]["switch_yaml"]))
+    s = _raw_worker(fed, "A")
+    try:
+        with Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
+            ch = eb.channel("A", 5, "raw")
+            s.send(encode_frame(FrameType.HELLO, {"job": "j", "rank": 5, "account": "nebula", "name": "worker"}))
+            key = ChannelKey("j", "nebula", "A", 5, "B", 0, "raw")
+            # one 10-byte chunk claiming to be the first of 2^31 chunks of a 1 GiB message: a receiver that sized
+            # its reassembly by the header would allocate 16 GiB of slots
+            s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"y" * 10, channel_id=key.id, seq=1,
+                                           chunk_count=1 << 31, total_len=1 << 30), b"y" * 10])
+            s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"after", channel_id=key.id, seq=2),
+                              b"after"])
+            with pytest.raises(ChannelError, match=rf"message #1 on channel 'raw' from A/5 .*1073741824 bytes.*"
+                                                   rf"link.max_message_bytes={B_MAX}.*split"):
+                ch.recv(timeout_s=30)
+            assert ch.recv(timeout_s=30) == b"after"  # the stream goes on after the refused message
+            with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=1) as ea:  # and B serves everyone else
+                ea.channel("B", 0, "ok").send(b"still fine")
+                assert eb.channel("A", 1, "ok").recv(timeout_s=30) == b"still fine"
+    finally:
+        s.close(0)
