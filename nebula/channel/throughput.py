@@ -11,16 +11,19 @@ class ThroughputMeter:
 
     Deliveries whose [sent, acknowledged] intervals overlap form one busy period; a period that carried at least
     `min_bytes` gives one sample, bytes / (duration - latency), where latency is the shortest delivery seen (what
-    a message costs beyond its bytes: the round trip and the acknowledgement delay). Samples are smoothed with an
-    exponential moving average of weight `alpha`. Thread-safe: the channel's I/O thread records, others read.
+    a message costs beyond its bytes: the round trip and the acknowledgement delay). A period is cut once it spans
+    `window_s`, so a link that never idles still yields samples. Samples are smoothed with an exponential moving
+    average of weight `alpha`. Thread-safe: the channel's I/O thread records, others read.
     """
 
-    def __init__(self, *, alpha: float = 0.3, min_bytes: int = 16384) -> None:
+    def __init__(self, *, alpha: float = 0.3, min_bytes: int = 16384, window_s: float = 0.5) -> None:
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha={alpha!r} must be in (0, 1]; 1 keeps only the latest busy period")
         if min_bytes < 1:
             raise ValueError(f"min_bytes={min_bytes!r} must be >= 1")
-        self.alpha, self.min_bytes = alpha, min_bytes
+        if not window_s > 0:
+            raise ValueError(f"window_s={window_s!r} must be > 0 seconds")
+        self.alpha, self.min_bytes, self.window_s = alpha, min_bytes, window_s
         self._lock = threading.Lock()
         self._latency: float | None = None
         self._period: list[float] | None = None  # [start, end, bytes] of the busy period being filled
@@ -38,6 +41,9 @@ class ThroughputMeter:
             if p is not None and sent_at <= p[1]:
                 p[1] = max(p[1], acked_at)
                 p[2] += nbytes
+                if p[1] - p[0] >= self.window_s and p[2] >= self.min_bytes:
+                    self._close(p)
+                    self._period = None
                 return
             if p is not None:
                 self._close(p)

@@ -39,7 +39,7 @@ class Boundary:
         out_lane = "activation" if side == "upstream" else "gradient"
         self.outbox = Outbox(out_link, out_lane, self.stats)
         self.mailbox = Mailbox(in_link, self.stats, peer_timeout_s=peer_timeout_s,
-                               what="gradient" if side == "upstream" else "activation")
+                               what="gradient" if side == "upstream" else "activation", like="paddle")
         self.ctl_out = Outbox(ctl, "control", self.stats)
         self.ctl_in = Mailbox(ctl, self.stats, peer_timeout_s=peer_timeout_s, what="control message")
         self._grads_sent: set[Key] = set()

@@ -28,3 +28,13 @@ def test_estimates_are_smoothed_and_bad_input_is_refused():
     assert m.samples == 2
     with pytest.raises(ValueError, match="alpha"):
         ThroughputMeter(alpha=0)
+
+
+def test_a_link_that_never_idles_is_sampled_every_window():
+    m = ThroughputMeter(alpha=1.0, window_s=0.5)
+    m.record(100, 0.0, 0.01)
+    t = 1.0
+    for _ in range(20):  # 100 kB every 50 ms, each sent before the previous one was acknowledged
+        m.record(100_000, t, t + 0.06)
+        t += 0.05
+    assert m.samples >= 1 and m.bytes_per_s == pytest.approx(2e6, rel=0.15)
