@@ -10,8 +10,9 @@ class ThroughputMeter:
     """Estimates the bytes/s a link delivers from (bytes, first frame sent, acknowledged) of each message.
 
     Deliveries whose [sent, acknowledged] intervals overlap form one busy period; a period that carried at least
-    `min_bytes` gives one sample, bytes / (duration - latency), where latency is the shortest delivery seen (what
-    a message costs beyond its bytes: the round trip and the acknowledgement delay). A period is cut once it spans
+    `min_bytes` gives one sample, bytes / (duration - latency), where latency is the shortest delivery of a message
+    smaller than `min_bytes` (what a message costs beyond its bytes: the round trip and the acknowledgement delay;
+    0 until such a message was seen). A period is cut once it spans
     `window_s`, so a link that never idles still yields samples. Samples are smoothed with an exponential moving
     average of weight `alpha`. Thread-safe: the channel's I/O thread records, others read.
     """
@@ -36,7 +37,8 @@ class ThroughputMeter:
             return  # clock misuse: not a delivery
         with self._lock:
             took = acked_at - sent_at
-            self._latency = took if self._latency is None else min(self._latency, took)
+            if nbytes < self.min_bytes:  # a large message's delivery is mostly its transfer, not the round trip
+                self._latency = took if self._latency is None else min(self._latency, took)
             p = self._period
             if p is not None and sent_at <= p[1]:
                 p[1] = max(p[1], acked_at)
@@ -53,7 +55,7 @@ class ThroughputMeter:
         start, end, nbytes = p
         if nbytes < self.min_bytes:
             return
-        # a latency learnt only from messages as large as these would cancel their transfer time: floor at 1/8
+        # a round trip longer than the busy period would mean a stale latency: never count less than 1/8 of it
         busy = max(end - start - (self._latency or 0.0), (end - start) / 8, 1e-6)
         rate = nbytes / busy
         self._rate = rate if self._rate is None else (1 - self.alpha) * self._rate + self.alpha * rate
