@@ -10,7 +10,7 @@ class ThroughputMeter:
     """Estimates the bytes/s a link delivers from (bytes, first frame sent, acknowledged) of each message.
 
     Deliveries whose [sent, acknowledged] intervals overlap form one busy period; a period that carried at least
-    `min_bytes` gives one sample, bytes / (duration - latency), where latency is the shortest delivery of a message
+    `min_bytes` (or several smaller ones pooled) gives one sample, bytes / (duration - latency), where latency is the shortest delivery of a message
     smaller than `min_bytes` (what a message costs beyond its bytes: the round trip and the acknowledgement delay;
     0 until such a message was seen). A period is cut once it spans
     `window_s`, so a link that never idles still yields samples. Samples are smoothed with an exponential moving
@@ -28,6 +28,7 @@ class ThroughputMeter:
         self._lock = threading.Lock()
         self._latency: float | None = None
         self._period: list[float] | None = None  # [start, end, bytes] of the busy period being filled
+        self._pool = [0.0, 0.0]  # bytes and transfer seconds of ended periods not yet in a sample
         self._rate: float | None = None
         self.samples = 0
 
@@ -53,11 +54,14 @@ class ThroughputMeter:
 
     def _close(self, p: list[float]) -> None:
         start, end, nbytes = p
-        if nbytes < self.min_bytes:
+        # busy periods smaller than min_bytes (small messages with idle gaps between them) are pooled until the
+        # pool holds min_bytes: one round trip per period is taken out, so the pool holds transfer time only
+        self._pool[0] += nbytes
+        self._pool[1] += max(end - start - (self._latency or 0.0), 0.0)
+        if self._pool[0] < self.min_bytes or self._pool[1] <= 0:
             return
-        # a round trip longer than the busy period would mean a stale latency: never count less than 1/8 of it
-        busy = max(end - start - (self._latency or 0.0), (end - start) / 8, 1e-6)
-        rate = nbytes / busy
+        rate = self._pool[0] / self._pool[1]
+        self._pool = [0.0, 0.0]
         self._rate = rate if self._rate is None else (1 - self.alpha) * self._rate + self.alpha * rate
         self.samples += 1
 
