@@ -1,24 +1,31 @@
-"""Nebula-I Table 5 and Figure 10 on this machine: ABNet trained with each boundary codec pair, 60 Mbit/s link.
+"""Nebula-I Table 5 through the real system: ABNet trained across two clusters and two switch servers per codec pair.
 
-For every row (baseline; FP16+INT8; FP16(SVD(r))+INT8, r = 0.9 ... 0.2; the best codecs of nebula.compress) the
-same tiny ABNet model is trained for the same number of steps from the same seed, with the boundary tensors really
-encoded and decoded by the row's codecs (activations forward, gradients back, exactly what nebula.pipeline sends).
-Reported per row: BLEU on the test split (sacrebleu, case-insensitive), WAN bytes per step (Encoded.nbytes, which
-equals the wire size), compression ratios, and the step time at 60 Mbit/s = measured compute + measured codec time
-+ measured transfer time of that step's bytes through two real switch servers whose link shaper is set to 60 Mbit/s.
-A second table does the same communication accounting for the paper's boundary shape (batch 128 x length 64 x 768).
-Figure 10: FP16(SVD(0.6))+INT8 switched on at later steps.
+Every row is a real two-cluster job: `nebula launch` starts cluster A (encoder stage) and cluster B (decoder stage)
+with their ranks in `paddle.distributed.launch` process groups; activations and gradients cross the two switch
+servers (mutual TLS, link shaper at --rate-mbit, 60 Mbit/s as in the paper) encoded by the row's codecs. Step time
+is what the runtime measures per step and writes to its metrics files (cluster A rank 0's `step_s`: its step spans
+sending the first activation to receiving the last gradient, so the link, the codecs and their overlap are in it).
+Each row runs --seeds times (different data order and initial adapters); the table gives mean and spread.
+BLAS threads are pinned to one (OPENBLAS/OMP/MKL_NUM_THREADS=1) in this process and every rank, so a shared CPU
+does not turn threaded LAPACK spinning into step time.
 
-    python benchmarks/abnet_table5.py [--steps 600] [--work runs/table5] [--quick]
+`--paper-shape` prints the communication-only table at the paper's boundary shape [128, 64, 768] instead: codec
+time (pinned, median of --reps) plus the time the step's bytes take through the same two switch servers.
+
+    python benchmarks/abnet_table5.py [--steps 60] [--seeds 3] [--rows key|all] [--procs 2] [--work runs/table5]
+    python benchmarks/abnet_table5.py --paper-shape [--rows key|all]
 """
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import json
-import logging
 import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # before numpy loads its BLAS; inherited by every process started below
+
+import argparse
+import json
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +36,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+BIN = Path(sys.executable).parent
 
 PAPER = {  # Table 5 of Nebula-I: BLEU, forward ratio, backward ratio, seconds per step
     "baseline": (43.19, 1.00, 1.00, 4.42), "FP16+INT8": (38.82, 0.50, 0.25, 1.60),
@@ -37,288 +45,319 @@ PAPER = {  # Table 5 of Nebula-I: BLEU, forward ratio, backward ratio, seconds p
     "FP16(SVD(0.5))+INT8": (39.45, 0.25, 0.25, 1.24), "FP16(SVD(0.4))+INT8": (39.56, 0.20, 0.25, 0.94),
     "FP16(SVD(0.3))+INT8": (37.48, 0.15, 0.25, 0.90), "FP16(SVD(0.2))+INT8": (39.00, 0.09, 0.25, 0.86),
 }
+# The smallest pair measured at the demo's shapes: 4-bit activations, rank-4 INT8 gradient factors with error
+# feedback (0.09-0.13 of float32 bytes at [8, T, 64], T = 4..16; benchmarks/compression.py shapes, see the README).
+SMALL_PAIR = ("INT4_BLOCK+EF(INT8(LOWRANK(4)))", "int4_block(64)", "ef(int8(lowrank(rank=4)))")
+
+Row = tuple[str, str, str, int]  # name, forward codec, backward codec, start step
 
 
-def rows(quick: bool) -> list[tuple[str, str, str, int]]:
-    """(name, forward codec, backward codec, start step) of every Table 5 row plus nebula.compress's best."""
-    out = [("baseline", "none", "none", 0), ("FP16+INT8", "fp16", "int8", 0)]
-    ratios = (0.6, 0.2) if quick else (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
+def rows(which: str) -> list[Row]:
+    """(name, forward, backward, start step) of the key rows (baseline, FP16+INT8, SVD 0.6 and 0.2, the small pair)
+    or of all rows (every paper ratio and nebula.compress's better pairs)."""
+    ratios = (0.6, 0.2) if which == "key" else (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)
+    out: list[Row] = [("baseline", "none", "none", 0), ("FP16+INT8", "fp16", "int8", 0)]
     out += [(f"FP16(SVD({r}))+INT8", f"fp16(svd({r}))", "int8", 0) for r in ratios]
-    out += [
-        ("INT8_BLOCK+EF(INT8_BLOCK)", "int8_block(block=64)", "ef(int8_block(block=64))", 0),
-        ("INT8_BLOCK(LOWRANK(16))+EF(INT4_BLOCK)", "int8_block(lowrank(rank=16), block=64)",
-         "ef(int4_block(block=128))", 0),
-        ("INT4_BLOCK+EF(INT4_BLOCK)", "int4_block(block=128)", "ef(int4_block(block=128))", 0),
-    ]
+    if which == "all":
+        out += [("INT8+INT8", "int8", "int8", 0), ("INT8_BLOCK+EF(INT8_BLOCK)", "int8_block(64)", "ef(int8_block(64))", 0),
+                ("INT4_BLOCK+EF(INT4_BLOCK)", "int4_block(64)", "ef(int4_block(128))", 0)]
+    out.append((*SMALL_PAIR, 0))
     return out
 
 
-def bench_config(steps: int, eval_limit: int = 0):
-    """The demo's training settings (configs/tiny.yaml) with `steps` steps."""
-    from recipes.abnet.sides import load_train_config
+class Federation:
+    """A throwaway CA, two switch servers (A, B) on loopback with the link shaper at `rate_mbit`; stopped by close()."""
 
-    return load_train_config(REPO / "recipes" / "abnet" / "configs" / "tiny.yaml", steps=steps, eval_limit=eval_limit)
-
-
-@dataclasses.dataclass
-class RowResult:
-    """What one training run measured."""
-
-    name: str
-    forward: str
-    backward: str
-    start_step: int
-    bleu: float = 0.0
-    losses: list = dataclasses.field(default_factory=list)
-    fwd_bytes: float = 0.0  # per step
-    bwd_bytes: float = 0.0
-    raw_bytes: float = 0.0  # float32 size of one direction per step
-    compute_s: float = 0.0  # per step
-    codec_s: float = 0.0
-    link_s: float = 0.0
-
-
-def train_row(row: tuple[str, str, str, int], data: Path, work: Path, steps: int, eval_limit: int) -> RowResult:
-    """Train the tiny ABNet for `steps` with the row's codecs on the boundary; BLEU on the test split."""
-    import paddle
-
-    from nebula.compress import get_codec
-    from recipes.abnet.sides import DecoderSide, EncoderSide, eval_ids, step_batch
-    from recipes.abnet.train import evaluate_bleu
-
-    name, fspec, bspec, start = row
-    res = RowResult(name, fspec, bspec, start)
-    cfg = bench_config(steps, eval_limit)
-    enc = EncoderSide(data / "A", work, cfg)
-    dec = DecoderSide(data / "B", work, cfg, enc.model_cfg.source.hidden)
-    codecs = {"f": get_codec(fspec), "b": get_codec(bspec), "f0": get_codec("none"), "b0": get_codec("none")}
-    t_compute = t_codec = 0.0
-    for step in range(steps):
-        fc, bc = (codecs["f"], codecs["b"]) if step >= start else (codecs["f0"], codecs["b0"])
-        ids = step_batch(enc.ids["train"], step, cfg.batch_size, cfg.seed)
-        t0 = time.perf_counter()
-        h = enc.forward(ids)
-        h_np = h.numpy()
-        t1 = time.perf_counter()
-        packed = fc.encode(h_np)
-        h_rx = paddle.to_tensor(fc.decode(packed))
-        t2 = time.perf_counter()
-        h_rx.stop_gradient = False
-        loss = dec.loss(h_rx, ids)
-        loss.backward()
-        g = h_rx.grad.numpy()
-        t3 = time.perf_counter()
-        gpacked = bc.encode(g)
-        g_rx = paddle.to_tensor(bc.decode(gpacked))
-        t4 = time.perf_counter()
-        h.backward(g_rx)
-        for side in (enc, dec):
-            side.optimizer.step()
-            side.optimizer.clear_grad()
-            side.lr.step()
-        t5 = time.perf_counter()
-        t_compute += (t1 - t0) + (t3 - t2) + (t5 - t4)
-        t_codec += (t2 - t1) + (t4 - t3)
-        res.fwd_bytes += packed.nbytes
-        res.bwd_bytes += gpacked.nbytes
-        res.raw_bytes += h_np.size * 4
-        res.losses.append(float(loss))
-    for k in ("fwd_bytes", "bwd_bytes", "raw_bytes"):
-        setattr(res, k, getattr(res, k) / steps)
-    res.compute_s, res.codec_s = t_compute / steps, t_codec / steps
-    res.bleu, _ = evaluate_bleu(enc, dec, eval_ids(dec), cfg.eval_batch)
-    return res
-
-
-class ShapedLink:
-    """Two real switch servers (throwaway CA, mTLS) with the link shaper at `rate_mbit`; one worker per cluster."""
-
-    def __init__(self, root: Path, rate_mbit: float) -> None:
+    def __init__(self, root: Path, rate_mbit: float, delay_ms: float) -> None:
         import yaml
 
-        from nebula.channel import Endpoint
         from security.provision import provision
 
+        self.root = root
         provision("table5", ["A", "B"], root)
-        self.procs = []
+        self.procs: list[subprocess.Popen] = []
         for c in ("A", "B"):
             f = root / c / "switch.yaml"
             doc = yaml.safe_load(f.read_text())
-            doc.setdefault("link", {})["shape"] = {"rate_mbit": rate_mbit, "delay_ms": 0}
+            doc.setdefault("link", {})["shape"] = {"rate_mbit": rate_mbit, "delay_ms": delay_ms}
             doc["metrics"] = {"listen": None}
             f.write_text(yaml.safe_dump(doc, sort_keys=False))
-            log = open(root / f"switch_{c}.log", "w")
-            self.procs.append(subprocess.Popen([str(Path(sys.executable).parent / "nebula-switch"), "serve",
-                                                "--config", str(f)], stdout=log, stderr=subprocess.STDOUT,
-                                               start_new_session=True))
+            with open(root / f"switch_{c}.log", "w") as log:
+                self.procs.append(subprocess.Popen([str(BIN / "nebula-switch"), "serve", "--config", str(f)],
+                                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         for c in ("A", "B"):
             deadline = time.time() + 60
             while "listening wan=" not in (root / f"switch_{c}.log").read_text():
                 if time.time() > deadline:
+                    self.close()
                     raise RuntimeError(f"switch {c} did not start: {(root / f'switch_{c}.log').read_text()}")
                 time.sleep(0.2)
-        self.a = Endpoint.connect(root / "A" / "worker.yaml", job="table5", rank=0)
-        self.b = Endpoint.connect(root / "B" / "worker.yaml", job="table5", rank=0)
-        self.ab = self.a.channel("B", 0, "act")
-        self.ba_rx = self.b.channel("A", 0, "act")
-        self.ba = self.b.channel("A", 0, "grad")
-        self.ab_rx = self.a.channel("B", 0, "grad")
-        self.round_trip(1000, 1000)  # links up
 
-    def round_trip(self, fwd_bytes: int, bwd_bytes: int, reps: int = 3) -> float:
-        """Median seconds for one step's traffic: an activation message A->B, then a gradient message B->A."""
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            self.ab.send(b"\x01" * max(int(fwd_bytes), 1))
-            self.ba_rx.recv(timeout_s=120)
-            self.ba.send(b"\x02" * max(int(bwd_bytes), 1), lane="gradient")
-            self.ab_rx.recv(timeout_s=120)
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times))
+    def worker(self, cluster: str) -> Path:
+        """The worker.yaml of `cluster`'s switch."""
+        return self.root / cluster / "worker.yaml"
 
     def close(self) -> None:
-        """Close the workers and stop both switches."""
-        for ep in (self.a, self.b):
-            ep.close(flush_s=2)
+        """Stop both switches (their process groups) and reap them."""
         for p in self.procs:
-            with_suppress(lambda: os.killpg(p.pid, signal.SIGTERM))
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         for p in self.procs:
             p.wait(timeout=20)
 
 
-def with_suppress(fn) -> None:
-    """Run fn, ignoring a process that is already gone."""
+def write_job(run: Path, work: Path, fed: Federation, row: Row, seed: int, steps: int, procs: int) -> Path:
+    """train.yaml and job.yaml of one row and seed (the demo job of run_local.sh with this row's codecs)."""
+    import yaml
+
+    name, fwd, bwd, start = row
+    run.mkdir(parents=True, exist_ok=True)
+    train = yaml.safe_load((REPO / "recipes" / "abnet" / "configs" / "tiny.yaml").read_text())
+    train.update(steps=steps, seed=seed)
+    (run / "train.yaml").write_text(yaml.safe_dump(train, sort_keys=False))
+    job = {
+        "job": "table5", "mode": "pipeline",
+        "recipe": {"factory": "recipes.abnet:ABNetRecipe",
+                   "args": {"config": str(run / "train.yaml"), "encoder_data": str(work / "data" / "A"),
+                            "encoder_work": str(work / "A"), "decoder_data": str(work / "data" / "B"),
+                            "decoder_work": str(work / "B")}},
+        "clusters": [{"id": c, "device": "cpu", "nodes": 1, "procs_per_node": procs, "worker": str(fed.worker(c))}
+                     for c in ("A", "B")],
+        "stages": [{"name": "encoder", "cluster": "A"}, {"name": "decoder", "cluster": "B"}],
+        "train": {"steps": steps, "global_batch": 32, "micro_batches": 2, "seed": seed},
+        "compression": {"forward": fwd, "backward": bwd, "start_step": start},
+        "checkpoint": {"dir": str(run / "ckpt"), "every": 0, "keep": 1, "resume": False},
+        "metrics": {"dir": str(run / "metrics"), "progress": False},
+        "peer_timeout_s": 180,
+    }
+    f = run / "job.yaml"
+    f.write_text(yaml.safe_dump(job, sort_keys=False))
+    return f
+
+
+def run_job(job: Path, timeout_s: float) -> None:
+    """Start both clusters with `nebula launch`, wait for both; on failure raise with the tail of their output."""
+    ps = {}
+    for c in ("A", "B"):
+        log = open(job.parent / f"launch_{c}.log", "w")
+        ps[c] = subprocess.Popen([str(BIN / "nebula"), "launch", str(job), "--cluster", c], stdout=log,
+                                 stderr=subprocess.STDOUT, cwd=str(job.parent), start_new_session=True)
+        log.close()
+    deadline = time.time() + timeout_s
     try:
-        fn()
-    except ProcessLookupError:
+        for c, p in ps.items():
+            p.wait(timeout=max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
         pass
+    finally:
+        for p in ps.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(timeout=30)
+    bad = {c: p.returncode for c, p in ps.items() if p.returncode != 0}
+    if bad:
+        tails = "\n".join(f"--- cluster {c} ---\n" + (job.parent / f"launch_{c}.log").read_text()[-3000:] for c in bad)
+        raise RuntimeError(f"{job}: clusters exited {bad}\n{tails}")
 
 
-def paper_shape_table(link: ShapedLink | None, rate_mbit: float, specs: list[tuple[str, str, str, int]]) -> list[str]:
-    """Bytes, codec time and 60 Mbit/s transfer time of one step at the paper's boundary shape [128, 64, 768]."""
-    from nebula.compress import get_codec
+def read_run(run: Path, procs: int, warmup: int) -> dict:
+    """Per-step figures of one run from the metrics files the runtime wrote."""
+    from nebula.pipeline import read_metrics
 
-    rng = np.random.default_rng(0)
-    # activation-like: a few strong directions plus noise (encoder outputs are far from full rank)
-    basis = rng.standard_normal((48, 768)).astype("float32")
-    h = (rng.standard_normal((128 * 64, 48)).astype("float32") @ basis).reshape(128, 64, 768)
-    h += 0.1 * rng.standard_normal(h.shape).astype("float32")
-    g = (1e-3 * rng.standard_normal(h.shape)).astype("float32")
-    raw = h.size * 4
-    lines = ["| method | fwd ratio | bwd ratio | bytes/step | codec s | transfer s | comm s | vs baseline |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    base = None
-    for name, fspec, bspec, _ in specs:
-        fc, bc = get_codec(fspec), get_codec(bspec)
-        t0 = time.perf_counter()
-        fe = fc.encode(h)
-        fc.decode(fe)
-        ge = bc.encode(g)
-        bc.decode(ge)
-        codec_s = time.perf_counter() - t0
-        transfer = (fe.nbytes + ge.nbytes) * 8 / (rate_mbit * 1e6)
-        if link is not None:
-            try:
-                transfer = link.round_trip(fe.nbytes, ge.nbytes, reps=1)
-            except Exception as exc:  # noqa: BLE001 - report the modelled time and say why
-                name += f" (modelled: link refused {exc.__class__.__name__})"
-        comm = codec_s + transfer
-        base = comm if base is None else base
-        lines.append(f"| {name} | {fe.nbytes / raw:.3f} | {ge.nbytes / raw:.3f} | {fe.nbytes + ge.nbytes:,} | "
-                     f"{codec_s:.3f} | {transfer:.2f} | {comm:.2f} | {comm / base:.2f} |")
-    return lines
+    recs = {(c, r): read_metrics(run / "metrics" / f"{c}.rank{r}.jsonl") for c in ("A", "B") for r in range(procs)}
+    a0 = recs[("A", 0)]
+    step_s = [r["step_s"] for r in a0[warmup:]]
+    fwd = [sum(x["bytes_sent"] for x in step) for step in zip(*(recs[("A", r)] for r in range(procs)))]
+    bwd = [sum(x["bytes_sent"] for x in step) for step in zip(*(recs[("B", r)] for r in range(procs)))]
+    codec = [sum(x["codec_s"] for x in step) for step in zip(*(recs[(c, r)] for c in "AB" for r in range(procs)))]
+    return {"step_s": step_s, "step_s_b": [r["step_s"] for r in recs[("B", 0)][warmup:]],
+            "losses": [r["loss"] for r in recs[("B", 0)]], "fwd_bytes": float(np.mean(fwd[warmup:])),
+            "bwd_bytes": float(np.mean(bwd[warmup:])), "codec_s": float(np.mean(codec[warmup:]))}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run every row, print the tables, check the targets."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=600)
-    p.add_argument("--work", default=str(REPO / "runs" / "table5"))
-    p.add_argument("--rate-mbit", type=float, default=60.0)
-    p.add_argument("--eval-limit", type=int, default=0, help="test sentences scored (0: all)")
-    p.add_argument("--quick", action="store_true", help="baseline, FP16+INT8, SVD 0.6 and 0.2, best codecs")
-    p.add_argument("--no-link", action="store_true", help="model the 60 Mbit/s transfer instead of measuring it")
-    p.add_argument("--fig10", default="200,400", help="later start steps for FP16(SVD(0.6))+INT8 (Figure 10)")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+def mean_sd(values: list[float], fmt: str) -> str:
+    """'mean ± sd' over seeds (sd 0 with one seed)."""
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{format(statistics.fmean(values), fmt)} ± {format(sd, fmt)}"
+
+
+def prepare(work: Path) -> None:
+    """The demo's data split and both frozen bases, once for every row (cluster A and B keep their own sides)."""
     from recipes.abnet.data import DataConfig, prepare_data
-    from recipes.abnet.sides import DecoderSide, EncoderSide
 
-    work = Path(args.work)
     data = work / "data"
     if not (data / "A" / "en-es" / "manifest.json").is_file():
         prepare_data(data / "A", data / "B", ["es"],
                      cfg=DataConfig(max_words=6, vocab_top_k=300, test_per_mille=100, dev_per_mille=50))
-    cfg = bench_config(args.steps)
-    EncoderSide(data / "A", work, cfg)  # pretrain both bases once; every row starts from them
-    DecoderSide(data / "B", work, cfg, 64)
-    specs = rows(args.quick)
-    fig10 = [(f"FP16(SVD(0.6))+INT8 from step {s}", "fp16(svd(0.6))", "int8", int(s))
-             for s in args.fig10.split(",") if s]
-    link = None
-    tmp = tempfile.TemporaryDirectory(prefix="table5-")
+    cfg = REPO / "recipes" / "abnet" / "configs" / "tiny.yaml"
+    for side, c in (("encoder", "A"), ("decoder", "B")):
+        with open(work / f"prepare_{c}.log", "w") as log:
+            done = subprocess.run([sys.executable, "-m", "recipes.abnet.prepare", "base", "--side", side, "--data",
+                                   str(data / c), "--work", str(work / c), "--config", str(cfg)], cwd=str(REPO),
+                                  stdout=log, stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            raise RuntimeError(f"pretraining the {side} base failed; see {work / f'prepare_{c}.log'}")
+
+
+def training_table(args: argparse.Namespace, specs: list[Row]) -> list[str]:
+    """Run every row and seed through the real system; the table's lines."""
+    work = Path(args.work).resolve()
+    prepare(work)
+    results: dict[str, list[dict]] = {}
+    tmp = tempfile.TemporaryDirectory(prefix="table5-fed-")
+    fed = Federation(Path(tmp.name), args.rate_mbit, args.delay_ms)
     try:
-        if not args.no_link:
-            link = ShapedLink(Path(tmp.name), args.rate_mbit)
-        results = []
-        for row in specs + fig10:
-            t0 = time.time()
-            r = train_row(row, data, work, args.steps, args.eval_limit)
-            r.link_s = link.round_trip(r.fwd_bytes, r.bwd_bytes) if link else \
-                (r.fwd_bytes + r.bwd_bytes) * 8 / (args.rate_mbit * 1e6)
-            results.append(r)
-            (work / "table5_partial.json").write_text(json.dumps([dataclasses.asdict(x) for x in results]))
-            print(f"{r.name}: BLEU {r.bleu:.2f}, {r.fwd_bytes + r.bwd_bytes:,.0f} B/step ({time.time() - t0:.0f} s)",
-                  file=sys.stderr, flush=True)
-        paper = paper_shape_table(link, args.rate_mbit, specs)
+        for row in specs:
+            for seed in range(args.seeds):
+                run = work / "runs" / f"{row[0]}" / f"seed{seed}"
+                t0 = time.time()
+                run_job(write_job(run, work, fed, row, seed, args.steps, args.procs), args.timeout)
+                res = read_run(run, args.procs, args.warmup)
+                results.setdefault(row[0], []).append(res)
+                print(f"{row[0]} seed {seed}: {np.mean(res['step_s']):.4f} s/step, "
+                      f"{res['fwd_bytes'] + res['bwd_bytes']:,.0f} B/step ({time.time() - t0:.0f} s)",
+                      file=sys.stderr, flush=True)
+            (work / "table5.json").write_text(json.dumps(results))
     finally:
-        if link is not None:
-            link.close()
+        fed.close()
         tmp.cleanup()
-    base = results[0]
-    base_bytes = base.fwd_bytes + base.bwd_bytes
-    base_step = base.compute_s + base.codec_s + base.link_s
-    lines = [f"ABNet tiny preset, en-es gettext corpus, {args.steps} steps x batch 32, same seed per row; link "
-             f"{'measured through two switch servers shaped to' if link else 'modelled at'} {args.rate_mbit:g} Mbit/s",
+    base = results[specs[0][0]]
+    base_step = statistics.fmean(float(np.mean(r["step_s"])) for r in base)
+    base_f = statistics.fmean(r["fwd_bytes"] for r in base)
+    base_b = statistics.fmean(r["bwd_bytes"] for r in base)
+    lines = [f"ABNet tiny preset, two clusters x {args.procs} ranks through two switch servers shaped to "
+             f"{args.rate_mbit:g} Mbit/s (+{args.delay_ms:g} ms), {args.steps} steps x global batch 32 "
+             f"(2 micro-batches per rank), {args.seeds} seeds per row, steps {args.warmup}+ timed; BLAS threads 1",
              "",
-             "| method | BLEU | paper BLEU | fwd ratio | bwd ratio | WAN bytes/step | bytes vs baseline | compute s | "
-             "codec s | link s | step s | step vs baseline | final loss |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in results:
-        step_s = r.compute_s + r.codec_s + r.link_s
-        paper_bleu = PAPER.get(r.name, ("-",))[0]
+             "| method | paper fwd / bwd ratio | fwd bytes vs baseline | bwd bytes vs baseline | WAN bytes/step | "
+             "codec s/step | step s (mean ± sd over seeds) | step vs baseline | paper step vs baseline | "
+             "final loss (last 5) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, fwd, bwd, _ in specs:
+        rs = results[name]
+        steps = [float(np.mean(r["step_s"])) for r in rs]
+        paper = PAPER.get(name)
         lines.append(
-            f"| {r.name} | {r.bleu:.2f} | {paper_bleu} | {r.fwd_bytes / r.raw_bytes:.3f} | {r.bwd_bytes / r.raw_bytes:.3f} | "
-            f"{r.fwd_bytes + r.bwd_bytes:,.0f} | {(r.fwd_bytes + r.bwd_bytes) / base_bytes:.3f} | {r.compute_s:.4f} | "
-            f"{r.codec_s:.4f} | {r.link_s:.4f} | {step_s:.4f} | {step_s / base_step:.2f} | "
-            f"{np.mean(r.losses[-50:]):.3f} |")
-    lines += ["", f"Communication per step at the paper's boundary shape [128, 64, 768] (activation-like tensor), "
-              f"{args.rate_mbit:g} Mbit/s:", "", *paper]
-    table5 = [r for r in results if not r.name.startswith("FP16(SVD(0.6))+INT8 from")]
-    small = [r for r in table5[1:] if (r.fwd_bytes + r.bwd_bytes) <= base_bytes / 8]
-    ok_bytes = [r for r in small if r.bleu >= base.bleu - 0.5]
-    fastest = min(table5[1:], key=lambda r: r.compute_s + r.codec_s + r.link_s)
-    lines += ["", "Targets:",
-              f"- <= 1/8 of baseline bytes with BLEU >= baseline - 0.5 ({base.bleu - 0.5:.2f}): "
-              + (", ".join(f"{r.name} ({(r.fwd_bytes + r.bwd_bytes) / base_bytes:.3f}, BLEU {r.bleu:.2f})"
-                           for r in ok_bytes) or "none") + (" -> MET" if ok_bytes else " -> NOT MET"),
-              f"- step time <= 0.19x baseline at {args.rate_mbit:g} Mbit/s: fastest {fastest.name} "
-              f"{(fastest.compute_s + fastest.codec_s + fastest.link_s) / base_step:.2f}x -> "
-              + ("MET" if (fastest.compute_s + fastest.codec_s + fastest.link_s) <= 0.19 * base_step else
-                 "NOT MET on the tiny model (compute-bound here; see the paper-shape table for communication)")]
-    text = "\n".join(lines)
-    print(text)
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "table5.md").write_text(text + "\n")
-    (work / "table5.json").write_text(json.dumps([dataclasses.asdict(r) for r in results]))
+            f"| {name} | {f'{paper[1]:.2f} / {paper[2]:.2f}' if paper else '-'} | "
+            f"{statistics.fmean(r['fwd_bytes'] for r in rs) / base_f:.3f} | "
+            f"{statistics.fmean(r['bwd_bytes'] for r in rs) / base_b:.3f} | "
+            f"{statistics.fmean(r['fwd_bytes'] + r['bwd_bytes'] for r in rs):,.0f} | "
+            f"{statistics.fmean(r['codec_s'] for r in rs):.4f} | {mean_sd(steps, '.4f')} | "
+            f"{statistics.fmean(steps) / base_step:.2f} | {f'{paper[3] / 4.42:.2f}' if paper else '-'} | "
+            f"{mean_sd([float(np.mean(r['losses'][-5:])) for r in rs], '.3f')} |")
     try:
         from recipes.abnet.evaluate import plot_losses
 
-        plot_losses({r.name: r.losses for r in results}, work / "table5_losses.png",
-                    title="ABNet training loss per compression method")
+        curves = {n: list(np.mean([r["losses"] for r in results[n]], axis=0)) for n, *_ in specs}
+        plot_losses(curves, work / "table5_losses.png", title="ABNet training loss per codec pair (mean over seeds)")
+        lines += ["", f"Figure 9 (loss per step, mean over seeds): {work / 'table5_losses.png'}"]
     except ImportError:
         pass
+    return lines
+
+
+def activation_like(shape: tuple[int, int, int], seed: int = 0) -> np.ndarray:
+    """A few strong directions plus noise (encoder outputs are far from full rank)."""
+    rng = np.random.default_rng(seed)
+    basis = rng.standard_normal((48, shape[-1])).astype("float32")
+    h = (rng.standard_normal((shape[0] * shape[1], 48)).astype("float32") @ basis).reshape(shape)
+    return h + 0.1 * rng.standard_normal(shape).astype("float32")
+
+
+def paper_shape_table(args: argparse.Namespace, specs: list[Row]) -> list[str]:
+    """Communication per step at [128, 64, 768]: pinned codec time plus the bytes' time through the shaped switches."""
+    import logging
+
+    from nebula.channel import Endpoint
+    from nebula.compress import decode, get_codec
+
+    logging.getLogger("nebula.compress").setLevel(logging.ERROR)
+    h = activation_like((128, 64, 768))
+    g = (1e-3 * np.random.default_rng(1).standard_normal(h.shape)).astype("float32")
+    raw = h.nbytes
+    tmp = tempfile.TemporaryDirectory(prefix="table5-fed-")
+    fed = Federation(Path(tmp.name), args.rate_mbit, args.delay_ms)
+    a = b = None
+    try:
+        a = Endpoint.connect(fed.worker("A"), job="table5", rank=0)
+        b = Endpoint.connect(fed.worker("B"), job="table5", rank=0)
+        ab, ab_rx = a.channel("B", 0, "act"), b.channel("A", 0, "act")
+        ba, ba_rx = b.channel("A", 0, "grad"), a.channel("B", 0, "grad")
+
+        def transfer(fwd_bytes: int, bwd_bytes: int) -> float:
+            t0 = time.perf_counter()
+            ab.send(b"\x01" * fwd_bytes)
+            ab_rx.recv(timeout_s=300)
+            ba.send(b"\x02" * bwd_bytes, lane="gradient")
+            ba_rx.recv(timeout_s=300)
+            return time.perf_counter() - t0
+
+        transfer(1000, 1000)  # links up
+        lines = [f"Communication per step at the paper's boundary shape [128, 64, 768] (activation-like tensor; "
+                 f"gradient 1e-3 noise), through two switch servers shaped to {args.rate_mbit:g} Mbit/s; codec time "
+                 f"= median of {args.reps} encode+decode runs with BLAS threads 1", "",
+                 "| method | fwd ratio | bwd ratio | bytes/step | codec s | transfer s | comm s | vs baseline | "
+                 "paper step vs baseline |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        base = None
+        for name, fspec, bspec, _ in specs:
+            times = []
+            for _ in range(args.reps):
+                fc, bc = get_codec(fspec), get_codec(bspec)
+                t0 = time.perf_counter()
+                fe = fc.encode(h)
+                decode(fe)
+                ge = bc.encode(g)
+                decode(ge)
+                times.append(time.perf_counter() - t0)
+            codec_s = statistics.median(times)
+            xfer = transfer(fe.nbytes, ge.nbytes)
+            comm = codec_s + xfer
+            base = comm if base is None else base
+            paper = PAPER.get(name)
+            lines.append(f"| {name} | {fe.nbytes / raw:.3f} | {ge.nbytes / raw:.3f} | {fe.nbytes + ge.nbytes:,} | "
+                         f"{codec_s:.3f} | {xfer:.2f} | {comm:.2f} | {comm / base:.2f} | "
+                         f"{f'{paper[3] / 4.42:.2f}' if paper else '-'} |")
+        return lines
+    finally:
+        for ep in (a, b):
+            if ep is not None:
+                ep.close(flush_s=2)
+        fed.close()
+        tmp.cleanup()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the requested table (and write it under --work)."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=60, help="training steps per run")
+    p.add_argument("--seeds", type=int, default=3, help="runs per row (seeds 0..N-1)")
+    p.add_argument("--warmup", type=int, default=5, help="first steps left out of the step time")
+    p.add_argument("--rows", choices=("key", "all"), default="key")
+    p.add_argument("--procs", type=int, default=2, help="ranks per cluster (the demo job: 2)")
+    p.add_argument("--work", default=str(REPO / "runs" / "table5"))
+    p.add_argument("--rate-mbit", type=float, default=60.0)
+    p.add_argument("--delay-ms", type=float, default=10.0, help="one-way delay the shaper adds (run_local.sh: 10)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take")
+    p.add_argument("--fig10", default="", help="later start steps for FP16(SVD(0.6))+INT8, e.g. 20,40 (Figure 10)")
+    p.add_argument("--paper-shape", action="store_true", help="the communication-only table at [128, 64, 768]")
+    p.add_argument("--reps", type=int, default=3, help="codec timings per row in --paper-shape")
+    args = p.parse_args(argv)
+    if args.warmup >= args.steps:
+        p.error(f"--warmup {args.warmup} leaves no timed step of --steps {args.steps}; lower --warmup")
+    specs = rows(args.rows)
+    if args.paper_shape:
+        lines = paper_shape_table(args, specs)
+    else:
+        specs += [(f"FP16(SVD(0.6))+INT8 from step {s}", "fp16(svd(0.6))", "int8", int(s))
+                  for s in args.fig10.split(",") if s]
+        lines = training_table(args, specs)
+    text = "\n".join(lines)
+    print(text)
+    out = Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ("table5_paper_shape.md" if args.paper_shape else "table5.md")).write_text(text + "\n")
     return 0
 
 

@@ -200,6 +200,33 @@ def svd_shape_table(shapes: dict[str, tuple[int, int]]) -> None:
                 ["shape", "matrix", "svd(r) larger for r >", "paper r affected"], out)
 
 
+DEMO_SPECS = ["none", "fp16", "bf16", "int8", "int8_row", "int8_block(64)", "int4_block(64)", "fp16(svd(0.9))",
+              "fp16(svd(0.6))", "fp16(svd(0.4))", "fp16(svd(0.3))", "fp16(svd(0.2))", "int8(svd(0.3))",
+              "fp16(lowrank(rank=8))", "int8_row(lowrank(rank=16))"]
+DEMO_SEQS = (4, 8, 12, 16)  # the demo's max_len is 16; batches are padded to their longest sentence
+
+
+def demo_shapes_table(seed: int) -> None:
+    """Forward ratio (wire bytes / float32 bytes) and error of each candidate at [8, T, 64] (2 ranks x 2 micro-batches
+    of the demo's global batch 32, hidden 64), on a TransformerEncoderLayer's activations over real text."""
+    import logging
+
+    logging.getLogger("nebula.compress").setLevel(logging.ERROR)  # inflation warnings: the table says it
+    acts = {t: layer_tensors(8, t, 64, 2, seed)[-1][0] for t in DEMO_SEQS}
+    rows = []
+    for spec in DEMO_SPECS:
+        ratios, errors = [], []
+        for t, x in acts.items():
+            enc = get_codec(spec).encode(x)
+            ratios.append(enc.nbytes / x.nbytes)
+            errors.append(relative_error(x, decode(enc)))
+        rows.append([spec, *(f"{r:.3f}" for r in ratios), f"{max(ratios):.3f}", f"{max(errors):.4f}",
+                     "yes" if max(ratios) < 0.5 else "no"])
+    print_table("Forward ratio at the ABNet demo's micro-batch shapes [8, T, 64] (wire bytes incl. header / float32)",
+                ["codec", *(f"T={t}" for t in DEMO_SEQS), "worst ratio", "worst rel. L2 err", "below fp16's 0.50"],
+                rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=128, help="sequences per batch (paper: 128)")
@@ -208,7 +235,12 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=3, help="training steps; the last one is measured")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--throughput-only", action="store_true", help="only the FP16/INT8 speed table (fast)")
+    ap.add_argument("--demo-shapes", action="store_true",
+                    help="only the forward ratio of candidate codecs at the ABNet demo's micro-batch shapes [8, T, 64]")
     args = ap.parse_args()
+    if args.demo_shapes:
+        demo_shapes_table(args.seed)
+        return 0
 
     t0 = time.perf_counter()
     steps = layer_tensors(args.batch, args.seq, args.hidden, max(2, args.steps), args.seed)

@@ -36,6 +36,7 @@ class OutMessage:
     pending_frames: int = 0  # frames framed but not yet handed to ZeroMQ
     progress: float = 0.0  # when it last made progress (framed, fully sent, acknowledgement progress)
     rto: float = RTO_S
+    sent_at: float = 0.0  # when its first transmission was framed (the link throughput meter's start)
 
     def frame_sent(self, now: float) -> None:
         """One of its frames left for the switch; once all have, the future completes."""
@@ -75,6 +76,7 @@ class Sender:
         self.inflight = 0  # bytes admitted and not yet consumed
         self.acked = 0  # highest seq the receiver has (cumulative)
         self.consumed = 0  # highest seq the receiver's application has taken
+        self.meter: Any = None  # a ThroughputMeter of the peer cluster's link, fed with every acknowledged message
 
     @property
     def idle(self) -> bool:
@@ -118,6 +120,7 @@ class Sender:
             out.append(OutFrame(head, payload, msg))
         msg.pending_frames += count
         msg.progress = now
+        msg.sent_at = msg.sent_at or now
         # a large message may wait long behind others on a slow link: the fallback timer grows with its size
         msg.rto = max(msg.rto, RTO_S + total / RTO_BYTES_PER_S)
         return out
@@ -130,6 +133,8 @@ class Sender:
                 msg = self.unacked.pop(seq, None)
                 if msg is not None and not msg.future.done():
                     msg.future.set_result(None)
+                if msg is not None and self.meter is not None and msg.sent_at:
+                    self.meter.record(len(msg.data), msg.sent_at, now)
             self.acked = recv_seq
             progressed = True
         admitted: list[OutMessage] = []

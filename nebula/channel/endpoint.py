@@ -71,6 +71,12 @@ class Endpoint:
                 ch = self._channels[k] = Channel(self, peer_cluster, peer_rank, name)
             return ch
 
+    def throughput(self, peer_cluster: str) -> float | None:
+        """Bytes/s the link to `peer_cluster` delivered while busy, net of the round trip, as measured from the
+        acknowledgements of this worker's messages (None until enough has been sent)."""
+        meter = self._io.meters.get(peer_cluster)
+        return None if meter is None else meter.bytes_per_s
+
     def peer_clusters(self) -> list[str]:
         """Clusters our switch has links to (as of its latest WELCOME)."""
         return sorted(self._io.peers)

@@ -18,6 +18,7 @@ from nebula.channel.connection import connect, handshake_failure, silent_switch
 from nebula.channel.delivery import Delivered, OutMessage, Receiver, Sender
 from nebula.channel.errors import ChannelError
 from nebula.channel.outlet import Outlet
+from nebula.channel.throughput import ThroughputMeter
 from nebula.config.worker import WorkerConfig
 from nebula.wire import ChannelKey, Dispatcher, FrameType, WireError, decode_frame, encode_frame
 from nebula.wire.shm import SHM_TAG
@@ -56,6 +57,7 @@ class IOThread:
         os.set_blocking(self.wake_r, False)
         self.cmds: deque = deque()
         self.tx: dict[int, Sender] = {}
+        self.meters: dict[str, ThroughputMeter] = {}  # per peer cluster: its link's throughput, from acknowledgements
         self.rx: dict[int, Receiver] = {}
         self.inboxes: dict[int, Inbox] = {}  # by rx channel id
         self.tx_inboxes: dict[int, Inbox] = {}  # by tx channel id
@@ -239,7 +241,8 @@ class IOThread:
             elif kind == "channel":
                 ch, inbox = a, b
                 if ch.tx_key.id not in self.tx:
-                    self.tx[ch.tx_key.id] = Sender(ch.tx_key, self.window_bytes)
+                    tx = self.tx[ch.tx_key.id] = Sender(ch.tx_key, self.window_bytes)
+                    tx.meter = self.meters.setdefault(ch.tx_key.dst_cluster, ThroughputMeter())
                 self.tx_inboxes[ch.tx_key.id] = inbox
                 if ch.rx_key.id not in self.rx:
                     self.rx[ch.rx_key.id] = Receiver(ch.rx_key)

@@ -40,12 +40,21 @@ bfloat16: a bfloat16 tensor decoded as numpy comes back as float32). Stateful co
 per instance: use one instance per channel and direction. Decoding needs no state: every node of an Encoded names
 the codec that decodes it. Wire format: ``encode_to_frames`` gives a header frame (magic NBC1, JSON codec tree,
 dtypes, shapes) and one zero-copy frame per payload; ``Encoded.nbytes`` is exactly the sum of the frame lengths.
+
+On the device: a paddle.Tensor is encoded and decoded with paddle ops where it lives (casts, absmax quantisation,
+``paddle.linalg`` SVD/QR); ``encode_tensor_to_frames`` copies only the compressed payloads to the host and
+``decode_frames_to_tensor`` decodes onto a device. Both paths write the same header and payload layout, so either
+decodes the other's frames. A codec whose encoding at some shape is larger than the raw tensor (``svd(r)`` of a
+nearly square matrix), or a nested codec larger than its outer codec alone (``fp16(svd(0.6))`` vs ``fp16``), logs
+one warning per shape on the ``nebula.compress`` logger naming a smaller alternative; ``auto`` never picks such a
+candidate.
 """
 from . import cast, feedback, integer, lowrank, sparse  # noqa: F401  (register codecs)
 from .auto import AutoCodec, Measurement
 from .base import (Codec, CodecError, Encoded, NonFiniteError, SpecError, decode, get_codec, known_codecs,
                    relative_error)
 from .config import CompressionConfig
+from .device import DeviceFrames, decode_frames_to_tensor, encode_tensor_to_frames
 from .feedback import ErrorFeedbackCodec
 from .frames import (FrameError, TensorCoder, decode_from_frames, encode_to_frames, encoded_to_frames,
                      frames_to_encoded)
@@ -56,5 +65,5 @@ __all__ = [
     "Codec", "Encoded", "CodecError", "NonFiniteError", "SpecError", "FrameError", "get_codec", "known_codecs",
     "decode", "relative_error", "encode_to_frames", "encoded_to_frames", "frames_to_encoded", "decode_from_frames",
     "TensorCoder", "CompressionConfig", "AutoCodec", "Measurement", "ErrorFeedbackCodec", "LowRankCodec",
-    "SVDCodec", "parse_spec",
+    "SVDCodec", "parse_spec", "DeviceFrames", "encode_tensor_to_frames", "decode_frames_to_tensor",
 ]

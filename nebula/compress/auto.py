@@ -8,6 +8,7 @@ from typing import Any
 
 from . import backend as B
 from .base import Codec, CodecError, Encoded, check_finite, decode, get_codec, parse_args, register, relative_error
+from .device import relative_error_on_device
 from .spec import SpecError, SpecNode, format_spec, parse_spec
 
 __all__ = ["AutoCodec", "Measurement", "default_candidates", "pick"]
@@ -38,10 +39,16 @@ def default_candidates(budget: float) -> list[str]:
 
 
 def pick(measurements: list[Measurement], budget: float, bytes_per_s: float) -> Measurement:
-    """The measurement within the error budget with the least total time (ties: fewer bytes)."""
+    """The measurement within the error budget with the least total time (ties: fewer bytes).
+
+    A candidate that sends more than `none` (the raw tensor) is never picked while a smaller one meets the budget.
+    """
     ok = [m for m in measurements if m.error <= budget] or [m for m in measurements if m.error == 0.0]
     if not ok:
         raise CodecError(f"auto: no candidate meets error budget {budget} and none is lossless; add 'none'")
+    raw = next((m.nbytes for m in measurements if m.spec == "none"), None)
+    if raw is not None:
+        ok = [m for m in ok if m.nbytes <= raw] or ok
     return min(ok, key=lambda m: (m.total_s(bytes_per_s), m.nbytes))
 
 
@@ -67,6 +74,7 @@ class AutoCodec(Codec):
         self._choice: dict[tuple, str] = {}
         self._count: dict[tuple, int] = {}
         self.decisions: list[tuple[float, str]] = []  # (bytes_per_s, chosen spec), appended whenever it changes
+        self._warned: set[tuple] = set()  # (tensor key, candidate) already reported as larger than the raw tensor
 
     @property
     def spec(self) -> str:
@@ -112,6 +120,12 @@ class AutoCodec(Codec):
         return next((v for k, v in self._measured.items() if k[0] == tuple(shape)), [])
 
     def _decide(self, key: tuple, ms: list[Measurement]) -> str:
+        raw = next((m.nbytes for m in ms if m.spec == "none"), None)
+        big = [m.spec for m in ms if raw is not None and m.nbytes > raw and (key, m.spec) not in self._warned]
+        if big:
+            self._warned.update((key, s) for s in big)
+            log.warning("auto(%s): %s send more than the raw tensor (%d bytes) at shape %s; not chosen there",
+                        self.budget, ", ".join(big), raw, list(key[0]))
         best = pick(ms, self.budget, self.bytes_per_s).spec
         if self._choice.get(key) != best:
             log.info("auto(%s): %s at %.3g Mbit/s for shape %s", self.budget, best, self.bytes_per_s * 8e-6, key[0])
@@ -131,7 +145,8 @@ class AutoCodec(Codec):
             t1 = time.perf_counter()
             y = decode(enc)
             t2 = time.perf_counter()
-            ms.append(Measurement(spec, t1 - t0, t2 - t1, enc.nbytes, relative_error(x, y)))
+            err = relative_error_on_device(x, y) if B.is_paddle(x) else relative_error(x, y)
+            ms.append(Measurement(spec, t1 - t0, t2 - t1, enc.nbytes, err))
             encs[spec] = enc
         return ms, encs
 

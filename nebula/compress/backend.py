@@ -8,7 +8,7 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = [
-    "is_paddle", "kind_of", "dtype_name", "shape_of", "numel", "nbytes_of", "is_float_dtype", "contiguous",
+    "is_paddle", "kind_of", "dtype_name", "wire_dtype_name", "shape_of", "numel", "nbytes_of", "is_float_dtype", "contiguous",
     "compute_dtype", "cast", "reshape", "to_host", "from_host", "parallel_chunks", "FLOAT_DTYPES", "WIRE_DTYPES",
 ]
 
@@ -39,6 +39,13 @@ def dtype_name(x: Any) -> str:
     if is_paddle(x):
         return str(x.dtype).rsplit(".", 1)[-1]
     return x.dtype.name
+
+
+def wire_dtype_name(x: Any) -> str:
+    """Dtype name a payload carries in the frame header: bfloat16 bits are 'uint16' on both paths (numpy has no
+    bfloat16 and holds them as uint16), so paddle- and numpy-encoded headers are byte-identical."""
+    name = dtype_name(x)
+    return "uint16" if name == "bfloat16" else name
 
 
 def is_float_dtype(name: str) -> bool:

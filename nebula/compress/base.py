@@ -11,6 +11,7 @@ import numpy as np
 
 from . import backend as B
 from .encoded import Encoded, raw_encoded
+from .inflation import check_inflation
 from .spec import SpecError, SpecNode, format_spec, parse_spec
 
 __all__ = [
@@ -86,7 +87,9 @@ class Codec(ABC):
         if not self.lossy or not B.is_float_dtype(dt) or B.numel(x) == 0:
             return raw_encoded(x, self.spec)
         enc = self._encode(B.cast(x, B.compute_dtype(dt)))
-        return replace(enc, dtype=dt, shape=B.shape_of(x), kind=B.kind_of(x), spec=self.spec, _header=None)
+        enc = replace(enc, dtype=dt, shape=B.shape_of(x), kind=B.kind_of(x), spec=self.spec, _header=None)
+        check_inflation(self.spec, x, enc.nbytes)  # warns once per shape when the encoding outgrows the tensor
+        return enc
 
     def decode(self, enc: Encoded) -> Any:
         """Decompress to the same kind, shape and dtype as the encoded input."""

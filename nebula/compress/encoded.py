@@ -69,7 +69,7 @@ def _node_json(enc: Encoded) -> dict[str, Any]:
         if isinstance(v, Encoded):
             parts.append([name, _node_json(v)])
         else:
-            parts.append([name, {"a": B.dtype_name(v), "s": list(B.shape_of(v))}])
+            parts.append([name, {"a": B.wire_dtype_name(v), "s": list(B.shape_of(v))}])
     node: dict[str, Any] = {"c": enc.codec, "d": enc.dtype, "s": list(enc.shape), "p": parts}
     if enc.meta:
         node["m"] = enc.meta

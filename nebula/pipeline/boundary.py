@@ -4,6 +4,10 @@
 backward" in its backward (its gradient comes back from the next stage). `RecvActivation` runs "receive forward"
 (the activation arrives as a leaf that requires grad) and "send backward" (the gradient that autograd computes
 for it goes back to the previous stage). Codecs are chosen per direction and step by the `Boundary`.
+
+Activations and gradients stay paddle tensors end to end: the sending thread encodes them with paddle ops on their
+device and only the compressed payloads reach the host (`nebula.compress.device`); the receiving thread decodes
+them onto this process's device. Control arrays are small numpy arrays, sent uncompressed.
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ class Boundary:
         out_lane = "activation" if side == "upstream" else "gradient"
         self.outbox = Outbox(out_link, out_lane, self.stats)
         self.mailbox = Mailbox(in_link, self.stats, peer_timeout_s=peer_timeout_s,
-                               what="gradient" if side == "upstream" else "activation")
+                               what="gradient" if side == "upstream" else "activation", like="paddle")
         self.ctl_out = Outbox(ctl, "control", self.stats)
         self.ctl_in = Mailbox(ctl, self.stats, peer_timeout_s=peer_timeout_s, what="control message")
         self._grads_sent: set[Key] = set()
@@ -43,12 +47,13 @@ class Boundary:
         self.wait_s = 0.0  # time the compute thread spent blocked on this boundary
         self.lost: PeerLost | None = None
 
-    def send_array(self, key: Key, x: np.ndarray, direction: str) -> None:
-        """Queue `x` for the peer with the codec for `direction` at step key[0]."""
+    def send_array(self, key: Key, x: Any, direction: str) -> None:
+        """Queue `x` (a paddle.Tensor: encoded on its device; or a numpy array) for the peer with the codec for
+        `direction` at step key[0]."""
         self.outbox.send(key, x, self._codec(direction, key[0]))
 
-    def recv_array(self, key: Key) -> np.ndarray:
-        """Wait for the array under `key` on the incoming data link (counts as link wait)."""
+    def recv_array(self, key: Key) -> Any:
+        """Wait for the tensor under `key` on the incoming data link (counts as link wait); a paddle.Tensor."""
         return self._timed_get(self.mailbox, key)
 
     def _timed_get(self, box: Mailbox, key: Key, timeout_s: float | None = None) -> np.ndarray:
@@ -64,13 +69,13 @@ class Boundary:
     def send_gradient(self, key: Key, g: paddle.Tensor) -> None:
         """Send the gradient of the activation received under `key` (downstream side)."""
         self._grads_sent.add(key)
-        self.send_array(key, g.numpy(), "backward")
+        self.send_array(key, g.detach(), "backward")
 
     def finish_gradients(self) -> None:
         """Send zeros for received activations that did not reach the loss, so the upstream rank never hangs."""
         for key, (shape, dtype) in self.received:
             if key not in self._grads_sent:
-                self.send_array(key, np.zeros(shape, dtype=dtype), "backward")
+                self.send_array(key, paddle.zeros(shape, dtype=dtype), "backward")
         self._grads_sent.clear()
         self.received.clear()
 
@@ -105,7 +110,7 @@ class SendActivation(PyLayer):
         """Send forward: queue x for the next stage; the returned token carries x's place in the graph."""
         ctx.boundary, ctx.key = boundary, key
         ctx.shape, ctx.dtype = list(x.shape), x.dtype
-        boundary.send_array(key, x.numpy(), "forward")
+        boundary.send_array(key, x.detach(), "forward")
         return paddle.zeros([1], dtype="float32")
 
     @staticmethod
@@ -115,7 +120,7 @@ class SendActivation(PyLayer):
         if list(g.shape) != ctx.shape:
             raise RuntimeError(f"gradient for step {ctx.key[0]} micro-batch {ctx.key[1]} from cluster "
                                f"{ctx.boundary.peer_cluster} has shape {list(g.shape)}, expected {ctx.shape}")
-        return paddle.to_tensor(g).astype(ctx.dtype)
+        return _as_tensor(g).astype(ctx.dtype)
 
 
 class RecvActivation(PyLayer):
@@ -137,17 +142,21 @@ class RecvActivation(PyLayer):
 def send_forward(x: paddle.Tensor, boundary: Boundary, key: Key) -> paddle.Tensor | None:
     """Send `x` downstream; returns a token whose backward fetches x's gradient (None if x needs no gradient)."""
     if x.stop_gradient or not paddle.is_floating_point(x):
-        boundary.send_array(key, x.numpy(), "forward")
+        boundary.send_array(key, x.detach(), "forward")
         return None
     return SendActivation.apply(x, boundary, key)
 
 
 def recv_forward(boundary: Boundary, key: Key, *, with_grad: bool = True) -> paddle.Tensor:
     """Receive the activation under `key`; when it is floating point its gradient goes back on backward."""
-    arr = boundary.recv_array(key)
-    x = paddle.to_tensor(arr)
-    if not with_grad or not np.issubdtype(arr.dtype, np.floating):
+    x = _as_tensor(boundary.recv_array(key))
+    if not with_grad or not paddle.is_floating_point(x):
         return x
     x.stop_gradient = False
-    boundary.received.append((key, (list(arr.shape), arr.dtype)))
+    boundary.received.append((key, (list(x.shape), x.dtype)))
     return RecvActivation.apply(x, boundary, key)
+
+
+def _as_tensor(x: Any) -> paddle.Tensor:
+    """A received tensor as a paddle.Tensor (a numpy array from a numpy-path receiver is copied in once)."""
+    return x if isinstance(x, paddle.Tensor) else paddle.to_tensor(x)

@@ -54,6 +54,10 @@ class Link(abc.ABC):
     def close(self) -> None:
         """Release resources (the endpoint owner closes the connection)."""
 
+    def throughput_bytes_per_s(self) -> float | None:
+        """The link's measured throughput to the peer cluster (None: not measured, e.g. an in-process link)."""
+        return None
+
 
 class ChannelLink(Link):
     """A link over a `nebula.channel` channel (ordered, exactly-once, through the switch servers)."""
@@ -69,6 +73,10 @@ class ChannelLink(Link):
     def recv(self, timeout_s: float) -> bytes:
         """Receive one message; channel errors (PeerUnavailable, ChannelError) propagate."""
         return self._ch.recv(timeout_s=timeout_s)
+
+    def throughput_bytes_per_s(self) -> float | None:
+        """What the endpoint measured from the acknowledgements of its messages to the peer cluster."""
+        return self._ch.ep.throughput(self.peer_cluster)
 
 
 class QueueLink(Link):
@@ -120,22 +128,34 @@ class LinkStats:
 
 
 class Outbox:
-    """Encodes arrays with a per-direction codec and sends them, in one background thread (order kept)."""
+    """Encodes tensors with a per-direction codec and sends them, in one background thread (order kept).
+
+    A paddle.Tensor is encoded with paddle ops on its device; only the compressed bytes reach the host. After each
+    send the link's measured throughput goes to the direction's bandwidth-adaptive codecs (auto).
+    """
 
     def __init__(self, link: Link, lane: str, stats: LinkStats) -> None:
+        from nebula.pipeline.bandwidth import BandwidthFeed
+
         self.link, self.lane, self.stats = link, lane, stats
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"send-{link.peer_cluster}")
         self._coder = TensorCoder()  # stateful codecs keep their state per direction, one instance per spec
+        self._specs: set[str] = set()  # specs this direction has sent with
+        self.bandwidth = BandwidthFeed(link.throughput_bytes_per_s)
         self._pending: list[Future] = []
         self._lock = threading.Lock()
 
-    def send(self, key: Key, array: np.ndarray, codec: str) -> None:
-        """Encode and send `array` under `key` in the background; errors surface in `flush`."""
+    def send(self, key: Key, array: Any, codec: str) -> None:
+        """Encode and send `array` (paddle.Tensor or numpy array) under `key` in the background; errors surface in
+        `flush`."""
         fut = self._pool.submit(self._send, key, array, codec)
         with self._lock:
             self._pending.append(fut)
 
-    def _send(self, key: Key, array: np.ndarray, codec: str) -> None:
+    def _send(self, key: Key, array: Any, codec: str) -> None:
+        if codec not in self._specs:
+            self._specs.add(codec)
+        self.bandwidth.feed(self._coder.codec(s) for s in self._specs)
         t0 = time.perf_counter()
         frames = self._coder.encode(array, codec)
         self.stats.codec_s += time.perf_counter() - t0
@@ -167,8 +187,9 @@ def _transient(exc: BaseException) -> bool:
 class Mailbox:
     """Receives and decodes messages of one link in a background thread; `get(key)` waits for a given key."""
 
-    def __init__(self, link: Link, stats: LinkStats, *, peer_timeout_s: float, what: str) -> None:
+    def __init__(self, link: Link, stats: LinkStats, *, peer_timeout_s: float, what: str, like: str = "numpy") -> None:
         self.link, self.stats, self.peer_timeout_s, self.what = link, stats, peer_timeout_s, what
+        self.like = like  # 'paddle': decoded with paddle ops onto this process's device
         self._items: dict[Key, np.ndarray] = {}
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -200,7 +221,7 @@ class Mailbox:
                 view = memoryview(data)
                 key = _HEADER.unpack_from(view)
                 t0 = time.perf_counter()
-                array = self._coder.decode([view[_HEADER.size:]], like="numpy")
+                array = self._coder.decode([view[_HEADER.size:]], like=self.like)
                 self.stats.codec_s += time.perf_counter() - t0
             except Exception as exc:  # noqa: BLE001 - a malformed message is fatal for this boundary
                 with self._cond:

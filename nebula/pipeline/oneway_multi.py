@@ -340,7 +340,7 @@ class OneWay:
         out: list[Any] = []
         t0 = time.perf_counter()
         if r.prev is not None:
-            parts = [r.prev.recv_array((*key, j)) for j in range(k)]
+            parts = [np.asarray(r.prev.recv_array((*key, j))) for j in range(k)]  # host arrays pickle
             t0 = time.perf_counter()
             dist.scatter_object_list(out, parts, src=r.rank, group=self.scatter_group)
         else:

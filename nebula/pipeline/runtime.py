@@ -388,12 +388,19 @@ class _Runner:
             "step_s": round(step_s, 6), "wait_s": round(wait, 6), "compute_s": round(max(step_s - wait, 0.0), 6),
             "bytes_sent": sum(s.bytes_sent for s in stats), "bytes_recv": sum(s.bytes_recv for s in stats),
             "codec_s": round(sum(s.codec_s for s in stats), 6),
+            "link_bytes_per_s": self._link_rate(),
             "examples": self.cfg.train.global_batch // self.world, "time": time.time(),
             **(self.ow.extra if self.ow is not None else {}),
         }
         if loss is not None:
             result.losses[step] = loss
         self.metrics.write(rec)
+
+    def _link_rate(self) -> float | None:
+        """The lowest throughput measured on this rank's boundary links (None: none measured yet)."""
+        rates = [b.outbox.link.throughput_bytes_per_s() for b in (self.prev, self.next) if b is not None]
+        rates = [r for r in rates if r]
+        return round(min(rates), 1) if rates else None
 
     def close(self) -> None:
         """Flush and stop boundaries, close the metrics file and the switch connection."""

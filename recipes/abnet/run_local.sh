@@ -2,7 +2,7 @@
 # The main job: ABNet fine-tuning across two clusters on this machine.
 # Provisions a throwaway federation (CA, switch configs, worker credentials), starts both switch servers,
 # gives each cluster only its side of the gettext corpus, trains (encoder stage: cluster A, 2 ranks; decoder
-# stage: cluster B, 2 ranks; activations forward as fp16(svd(r)), gradients back as int8), evaluates BLEU,
+# stage: cluster B, 2 ranks; activations forward and gradients back as int8), evaluates BLEU,
 # writes loss.png and summary.md, prints sample translations, and stops everything it started.
 # Usage: bash recipes/abnet/run_local.sh [RUN_DIR]
 # env: STEPS, FORWARD, BACKWARD, RATE_MBIT, LANGS, MAX_WORDS, VOCAB_TOP_K, TEST_PER_MILLE, LOCALE_DIR, PRETRAIN_STEPS
@@ -14,7 +14,7 @@ PY=${PY:-$REPO/.venv/bin/python}
 BIN=$(dirname "$PY")
 RUN=${1:-$REPO/runs/abnet-$(date +%Y%m%d-%H%M%S)}
 STEPS=${STEPS:-2000}
-FORWARD=${FORWARD:-fp16(svd(0.6))}
+FORWARD=${FORWARD:-int8}
 BACKWARD=${BACKWARD:-int8}
 RATE_MBIT=${RATE_MBIT:-60}
 mkdir -p "$RUN/logs"
