@@ -37,12 +37,10 @@ __all__ = [
     "AuditLog",
     "default_actor",
     "Checkpoint",
-    "VerifyReport",
     "GENESIS",
     "generate_signing_key",
     "public_key_pem",
     "verify_checkpoint",
-    "verify_log",
     "read_records",
     "read_checkpoints",
     "filter_records",
@@ -443,10 +441,3 @@ def filter_records(records: Iterable[dict], *, user: str | None = None, action: 
             continue
         yield r
 
-
-def __getattr__(name: str) -> Any:
-    # the verifier lives in security.audit_verify (which imports this module); keep the old import path working
-    if name in ("verify_log", "VerifyReport"):
-        from security import audit_verify
-        return getattr(audit_verify, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -18,7 +18,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark; print where the profiles are."""
-    from nebula.hybrid.bench import bench_cluster, read_profiles
+    from nebula.hybrid.bench import read_profiles
+    from nebula.launch.bench import bench_cluster
 
     try:
         code = bench_cluster(args.job, args.cluster, args.out)

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
                                          log_dir=args.log_dir)))
             return 0
         if args.elastic:
-            from nebula.hybrid.elastic import launch_elastic
+            from nebula.launch.elastic import launch_elastic
 
             prepare(args.job, args.cluster)
             return launch_elastic(args.job, args.cluster)

@@ -88,7 +88,7 @@ class Codec(ABC):
             return raw_encoded(x, self.spec)
         enc = self._encode(B.cast(x, B.compute_dtype(dt)))
         enc = replace(enc, dtype=dt, shape=B.shape_of(x), kind=B.kind_of(x), spec=self.spec, _header=None)
-        check_inflation(self.spec, x, enc.nbytes)  # warns once per shape when the encoding outgrows the tensor
+        check_inflation(self.spec, x, enc.nbytes, get_codec)  # warns once per shape when the encoding outgrows the tensor
         return enc
 
     def decode(self, enc: Encoded) -> Any:

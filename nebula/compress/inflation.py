@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from . import backend as B
 from . import factorize as F
@@ -81,7 +81,7 @@ def forget_warnings() -> None:
         _seen.clear()
 
 
-def check_inflation(spec: str, x: Any, nbytes: int) -> bool:
+def check_inflation(spec: str, x: Any, nbytes: int, codec_of: Callable[[str], Any]) -> bool:
     """Warn once per (codec, shape, dtype) when `nbytes` exceeds what `none` sends, or what the nested codec's outer
     codec alone sends; the warning names the codec, the shape and a smaller alternative. True when it warned."""
     if getattr(_busy, "on", False):
@@ -96,13 +96,13 @@ def check_inflation(spec: str, x: Any, nbytes: int) -> bool:
         _seen.add(key)
     _busy.on = True
     try:
-        return _check(spec, x, nbytes, shape, dtype)
+        return _check(spec, x, nbytes, shape, dtype, codec_of)
     finally:
         _busy.on = False
 
 
-def _check(spec: str, x: Any, nbytes: int, shape: tuple[int, ...], dtype: str) -> bool:
-    from .base import get_codec  # the registry: imported late (base imports this module)
+def _check(spec: str, x: Any, nbytes: int, shape: tuple[int, ...], dtype: str,
+           get_codec: Callable[[str], Any]) -> bool:
 
     raw = raw_encoded(x).nbytes
     node = parse_spec(spec)

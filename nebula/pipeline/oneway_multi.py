@@ -14,16 +14,13 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 
 from nebula.config._schema import ConfigError
 from nebula.pipeline.data import rank_micro_batches, step_ids
 from nebula.pipeline.oneway import choose_k
-
-if TYPE_CHECKING:  # pragma: no cover
-    from nebula.pipeline.runtime import _Runner
 
 __all__ = ["ScatterPlan", "plan_for", "OneWay", "signatures_agree"]
 
@@ -96,7 +93,7 @@ def signatures_agree(mine: dict, theirs: dict) -> str | None:
 class OneWay:
     """The one-way schedule of one rank (sender, receiver, idle receiver, or all stages in one process)."""
 
-    def __init__(self, runner: "_Runner") -> None:
+    def __init__(self, runner: Any) -> None:  # the runtime's per-rank runner (runtime._Runner)
         self.r = runner
         cfg = runner.cfg
         self.segments = cfg.segments
@@ -385,7 +382,7 @@ def _normalise(out: Any, last: bool) -> Any:
     return StageOutput(loss=out) if last else StageOutput(send=out)
 
 
-def _timed(fn: Callable[[], Any], num: int, r: "_Runner") -> tuple[Any, float]:
+def _timed(fn: Callable[[], Any], num: int, r: Any) -> tuple[Any, float]:
     """Run forward + backward `num` times (gradients dropped); the last output and the median seconds."""
     out, times = None, []
     with r._no_sync():  # only this rank runs the probe: no data-parallel all-reduce inside backward

@@ -107,7 +107,7 @@ def test_check_inflation_on_paddle_tensors_names_the_shape(caplog):
     forget_warnings()
     t = paddle.to_tensor(_act((4, 16, 64)))
     with caplog.at_level(logging.WARNING, logger="nebula.compress"):
-        assert check_inflation("topk(0.9)", t, 10 * 4 * 16 * 64 * 4)
+        assert check_inflation("topk(0.9)", t, 10 * 4 * 16 * 64 * 4, get_codec)
     assert "[4, 16, 64]" in caplog.records[0].getMessage()
 
 

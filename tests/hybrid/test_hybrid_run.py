@@ -5,7 +5,7 @@ import pytest
 
 from nebula.config.job import load_job_config
 from nebula.hybrid.checkpoint import committed_steps, read_marker
-from nebula.hybrid.elastic import relayout
+from nebula.launch.elastic import relayout
 from nebula.hybrid.runner import run_hybrid
 from nebula.pipeline import read_metrics, replace_steps
 from tests.hybrid.helpers import assert_same_losses, hybrid_job, losses_of, reference_losses, run_cluster

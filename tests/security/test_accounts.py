@@ -9,7 +9,8 @@ import datetime as dt
 import pytest
 
 from security.accounts import Accounts, hash_password, verify_password
-from security.audit import read_records, verify_log
+from security.audit import read_records
+from security.audit_verify import verify_log
 from security.errors import AccessDenied, AccountError, AccountLocked, AuthenticationFailed
 
 N = 1024  # scrypt cost lowered for tests only; the default stays at 2**17

@@ -13,7 +13,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from security.ca import CertificateAuthority, make_csr, parse_serial
-from security.audit import read_records, verify_log
+from security.audit import read_records
+from security.audit_verify import verify_log
 from security.errors import CAError, IdentityError
 from security.identity import Identity, identity_of
 
