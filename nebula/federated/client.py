@@ -128,9 +128,9 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     cl = job.cluster(cluster)
     rank = FIRST_CLIENT_RANK + index
     ep = Endpoint.connect(cl.worker, job=job.job, rank=rank, timeout_s=job.startup_timeout_s)
-    mb = Mailbox(ep, job.piece_bytes)
+    mb = Mailbox(ep, job.piece_bytes, Peer(job.controller.cluster, CONTROLLER_RANK))
     combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
-    controller = Peer(job.controller.cluster, CONTROLLER_RANK)
+    listen = mb_peers(job)
     me = f"{cluster}/{rank}"
     hello = {"type": "hello", "job": job.job, "num_examples": client.num_examples()}
     for c in combiners:
@@ -140,7 +140,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     t_end = None if stop_after_s is None else time.monotonic() + stop_after_s
     try:
         while t_end is None or time.monotonic() < t_end:
-            got, pending = pending or mb.poll([*combiners, controller], 1.0), None
+            got, pending = pending or mb.poll(listen, 1.0), None
             if got is None:
                 continue
             peer, head, _ = got
@@ -172,12 +172,17 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
               "num_examples": n, "metrics": {"eval_loss": loss, "eval_examples": n_eval, **em, **fm}}
     mb.send(peer, mb.model_header(header, weights))
     deadline = time.monotonic() + job.deadline_s + 10
+    others = [p for p in mb_peers(job) if p != peer]
     while time.monotonic() < deadline:
-        try:
-            answer, _ = mb.recv(peer, max(0.0, deadline - time.monotonic()))
-        except TimeoutError:
-            break
+        got = mb.poll([peer, *others], min(1.0, max(0.0, deadline - time.monotonic())))
+        if got is None:
+            continue
+        src, answer, _ = got
         kind = answer.get("type")
+        if src != peer:  # another combiner (ours is gone, we were reassigned) or the controller
+            if kind in ("task", "stop", "get_parameters", "hello?"):
+                return False, got
+            continue
         if kind == "pull":
             mb.send_pieces(peer, weights)
             return True, None
@@ -185,6 +190,11 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
             log.warning("%s: update of round %s refused: %s", me, head["round"], answer.get("reason"))
             return False, None
         if kind in ("task", "stop", "hello?", "get_parameters"):  # the round moved on without our update
-            return False, (peer, answer, None)
+            return False, got
     log.warning("%s: combiner %s did not answer the update of round %s", me, peer, head["round"])
     return False, None
+
+
+def mb_peers(job: FederatedJob) -> list[Peer]:
+    """Everyone a client listens to: every combiner and the controller."""
+    return [*(Peer(c.id, COMBINER_RANK) for c in job.clusters), Peer(job.controller.cluster, CONTROLLER_RANK)]

@@ -45,6 +45,7 @@ class Combiner:
         self.clients = client_peers(job)
         self.controller = Peer(job.controller.cluster, CONTROLLER_RANK)
         self.known_version = 0
+        self.refused_between: list[dict] = []  # refusals while no round ran, reported with the next partial
         self.mb: Mailbox | None = None
         self.audit: ActorAudit | None = None
 
@@ -52,7 +53,7 @@ class Combiner:
         """Connect to the switch and serve rounds until told to stop."""
         cl = self.job.cluster(self.cluster)
         ep = Endpoint.connect(cl.worker, job=self.job.job, rank=COMBINER_RANK, timeout_s=self.job.startup_timeout_s)
-        self.mb = Mailbox(ep, self.job.piece_bytes)
+        self.mb = Mailbox(ep, self.job.piece_bytes, self.controller)
         self.audit = ActorAudit(self.workdir, cl.worker, "combiner", self.cluster, COMBINER_RANK)
         log.info("combiner %s/%d ready", self.cluster, COMBINER_RANK)
         try:
@@ -78,8 +79,9 @@ class Combiner:
             ep.close(flush_s=5)
 
     def _status(self, head: dict) -> None:
-        roster = {str(c): n for c, n in self.roster.items() if c not in self.missed}
-        self.mb.send(self.controller, {"type": "status", "seq": head.get("seq"), "roster": roster})
+        roster = {str(c): n for c, n in self.roster.items()}
+        self.mb.send(self.controller, {"type": "status", "seq": head.get("seq"), "roster": roster,
+                                       "missed": sorted(str(c) for c in self.missed)})
 
     def _from_client(self, peer: Peer, head: dict, rnd: Any) -> None:
         kind = head.get("type")
@@ -92,8 +94,10 @@ class Combiner:
             self.roster[peer] = n
         elif kind == "update":
             if rnd is None:
-                self._refuse(peer, head, "late: no round in progress at this combiner; a synchronous round never "
-                                         "averages updates of another round")
+                reason = ("late: no round in progress at this combiner; a synchronous round never averages updates "
+                          "of another round")
+                self.refused_between.append({"client": str(peer), "reason": reason})
+                self._refuse(peer, head, reason)
             else:
                 rnd.on_update(peer, head)
 
@@ -137,7 +141,8 @@ class _Round:
         self.expected = {str(p) for p in self.asked}
         self.tensors = manifest(weights)
         self.seen: set[str] = set()
-        self.rejected: list[dict] = []
+        self.rejected: list[dict] = comb.refused_between
+        comb.refused_between = []
         self.accepted: list[str] = []
         self.streaming = comb.strategy.streaming
         self.mean = RunningMean(weights) if self.streaming else None
@@ -213,7 +218,7 @@ class _Round:
             num_updates, num_examples = len(self.kept), sum(n for _, n in self.kept)
             partial = self.c.strategy.combine(self.kept, self.names) if self.kept else None
         metrics = {k: v / self.eval_examples for k, v in self.metrics.items()} if self.eval_examples else {}
-        header = {"type": "partial", "round": self.round, "version": self.version, "num_updates": num_updates,
+        header = {"type": "partial", "session": self.head.get("session"), "round": self.round, "version": self.version, "num_updates": num_updates,
                   "num_examples": num_examples, "clients": sorted(self.accepted), "rejected": self.rejected,
                   "missing": [str(p) for p in missing], "metrics": metrics, "eval_examples": self.eval_examples}
         if partial is None:

@@ -46,13 +46,15 @@ class Controller:
         self.trail: ModelTrail | None = None
         self.audit: ActorAudit | None = None
         self._seq = 0
+        self._started = False
+        self.session = os.urandom(6).hex()  # partials of a round an earlier controller process started are not ours
         self.wan_bytes: list[int] = []  # bytes this controller sent to other clusters, per round
 
     def run(self) -> int:
         """Run rounds from the trail's head to `job.rounds`; the head version at the end."""
         cl = self.job.cluster(self.job.controller.cluster)
         ep = Endpoint.connect(cl.worker, job=self.job.job, rank=CONTROLLER_RANK, timeout_s=self.job.startup_timeout_s)
-        self.mb = Mailbox(ep, self.job.piece_bytes)
+        self.mb = Mailbox(ep, self.job.piece_bytes, Peer(cl.id, CONTROLLER_RANK), self._next_epoch())
         self.trail = ModelTrail(self.dir / "trail")
         self.audit = ActorAudit(self.dir / "controller", cl.worker, "controller", cl.id, CONTROLLER_RANK)
         try:
@@ -77,13 +79,20 @@ class Controller:
             self.trail.close()
             ep.close(flush_s=5)
 
+    def _next_epoch(self) -> int:
+        """This start's epoch: one more than the last start's (kept beside the trail)."""
+        f = self.dir / "epoch"
+        epoch = int(f.read_text()) + 1 if f.exists() else 0
+        f.write_text(str(epoch))
+        return epoch
+
     # participation
     def _status(self) -> tuple[list[Peer], dict[Peer, int]]:
         """(combiners that answered, the union of their rosters: client -> examples)."""
         self._seq += 1
         for c in self.combiners:
             self.mb.send(c, {"type": "status", "seq": self._seq})
-        live, roster = [], {}
+        live, roster, missed = [], {}, set()
         deadline = time.monotonic() + STATUS_WAIT_S
         waiting = set(self.combiners)
         while waiting and time.monotonic() < deadline:
@@ -96,9 +105,11 @@ class Controller:
                 live.append(peer)
                 for c, n in (head.get("roster") or {}).items():
                     roster[Peer.parse(c)] = int(n)
+                missed.update(head.get("missed") or [])
             else:
                 self._discard(peer, head)
-        return sorted(live), roster
+        # a client that let its combiner down is not asked again until that combiner hears from it
+        return sorted(live), {c: n for c, n in roster.items() if str(c) not in missed}
 
     def _discard(self, peer: Peer, head: dict) -> None:
         """Drop a message of an earlier round (consuming the model pieces that follow it)."""
@@ -106,11 +117,15 @@ class Controller:
         if "num_pieces" in head:
             self.mb.recv_model(peer, head, self.job.deadline_s, on_piece=lambda *a: None)
 
-    def _wait_roster(self, need: int) -> tuple[list[Peer], dict[Peer, int]]:
-        deadline = time.monotonic() + self.job.startup_timeout_s
+    def _wait_roster(self, need: int, want: int | None = None) -> tuple[list[Peer], dict[Peer, int]]:
+        """Live combiners and roster once `need` clients are connected; up to `startup_timeout_s` for `want`."""
+        t0 = time.monotonic()
+        deadline = t0 + self.job.startup_timeout_s
         while True:
             live, roster = self._status()
-            if live and len(roster) >= need:
+            if live and len(roster) >= (want or need) and (not want or len(live) == len(self.combiners)):
+                return live, roster
+            if live and len(roster) >= need and want and time.monotonic() > t0 + self.job.startup_timeout_s / 2:
                 return live, roster
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(roster)} clients reached {len(live)} combiners within "
@@ -147,14 +162,21 @@ class Controller:
         started = time.time()
         head = self.trail.head()
         weights, state = self.trail.load(head.version)
-        live, roster = self._wait_roster(job.validity.min_updates)
+        # the first round of this process waits for every listed client (the job names them), later ones go on
+        # with whoever is there
+        want = None
+        if not self._started:
+            want = job.clients_per_round or sum(c.num_clients for c in job.clusters)
+            self._started = True
+        live, roster = self._wait_roster(job.validity.min_updates, want)
         assignment = self._assign(live, roster, r)
+        log.info("round %d: live combiners %s, %d clients connected", r, [str(c) for c in live], len(roster))
         expected_examples = sum(roster[p] for cl in assignment.values() for p in cl)
         t0 = time.monotonic()
         sent_before = {c: self.mb.sent_bytes.get(c, 0) for c in self.mb.sent_bytes}
         for comb, cl in assignment.items():
             copies = 1 if job.wan_once else len(cl)
-            hdr = {"type": "round", "round": r, "version": head.version, "deadline_s": job.deadline_s,
+            hdr = {"type": "round", "session": self.session, "round": r, "version": head.version, "deadline_s": job.deadline_s,
                    "clients": [str(p) for p in cl], "config": self.strategy.client_options(), "copies": copies}
             self.mb.send_model(comb, hdr, weights)
             for _ in range(copies - 1):
@@ -163,16 +185,18 @@ class Controller:
         self.wan_bytes.append(sum(n - sent_before.get(c, 0) for c, n in self.mb.sent_bytes.items() if c != home))
         reducer = RunningMean(weights)
         clients, rejected, missing, lost = [], [], [], []
+        num_updates = 0
         metric_sums: dict[str, float] = {}
         eval_examples = 0
         waiting = set(assignment)
+        broken = False
         give_up = t0 + job.deadline_s + REPORT_GRACE_S
         while waiting and time.monotonic() < give_up:
             got = self.mb.poll(sorted(waiting), give_up - time.monotonic())
             if got is None:
                 break
             peer, h, _ = got
-            if h.get("type") != "partial" or h.get("round") != r:
+            if h.get("type") != "partial" or h.get("round") != r or h.get("session") != self.session:
                 self._discard(peer, h)
                 continue
             waiting.discard(peer)
@@ -183,8 +207,9 @@ class Controller:
             except (TimeoutError, ValueError) as exc:
                 lost.append(str(peer))
                 self.audit.record("fl.partial", str(peer), "refused", {"round": r, "reason": str(exc)})
-                reducer = RunningMean(weights)  # a half-folded partial cannot be taken out again: drop the round's
+                broken = True  # a half-folded partial cannot be taken out again: the round is invalid
                 continue
+            num_updates += int(h["num_updates"])
             clients += h.get("clients", [])
             rejected += h.get("rejected", [])
             missing += h.get("missing", [])
@@ -198,8 +223,9 @@ class Controller:
             self.audit.record("fl.combiner", str(c), "lost", {"round": r, "clients": [str(p) for p in assignment[c]]})
             log.warning("controller: combiner %s did not report round %d; its clients go elsewhere next round", c, r)
         metrics = {f"parent_{k}": v / eval_examples for k, v in metric_sums.items()} if eval_examples else {}
-        num_updates, num_examples = reducer.num_updates, reducer.num_examples
-        why = self._invalid(num_updates, num_examples, expected_examples)
+        num_examples = reducer.num_examples
+        why = "a partial model broke off mid-transfer" if broken else self._invalid(num_updates, num_examples,
+                                                                                      expected_examples)
         version = None
         if why is None:
             new, state = self.strategy.server_step(weights, reducer.result(), state)

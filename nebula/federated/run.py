@@ -13,7 +13,7 @@ from nebula.federated.combiner import Combiner
 from nebula.federated.config import load_federated_job
 from nebula.federated.controller import Controller
 
-__all__ = ["run_cluster", "run_one_client", "main"]
+__all__ = ["run_cluster", "run_one_client", "run_clients", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,29 @@ def run_one_client(job_file: str | Path, cluster: str, index: int) -> int:
     return run_client(job, cluster, index, load_client(job, cluster, index))
 
 
+def run_clients(job_file: str | Path, cluster: str, indices: list[int] | None = None) -> dict[int, int]:
+    """Run several clients of `cluster` in this process (one thread and one switch connection each): many
+    lightweight clients without a process each. Rounds trained, by index."""
+    job = load_federated_job(job_file)
+    c = job.cluster(cluster)
+    indices = list(range(c.num_clients)) if indices is None else indices
+    done: dict[int, int] = {}
+
+    def serve(i: int) -> None:
+        done[i] = run_client(job, cluster, i, load_client(job, cluster, i))
+
+    threads = [threading.Thread(target=serve, args=(i,), name=f"client-{cluster}-{i}", daemon=True) for i in indices]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return done
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m nebula.federated.run cluster|client ...`."""
     p = argparse.ArgumentParser(prog="python -m nebula.federated.run", description=__doc__)
-    p.add_argument("role", choices=["cluster", "client", "controller", "combiner"])
+    p.add_argument("role", choices=["cluster", "client", "clients", "controller", "combiner"])
     p.add_argument("job")
     p.add_argument("--cluster", required=True)
     p.add_argument("--index", type=int, default=0)
@@ -65,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "client":
         n = run_one_client(args.job, args.cluster, args.index)
         print(f"client {args.cluster}/{args.index} trained {n} rounds", flush=True)
+    elif args.role == "clients":
+        done = run_clients(args.job, args.cluster)
+        print(f"clients of {args.cluster} trained {sum(done.values())} rounds in all", flush=True)
     elif args.role == "controller":
         job = load_federated_job(args.job)
         print(f"head version {Controller(job).run()}", flush=True)

@@ -23,6 +23,10 @@ CONTROLLER_RANK = 0
 COMBINER_RANK = 1
 FIRST_CLIENT_RANK = 2
 CHANNEL = "fl"
+# A channel's sequence numbers live as long as both its ends: a restarted controller cannot reuse its channels.
+# Each start of the controller takes the next epoch (kept with its trail) and talks on channels named fl.c<epoch>;
+# the others listen on the next EPOCH_WINDOW epochs and follow the newest they hear from.
+EPOCH_WINDOW = 16
 PIECE_BYTES = 4 * 1024 * 1024
 
 
@@ -96,16 +100,26 @@ class ModelAssembler:
 class Mailbox:
     """This actor's channels (one per peer, all called `fl`) and the send/receive helpers on them."""
 
-    def __init__(self, ep: Endpoint, piece_bytes: int = PIECE_BYTES) -> None:
+    def __init__(self, ep: Endpoint, piece_bytes: int = PIECE_BYTES, controller: Peer | None = None,
+                 epoch: int = 0) -> None:
         self.ep = ep
         self.me = Peer(ep.cluster, ep.rank)
+        self.controller = controller
+        self.epoch = epoch  # ours when we are the controller, else the newest controller epoch heard from
         self.piece_bytes = piece_bytes
         self.sent_bytes: dict[str, int] = {}  # by destination cluster: what left this actor
         self._turn = 0
 
-    def channel(self, peer: Peer) -> Channel:
-        """The channel to `peer`."""
+    def channel(self, peer: Peer, epoch: int | None = None) -> Channel:
+        """The channel to `peer` (for the controller's channels: of `epoch`, default the current one)."""
+        if self.controller is not None and self.controller in (peer, self.me):
+            return self.ep.channel(peer.cluster, peer.rank, f"{CHANNEL}.c{self.epoch if epoch is None else epoch}")
         return self.ep.channel(peer.cluster, peer.rank, CHANNEL)
+
+    def _listen(self, peer: Peer) -> list[tuple[Channel, int | None]]:
+        if self.controller is not None and peer == self.controller and self.me != self.controller:
+            return [(self.channel(peer, e), e) for e in range(self.epoch, self.epoch + EPOCH_WINDOW)]
+        return [(self.channel(peer), None)]
 
     def _count(self, peer: Peer, n: int) -> None:
         self.sent_bytes[peer.cluster] = self.sent_bytes.get(peer.cluster, 0) + n
@@ -148,12 +162,19 @@ class Mailbox:
             n = len(peers)
             for i in range(n):
                 peer = peers[(self._turn + i) % n]
-                try:
-                    parts = self.channel(peer).recv_parts(0)
-                except TimeoutError:
+                parts = None
+                for ch, epoch in self._listen(peer):
+                    try:
+                        parts = ch.recv_parts(0)
+                    except TimeoutError:
+                        continue
+                    except ChannelError:
+                        continue  # the peer's cluster is unreachable: its actors time out like silent ones
+                    if epoch is not None and epoch > self.epoch:
+                        self.epoch = epoch  # a restarted controller: follow it
+                    break
+                if parts is None:
                     continue
-                except ChannelError:
-                    continue  # the peer's cluster is unreachable: its actors time out like silent ones
                 self._turn = (self._turn + i + 1) % max(n, 1)
                 head, payload = _decode(parts, peer)
                 return peer, head, payload

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
-from tests.pipeline.federation import _drain, start_switches, wait_for_line
+from tests.pipeline.federation import start_switches
 
-__all__ = ["federation", "write_job", "start_cluster", "start_client", "wait_exit"]
+__all__ = ["federation", "write_job", "start_cluster", "start_client", "start_clients", "wait_exit"]
 
 
 def federation(procs, tmp: Path, clusters=("A", "B")) -> dict[str, Path]:
@@ -37,10 +36,15 @@ def start_cluster(procs, job: Path, cluster: str, role: str = "cluster") -> subp
     return procs.python("-m", "nebula.federated.run", role, str(job), "--cluster", cluster)
 
 
-def start_client(procs, job: Path, cluster: str, index: int, drain: bool = True) -> subprocess.Popen:
+def start_client(procs, job: Path, cluster: str, index: int) -> subprocess.Popen:
     """Start client `index` of `cluster`."""
     p = procs.python("-m", "nebula.federated.run", "client", str(job), "--cluster", cluster, "--index", str(index))
     return p
+
+
+def start_clients(procs, job: Path, cluster: str) -> subprocess.Popen:
+    """Start every client of `cluster` in one process (a thread and a switch connection each)."""
+    return procs.python("-m", "nebula.federated.run", "clients", str(job), "--cluster", cluster)
 
 
 def wait_exit(p: subprocess.Popen, timeout_s: float) -> str:
@@ -49,5 +53,3 @@ def wait_exit(p: subprocess.Popen, timeout_s: float) -> str:
     assert p.returncode == 0, f"exit {p.returncode}:\n{out[-4000:]}"
     return out
 
-
-_ = (_drain, wait_for_line, sys)
