@@ -40,6 +40,7 @@ class Controller:
         self.job = job
         self.dir = Path(workdir or job.controller.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run is not this run's
         self.strategy = get_strategy(job.strategy.name, job.strategy.options)
         self.combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
         self.mb: Mailbox | None = None

@@ -9,11 +9,12 @@ import time
 import numpy as np
 import pytest
 
+from nebula.cli import main
 from nebula.federated.trail import ModelTrail
 from tests.federated.harness import federation, start_client, start_clients, start_cluster, wait_exit, write_job
 
 
-def test_rounds_through_switches_learn_reject_bad_updates_and_keep_the_trail(procs, tmp_path):
+def test_rounds_through_switches_learn_reject_bad_updates_and_keep_the_trail(procs, tmp_path, capsys):
     workers = federation(procs, tmp_path)
     job = write_job(tmp_path, workers, {"A": 2, "B": 2}, rounds=3, validity={"min_updates": 2},
                     client={"factory": "tests.federated.toy_client:make_client",
@@ -40,6 +41,22 @@ def test_rounds_through_switches_learn_reject_bad_updates_and_keep_the_trail(pro
         assert np.isfinite(w["w"]).all()
     audit = [json.loads(line) for line in (tmp_path / "fl" / "combiner-B" / "audit.log").read_text().splitlines()]
     assert any(r["action"] == "fl.update" and r["outcome"] == "refused" and r["target"] == "B/3" for r in audit)
+    # the CLI reads the same trail
+    def cli(*argv):
+        code = main(["fl", *argv])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    code, out, _ = cli("status", str(job), "--json")
+    status = json.loads(out)
+    assert code == 0 and status["state"] == "finished" and status["head"]["version"] == 4
+    code, out, _ = cli("rounds", str(job))
+    assert "B/3: 'w' holds NaN or Inf" in out and out.count(" valid ") == 3
+    assert cli("models", str(job), "--export", "3", "--out", str(tmp_path / "v3.npz"))[0] == 0
+    with ModelTrail(tmp_path / "fl" / "trail") as t:
+        np.testing.assert_array_equal(np.load(tmp_path / "v3.npz")["w"], t.load(3)[0]["w"])
+    code, _, err = cli("models", str(job), "--export", "9", "--out", str(tmp_path / "x.npz"))
+    assert code == 2 and "no model version 9" in err
 
 
 def _wait_for(pred, timeout_s: float, what: str) -> None:
