@@ -72,6 +72,9 @@ class Combiner:
                         self._status(head)
                     elif kind == "round":
                         self._round(head)
+                    elif kind == "async":
+                        if self._async(head) == "stop":
+                            return
                 else:
                     self._from_client(peer, head, None)
         finally:
@@ -129,6 +132,70 @@ class Combiner:
                 continue
             self._from_client(peer, h, rnd)
         rnd.report()
+
+
+    def _async(self, head: dict) -> str | None:
+        """Serve an asynchronous run: every checked update goes straight to the controller, the client gets the
+        newest model at once. Returns "stop" when the controller ends the run."""
+        mb = self.mb
+        dl = float(head["deadline_s"])
+        latest = mb.recv_model(self.controller, head, dl)
+        version = self.known_version = max(self.known_version, int(head["version"]))
+        asked = [Peer.parse(s) for s in head["clients"]]
+        tensors = manifest(latest)
+        config = head.get("config", {})
+
+        def task(p: Peer) -> None:
+            mb.send_model(p, {"type": "task", "round": version, "version": version, "config": config,
+                              "deadline_s": dl}, latest)
+
+        for p in asked:
+            task(p)
+        while True:
+            got = mb.poll([*self.clients, self.controller], 1.0)
+            if got is None:
+                continue
+            peer, h, _ = got
+            kind = h.get("type")
+            if peer == self.controller:
+                if kind == "stop":
+                    for c in self.roster:
+                        mb.send(c, {"type": "stop"})
+                    return "stop"
+                if kind == "status":
+                    self._status(h)
+                elif kind == "model":
+                    latest = mb.recv_model(self.controller, h, dl)
+                    version = self.known_version = int(h["version"])
+                continue
+            if kind == "hello":
+                self._from_client(peer, h, None)
+                continue
+            if kind != "update":
+                continue
+            who = str(peer)
+            reason = check_update_header(h, job=self.job.job, round=h.get("round"), version=h.get("version"),
+                                         known_version=self.known_version, expected={str(p) for p in asked},
+                                         seen=set(), who=who, tensors=tensors)
+            if reason is None:
+                mb.send(peer, {"type": "pull"})
+                try:
+                    w = mb.recv_model(peer, h, dl)
+                    bad = next((k for k, v in w.items() if not np.isfinite(v).all()), None)
+                    if bad is not None:
+                        reason = f"{bad!r} holds NaN or Inf; lower the learning rate or clip gradients"
+                except (TimeoutError, ValueError) as exc:
+                    reason = f"incomplete update: {exc}"
+            if reason is not None:
+                self.audit.record("fl.update", who, "refused", {"reason": reason, "version": h.get("version")})
+                mb.send(peer, {"type": "drop", "reason": reason})  # after a pull the client ignores it
+            else:
+                self.audit.record("fl.update", who, "accepted", {"version": h["version"]})
+                mb.send_model(self.controller, {"type": "async_update", "session": head.get("session"),
+                                                "client": who, "version": h["version"],
+                                                "num_examples": h["num_examples"], "metrics": h.get("metrics", {})}, w)
+            if peer in asked:
+                task(peer)
 
 
 class _Round:

@@ -65,13 +65,16 @@ class Controller:
             done = max([r.round for r in self.trail.rounds()] + [head.round])
             self.audit.record("fl.start", self.job.job, "ok", {"head": head.version, "next_round": done + 1})
             self._write_status("running", done, head.version)
-            for r in range(done + 1, self.job.rounds + 1):
-                if (self.dir / STOP_FILE).exists():
-                    self._write_status("stopped", r - 1, self.trail.head().version)
-                    break
-                self._round(r)
+            if not self.strategy.synchronous:
+                self._run_async()
             else:
-                self._write_status("finished", self.job.rounds, self.trail.head().version)
+                for r in range(done + 1, self.job.rounds + 1):
+                    if (self.dir / STOP_FILE).exists():
+                        self._write_status("stopped", r - 1, self.trail.head().version)
+                        break
+                    self._round(r)
+                else:
+                    self._write_status("finished", self.job.rounds, self.trail.head().version)
             for c in self.combiners:
                 self.mb.send(c, {"type": "stop"})
             return self.trail.head().version
@@ -245,6 +248,68 @@ class Controller:
         log.info("round %d: %s, %d updates, %d examples, %.2f s %s", r, "valid" if why is None else f"invalid ({why})",
                  num_updates, num_examples, duration, json.dumps(metrics))
         self._write_status("running", r, self.trail.head().version)
+
+    # asynchronous strategies (FedAsync, FedBuff)
+    def _run_async(self) -> None:
+        """Every update is applied as it comes, weighted by its staleness; each new model goes to the combiners
+        (once per cluster) and from them to the clients that are idle. Ends after `rounds` model versions."""
+        job = self.job
+        head = self.trail.head()
+        weights, state = self.trail.load(head.version)
+        cache = {head.version: weights}
+        want = job.clients_per_round or sum(c.num_clients for c in job.clusters)
+        live, roster = self._wait_roster(job.validity.min_updates, want)
+        assignment = self._assign(live, roster, head.round + 1)
+        for comb, cl in assignment.items():
+            self.mb.send_model(comb, {"type": "async", "session": self.session, "round": head.round + 1,
+                                      "version": head.version, "deadline_s": job.deadline_s,
+                                      "clients": [str(p) for p in cl], "config": self.strategy.client_options()},
+                               weights)
+        combiners = sorted(assignment)
+        step_clients: list[str] = []
+        step_staleness: list[int] = []
+        quiet_since = time.monotonic()
+        t_step = time.monotonic()
+        while head.round < job.rounds and not (self.dir / STOP_FILE).exists():
+            got = self.mb.poll(combiners, 1.0)
+            if got is None:
+                if time.monotonic() - quiet_since > 3 * job.deadline_s:
+                    raise TimeoutError(f"no update for {3 * job.deadline_s:.0f} s (3 x deadline_s); are the clients "
+                                       "running?")
+                continue
+            peer, h, _ = got
+            if h.get("type") != "async_update" or h.get("session") != self.session:
+                self._discard(peer, h)
+                continue
+            quiet_since = time.monotonic()
+            upd = self.mb.recv_model(peer, h, job.deadline_s)
+            v = int(h["version"])
+            base = cache.get(v)
+            if base is None:
+                base = self.trail.load(v)[0]
+            staleness = head.version - v
+            new, state = self.strategy.on_update(weights, base, upd, int(h["num_examples"]), staleness, state)
+            step_clients.append(str(h["client"]))
+            step_staleness.append(staleness)
+            if new is None:
+                continue
+            version = self.trail.commit(new, parent=head.version, round=head.round + 1,
+                                        strategy=self.strategy.describe(), clients=step_clients, state=state,
+                                        metrics={"staleness": step_staleness, "max_staleness": max(step_staleness)})
+            self.trail.record_round(RoundRecord(
+                round=head.round + 1, status="valid", version=version, num_updates=len(step_clients),
+                num_examples=0, rejected=[], started=time.time(), duration_s=time.monotonic() - t_step,
+                detail={"staleness": step_staleness, "mode": "async"}))
+            head, weights = self.trail.get(version), new
+            cache[version] = new
+            for old in sorted(cache)[:-8]:  # the last few versions stay at hand for computing deltas
+                del cache[old]
+            for comb in combiners:
+                self.mb.send_model(comb, {"type": "model", "session": self.session, "version": version}, new)
+            log.info("async: version %d from %s (staleness %s)", version, step_clients, step_staleness)
+            step_clients, step_staleness, t_step = [], [], time.monotonic()
+            self._write_status("running", head.round, version)
+        self._write_status("finished" if head.round >= job.rounds else "stopped", head.round, head.version)
 
     def _invalid(self, num_updates: int, num_examples: int, expected: int) -> str | None:
         v = self.job.validity

@@ -175,3 +175,32 @@ def test_controller_killed_and_restarted_resumes_from_the_trail(procs, tmp_path)
         assert [m.round for m in models] == [0, 1, 2, 3, 4][: len(models)] and models[-1].round == 4
         assert len(models) == 5 and before >= 3
         assert [r.round for r in t.rounds()] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("strategy,options", [("fedasync", {"alpha": 0.6, "staleness": "polynomial"}),
+                                              pytest.param("fedbuff", {"buffer_size": 2}, marks=pytest.mark.slow)])
+def test_async_strategies_apply_updates_as_they_come_weighted_by_staleness(procs, tmp_path, strategy, options):
+    workers = federation(procs, tmp_path)
+    job = write_job(tmp_path, workers, {"A": 1, "B": 2}, rounds=5, deadline_s=20,
+                    strategy={"name": strategy, "options": options},
+                    client={"factory": "tests.federated.toy_client:make_client",
+                            "args": {"sleep_s": {"B/1": 0.6}, "behaviours": {"B/0": "nan"}}})
+    ctl = start_cluster(procs, job, "A")
+    comb_b = start_cluster(procs, job, "B")
+    clients = [start_clients(procs, job, c) for c in "AB"]
+    wait_exit(ctl, 90)
+    wait_exit(comb_b, 30)
+    for c in clients:
+        wait_exit(c, 30)
+    with ModelTrail(tmp_path / "fl" / "trail") as t:
+        models = t.models()
+        assert [m.round for m in models] == [0, 1, 2, 3, 4, 5]
+        assert all("B/2" not in m.clients for m in models)  # its NaN updates never reach the reducer
+        per_step = [len(m.clients) for m in models[1:]]
+        assert per_step == ([1] * 5 if strategy == "fedasync" else [2] * 5)
+        # the slow client trains from older versions while the fast one moves the model on
+        assert any(m.metrics["max_staleness"] > 0 for m in models[1:])
+        first, last = t.load(1)[0], t.load(6)[0]
+        assert np.abs(last["w"] - first["w"]).sum() > 0.1
+    audit = (tmp_path / "fl" / "combiner-B" / "audit.log").read_text()
+    assert "NaN or Inf" in audit
