@@ -226,6 +226,7 @@ class _Round:
             fut = self.c.mb.send_model(p, task, self.weights)
             if big and fut is not None:  # large models: one client's copy at a time leaves this process
                 fut.result(timeout=max(1.0, self.deadline - time.monotonic()))
+        self.weights = None  # sent: from here on the combiner holds the partial and one update, no global model
 
     def waiting(self) -> bool:
         return bool(self.expected - self.seen)
