@@ -120,6 +120,7 @@ class Combiner:
             mb.recv_model(self.controller, nxt, float(head["deadline_s"]), on_piece=lambda *a: None)
         self.known_version = max(self.known_version, int(head["version"]))
         rnd = _Round(self, head, weights, deadline)
+        del weights  # the round drops it once fanned out
         rnd.fan_out()
         while rnd.waiting() and time.monotonic() < deadline:
             got = mb.poll([*self.clients, self.controller], min(1.0, max(0.0, deadline - time.monotonic())))
@@ -223,9 +224,9 @@ class _Round:
                 "deadline_s": max(0.0, self.deadline - time.monotonic())}
         big = sum(w.nbytes for w in self.weights.values()) > 64 * 1024**2
         for p in self.asked:
-            fut = self.c.mb.send_model(p, task, self.weights)
-            if big and fut is not None:  # large models: one client's copy at a time leaves this process
-                fut.result(timeout=max(1.0, self.deadline - time.monotonic()))
+            self.c.mb.send_model(p, task, self.weights)  # pieces are views of self.weights: no copies
+        if big:  # the channel holds those views until the clients acknowledge them: let them go before the updates
+            self.c.mb.ep.flush(max(1.0, self.deadline - time.monotonic()) / 2)
         self.weights = None  # sent: from here on the combiner holds the partial and one update, no global model
 
     def waiting(self) -> bool:
@@ -246,22 +247,26 @@ class _Round:
         self.accepted.append(who)
         self.c.mb.send(peer, {"type": "pull", "round": self.round})
         try:
-            w = self.c.mb.recv_model(peer, head, max(0.5, self.deadline - time.monotonic()) + PULL_GRACE_S)
+            pieces = self.c.mb.recv_pieces(peer, head, max(0.5, self.deadline - time.monotonic()) + PULL_GRACE_S)
         except (TimeoutError, ValueError) as exc:
             self._reject(peer, head, f"incomplete update: {exc}")
             return
-        for k, v in w.items():
+        for k, _, v in pieces:
             if not np.isfinite(v).all():
                 self._reject(peer, head, f"{k!r} holds NaN or Inf; lower the learning rate or clip gradients")
                 return
         n = int(head["num_examples"])
-        if self.streaming:
+        if self.streaming:  # checked whole, folded piece by piece from the received buffers
             self.mean.begin(n, who)
-            for k, v in w.items():
-                self.mean.add_part(k, v)
+            for k, off, v in pieces:
+                self.mean.add_part(k, v, off)
         else:
+            w = {k: np.empty(s, d) for k, d, s in ((t[0], np.dtype(t[1]), tuple(t[2])) for t in self.tensors)}
+            for k, off, v in pieces:
+                w[k].reshape(-1)[off : off + v.size] = v
             self.kept.append((w, n))
             self.names.append(who)
+        del pieces
         m = head.get("metrics") or {}
         ne = int(m.get("eval_examples", 0) or 0)
         for k in ("eval_loss", "accuracy"):
