@@ -20,7 +20,8 @@ from nebula.federated._actor import ActorAudit, check_update_header
 from nebula.federated.aggregate import RunningMean
 from nebula.federated.config import FederatedJob
 from nebula.federated.strategy import get_strategy
-from nebula.federated.transport import COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer, manifest
+from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, PUSH_BYTES, Mailbox, Peer,
+                                        manifest, model_nbytes)
 
 __all__ = ["Combiner", "client_peers"]
 
@@ -99,10 +100,19 @@ class Combiner:
             if rnd is None:
                 reason = ("late: no round in progress at this combiner; a synchronous round never averages updates "
                           "of another round")
+                self._discard_pushed(peer, head)
                 self.refused_between.append({"client": str(peer), "reason": reason})
                 self._refuse(peer, head, reason)
             else:
                 rnd.on_update(peer, head)
+
+    def _discard_pushed(self, peer: Peer, head: dict) -> None:
+        """Read and drop the pieces of a refused update that came with its header (small ones only)."""
+        if head.get("pushed") and 0 < model_nbytes(head.get("tensors") or []) <= PUSH_BYTES:
+            try:
+                self.mb.recv_pieces(peer, head, 5.0)
+            except (TimeoutError, ValueError):
+                pass
 
     def _refuse(self, peer: Peer, head: dict, reason: str) -> None:
         log.warning("combiner %s: refused update of %s: %s", self.cluster, peer, reason)
@@ -148,7 +158,7 @@ class Combiner:
 
         def task(p: Peer) -> None:
             mb.send_model(p, {"type": "task", "round": version, "version": version, "config": config,
-                              "deadline_s": dl}, latest)
+                              "deadline_s": dl, "push_bytes": PUSH_BYTES}, latest)
 
         for p in asked:
             task(p)
@@ -178,8 +188,11 @@ class Combiner:
             reason = check_update_header(h, job=self.job.job, round=h.get("round"), version=h.get("version"),
                                          known_version=self.known_version, expected={str(p) for p in asked},
                                          seen=set(), who=who, tensors=tensors)
+            if reason is not None:
+                self._discard_pushed(peer, h)
             if reason is None:
-                mb.send(peer, {"type": "pull"})
+                if not h.get("pushed"):
+                    mb.send(peer, {"type": "pull"})
                 try:
                     w = mb.recv_model(peer, h, dl)
                     bad = next((k for k, v in w.items() if not np.isfinite(v).all()), None)
@@ -221,7 +234,7 @@ class _Round:
 
     def fan_out(self) -> None:
         task = {"type": "task", "round": self.round, "version": self.version, "config": self.head.get("config", {}),
-                "deadline_s": max(0.0, self.deadline - time.monotonic())}
+                "deadline_s": max(0.0, self.deadline - time.monotonic()), "push_bytes": PUSH_BYTES}
         big = sum(w.nbytes for w in self.weights.values()) > 64 * 1024**2
         for p in self.asked:
             self.c.mb.send_model(p, task, self.weights)  # pieces are views of self.weights: no copies
@@ -238,6 +251,7 @@ class _Round:
                                      known_version=self.c.known_version, expected=self.expected, seen=self.seen,
                                      who=who, tensors=self.tensors)
         if reason is not None:
+            self.c._discard_pushed(peer, head)
             if head.get("round") == self.round and who in self.expected and not reason.startswith("duplicate"):
                 self.seen.add(who)  # a bad update for this round is this client's answer: stop waiting for it
             self.rejected.append({"client": who, "reason": reason})
@@ -245,7 +259,8 @@ class _Round:
             return
         self.seen.add(who)
         self.accepted.append(who)
-        self.c.mb.send(peer, {"type": "pull", "round": self.round})
+        if not head.get("pushed"):
+            self.c.mb.send(peer, {"type": "pull", "round": self.round})
         try:
             pieces = self.c.mb.recv_pieces(peer, head, max(0.5, self.deadline - time.monotonic()) + PULL_GRACE_S)
         except (TimeoutError, ValueError) as exc:
