@@ -10,8 +10,9 @@
 - wan: bytes the controller sends over the WAN per round to a cluster of clients, with and without WAN-once.
 - accuracy: the recipe's task (recipes/federated) simulated in-process with the same strategies and clients,
   held-out accuracy after each round against central training on all data after the same examples seen.
-- robust: the same task with 0, 10% and 20% byzantine clients (scaled x-10 or sign-flipped updates) under
-  fedavg, trimmed_mean, median, krum and multi_krum.
+- robust: the same task with 0, 10% and 20% byzantine clients (their update's change scaled by 10 or by -1,
+  sign-flipped; the attackers are the clients holding the most examples) under fedavg, trimmed_mean, median,
+  krum and multi_krum.
 
 numpy's BLAS runs single-threaded (OPENBLAS_NUM_THREADS=1 unless set), as in benchmarks/compression.py.
 """
@@ -256,11 +257,13 @@ def _simulate(data: dict, clients: list, strategy: str, options: dict, rounds: i
     weights = {k: v.numpy().copy() for k, v in model.state_dict().items()}
     state: dict = {}
     accs = []
+    # the attackers are the clients with the most examples: the most weight under example-weighted averaging
+    attackers = set(sorted(range(len(clients)), key=lambda i: -clients[i].num_examples())[:byzantine])
     for _ in range(rounds):
         ups = []
         for i, c in enumerate(clients):
             w, n, _ = c.fit(weights, {})
-            if i < byzantine:
+            if i in attackers:
                 delta = {k: w[k] - weights[k] for k in w}
                 scale = -1.0 if attack == "flip" else 10.0
                 w = {k: weights[k] + scale * delta[k] for k in w}
