@@ -13,6 +13,7 @@ _COMMANDS = {
     "launch": "nebula.cli.launch",
     "bench": "nebula.cli.bench",
     "allocate": "nebula.cli.allocate",
+    "fl": "nebula.cli.fl",
 }
 
 
