@@ -49,3 +49,27 @@ class BlobsTask:
 
     def test_data(self) -> tuple[np.ndarray, np.ndarray]:
         return _data(1000, 5)
+
+
+class TowersTask:
+    """The OWL task: the same blobs, a model with `num_towers` parallel towers, then a classifier."""
+
+    def __init__(self, num_towers: int = 4, width: int = 32, batch: int = 32, seed: int = 0) -> None:
+        self.num_towers, self.width, self.batch, self.seed = num_towers, width, batch, seed
+
+    def model(self):
+        import paddle
+        import paddle.nn as nn
+
+        from nebula.federated.owl.model import Parallel
+
+        paddle.seed(self.seed)
+        w = self.width
+        towers = [nn.Sequential(nn.Linear(DIM, w), nn.ReLU(), nn.Linear(w, w // 2)) for _ in range(self.num_towers)]
+        return nn.Sequential(Parallel(*towers), nn.ReLU(), nn.Linear(self.num_towers * (w // 2), NUM_CLASSES))
+
+    def batches(self, worker: int, num_workers: int):
+        return BlobsTask(self.batch).batches(worker, num_workers)
+
+    def test_data(self) -> tuple[np.ndarray, np.ndarray]:
+        return _data(1000, 5)

@@ -149,3 +149,51 @@ def test_deploying_against_brute_force_over_all_groupings(seed):
     assert opt <= got + 1e-9 and got <= 1.5 * opt + 1e-9
     # and never slower than the server sending the whole model to every worker
     assert got <= server_only_round_s(n, sum(sizes), sum(comp), sbw) + 1e-9
+
+
+def test_overlapped_forward_runs_segments_in_arrival_order_and_matches_the_model():
+    import numpy as np
+    import paddle
+    import paddle.nn as nn
+
+    from nebula.federated.owl.model import OverlappedForward, Parallel, graph_of, model_branches
+
+    paddle.seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), Parallel(nn.Sequential(nn.ReLU(), nn.Linear(8, 3)), nn.Linear(8, 2),
+                                                    nn.Linear(8, 5)), nn.Linear(10, 2))
+    nodes, edges, sizes = graph_of(model)
+    assert sizes["1.branches.0.0"] == 0 and sizes["1.branches.0.1"] == (8 * 3 + 3) * 4
+    branches, keys = model_branches(model)
+    assert [b.layers for b in branches] == [("0",), ("1.branches.0.0", "1.branches.0.1"), ("1.branches.1",),
+                                            ("1.branches.2",), ("1", "2")]
+    assert keys["1.branches.0.1.weight"] == 1 and keys["2.weight"] == 4
+    x = paddle.randn([3, 4])
+    want = model(x).numpy()
+    arrived: set[int] = set()
+    arrivals = iter([[0], [3], [2], [1, 4]])  # groups as they come off the wire
+    fwd = OverlappedForward(model, branches)
+    got = fwd.run(x, arrived, lambda: arrived.update(next(arrivals))).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    # the branches ran as their parameters arrived: 0, then tower 2, then tower 1, then tower 0 and the head
+    assert [b for _, b in fwd.order] == [0, 3, 2, 1, 4]
+    with pytest.raises(ValueError, match="nn.Sequential"):
+        graph_of(nn.Linear(2, 2))
+
+
+def test_plan_for_owl_and_server_only_and_too_many_groups():
+    from nebula.federated.owl.config import OwlSpec
+    from nebula.federated.owl.runtime import plan_for
+
+    sizes = [40, 30, 20, 10]
+    owl = plan_for(sizes, 4, OwlSpec(num_groups=2))
+    assert len(owl.groups) == 2 and len(owl.from_server()) == 2
+    srv = plan_for(sizes, 4, OwlSpec(num_groups=2, distribution="server"))
+    assert srv.groups == owl.groups and len(srv.from_server()) == 8  # every group to every worker
+    chosen = plan_for(sizes, 3, OwlSpec(server_bytes_per_s=1.0, peer_bytes_per_s=100.0))
+    assert 1 <= len(chosen.groups) <= 3
+    with pytest.raises(ValueError, match="3 groups for 2 workers"):
+        plan_for(sizes, 2, OwlSpec(num_groups=3))
+    with pytest.raises(ValueError, match="between 1 and the number of branches \\(4\\)"):
+        plan_for(sizes, 8, OwlSpec(num_groups=5))
+    with pytest.raises(ValueError, match="distribution='p2p' must be 'owl' or 'server'"):
+        OwlSpec(distribution="p2p")
