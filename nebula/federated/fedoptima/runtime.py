@@ -311,7 +311,9 @@ def run_device(ep: Endpoint, server: tuple[str, int], index: int, num_devices: i
                 time.sleep((slow - 1) * took)  # a slower device: the same work takes `slow` times as long
             stats["busy_s"] += time.monotonic() - b0
             stats["iterations"] += 1
-            if granted:  # the Sender is on: send, then switch it off until the next grant
+            while poll(0.0) is not None:  # the Sender Status after the iteration: a grant may have come in
+                pass
+            if granted and not stopped:  # the Sender is on: send, then switch it off until the next grant
                 ch.send(pack({"type": "act"}, {"h": h, "y": np.asarray(y, np.int64)}), lane="activation")
                 granted = False
                 stats["sent_batches"] += 1

@@ -10,6 +10,10 @@ Example::
       lr: 0.05
       server_bytes_per_s: 7.5e6  # the server's egress, for the deploying algorithm's round-time model
       peer_bytes_per_s: 1.25e8   # the cluster-local path between workers
+      combine: cluster           # cluster: the first worker of a cluster averages its updates (one crosses the
+                                 # WAN); server: every worker sends its update to the server
+      combine: cluster           # cluster: the first worker of each cluster averages its cluster's updates and
+                                 # one update crosses the WAN; server: every worker sends its own to the server
       round_timeout_s: 60        # updates later than this are left out of the round
       peer_timeout_s: 10         # a group a peer has not forwarded by then is pulled from the server instead
 """
@@ -33,6 +37,7 @@ class OwlSpec:
     lr: float = 0.05
     server_bytes_per_s: float = 7.5e6
     peer_bytes_per_s: float = 1.25e8
+    combine: str = "cluster"
     round_timeout_s: float = 60.0
     peer_timeout_s: float = 10.0
 
@@ -40,6 +45,9 @@ class OwlSpec:
         if self.distribution not in ("owl", "server"):
             raise ValueError(f"owl.distribution={self.distribution!r} must be 'owl' or 'server' (server-only "
                              "distribution, the baseline)")
+        if self.combine not in ("cluster", "server"):
+            raise ValueError(f"owl.combine={self.combine!r} must be 'cluster' (a combiner per cluster, one update "
+                             "crosses the WAN) or 'server'")
         if self.num_groups is not None and (not isinstance(self.num_groups, int) or self.num_groups < 1):
             raise ValueError(f"owl.num_groups={self.num_groups!r} must be an integer >= 1 or null (let the "
                              "deploying algorithm choose)")

@@ -56,7 +56,8 @@ class OwlResult:
     group_bytes: list = field(default_factory=list)
     round_s: list = field(default_factory=list)
     server_egress_bytes: list = field(default_factory=list)
-    updates: list = field(default_factory=list)
+    updates: list = field(default_factory=list)  # worker updates in each round's model
+    wan_updates: list = field(default_factory=list)  # update messages that reached the server each round
     pulls_served: int = 0
     accuracy: float = 0.0
     initial_accuracy: float = 0.0
@@ -130,7 +131,11 @@ def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec:
     stop = threading.Event()
     threads = _start_receivers(chans, inbox, stop)
     try:
-        plan = {"type": "plan", "workers": [f"{c}/{r}" for c, r in workers],
+        # with combine=cluster the first worker of each cluster averages its cluster's updates (FEDn's combiner)
+        # and one update per cluster crosses the WAN; with combine=server every worker sends its own
+        combiners = {c: (c, r) for c, r in reversed(workers)}
+        senders = set(combiners.values()) if spec.combine == "cluster" else set(workers)
+        plan = {"type": "plan", "workers": [f"{c}/{r}" for c, r in workers], "combine": spec.combine,
                 "groups": [list(g) for g in setting.groups],
                 "pulls": [[[p.group, p.source] for p in ps] for ps in setting.pulls], "rounds": spec.rounds}
         for ch in chans.values():
@@ -148,8 +153,9 @@ def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec:
             for g, wi in sorted(setting.from_server(), key=lambda gw: (gw[1], gw[0])):
                 egress += send_group(g, workers[wi])
             updates: dict = {}
+            counts: dict = {}
             deadline = t0 + spec.round_timeout_s
-            while len(updates) < len(workers) and time.monotonic() < deadline:
+            while len(updates) < len(senders) and time.monotonic() < deadline:
                 try:
                     who, head, arrays = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
                 except queue.Empty:
@@ -158,21 +164,24 @@ def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec:
                     log.warning("owl server: from %s: %s", who, arrays)
                 elif head.get("type") == "update" and head.get("round") == rnd:
                     updates[who] = (arrays, int(head["num_examples"]))
+                    counts[who] = int(head.get("num_updates", 1))
                 elif head.get("type") == "pull" and head.get("round") == rnd:
                     for g in head.get("groups", []):
                         egress += send_group(int(g), who)
                         res.pulls_served += 1
             if not updates:
                 raise OwlError(f"round {rnd}: no worker sent an update within round_timeout_s={spec.round_timeout_s}")
-            if len(updates) < len(workers):
-                log.warning("owl server: round %d goes on with %d of %d updates", rnd, len(updates), len(workers))
+            if sum(counts.values()) < len(workers):
+                log.warning("owl server: round %d goes on with %d of %d updates", rnd, sum(counts.values()),
+                            len(workers))
             try:
                 weights = fedavg([updates[w] for w in sorted(updates)], [str(w) for w in sorted(updates)])
             except ValueError as exc:
                 raise OwlError(f"round {rnd}: {exc}") from None
             res.round_s.append(time.monotonic() - t0)
             res.server_egress_bytes.append(egress)
-            res.updates.append(len(updates))
+            res.updates.append(sum(counts.values()))
+            res.wan_updates.append(len(updates))
         for ch in chans.values():
             ch.send(pack({"type": "stop"}), lane="control")
         model.set_state_dict({k: paddle.to_tensor(v) for k, v in weights.items()})
@@ -201,6 +210,11 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
     groups = [list(g) for g in head["groups"]]
     pulls = [[tuple(p) for p in ps] for ps in head["pulls"]]
     serves = [(g, w) for w, ps in enumerate(pulls) for g, src in ps if src == me]
+    if head.get("combine", "server") == "cluster":
+        combiner = min(i for i, p in enumerate(peers) if p[0] == ep.cluster)
+        members = [i for i, p in enumerate(peers) if p[0] == ep.cluster and i != me] if combiner == me else []
+    else:
+        combiner, members = None, []
     model = task.model()
     branches, key_branch = model_branches(model)
     params = dict(model.named_parameters())
@@ -216,6 +230,7 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
         rnd, stopped, early = 0, False, []
         while not stopped:
             arrived: set[int] = set()
+            peer_updates: dict = {}
             t_first = [None, None]  # first group of the round, all groups
 
             def handle(who, h, arrays) -> None:
@@ -224,6 +239,8 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
                     log.warning("owl worker %d: from %s: %s", me, who, arrays)
                 elif h["type"] == "stop":
                     stopped = True
+                elif h["type"] == "update" and h["round"] == rnd:
+                    peer_updates[who] = (arrays, int(h["num_examples"]))
                 elif h["type"] == "group" and h["round"] == rnd:
                     g = int(h["group"])
                     if set(groups[g]) <= arrived:
@@ -276,7 +293,21 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
                 break
             stats["dist_s"].append(t_first[1])
             state = {k: v.numpy() for k, v in model.state_dict().items()}
-            srv.send(pack({"type": "update", "round": rnd, "num_examples": n}, state), lane="bulk")
+            if combiner is not None and combiner != me:  # to the cluster's combiner, over the cluster-local path
+                chans[combiner].send(pack({"type": "update", "round": rnd, "num_examples": n}, state), lane="bulk")
+            else:
+                num = 1
+                if members:  # the combiner: average the cluster's updates, one message crosses the WAN
+                    deadline = time.monotonic() + spec.round_timeout_s
+                    while len(peer_updates) < len(members) and not stopped and time.monotonic() < deadline:
+                        try:
+                            handle(*inbox.get(timeout=max(0.01, deadline - time.monotonic())))
+                        except queue.Empty:
+                            break
+                    got = [(state, n)] + [peer_updates[w] for w in sorted(peer_updates)]
+                    state, n, num = fedavg(got), sum(c for _, c in got), len(got)
+                srv.send(pack({"type": "update", "round": rnd, "num_examples": n, "num_updates": num}, state),
+                         lane="bulk")
             stats["rounds"] += 1
             rnd += 1
             try:  # the next round's first group (kept for the next pass), or STOP
