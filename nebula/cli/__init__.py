@@ -11,6 +11,7 @@ __all__ = ["main"]
 # subcommand name -> module under nebula.cli exposing add_parser(subparsers) and run(args) -> int
 _COMMANDS = {
     "launch": "nebula.cli.launch",
+    "fl": "nebula.cli.fl",
 }
 
 

@@ -1,0 +1,378 @@
+"""Benchmark the federated mode: scale, combiner memory, WAN bytes, accuracy against a central baseline, attacks.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/federated.py [--only scale,memory,wan,accuracy,robust]
+
+- scale: round time of one combiner with 200 and with 1000 lightweight clients (real switch, real channels; the
+  clients live as threads of a few processes, each with its own switch connection, and "train" for a fixed
+  --train-s, as FEDn's cross-device clients spend most of a round training). Target: ratio <= 1.5.
+- memory: peak resident memory of a combiner process (VmHWM minus its resident size before the round) while it
+  aggregates --mem-clients updates of a --mem-mb model. Target: <= 2x the model's size.
+- wan: bytes the controller sends over the WAN per round to a cluster of clients, with and without WAN-once.
+- accuracy: the recipe's task (recipes/federated) simulated in-process with the same strategies and clients,
+  held-out accuracy after each round against central training on all data after the same examples seen.
+- robust: the same task with 0, 10% and 20% byzantine clients (scaled x-10 or sign-flipped updates) under
+  fedavg, trimmed_mean, median, krum and multi_krum.
+
+numpy's BLAS runs single-threaded (OPENBLAS_NUM_THREADS=1 unless set), as in benchmarks/compression.py.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse
+import json
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+# ---- lightweight clients (their factory is named in the job file as benchmarks.federated:light_client)
+class _LightClient:
+    """A client with a small model whose local training is a fixed wait (cross-device clients)."""
+
+    def __init__(self, seed: int, train_s: float, size: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.train_s, self.size = train_s, size
+
+    def num_examples(self) -> int:
+        return 100
+
+    def get_parameters(self, config):
+        return {"w": np.zeros(self.size, np.float32)}
+
+    def fit(self, parameters, config):
+        time.sleep(self.train_s)
+        return {"w": parameters["w"] + self.rng.normal(size=self.size).astype(np.float32) * 0.01}, 100, {}
+
+    def evaluate(self, parameters, config):
+        return 0.0, 1, {}
+
+
+def light_client(cluster: str, index: int, num_clients: dict, train_s: float = 0.0, size: int = 1000):
+    """Factory of the lightweight client (see _LightClient)."""
+    from nebula.federated.client import Client
+
+    cls = type("LightClient", (_LightClient, Client), {})
+    return cls(seed=index, train_s=train_s, size=size)
+
+
+# ---- a federation of real processes
+class _Fed:
+    def __init__(self, clusters: list[str]) -> None:
+        from security.provision import provision
+
+        self.dir = Path(tempfile.mkdtemp(prefix="flbench-"))
+        self.procs: list[subprocess.Popen] = []
+        provision("flbench", clusters, self.dir / "prov")
+        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        self.env = env
+        for c in clusters:
+            p = self.start([str(BIN / "nebula-switch"), "serve", "--config", str(self.dir / "prov" / c / "switch.yaml")])
+            self.wait_line(p, "listening wan=", 60)
+            threading.Thread(target=lambda q=p: [None for _ in q.stdout], daemon=True).start()
+
+    def start(self, args: list[str]) -> subprocess.Popen:
+        p = subprocess.Popen(args, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def py(self, *args: str) -> subprocess.Popen:
+        return self.start([sys.executable, *args])
+
+    @staticmethod
+    def wait_line(p: subprocess.Popen, needle: str, timeout_s: float) -> None:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            r, _, _ = select.select([p.stdout], [], [], 0.5)
+            if r:
+                line = p.stdout.readline()
+                if needle in line:
+                    return
+                if not line:
+                    break
+        raise RuntimeError(f"no {needle!r} from {p.args}")
+
+    def job(self, clusters: dict[str, int], **over) -> Path:
+        doc = {"job": "bench", "mode": "federated", "controller": {"cluster": next(iter(clusters)),
+                                                                    "dir": str(self.dir / "fl")},
+               "clusters": [{"id": c, "worker": str(self.dir / "prov" / c / "worker.yaml"), "num_clients": n}
+                            for c, n in clusters.items()],
+               "client": {"factory": "benchmarks.federated:light_client", "args": {}},
+               "rounds": 3, "deadline_s": 600, "validity": {"min_updates": 1}, "startup_timeout_s": 600}
+        doc.update(over)
+        path = self.dir / "job.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    def close(self) -> None:
+        import signal
+
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+
+
+def _rounds(fed: _Fed) -> list:
+    from nebula.federated.trail import ModelTrail
+
+    with ModelTrail(fed.dir / "fl" / "trail") as t:
+        return t.rounds()
+
+
+def _client_procs(fed: _Fed, job: Path, cluster: str, n: int, per_proc: int) -> list[subprocess.Popen]:
+    """Clients of `cluster` in processes of `per_proc` threads each."""
+    out = []
+    code = ("import sys; from nebula.federated.run import run_clients; "
+            "run_clients(sys.argv[1], sys.argv[2], [int(i) for i in sys.argv[3].split(',')])")
+    for start in range(0, n, per_proc):
+        idx = ",".join(str(i) for i in range(start, min(n, start + per_proc)))
+        out.append(fed.py("-c", code, str(job), cluster, idx))
+    return out
+
+
+def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int) -> list[dict]:
+    """Median round time (rounds 2..) of one combiner with each number of clients."""
+    rows = []
+    for n in counts:
+        fed = _Fed(["A"])
+        try:
+            job = fed.job({"A": n}, rounds=rounds, client={"factory": "benchmarks.federated:light_client",
+                                                            "args": {"train_s": train_s}})
+            ctl = fed.py("-m", "nebula.federated.run", "cluster", str(job), "--cluster", "A")
+            _client_procs(fed, job, "A", n, per_proc)
+            out, _ = ctl.communicate(timeout=1800)
+            if ctl.returncode:
+                raise RuntimeError(out[-3000:])
+            times = [r.duration_s for r in _rounds(fed)[1:]]
+            rows.append({"clients": n, "round_s": statistics.median(times), "rounds": len(times),
+                         "updates": _rounds(fed)[-1].num_updates})
+        finally:
+            fed.close()
+    return rows
+
+
+def _hwm(pid: int) -> tuple[int, int]:
+    st = Path(f"/proc/{pid}/status").read_text()
+    get = lambda k: int(next(line.split()[1] for line in st.splitlines() if line.startswith(k))) * 1024  # noqa: E731
+    return get("VmRSS:"), get("VmHWM:")
+
+
+def bench_memory(model_mb: int, num_clients: int) -> dict:
+    """Peak combiner memory while aggregating `num_clients` updates of a `model_mb` MB model."""
+    fed = _Fed(["A"])
+    try:
+        size = model_mb * 1024 * 1024 // 4
+        job = fed.job({"A": num_clients}, rounds=1, client={"factory": "benchmarks.federated:light_client",
+                                                             "args": {"size": size}})
+        comb = fed.py("-m", "nebula.federated.run", "combiner", str(job), "--cluster", "A")
+        fed.wait_line(comb, "ready", 120)
+        threading.Thread(target=lambda: [None for _ in comb.stdout], daemon=True).start()
+        time.sleep(1.0)
+        base_rss, _ = _hwm(comb.pid)
+        clients = _client_procs(fed, job, "A", num_clients, num_clients)
+        peak = base_rss
+        ctl = fed.py("-m", "nebula.federated.run", "controller", str(job), "--cluster", "A")
+        while ctl.poll() is None:
+            try:
+                peak = max(peak, _hwm(comb.pid)[1])
+            except (FileNotFoundError, StopIteration):
+                break
+            time.sleep(0.05)
+        out = ctl.stdout.read()
+        if ctl.returncode:
+            raise RuntimeError(out[-3000:])
+        r = _rounds(fed)[-1]
+        model_bytes = size * 4
+        return {"model_mb": model_bytes / 2**20, "clients": num_clients, "updates": r.num_updates,
+                "combiner_base_mb": base_rss / 2**20, "combiner_peak_mb": peak / 2**20,
+                "growth_x_model": (peak - base_rss) / model_bytes, "_": clients}
+    finally:
+        fed.close()
+
+
+def bench_wan(num_clients: int, model_kb: int) -> list[dict]:
+    """Controller-to-remote-cluster bytes per round with and without WAN-once (clients all in cluster B)."""
+    rows = []
+    for once in (True, False):
+        fed = _Fed(["A", "B"])
+        try:
+            job = fed.job({"A": 0, "B": num_clients}, rounds=2, wan_once=once,
+                          client={"factory": "benchmarks.federated:light_client", "args": {"size": model_kb * 256}})
+            ctl = fed.py("-m", "nebula.federated.run", "cluster", str(job), "--cluster", "A")
+            fed.py("-m", "nebula.federated.run", "cluster", str(job), "--cluster", "B")
+            _client_procs(fed, job, "B", num_clients, num_clients)
+            out, _ = ctl.communicate(timeout=600)
+            if ctl.returncode:
+                raise RuntimeError(out[-3000:])
+            rs = _rounds(fed)
+            rows.append({"wan_once": once, "clients_in_B": num_clients, "model_kb": model_kb,
+                         "wan_bytes_per_round": statistics.mean(r.detail["wan_bytes"] for r in rs)})
+        finally:
+            fed.close()
+    return rows
+
+
+# ---- the recipe's task, simulated in one process with the same strategies
+def _simulate(data: dict, clients: list, strategy: str, options: dict, rounds: int, byzantine: int = 0,
+              attack: str = "none", seed: int = 0) -> list[float]:
+    import paddle
+
+    from nebula.federated import RunningMean, get_strategy
+    from recipes.federated.central import test_accuracy
+    from recipes.federated.model import LangIdModel
+
+    strat = get_strategy(strategy, options)
+    model = LangIdModel(num_langs=len(data["langs"]), seed=seed)
+    weights = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    state: dict = {}
+    accs = []
+    for _ in range(rounds):
+        ups = []
+        for i, c in enumerate(clients):
+            w, n, _ = c.fit(weights, {})
+            if i < byzantine:
+                delta = {k: w[k] - weights[k] for k in w}
+                scale = -1.0 if attack == "flip" else 10.0
+                w = {k: weights[k] + scale * delta[k] for k in w}
+            ups.append((w, n))
+        if strat.streaming:
+            rm = RunningMean()
+            for w, n in ups:
+                rm.add(w, n)
+            mean = rm.result()
+        else:
+            mean = strat.combine(ups)
+        weights, state = strat.server_step(weights, mean, state)
+        model.set_state_dict({k: paddle.to_tensor(v) for k, v in weights.items()})
+        accs.append(test_accuracy(model, data))
+    return accs
+
+
+def _recipe_clients(data_path: str, num: int, alpha: float, seed: int = 0) -> list:
+    from recipes.federated.client import make_client
+
+    return [make_client("A", i, {"A": num}, data_path, alpha=alpha, seed=seed) for i in range(num)]
+
+
+def bench_accuracy(data_path: str, rounds: int, num_clients: int, alpha: float) -> dict:
+    from recipes.federated.central import train_central
+    from recipes.federated.data import load_prepared
+
+    data = load_prepared(data_path)
+    fed = _simulate(data, _recipe_clients(data_path, num_clients, alpha), "fedavg", {}, rounds)
+    central = train_central(data_path, rounds)
+    return {"rounds": rounds, "clients": num_clients, "alpha": alpha, "federated": fed, "central": central}
+
+
+def bench_robust(data_path: str, rounds: int, num_clients: int, alpha: float) -> list[dict]:
+    from recipes.federated.data import load_prepared
+
+    data = load_prepared(data_path)
+    rows = []
+    strategies = [("fedavg", {}), ("trimmed_mean", {"trim_ratio": 0.2}), ("median", {}),
+                  ("krum", {"num_byzantine": 2}), ("multi_krum", {"num_byzantine": 2})]
+    for attack in ("scale", "flip"):
+        for frac in (0.0, 0.1, 0.2):
+            if frac == 0.0 and attack == "flip":
+                continue
+            byz = int(round(frac * num_clients))
+            for name, opts in strategies:
+                clients = _recipe_clients(data_path, num_clients, alpha)
+                acc = _simulate(data, clients, name, opts, rounds, byz, attack)
+                rows.append({"attack": attack if byz else "none", "byzantine": f"{frac:.0%}", "strategy": name,
+                             "accuracy": acc[-1]})
+                print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default="scale,memory,wan,accuracy,robust")
+    p.add_argument("--counts", default="200,1000")
+    p.add_argument("--train-s", type=float, default=5.0, help="lightweight clients' training time per round")
+    p.add_argument("--per-proc", type=int, default=100, help="lightweight clients per process")
+    p.add_argument("--scale-rounds", type=int, default=4)
+    p.add_argument("--mem-mb", type=int, default=256)
+    p.add_argument("--mem-clients", type=int, default=4)
+    p.add_argument("--wan-clients", type=int, default=6)
+    p.add_argument("--wan-kb", type=int, default=1024)
+    p.add_argument("--data", help="prepared recipe data (.npz); made in a temporary directory when left out")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--alpha", type=float, default=0.1)
+    args = p.parse_args()
+    only = set(args.only.split(","))
+    sys.path.insert(0, str(REPO))
+    if "scale" in only:
+        rows = bench_scale([int(c) for c in args.counts.split(",")], args.train_s, args.per_proc, args.scale_rounds)
+        print(f"\n## Round time, one combiner, lightweight clients (training {args.train_s:.1f} s each)")
+        print("| clients | median round s | updates per round |\n| ---: | ---: | ---: |")
+        for r in rows:
+            print(f"| {r['clients']} | {r['round_s']:.2f} | {r['updates']} |")
+        if len(rows) >= 2:
+            print(f"\nratio {rows[-1]['clients']} / {rows[0]['clients']} clients: "
+                  f"{rows[-1]['round_s'] / rows[0]['round_s']:.2f}x (target <= 1.5x; FEDn reports 2x)")
+    if "memory" in only:
+        r = bench_memory(args.mem_mb, args.mem_clients)
+        print("\n## Combiner memory while aggregating")
+        print("| model MB | updates | combiner RSS before MB | combiner peak MB | growth / model size |")
+        print("| ---: | ---: | ---: | ---: | ---: |")
+        print(f"| {r['model_mb']:.0f} | {r['updates']} | {r['combiner_base_mb']:.0f} | {r['combiner_peak_mb']:.0f} | "
+              f"{r['growth_x_model']:.2f}x |")
+        print("target: growth <= 2x the model's size")
+    if "wan" in only:
+        rows = bench_wan(args.wan_clients, args.wan_kb)
+        print("\n## WAN bytes per round (controller in A, every client in B)")
+        print("| WAN-once | clients in B | model KB | bytes A->B per round |\n| --- | ---: | ---: | ---: |")
+        for r in rows:
+            print(f"| {'yes' if r['wan_once'] else 'no'} | {r['clients_in_B']} | {r['model_kb']} | "
+                  f"{r['wan_bytes_per_round']:.0f} |")
+        print(f"\nratio without / with WAN-once: {rows[1]['wan_bytes_per_round'] / rows[0]['wan_bytes_per_round']:.2f}x")
+    if only & {"accuracy", "robust"}:
+        data = args.data
+        if data is None:
+            from recipes.federated.data import prepare
+
+            data = str(Path(tempfile.mkdtemp(prefix="flbench-data-")) / "langid.npz")
+            prepare(data)
+        if "accuracy" in only:
+            r = bench_accuracy(data, args.rounds, args.clients, args.alpha)
+            print(f"\n## Accuracy: {r['clients']} non-IID clients (Dirichlet alpha={r['alpha']}), fedavg, vs central")
+            print("| round = epochs seen | federated | central |\n| ---: | ---: | ---: |")
+            for i, (f, c) in enumerate(zip(r["federated"], r["central"]), 1):
+                print(f"| {i} | {f:.4f} | {c:.4f} |")
+        if "robust" in only:
+            rows = bench_robust(data, args.rounds, args.clients, args.alpha)
+            print(f"\n## Held-out accuracy after {args.rounds} rounds under attack ({args.clients} clients)")
+            names = ["fedavg", "trimmed_mean", "median", "krum", "multi_krum"]
+            print("| attack | byzantine | " + " | ".join(names) + " |\n| --- | ---: |" + " ---: |" * len(names))
+            for key in dict.fromkeys((r["attack"], r["byzantine"]) for r in rows):
+                accs = {r["strategy"]: r["accuracy"] for r in rows if (r["attack"], r["byzantine"]) == key}
+                print(f"| {key[0]} | {key[1]} | " + " | ".join(f"{accs[n]:.3f}" for n in names) + " |")
+    _ = json
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""`nebula fl start|status|rounds|models|stop JOB`: run and inspect a federated job (mode: federated)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from nebula.config._schema import ConfigError
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register the `fl` subcommand and its actions."""
+    p = subparsers.add_parser("fl", help="federated mode: start actors, inspect rounds and the model trail",
+                              description=__doc__)
+    sub = p.add_subparsers(dest="action", required=True)
+    s = sub.add_parser("start", help="run this cluster's actors in the foreground")
+    s.add_argument("job", help="federated job YAML (mode: federated)")
+    s.add_argument("--cluster", required=True, help="id of this cluster")
+    s.add_argument("--role", default="cluster", choices=["cluster", "controller", "combiner", "clients", "client"],
+                   help="cluster: the combiner, plus the controller where the job puts it (default); clients: "
+                        "every client of the cluster in one process; client: one client (--index)")
+    s.add_argument("--index", type=int, default=0, help="client index inside the cluster (role client)")
+    for name, text in (("status", "where the job stands"), ("rounds", "every round: valid or not, and why"),
+                       ("stop", "ask the controller to stop after the round in progress")):
+        q = sub.add_parser(name, help=text)
+        q.add_argument("job")
+        if name != "stop":
+            q.add_argument("--json", action="store_true", help="machine-readable output")
+    m = sub.add_parser("models", help="the model trail; --export writes one model")
+    m.add_argument("job")
+    m.add_argument("--json", action="store_true")
+    m.add_argument("--export", type=int, metavar="VERSION", help="write this model version")
+    m.add_argument("--out", help="file for --export (.npz, or .pdparams to save with paddle)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Dispatch to the action; exit 2 on a bad job file or argument."""
+    try:
+        return _ACTIONS[args.action](args)
+    except (ConfigError, ValueError, KeyError) as exc:
+        print(f"nebula fl {args.action}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _start(args: argparse.Namespace) -> int:
+    from nebula.federated import run as fl_run
+
+    if args.role == "cluster":
+        head = fl_run.run_cluster(args.job, args.cluster)
+        print(f"cluster {args.cluster} done" + (f", head version {head}" if head is not None else ""))
+    elif args.role == "controller":
+        print(f"head version {fl_run.run_cluster(args.job, args.cluster, controller=True)}")
+    elif args.role == "combiner":
+        fl_run.run_cluster(args.job, args.cluster, controller=False)
+    elif args.role == "clients":
+        done = fl_run.run_clients(args.job, args.cluster)
+        print(f"clients of {args.cluster} trained {sum(done.values())} rounds in all")
+    else:
+        print(f"client {args.cluster}/{args.index} trained {fl_run.run_one_client(args.job, args.cluster, args.index)} "
+              "rounds")
+    return 0
+
+
+def _trail(job_file: str):
+    from nebula.federated.config import load_federated_job
+    from nebula.federated.trail import ModelTrail
+
+    job = load_federated_job(job_file)
+    return job, ModelTrail(f"{job.controller.dir}/trail")
+
+
+def _status(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from nebula.federated.controller import STATUS_FILE
+
+    job, trail = _trail(args.job)
+    with trail:
+        f = Path(job.controller.dir) / STATUS_FILE
+        doc = json.loads(f.read_text()) if f.exists() else {"job": job.job, "state": "not started"}
+        head = trail.head()
+        doc["head"] = None if head is None else {"version": head.version, "round": head.round,
+                                                 "metrics": head.metrics}
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        age = f", updated {time.time() - doc['updated']:.0f} s ago" if "updated" in doc else ""
+        print(f"job {doc['job']}: {doc['state']}, round {doc.get('round', 0)} of {job.rounds}{age}")
+        if doc["head"]:
+            print(f"head: version {doc['head']['version']} (round {doc['head']['round']}) {doc['head']['metrics']}")
+    return 0
+
+
+def _rounds(args: argparse.Namespace) -> int:
+    _, trail = _trail(args.job)
+    with trail:
+        rows = trail.rounds()
+    if args.json:
+        print(json.dumps([{f: getattr(r, f) for f in r.__slots__} for r in rows]))
+        return 0
+    print(f"{'round':>5} {'status':8} {'version':>7} {'updates':>7} {'examples':>8} {'seconds':>8} {'accuracy':>8}  "
+          "rejected / why")
+    for r in rows:
+        acc = r.detail.get("parent_accuracy")
+        why = "; ".join(f"{x['client']}: {x['reason']}" for x in r.rejected) or (r.detail.get("why") or "")
+        print(f"{r.round:>5} {r.status:8} {r.version or '-':>7} {r.num_updates:>7} {r.num_examples:>8} "
+              f"{r.duration_s:>8.2f} {'-' if acc is None else f'{acc:.3f}':>8}  {why}")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    _, trail = _trail(args.job)
+    with trail:
+        if args.export is not None:
+            if not args.out:
+                raise ValueError("--export needs --out FILE (.npz or .pdparams)")
+            print(f"model version {args.export} written to {trail.export(args.export, args.out)}")
+            return 0
+        rows = trail.models()
+    if args.json:
+        print(json.dumps([{f: getattr(m, f) for f in m.__slots__} for m in rows]))
+        return 0
+    print(f"{'version':>7} {'parent':>6} {'round':>5} {'strategy':10} {'clients':>7} {'bytes':>9}  metrics")
+    for m in rows:
+        print(f"{m.version:>7} {m.parent or '-':>6} {m.round:>5} {m.strategy.get('name', '?'):10} {len(m.clients):>7} "
+              f"{m.num_bytes:>9}  {json.dumps(m.metrics)}")
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from nebula.federated.config import load_federated_job
+    from nebula.federated.controller import STOP_FILE
+
+    job = load_federated_job(args.job)
+    Path(job.controller.dir).mkdir(parents=True, exist_ok=True)
+    (Path(job.controller.dir) / STOP_FILE).write_text(str(time.time()))
+    print(f"asked the controller of {job.job} to stop after the round in progress")
+    return 0
+
+
+_ACTIONS = {"start": _start, "status": _status, "rounds": _rounds, "models": _models, "stop": _stop}

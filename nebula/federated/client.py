@@ -1,0 +1,200 @@
+"""Clients: the API users write against (as in Flower: `fit` and `evaluate`), a Paddle helper, and the loop that
+serves a combiner's tasks through the switch.
+
+A client never opens a port: it connects to its cluster's switch as one rank of the job, says hello to every
+combiner (so any of them can take it over when its own fails), and then answers tasks: evaluate the global
+model it was sent, train it (`fit`), announce the update, and stream it once the combiner asks for it.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from nebula.channel import Endpoint
+from nebula.federated.config import FederatedJob
+from nebula.federated.transport import COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer
+
+__all__ = ["Client", "PaddleClient", "run_client", "load_client"]
+
+log = logging.getLogger(__name__)
+Weights = dict[str, np.ndarray]
+
+
+class Client:
+    """A federated client. Subclass it: `get_parameters`, `fit` and `evaluate` (Flower's names and returns)."""
+
+    def num_examples(self) -> int:
+        """Training examples this client holds (the validity policy counts them)."""
+        raise NotImplementedError
+
+    def get_parameters(self, config: Mapping[str, Any]) -> Weights:
+        """The local model's weights (asked once, to initialise an empty trail)."""
+        raise NotImplementedError
+
+    def fit(self, parameters: Weights, config: Mapping[str, Any]) -> tuple[Weights, int, dict]:
+        """Train from `parameters` on local data: (new weights, examples used, metrics)."""
+        raise NotImplementedError
+
+    def evaluate(self, parameters: Weights, config: Mapping[str, Any]) -> tuple[float, int, dict]:
+        """Evaluate `parameters` on local held-out data: (loss, examples, metrics)."""
+        raise NotImplementedError
+
+
+class PaddleClient(Client):
+    """A `Client` training a user-supplied `paddle.nn.Layer` classifier on local arrays (x, y).
+
+    `config` of a task may carry `proximal_mu` (FedProx: adds mu/2·||w − w_global||² to the loss), `epochs`,
+    `lr` and `batch_size` overriding the constructor's.
+    """
+
+    def __init__(self, model: Any, train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],
+                 *, epochs: int = 1, batch_size: int = 32, lr: float = 1e-3, seed: int = 0) -> None:
+        self.model, self.train, self.test = model, train, test
+        self.epochs, self.batch_size, self.lr = epochs, batch_size, lr
+        self.rng = np.random.default_rng(seed)
+
+    def num_examples(self) -> int:
+        return int(len(self.train[1]))
+
+    def get_parameters(self, config: Mapping[str, Any]) -> Weights:
+        return {k: v.numpy().copy() for k, v in self.model.state_dict().items()}
+
+    def set_parameters(self, parameters: Mapping[str, np.ndarray]) -> None:
+        """Load `parameters` into the model (names and shapes must match)."""
+        import paddle
+
+        self.model.set_state_dict({k: paddle.to_tensor(v) for k, v in parameters.items()})
+
+    def fit(self, parameters: Weights, config: Mapping[str, Any]) -> tuple[Weights, int, dict]:
+        import paddle
+        import paddle.nn.functional as F
+
+        self.set_parameters(parameters)
+        mu = float(config.get("proximal_mu", 0.0))
+        anchor = {k: paddle.to_tensor(v) for k, v in parameters.items()} if mu > 0 else None
+        opt = paddle.optimizer.Adam(learning_rate=float(config.get("lr", self.lr)),
+                                    parameters=self.model.parameters())
+        x, y = self.train
+        bs = int(config.get("batch_size", self.batch_size))
+        self.model.train()
+        losses, seen = [], 0
+        for _ in range(int(config.get("epochs", self.epochs))):
+            order = self.rng.permutation(len(y))
+            for i in range(0, len(y), bs):
+                idx = order[i : i + bs]
+                logits = self.model(paddle.to_tensor(x[idx]))
+                loss = F.cross_entropy(logits, paddle.to_tensor(y[idx].reshape(-1, 1)))
+                if anchor is not None:
+                    prox = sum(((p - anchor[n]) ** 2).sum() for n, p in self.model.named_parameters())
+                    loss = loss + mu / 2 * prox
+                loss.backward()
+                opt.step()
+                opt.clear_grad()
+                losses.append(float(loss))
+                seen += len(idx)
+        return self.get_parameters(config), self.num_examples(), {"train_loss": float(np.mean(losses))}
+
+    def evaluate(self, parameters: Weights, config: Mapping[str, Any]) -> tuple[float, int, dict]:
+        import paddle
+        import paddle.nn.functional as F
+
+        self.set_parameters(parameters)
+        self.model.eval()
+        x, y = self.test
+        with paddle.no_grad():
+            logits = self.model(paddle.to_tensor(x))
+            loss = float(F.cross_entropy(logits, paddle.to_tensor(y.reshape(-1, 1))))
+            acc = float((logits.numpy().argmax(-1) == y).mean())
+        return loss, int(len(y)), {"accuracy": acc}
+
+
+def load_client(job: FederatedJob, cluster: str, index: int) -> Client:
+    """Build the job's client (client.factory) for client `index` of `cluster`."""
+    mod, _, fn = job.client.factory.partition(":")
+    if not mod:
+        raise ValueError("client.factory is empty in the job file; name a 'module:function' returning a Client")
+    factory = getattr(importlib.import_module(mod), fn)
+    return factory(cluster=cluster, index=index, num_clients={c.id: c.num_clients for c in job.clusters},
+                   **job.client.args)
+
+
+def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, stop_after_s: float | None = None
+               ) -> int:
+    """Serve tasks until a combiner or the controller says stop (or `stop_after_s` passes); rounds trained."""
+    cl = job.cluster(cluster)
+    rank = FIRST_CLIENT_RANK + index
+    ep = Endpoint.connect(cl.worker, job=job.job, rank=rank, timeout_s=job.startup_timeout_s)
+    mb = Mailbox(ep, job.piece_bytes, Peer(job.controller.cluster, CONTROLLER_RANK))
+    combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
+    listen = mb_peers(job)
+    me = f"{cluster}/{rank}"
+    hello = {"type": "hello", "job": job.job, "num_examples": client.num_examples()}
+    for c in combiners:
+        mb.send(c, hello)
+    trained = 0
+    pending = None  # a task that arrived while we waited for a combiner's answer to our update
+    t_end = None if stop_after_s is None else time.monotonic() + stop_after_s
+    try:
+        while t_end is None or time.monotonic() < t_end:
+            got, pending = pending or mb.poll(listen, 1.0), None
+            if got is None:
+                continue
+            peer, head, _ = got
+            kind = head.get("type")
+            if kind == "stop":
+                break
+            if kind == "hello?":  # a combiner (re)started and asks who is there
+                mb.send(peer, hello)
+            elif kind == "get_parameters":
+                mb.send_model(peer, {"type": "parameters", "job": job.job}, client.get_parameters({}))
+            elif kind == "task":
+                ok, pending = _train(mb, peer, head, client, job, me)
+                trained += ok
+            else:  # an answer to an update we gave up on (the round moved on): nothing to do
+                log.debug("%s: ignoring %s from %s", me, kind, peer)
+    finally:
+        ep.close(flush_s=5)
+    return trained
+
+
+
+def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJob, me: str) -> tuple[bool, Any]:
+    """Run one task: evaluate, fit, announce, stream on request. (trained?, a task that came meanwhile)."""
+    params = mb.recv_model(peer, head, job.deadline_s)
+    config = dict(head.get("config", {}))
+    loss, n_eval, em = client.evaluate(params, config)
+    weights, n, fm = client.fit(params, config)
+    header = {"type": "update", "job": job.job, "round": head["round"], "version": head["version"],
+              "num_examples": n, "metrics": {"eval_loss": loss, "eval_examples": n_eval, **em, **fm}}
+    mb.send(peer, mb.model_header(header, weights))
+    deadline = time.monotonic() + job.deadline_s + 10
+    others = [p for p in mb_peers(job) if p != peer]
+    while time.monotonic() < deadline:
+        got = mb.poll([peer, *others], min(1.0, max(0.0, deadline - time.monotonic())))
+        if got is None:
+            continue
+        src, answer, _ = got
+        kind = answer.get("type")
+        if src != peer:  # another combiner (ours is gone, we were reassigned) or the controller
+            if kind in ("task", "stop", "get_parameters", "hello?"):
+                return False, got
+            continue
+        if kind == "pull":
+            mb.send_pieces(peer, weights)
+            return True, None
+        if kind == "drop":
+            log.warning("%s: update of round %s refused: %s", me, head["round"], answer.get("reason"))
+            return False, None
+        if kind in ("task", "stop", "hello?", "get_parameters"):  # the round moved on without our update
+            return False, got
+    log.warning("%s: combiner %s did not answer the update of round %s", me, peer, head["round"])
+    return False, None
+
+
+def mb_peers(job: FederatedJob) -> list[Peer]:
+    """Everyone a client listens to: every combiner and the controller."""
+    return [*(Peer(c.id, COMBINER_RANK) for c in job.clusters), Peer(job.controller.cluster, CONTROLLER_RANK)]

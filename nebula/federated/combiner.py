@@ -1,0 +1,295 @@
+"""Combiner: one per cluster, behind its switch. It takes the round's global model once over the WAN, fans it out
+to its clients inside the cluster, checks and streams their updates into one partial model (about one model's
+worth of memory for streaming strategies), and hands the partial with its example count to the reducer.
+
+Updates are pulled one at a time: a client announces its update (a small header on the control lane); the
+combiner checks it (job, round, version, duplicate, keys, shapes, dtypes) and only then asks for the tensors,
+so a refused or late update never costs memory. Every refusal is audited and answered with its reason.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nebula.channel import Endpoint
+from nebula.federated._actor import ActorAudit, check_update_header
+from nebula.federated.aggregate import RunningMean
+from nebula.federated.config import FederatedJob
+from nebula.federated.strategy import get_strategy
+from nebula.federated.transport import COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer, manifest
+
+__all__ = ["Combiner", "client_peers"]
+
+log = logging.getLogger(__name__)
+PULL_GRACE_S = 2.0  # an update announced before the deadline may finish arriving this much later
+
+
+def client_peers(job: FederatedJob) -> list[Peer]:
+    """Every client rank the job names, in every cluster."""
+    return [Peer(c.id, FIRST_CLIENT_RANK + i) for c in job.clusters for i in range(c.num_clients)]
+
+
+class Combiner:
+    """The combiner of `cluster` for `job`; `run()` serves until the controller says stop."""
+
+    def __init__(self, job: FederatedJob, cluster: str, workdir: str | Path | None = None) -> None:
+        self.job, self.cluster = job, cluster
+        self.workdir = Path(workdir or Path(job.controller.dir) / f"combiner-{cluster}")
+        self.strategy = get_strategy(job.strategy.name, job.strategy.options)
+        self.roster: dict[Peer, int] = {}  # client -> training examples it holds
+        self.missed: set[Peer] = set()  # asked last round, never answered: not offered again until heard from
+        self.clients = client_peers(job)
+        self.controller = Peer(job.controller.cluster, CONTROLLER_RANK)
+        self.known_version = 0
+        self.refused_between: list[dict] = []  # refusals while no round ran, reported with the next partial
+        self.mb: Mailbox | None = None
+        self.audit: ActorAudit | None = None
+
+    def run(self) -> None:
+        """Connect to the switch and serve rounds until told to stop."""
+        cl = self.job.cluster(self.cluster)
+        ep = Endpoint.connect(cl.worker, job=self.job.job, rank=COMBINER_RANK, timeout_s=self.job.startup_timeout_s)
+        self.mb = Mailbox(ep, self.job.piece_bytes, self.controller)
+        self.audit = ActorAudit(self.workdir, cl.worker, "combiner", self.cluster, COMBINER_RANK)
+        log.info("combiner %s/%d ready", self.cluster, COMBINER_RANK)
+        try:
+            while True:
+                got = self.mb.poll([*self.clients, self.controller], 1.0)
+                if got is None:
+                    continue
+                peer, head, _ = got
+                if peer == self.controller:
+                    kind = head.get("type")
+                    if kind == "stop":
+                        for c in self.roster:
+                            self.mb.send(c, {"type": "stop"})
+                        return
+                    if kind == "status":
+                        self._status(head)
+                    elif kind == "round":
+                        self._round(head)
+                    elif kind == "async":
+                        if self._async(head) == "stop":
+                            return
+                else:
+                    self._from_client(peer, head, None)
+        finally:
+            self.audit.close()
+            ep.close(flush_s=5)
+
+    def _status(self, head: dict) -> None:
+        roster = {str(c): n for c, n in self.roster.items()}
+        self.mb.send(self.controller, {"type": "status", "seq": head.get("seq"), "roster": roster,
+                                       "missed": sorted(str(c) for c in self.missed)})
+
+    def _from_client(self, peer: Peer, head: dict, rnd: Any) -> None:
+        kind = head.get("type")
+        self.missed.discard(peer)  # heard from: offered again
+        if kind == "hello":
+            n = head.get("num_examples")
+            if head.get("job") != self.job.job or not isinstance(n, int) or n <= 0:
+                self.audit.record("fl.hello", str(peer), "refused", {"job": head.get("job"), "num_examples": n})
+                return
+            self.roster[peer] = n
+        elif kind == "update":
+            if rnd is None:
+                reason = ("late: no round in progress at this combiner; a synchronous round never averages updates "
+                          "of another round")
+                self.refused_between.append({"client": str(peer), "reason": reason})
+                self._refuse(peer, head, reason)
+            else:
+                rnd.on_update(peer, head)
+
+    def _refuse(self, peer: Peer, head: dict, reason: str) -> None:
+        log.warning("combiner %s: refused update of %s: %s", self.cluster, peer, reason)
+        self.audit.record("fl.update", str(peer), "refused",
+                          {"reason": reason, "round": head.get("round"), "version": head.get("version")})
+        self.mb.send(peer, {"type": "drop", "round": head.get("round"), "reason": reason})
+
+    def _round(self, head: dict) -> None:
+        mb = self.mb
+        t0 = time.monotonic()
+        deadline = t0 + float(head["deadline_s"])
+        weights = mb.recv_model(self.controller, head, float(head["deadline_s"]))
+        for _ in range(int(head.get("copies", 1)) - 1):  # the benchmark's broadcast without WAN-once
+            nxt, _ = mb.recv(self.controller, float(head["deadline_s"]))
+            mb.recv_model(self.controller, nxt, float(head["deadline_s"]), on_piece=lambda *a: None)
+        self.known_version = max(self.known_version, int(head["version"]))
+        rnd = _Round(self, head, weights, deadline)
+        rnd.fan_out()
+        while rnd.waiting() and time.monotonic() < deadline:
+            got = mb.poll([*self.clients, self.controller], min(1.0, max(0.0, deadline - time.monotonic())))
+            if got is None:
+                continue
+            peer, h, _ = got
+            if peer == self.controller:
+                if h.get("type") == "status":
+                    self._status(h)
+                continue
+            self._from_client(peer, h, rnd)
+        rnd.report()
+
+
+    def _async(self, head: dict) -> str | None:
+        """Serve an asynchronous run: every checked update goes straight to the controller, the client gets the
+        newest model at once. Returns "stop" when the controller ends the run."""
+        mb = self.mb
+        dl = float(head["deadline_s"])
+        latest = mb.recv_model(self.controller, head, dl)
+        version = self.known_version = max(self.known_version, int(head["version"]))
+        asked = [Peer.parse(s) for s in head["clients"]]
+        tensors = manifest(latest)
+        config = head.get("config", {})
+
+        def task(p: Peer) -> None:
+            mb.send_model(p, {"type": "task", "round": version, "version": version, "config": config,
+                              "deadline_s": dl}, latest)
+
+        for p in asked:
+            task(p)
+        while True:
+            got = mb.poll([*self.clients, self.controller], 1.0)
+            if got is None:
+                continue
+            peer, h, _ = got
+            kind = h.get("type")
+            if peer == self.controller:
+                if kind == "stop":
+                    for c in self.roster:
+                        mb.send(c, {"type": "stop"})
+                    return "stop"
+                if kind == "status":
+                    self._status(h)
+                elif kind == "model":
+                    latest = mb.recv_model(self.controller, h, dl)
+                    version = self.known_version = int(h["version"])
+                continue
+            if kind == "hello":
+                self._from_client(peer, h, None)
+                continue
+            if kind != "update":
+                continue
+            who = str(peer)
+            reason = check_update_header(h, job=self.job.job, round=h.get("round"), version=h.get("version"),
+                                         known_version=self.known_version, expected={str(p) for p in asked},
+                                         seen=set(), who=who, tensors=tensors)
+            if reason is None:
+                mb.send(peer, {"type": "pull"})
+                try:
+                    w = mb.recv_model(peer, h, dl)
+                    bad = next((k for k, v in w.items() if not np.isfinite(v).all()), None)
+                    if bad is not None:
+                        reason = f"{bad!r} holds NaN or Inf; lower the learning rate or clip gradients"
+                except (TimeoutError, ValueError) as exc:
+                    reason = f"incomplete update: {exc}"
+            if reason is not None:
+                self.audit.record("fl.update", who, "refused", {"reason": reason, "version": h.get("version")})
+                mb.send(peer, {"type": "drop", "reason": reason})  # after a pull the client ignores it
+            else:
+                self.audit.record("fl.update", who, "accepted", {"version": h["version"]})
+                mb.send_model(self.controller, {"type": "async_update", "session": head.get("session"),
+                                                "client": who, "version": h["version"],
+                                                "num_examples": h["num_examples"], "metrics": h.get("metrics", {})}, w)
+            if peer in asked:
+                task(peer)
+
+
+class _Round:
+    """One round at a combiner: the asked clients, the partial aggregate, the refusals."""
+
+    def __init__(self, comb: Combiner, head: dict, weights: dict[str, np.ndarray], deadline: float) -> None:
+        self.c, self.head, self.weights, self.deadline = comb, head, weights, deadline
+        self.round, self.version = int(head["round"]), int(head["version"])
+        self.asked = [Peer.parse(s) for s in head["clients"]]
+        self.expected = {str(p) for p in self.asked}
+        self.tensors = manifest(weights)
+        self.seen: set[str] = set()
+        self.rejected: list[dict] = comb.refused_between
+        comb.refused_between = []
+        self.accepted: list[str] = []
+        self.streaming = comb.strategy.streaming
+        self.mean = RunningMean(weights) if self.streaming else None
+        self.kept: list[tuple[dict, int]] = []
+        self.names: list[str] = []
+        self.metrics: dict[str, float] = {}
+        self.eval_examples = 0
+
+    def fan_out(self) -> None:
+        task = {"type": "task", "round": self.round, "version": self.version, "config": self.head.get("config", {}),
+                "deadline_s": max(0.0, self.deadline - time.monotonic())}
+        big = sum(w.nbytes for w in self.weights.values()) > 64 * 1024**2
+        for p in self.asked:
+            fut = self.c.mb.send_model(p, task, self.weights)
+            if big and fut is not None:  # large models: one client's copy at a time leaves this process
+                fut.result(timeout=max(1.0, self.deadline - time.monotonic()))
+        self.weights = None  # sent: from here on the combiner holds the partial and one update, no global model
+
+    def waiting(self) -> bool:
+        return bool(self.expected - self.seen)
+
+    def on_update(self, peer: Peer, head: dict) -> None:
+        who = str(peer)
+        reason = check_update_header(head, job=self.c.job.job, round=self.round, version=self.version,
+                                     known_version=self.c.known_version, expected=self.expected, seen=self.seen,
+                                     who=who, tensors=self.tensors)
+        if reason is not None:
+            if head.get("round") == self.round and who in self.expected and not reason.startswith("duplicate"):
+                self.seen.add(who)  # a bad update for this round is this client's answer: stop waiting for it
+            self.rejected.append({"client": who, "reason": reason})
+            self.c._refuse(peer, head, reason)
+            return
+        self.seen.add(who)
+        self.accepted.append(who)
+        self.c.mb.send(peer, {"type": "pull", "round": self.round})
+        try:
+            w = self.c.mb.recv_model(peer, head, max(0.5, self.deadline - time.monotonic()) + PULL_GRACE_S)
+        except (TimeoutError, ValueError) as exc:
+            self._reject(peer, head, f"incomplete update: {exc}")
+            return
+        for k, v in w.items():
+            if not np.isfinite(v).all():
+                self._reject(peer, head, f"{k!r} holds NaN or Inf; lower the learning rate or clip gradients")
+                return
+        n = int(head["num_examples"])
+        if self.streaming:
+            self.mean.begin(n, who)
+            for k, v in w.items():
+                self.mean.add_part(k, v)
+        else:
+            self.kept.append((w, n))
+            self.names.append(who)
+        m = head.get("metrics") or {}
+        ne = int(m.get("eval_examples", 0) or 0)
+        for k in ("eval_loss", "accuracy"):
+            if isinstance(m.get(k), (int, float)) and ne > 0:
+                self.metrics[k] = self.metrics.get(k, 0.0) + float(m[k]) * ne
+        self.eval_examples += ne
+        self.c.audit.record("fl.update", who, "accepted", {"round": self.round, "num_examples": n})
+
+    def _reject(self, peer: Peer, head: dict, reason: str) -> None:
+        self.accepted.remove(str(peer))
+        self.rejected.append({"client": str(peer), "reason": reason})
+        self.c.audit.record("fl.update", str(peer), "refused", {"reason": reason, "round": self.round})
+        log.warning("combiner %s: refused update of %s: %s", self.c.cluster, peer, reason)
+
+    def report(self) -> None:
+        missing = [p for p in self.asked if str(p) not in self.seen]
+        self.c.missed.update(missing)
+        if self.streaming:
+            num_updates, num_examples = self.mean.num_updates, self.mean.num_examples
+            partial = self.mean.mean if num_updates else None
+        else:
+            num_updates, num_examples = len(self.kept), sum(n for _, n in self.kept)
+            partial = self.c.strategy.combine(self.kept, self.names) if self.kept else None
+        metrics = {k: v / self.eval_examples for k, v in self.metrics.items()} if self.eval_examples else {}
+        header = {"type": "partial", "session": self.head.get("session"), "round": self.round, "version": self.version, "num_updates": num_updates,
+                  "num_examples": num_examples, "clients": sorted(self.accepted), "rejected": self.rejected,
+                  "missing": [str(p) for p in missing], "metrics": metrics, "eval_examples": self.eval_examples}
+        if partial is None:
+            self.c.mb.send(self.c.controller, header)
+        else:
+            self.c.mb.send_model(self.c.controller, header, partial)

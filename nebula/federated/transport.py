@@ -1,0 +1,217 @@
+"""Federated messages over Nebula channels: JSON headers on the control lane, models in pieces on the bulk lane.
+
+Every actor is one rank of the federation's job behind its cluster's switch: the controller is rank 0 of its
+cluster, each cluster's combiner rank 1, clients ranks 2 and up. A message is [JSON header] or [JSON header,
+payload]; a model is one header naming its tensors (name, dtype, shape) and the number of pieces, then that many
+piece messages of at most `piece_bytes` each, so neither side ever joins a whole model into one buffer.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from nebula.channel import Channel, ChannelError, Endpoint
+
+__all__ = ["Peer", "Mailbox", "CONTROLLER_RANK", "COMBINER_RANK", "FIRST_CLIENT_RANK", "CHANNEL", "manifest",
+           "ModelAssembler"]
+
+CONTROLLER_RANK = 0
+COMBINER_RANK = 1
+FIRST_CLIENT_RANK = 2
+CHANNEL = "fl"
+# A channel's sequence numbers live as long as both its ends: a restarted controller cannot reuse its channels.
+# Each start of the controller takes the next epoch (kept with its trail) and talks on channels named fl.c<epoch>;
+# the others listen on the next EPOCH_WINDOW epochs and follow the newest they hear from.
+EPOCH_WINDOW = 16
+PIECE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Peer:
+    """An actor of the federation: (cluster, rank)."""
+
+    cluster: str
+    rank: int
+
+    def __str__(self) -> str:
+        return f"{self.cluster}/{self.rank}"
+
+    @classmethod
+    def parse(cls, s: str) -> Peer:
+        """`A/3` -> Peer("A", 3)."""
+        c, _, r = s.rpartition("/")
+        return cls(c, int(r))
+
+
+def manifest(weights: Mapping[str, np.ndarray]) -> list[list]:
+    """[name, dtype, shape] of every tensor, in order: what a model header carries."""
+    return [[k, str(v.dtype), list(v.shape)] for k, v in weights.items()]
+
+
+def _pieces(weights: Mapping[str, np.ndarray], piece_bytes: int) -> Iterable[tuple[dict, memoryview]]:
+    for name, arr in weights.items():
+        flat = memoryview(np.ascontiguousarray(arr).reshape(-1)).cast("B")
+        item = arr.dtype.itemsize
+        step = max(item, piece_bytes // item * item)
+        for off in range(0, max(len(flat), 1), step):
+            yield {"name": name, "offset": off // item}, flat[off : off + step]
+
+
+def _num_pieces(weights: Mapping[str, np.ndarray], piece_bytes: int) -> int:
+    n = 0
+    for arr in weights.values():
+        item = arr.dtype.itemsize
+        step = max(item, piece_bytes // item * item)
+        n += max(1, -(-arr.nbytes // step))
+    return n
+
+
+class ModelAssembler:
+    """Fills arrays of a model header's manifest from its pieces, checking each piece against it."""
+
+    def __init__(self, header: Mapping[str, Any], who: str) -> None:
+        self.who = who
+        self.specs: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+        try:
+            for name, dtype, shape in header["tensors"]:
+                self.specs[str(name)] = (np.dtype(dtype), tuple(int(s) for s in shape))
+            self.num_pieces = int(header["num_pieces"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{who}: malformed model header ({exc}); send models with Mailbox.send_model") from None
+
+    def piece(self, head: Mapping[str, Any], payload: memoryview) -> tuple[str, int, np.ndarray]:
+        """(tensor name, element offset, values) of one piece; ValueError names the problem."""
+        name, off = head.get("name"), head.get("offset")
+        if name not in self.specs or not isinstance(off, int):
+            raise ValueError(f"{self.who}: piece names tensor {name!r} at offset {off!r}, not in its header")
+        dtype, shape = self.specs[name]
+        if len(payload) % dtype.itemsize:
+            raise ValueError(f"{self.who}: piece of {name!r} has {len(payload)} bytes, not a multiple of {dtype}")
+        vals = np.frombuffer(payload, dtype)
+        if off < 0 or off + vals.size > int(np.prod(shape)):
+            raise ValueError(f"{self.who}: piece of {name!r} at {off} overruns its shape {shape}")
+        return name, off, vals
+
+
+class Mailbox:
+    """This actor's channels (one per peer, all called `fl`) and the send/receive helpers on them."""
+
+    def __init__(self, ep: Endpoint, piece_bytes: int = PIECE_BYTES, controller: Peer | None = None,
+                 epoch: int = 0) -> None:
+        self.ep = ep
+        self.me = Peer(ep.cluster, ep.rank)
+        self.controller = controller
+        self.epoch = epoch  # ours when we are the controller, else the newest controller epoch heard from
+        self.piece_bytes = piece_bytes
+        self.sent_bytes: dict[str, int] = {}  # by destination cluster: what left this actor
+        self._turn = 0
+
+    def channel(self, peer: Peer, epoch: int | None = None) -> Channel:
+        """The channel to `peer` (for the controller's channels: of `epoch`, default the current one)."""
+        if self.controller is not None and self.controller in (peer, self.me):
+            return self.ep.channel(peer.cluster, peer.rank, f"{CHANNEL}.c{self.epoch if epoch is None else epoch}")
+        return self.ep.channel(peer.cluster, peer.rank, CHANNEL)
+
+    def _listen(self, peer: Peer) -> list[tuple[Channel, int | None]]:
+        if self.controller is not None and peer == self.controller and self.me != self.controller:
+            return [(self.channel(peer, e), e) for e in range(self.epoch, self.epoch + EPOCH_WINDOW)]
+        return [(self.channel(peer), None)]
+
+    def _count(self, peer: Peer, n: int) -> None:
+        self.sent_bytes[peer.cluster] = self.sent_bytes.get(peer.cluster, 0) + n
+
+    def send(self, peer: Peer, header: Mapping[str, Any], payload: bytes | memoryview | None = None,
+             lane: str = "control") -> Any:
+        """Send one message; the channel's future."""
+        head = json.dumps(header, separators=(",", ":")).encode()
+        parts = [head] if payload is None else [head, payload]
+        self._count(peer, len(head) + (0 if payload is None else len(payload)))
+        return self.channel(peer).send(parts, lane=lane)
+
+    def model_header(self, header: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> dict:
+        """`header` extended with the model's manifest and piece count."""
+        return {**header, "tensors": manifest(weights), "num_pieces": _num_pieces(weights, self.piece_bytes)}
+
+    def send_pieces(self, peer: Peer, weights: Mapping[str, np.ndarray], lane: str = "bulk") -> Any:
+        """The model's pieces (after its header); the last piece's future."""
+        fut = None
+        for head, payload in _pieces(weights, self.piece_bytes):
+            fut = self.send(peer, head, payload, lane=lane)
+        return fut
+
+    def send_model(self, peer: Peer, header: Mapping[str, Any], weights: Mapping[str, np.ndarray],
+                   lane: str = "bulk") -> Any:
+        """Send `header` (extended with the manifest) and the model's pieces; the last piece's future."""
+        self.send(peer, self.model_header(header, weights), lane="control")
+        return self.send_pieces(peer, weights, lane)
+
+    def recv(self, peer: Peer, timeout_s: float | None) -> tuple[dict, memoryview | None]:
+        """Next message from `peer` (header, payload); TimeoutError when none comes in time."""
+        parts = self.channel(peer).recv_parts(timeout_s)
+        return _decode(parts, peer)
+
+    def poll(self, peers: list[Peer], timeout_s: float) -> tuple[Peer, dict, memoryview | None] | None:
+        """The next message from any of `peers` (fair turns), or None after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        nap = 0.0005
+        while True:
+            n = len(peers)
+            for i in range(n):
+                peer = peers[(self._turn + i) % n]
+                parts = None
+                for ch, epoch in self._listen(peer):
+                    try:
+                        parts = ch.recv_parts(0)
+                    except TimeoutError:
+                        continue
+                    except ChannelError:
+                        continue  # the peer's cluster is unreachable: its actors time out like silent ones
+                    if epoch is not None and epoch > self.epoch:
+                        self.epoch = epoch  # a restarted controller: follow it
+                    break
+                if parts is None:
+                    continue
+                self._turn = (self._turn + i + 1) % max(n, 1)
+                head, payload = _decode(parts, peer)
+                return peer, head, payload
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(nap, left))
+            nap = min(nap * 2, 0.02)
+
+    def recv_model(self, peer: Peer, header: Mapping[str, Any], timeout_s: float,
+                   on_piece: Callable[[str, np.ndarray, int], None] | None = None) -> dict[str, np.ndarray] | None:
+        """Receive the pieces that follow model `header` from `peer`.
+
+        With `on_piece`, each checked piece is handed over (streaming; returns None); otherwise the model is
+        assembled into fresh arrays and returned. ValueError for a malformed piece, TimeoutError when the
+        pieces stop coming.
+        """
+        asm = ModelAssembler(header, f"{peer}")
+        out = None if on_piece else {n: np.empty(s, d) for n, (d, s) in asm.specs.items()}
+        deadline = time.monotonic() + timeout_s
+        for _ in range(asm.num_pieces):
+            head, payload = self.recv(peer, max(0.0, deadline - time.monotonic()))
+            if payload is None:
+                raise ValueError(f"{peer}: expected a model piece, got a {head.get('type')!r} message")
+            name, off, vals = asm.piece(head, payload)
+            if on_piece is not None:
+                on_piece(name, vals, off)
+            else:
+                out[name].reshape(-1)[off : off + vals.size] = vals
+        return out
+
+
+def _decode(parts: list[memoryview], peer: Peer) -> tuple[dict, memoryview | None]:
+    try:
+        head = json.loads(bytes(parts[0]))
+    except ValueError as exc:
+        raise ValueError(f"{peer}: message header is not JSON ({exc})") from None
+    if not isinstance(head, dict):
+        raise ValueError(f"{peer}: message header is not a JSON object")
+    return head, (parts[1] if len(parts) > 1 else None)

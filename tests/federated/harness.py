@@ -1,0 +1,55 @@
+"""A real federation for tests: provisioned switches on loopback, a federated job file, actor processes."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from tests.pipeline.federation import start_switches
+
+__all__ = ["federation", "write_job", "start_cluster", "start_client", "start_clients", "wait_exit"]
+
+
+def federation(procs, tmp: Path, clusters=("A", "B")) -> dict[str, Path]:
+    """Provision `clusters` and start their switch servers; worker files by cluster."""
+    return start_switches(procs, tmp / "prov", list(clusters))
+
+
+def write_job(tmp: Path, workers: dict[str, Path], num_clients: dict[str, int], **over) -> Path:
+    """A federated job file with the toy client; `over` replaces top-level keys."""
+    doc = {
+        "job": "fltest", "mode": "federated", "controller": {"cluster": "A", "dir": str(tmp / "fl")},
+        "clusters": [{"id": c, "worker": str(w), "num_clients": num_clients.get(c, 0)} for c, w in workers.items()],
+        "client": {"factory": "tests.federated.toy_client:make_client", "args": {}},
+        "rounds": 2, "deadline_s": 20, "validity": {"min_updates": 1}, "strategy": {"name": "fedavg"},
+        "startup_timeout_s": 60,
+    }
+    doc.update(over)
+    path = tmp / "job.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def start_cluster(procs, job: Path, cluster: str, role: str = "cluster") -> subprocess.Popen:
+    """Start the combiner (and controller, in its cluster) of `cluster`."""
+    return procs.python("-m", "nebula.federated.run", role, str(job), "--cluster", cluster)
+
+
+def start_client(procs, job: Path, cluster: str, index: int) -> subprocess.Popen:
+    """Start client `index` of `cluster`."""
+    p = procs.python("-m", "nebula.federated.run", "client", str(job), "--cluster", cluster, "--index", str(index))
+    return p
+
+
+def start_clients(procs, job: Path, cluster: str) -> subprocess.Popen:
+    """Start every client of `cluster` in one process (a thread and a switch connection each)."""
+    return procs.python("-m", "nebula.federated.run", "clients", str(job), "--cluster", cluster)
+
+
+def wait_exit(p: subprocess.Popen, timeout_s: float) -> str:
+    """Wait for `p` to exit 0; its output (fails the test with it otherwise)."""
+    out, _ = p.communicate(timeout=timeout_s)
+    assert p.returncode == 0, f"exit {p.returncode}:\n{out[-4000:]}"
+    return out
+

@@ -1,0 +1,42 @@
+"""The combiner's checks on an update's header: every refusal reason, and late updates in synchronous rounds."""
+from __future__ import annotations
+
+import pytest
+
+from nebula.federated._actor import check_update_header
+
+TENSORS = [["w", "float32", [4, 3]], ["b", "float32", [3]]]
+
+
+def _check(**over):
+    head = {"type": "update", "job": "j", "round": 5, "version": 7, "num_examples": 10, "tensors": TENSORS}
+    head.update(over)
+    return check_update_header(head, job="j", round=5, version=7, known_version=7, expected={"A/2", "B/2"},
+                               seen={"B/2"}, who=over.pop("who", "A/2") if "who" in over else "A/2",
+                               tensors=TENSORS)
+
+
+def test_a_good_update_passes():
+    assert _check() is None
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"job": "other"}, "belongs to job 'other'"),
+    ({"version": 9}, "future model version 9"),
+    ({"version": 0}, "unknown model version 0"),
+    ({"version": "x"}, "unknown model version 'x'"),
+    ({"round": 4, "version": 6}, "late: trained for round 4 from version 6"),
+    ({"num_examples": 0}, "num_examples=0"),
+    ({"tensors": TENSORS[:1]}, "missing ['b']"),
+    ({"tensors": [["w", "float64", [4, 3]], TENSORS[1]]}, "'w' has dtype float64, expected float32"),
+    ({"tensors": [["w", "float32", [5, 3]], TENSORS[1]]}, "'w' has shape (5, 3), expected (4, 3)"),
+])
+def test_bad_headers_are_refused_with_their_reason(over, needle):
+    assert needle in _check(**over)
+
+
+def test_duplicates_and_uninvited_clients_are_refused():
+    ok = {"type": "update", "job": "j", "round": 5, "version": 7, "num_examples": 10, "tensors": TENSORS}
+    kw = dict(job="j", round=5, version=7, known_version=7, expected={"A/2", "B/2"}, tensors=TENSORS)
+    assert "duplicate update in round 5" in check_update_header(ok, seen={"B/2"}, who="B/2", **kw)
+    assert "not asked to take part" in check_update_header(ok, seen=set(), who="C/9", **kw)

@@ -1,0 +1,62 @@
+"""A numpy client for protocol tests: softmax regression on a synthetic, learnable task; misbehaviours by name."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from nebula.federated.client import Client
+
+
+class ToyClient(Client):
+    """Softmax regression trained by full-batch gradient steps; `behaviour` makes it a bad client."""
+
+    def __init__(self, seed: int, behaviour: str = "honest", sleep_s: float = 0.0, n: int = 200) -> None:
+        rng = np.random.default_rng(seed)
+        true = np.random.default_rng(12345).normal(size=(4, 3))
+        x = rng.normal(size=(n, 4)).astype(np.float32)
+        self.x, self.y = x, (x @ true).argmax(1)
+        self.behaviour, self.sleep_s = behaviour, sleep_s
+
+    def num_examples(self) -> int:
+        return len(self.y)
+
+    def get_parameters(self, config):
+        return {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
+
+    def _probs(self, p):
+        z = self.x @ p["w"] + p["b"]
+        z = np.exp(z - z.max(1, keepdims=True))
+        return z / z.sum(1, keepdims=True)
+
+    def fit(self, parameters, config):
+        time.sleep(self.sleep_s)
+        p = {k: v.copy() for k, v in parameters.items()}
+        onehot = np.eye(3, dtype=np.float32)[self.y]
+        for _ in range(20):
+            g = (self._probs(p) - onehot) / len(self.y)
+            p["w"] -= 1.0 * self.x.T @ g
+            p["b"] -= 1.0 * g.sum(0)
+        b = self.behaviour
+        if b == "nan":
+            p["w"][0, 0] = np.nan
+        elif b == "shape":
+            p["w"] = np.zeros((5, 3), np.float32)
+        elif b == "dtype":
+            p["b"] = p["b"].astype(np.float64)
+        elif b == "flip":
+            p = {k: -10 * v for k, v in p.items()}
+        return p, len(self.y), {}
+
+    def evaluate(self, parameters, config):
+        pr = self._probs(parameters)
+        loss = float(-np.log(pr[np.arange(len(self.y)), self.y] + 1e-9).mean())
+        return loss, len(self.y), {"accuracy": float((pr.argmax(1) == self.y).mean())}
+
+
+def make_client(cluster: str, index: int, num_clients: dict, behaviours: dict | None = None,
+                sleep_s: dict | None = None) -> ToyClient:
+    """Client `index` of `cluster`; `behaviours`/`sleep_s` map "A/0" to a misbehaviour or a delay."""
+    key = f"{cluster}/{index}"
+    return ToyClient(seed=sum(key.encode()) * 7 + index, behaviour=(behaviours or {}).get(key, "honest"),
+                     sleep_s=(sleep_s or {}).get(key, 0.0))
