@@ -7,7 +7,8 @@ device ACT + [h, y] (activation lane) only after a GRANT; device MODEL {version}
 iterations -> server GLOBAL {version} + models (bulk); server STOP -> device BYE {its idle and busy seconds}.
 
 Fallbacks, never a hang: a device that has not said hello within `join_timeout_s` is left out (none at all is
-an error); a grant unanswered for `grant_timeout_s` is withdrawn; the server ends the run when no device sent
+an error); a grant unanswered for `grant_timeout_s` is withdrawn and that device gets no new one until it is
+heard from again (a device that died holds no slot of ω); the server ends the run when no device sent
 anything for `idle_timeout_s`; a device that gets no global model within `global_timeout_s` trains on with its
 own; after STOP the server waits at most `join_timeout_s` for BYEs and reports the devices that sent none.
 """
@@ -162,6 +163,7 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
     t0 = time.monotonic()
     last_heard = t0
     byes: dict = {}
+    silent: set = set()  # devices whose grant expired unanswered
     while True:
         while True:  # the Receiver's queue into the scheduler (Algorithm 2)
             try:
@@ -169,8 +171,11 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
             except queue.Empty:
                 break
             last_heard = time.monotonic()
+            silent.discard(who)  # heard from again: it may be granted again
             _on_message(sched, res, byes, who, head, arrays)
-        for d in sched.grant(active):
+        while sched.expired:  # a grant went unanswered: no more grants until the device is heard from
+            silent.add(sched.expired.pop())
+        for d in sched.grant([d for d in active if d not in silent]):
             chans[d].send(pack({"type": "grant"}), lane="control")
         now = time.monotonic()
         if res.rounds >= spec.max_rounds:
@@ -192,6 +197,7 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
                 pass
             else:
                 last_heard = time.monotonic()
+                silent.discard(who)
                 _on_message(sched, res, byes, who, head, arrays)
             res.idle_s += time.monotonic() - w0
             continue
