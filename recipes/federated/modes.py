@@ -74,7 +74,7 @@ def run_cluster(job_file: str, cluster: str) -> dict:
     from nebula.channel import Endpoint
     from nebula.federated.fedoptima.jobfile import load_federated_modes
     from nebula.federated.fedoptima.runtime import run_device, serve
-    from nebula.federated.fedoptima.split import DeviceInfo
+    from nebula.federated.fedoptima.split import DeviceInfo, measure_flops_per_s
     from nebula.federated.owl.runtime import run_owl_worker, serve_owl
 
     job, mode = load_federated_modes(job_file)
@@ -97,8 +97,10 @@ def run_cluster(job_file: str, cluster: str) -> dict:
                     results["server"] = dataclasses.asdict(serve_owl(ep, clients, task, mode.owl))
                 elif mode.algorithm == "fedoptima":
                     k = clients.index((cluster, rank))
-                    # device information: the benchmark's figures unless measured (see fedoptima.split)
-                    info = DeviceInfo(flops_per_s=1e9 / mode.fedoptima.slowdown_of(k), bandwidth_bytes_per_s=6.25e6)
+                    # device information for the pre-processor: measured FLOP/s (under the simulated slowdown)
+                    # and the upload bandwidth the job file gives
+                    info = DeviceInfo(flops_per_s=measure_flops_per_s(slowdown=mode.fedoptima.slowdown_of(k)),
+                                      bandwidth_bytes_per_s=mode.fedoptima.bandwidth_bytes_per_s)
                     results[f"{cluster}/{rank}"] = run_device(ep, server, k, len(clients), task, mode.fedoptima, info)
                 else:
                     results[f"{cluster}/{rank}"] = run_owl_worker(ep, server, task, mode.owl)

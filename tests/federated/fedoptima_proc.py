@@ -9,7 +9,7 @@ import sys
 from nebula.channel import Endpoint
 from nebula.federated.fedoptima.config import FedOptimaSpec
 from nebula.federated.fedoptima.runtime import run_device, serve
-from nebula.federated.fedoptima.split import DeviceInfo
+from nebula.federated.fedoptima.split import DeviceInfo, measure_flops_per_s
 from tests.federated.fedoptima_task import BlobsTask
 
 
@@ -34,7 +34,8 @@ def main() -> int:
             c, r = a.server.split("/")
             num = int(a.devices) if a.devices else 1
             res = run_device(ep, (c, int(r)), a.rank - 1, num, task, spec,
-                             DeviceInfo(flops_per_s=1e9, bandwidth_bytes_per_s=1e7))
+                             DeviceInfo(flops_per_s=measure_flops_per_s(slowdown=spec.slowdown_of(a.rank - 1)),
+                                        bandwidth_bytes_per_s=spec.bandwidth_bytes_per_s))
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f)

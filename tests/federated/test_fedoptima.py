@@ -200,3 +200,12 @@ def test_virtual_clock_fedoptima_against_baselines_on_slow_and_fast_devices():
     assert fo.device_idle_s < oafl.device_idle_s and fo.device_idle_s < avg.device_idle_s
     assert fo.peak_held <= 2 and min(fo.used) > 0  # the slow device's batches are used too
     assert fo.accuracy > 0.5  # it learns in 1.5 virtual seconds (chance: 0.25)
+
+
+def test_measured_flops_scale_with_the_simulated_slowdown():
+    from nebula.federated.fedoptima.split import measure_flops_per_s
+
+    f = measure_flops_per_s(size=64, repeats=3)
+    assert f > 1e6  # any CPU does a 64x64 matmul well above a MFLOP/s
+    slow = measure_flops_per_s(size=64, repeats=3, slowdown=1e6)
+    assert slow < f / 1e3

@@ -12,6 +12,7 @@ Example::
       staleness: polynomial    # constant | polynomial | hinge
       max_delay: 8             # D: device models staler than this many versions are not aggregated
       slowdown: [1, 1, 4, 4]   # per-device compute slowdown factors (heterogeneous devices on one machine)
+      bandwidth_bytes_per_s: 6.25e6  # devices' upload rate, for the pre-processor's split rule
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class FedOptimaSpec:
     idle_timeout_s: float = 30.0  # the server ends the run when no device sent anything for this long
     global_timeout_s: float = 30.0  # a device waits this long for the aggregated model, then trains on
     slowdown: tuple[float, ...] = ()
+    bandwidth_bytes_per_s: float = 6.25e6  # a device's upload rate for the split rule (50 Mbit/s, as Testbed A)
 
     def __post_init__(self) -> None:
         if isinstance(self.omega, bool) or not isinstance(self.omega, int) or self.omega <= 0:
@@ -54,7 +56,7 @@ class FedOptimaSpec:
         for name in ("local_iterations", "max_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"fedoptima.{name}={getattr(self, name)!r} must be >= 1")
-        for name in ("duration_s", "lr_device", "lr_server", "join_timeout_s", "grant_timeout_s", "idle_timeout_s",
+        for name in ("bandwidth_bytes_per_s", "duration_s", "lr_device", "lr_server", "join_timeout_s", "grant_timeout_s", "idle_timeout_s",
                      "global_timeout_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):

@@ -14,7 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["LayerProfile", "DeviceInfo", "profile_layers", "split_point", "check_split", "split_costs"]
+__all__ = ["LayerProfile", "DeviceInfo", "profile_layers", "split_point", "check_split", "split_costs",
+           "measure_flops_per_s"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -96,3 +97,20 @@ def split_point(profile: Sequence[LayerProfile], devices: Sequence[DeviceInfo]) 
     check_split(1, len(profile))
     costs = split_costs(profile, devices)
     return int(np.argmin(costs)) + 1
+
+
+def measure_flops_per_s(size: int = 256, repeats: int = 8, slowdown: float = 1.0) -> float:
+    """This device's FLOP/s from timed Paddle matmuls (the best of `repeats`), divided by a simulated slowdown."""
+    import time
+
+    import paddle
+
+    a = paddle.randn([size, size])
+    b = paddle.randn([size, size])
+    (a @ b).numpy()  # warm-up: kernel selection and allocation
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        (a @ b).numpy()
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * size**3 / max(best, 1e-9) / max(slowdown, 1.0)
