@@ -56,7 +56,8 @@ class FedOptimaSpec:
         for name in ("local_iterations", "max_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"fedoptima.{name}={getattr(self, name)!r} must be >= 1")
-        for name in ("bandwidth_bytes_per_s", "duration_s", "lr_device", "lr_server", "join_timeout_s", "grant_timeout_s", "idle_timeout_s",
+        for name in ("bandwidth_bytes_per_s", "duration_s", "lr_device", "lr_server", "join_timeout_s",
+                     "grant_timeout_s", "idle_timeout_s",
                      "global_timeout_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):

@@ -2,7 +2,7 @@
 server's Trainer over activations and its asynchronous Aggregator (Algorithm 4, FedAsync with a maximum delay D)."""
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 

@@ -145,7 +145,10 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
     active = [d for d in chans if d in infos]
     layers = task.layers()
     sample = paddle.to_tensor(task.sample())
-    res.split = spec.split if spec.split is not None else split_point(profile_layers(layers, sample), list(infos.values()))
+    if spec.split is not None:
+        res.split = spec.split
+    else:
+        res.split = split_point(profile_layers(layers, sample), list(infos.values()))
     dev_net, srv_net = split_model(layers, res.split)
     aux = default_auxiliary(list(dev_net), sample, task.num_classes)
     agg = AsyncAggregator(state_of(dev_net), state_of(aux), alpha=spec.alpha, staleness=spec.staleness,

@@ -14,7 +14,7 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Sequence
+from typing import Any, Callable, Generator
 
 import numpy as np
 

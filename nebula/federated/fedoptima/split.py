@@ -76,7 +76,8 @@ def check_split(split: int, num_layers: int) -> int:
                          "and server")
     if isinstance(split, bool) or not isinstance(split, (int, np.integer)) or not 1 <= split <= num_layers - 1:
         raise ValueError(f"split point {split!r} is outside the model: it must be between 1 and {num_layers - 1} "
-                         f"(layers kept on the device, of {num_layers}); leave it unset to let the pre-processor choose")
+                         f"(layers kept on the device, of {num_layers}); leave it unset to let the pre-processor "
+                         "choose")
     return int(split)
 
 

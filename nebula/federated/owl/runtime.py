@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Iterator, Protocol
 
 import numpy as np
 
