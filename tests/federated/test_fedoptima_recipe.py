@@ -62,5 +62,6 @@ def test_recipe_task_learns_under_fedoptima_and_owl(procs, tmp_path):
         srv = ra["server"]
         assert srv["accuracy"] >= 0.7 and srv["accuracy"] >= srv["initial_accuracy"] + 0.3, (algorithm, srv)
         assert set(rb) == {"B/2", "B/3"} and "A/2" in ra
-        if algorithm == "owl":  # a linear model is one group: the server sends it once per round
-            assert srv["num_groups"] == 1 and all(e < 1.1 * srv["group_bytes"][0] for e in srv["server_egress_bytes"])
+        if algorithm == "owl":  # a linear model is one group: the server sends it once per cluster and round
+            g = srv["group_bytes"][0]
+            assert srv["num_groups"] == 1 and all(2 * g <= e < 2.2 * g for e in srv["server_egress_bytes"])

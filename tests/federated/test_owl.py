@@ -197,3 +197,21 @@ def test_plan_for_owl_and_server_only_and_too_many_groups():
         plan_for(sizes, 8, OwlSpec(num_groups=5))
     with pytest.raises(ValueError, match="distribution='p2p' must be 'owl' or 'server'"):
         OwlSpec(distribution="p2p")
+
+
+def test_plan_for_several_clusters_keeps_peer_traffic_inside_each_cluster():
+    from nebula.federated.owl.config import OwlSpec
+    from nebula.federated.owl.runtime import plan_for
+
+    clusters = ["A", "B", "B", "A", "B"]
+    s = plan_for([40, 30, 20, 10], clusters, OwlSpec(num_groups=2))
+    # each group leaves the server once per cluster
+    assert sorted(s.from_server()) == [(0, 0), (0, 1), (1, 2), (1, 3)]
+    for w, ps in enumerate(s.pulls):
+        assert sorted(p.group for p in ps) == [0, 1]
+        for p in ps:
+            if p.source != SERVER:
+                assert clusters[p.source] == clusters[w]  # the cluster-local path only
+                assert s.pulls[p.source][0].group == p.group
+    with pytest.raises(ValueError, match="2 groups for 1 workers"):
+        plan_for([40, 30], ["A", "B", "B"], OwlSpec(num_groups=2))

@@ -6,7 +6,8 @@ worker of c pulls it from that central worker; then each worker pulls every othe
 communication group c' (spread over its members), which has it first (the paper's Eq. 9). So the server sends
 the model exactly once whatever n is, and workers fetch different groups at the same time (Fig. 4(c)).
 Algorithm 2 tries every D = 1 .. n, profiles one round of each (here a callable; by default the transfer and
-compute model of `estimate_round_s`) and keeps the fastest. D is also bounded by the number of branches.
+compute model of `estimate_round_s`) and keeps the fastest. D is also bounded by the number of branches. With
+workers in several clusters, each cluster gets its own deployment of the same groups (`owl.runtime.plan_for`).
 """
 from __future__ import annotations
 

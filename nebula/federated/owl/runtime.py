@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -63,18 +63,33 @@ class OwlResult:
     initial_accuracy: float = 0.0
 
 
-def plan_for(sizes: list[int], num_workers: int, spec: OwlSpec) -> DeploySetting:
-    """The deploy setting of a run: OWL's (given D, or Algorithm 2's choice), or server-only over the same groups."""
+def plan_for(sizes: list[int], workers: int | Sequence[str], spec: OwlSpec) -> DeploySetting:
+    """The deploy setting of a run: OWL's (given D, or Algorithm 2's choice), or server-only over the same groups.
+
+    `workers` is their number, or each worker's cluster: then every cluster gets its own centralized deployment of
+    the same groups (each group leaves the server once per cluster, and peers pass groups only inside a cluster,
+    over its cluster-local path); D is chosen for, and bounded by, the smallest cluster.
+    """
+    clusters = ["_"] * workers if isinstance(workers, int) else list(workers)
+    n = len(clusters)
+    names = list(dict.fromkeys(clusters))
+    members = {c: [i for i, x in enumerate(clusters) if x == c] for c in names}
+    smallest = min(len(m) for m in members.values()) if members else 0
     if spec.num_groups is not None:  # more groups than branches or than workers: ValueError naming the limit
-        setting = centralized(num_workers, group_branches(sizes, spec.num_groups))
+        groups = group_branches(sizes, spec.num_groups)
+        centralized(smallest, groups)
     else:
-        setting, _ = deploy(sizes, num_workers, server_bytes_per_s=spec.server_bytes_per_s,
-                            peer_bytes_per_s=spec.peer_bytes_per_s)
+        groups = list(deploy(sizes, smallest, server_bytes_per_s=spec.server_bytes_per_s,
+                             peer_bytes_per_s=spec.peer_bytes_per_s)[0].groups)
+    pulls: list = [None] * n
+    for c, idx in members.items():
+        local = centralized(len(idx), groups)
+        for j, ps in enumerate(local.pulls):
+            pulls[idx[j]] = tuple(Pull(p.group, SERVER if spec.distribution == "server" or p.source == SERVER
+                                       else idx[p.source]) for p in ps)
     if spec.distribution == "server":
-        d = len(setting.groups)
-        pulls = tuple(tuple(Pull(g, SERVER) for g in range(d)) for _ in range(num_workers))
-        setting = DeploySetting(num_workers, setting.groups, pulls)
-    return setting
+        pulls = [tuple(Pull(g, SERVER) for g in range(len(groups))) for _ in range(n)]
+    return DeploySetting(n, tuple(tuple(g) for g in groups), tuple(pulls))
 
 
 def _accuracy(model, x: np.ndarray, y: np.ndarray) -> float:
@@ -119,7 +134,7 @@ def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec:
     model = task.model()
     branches, key_branch = model_branches(model)
     sizes = [b.nbytes for b in branches]
-    setting = plan_for(sizes, len(workers), spec)
+    setting = plan_for(sizes, [c for c, _ in workers], spec)
     group_of = {b: g for g, members in enumerate(setting.groups) for b in members}
     group_keys = [[k for k, b in key_branch.items() if group_of[b] == g] for g in range(len(setting.groups))]
     res = OwlResult(distribution=spec.distribution, num_groups=len(setting.groups),
