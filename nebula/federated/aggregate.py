@@ -173,12 +173,20 @@ class RunningMean:
         self._factor = num_examples / self.num_examples
         self._seen = set()
 
-    def add_part(self, name: str, part: np.ndarray, offset: int = 0) -> None:
-        """Fold elements [offset, offset + part.size) of tensor `name` (flattened) of the current update in."""
+    def add_part(self, name: str, part: np.ndarray, offset: int = 0, adopt: bool = False) -> None:
+        """Fold elements [offset, offset + part.size) of tensor `name` (flattened) of the current update in.
+
+        With `adopt`, a whole tensor of the first update becomes the accumulator itself (no copy; the caller
+        gives it up), so a combiner holds the running mean plus at most one update.
+        """
         if self.like is None:
             raise ValueError("RunningMean needs `like` (the global model) to take updates in pieces")
         shape, dtype = self.like[name]
         acc = self.mean.get(name)
+        if (acc is None and adopt and offset == 0 and part.dtype == dtype and part.size == int(np.prod(shape))
+                and part.flags.writeable and part.flags.c_contiguous):
+            self.mean[name] = part.reshape(shape)
+            return
         if acc is None:
             acc = self.mean[name] = np.zeros(shape, dtype)
         flat = acc.reshape(-1)

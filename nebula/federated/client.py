@@ -137,10 +137,11 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
         mb.send(c, hello)
     trained = 0
     pending = None  # a task that arrived while we waited for a combiner's answer to our update
+    last = Peer(cluster, COMBINER_RANK)  # the combiner that gave us work last: we block on its channel
     t_end = None if stop_after_s is None else time.monotonic() + stop_after_s
     try:
         while t_end is None or time.monotonic() < t_end:
-            got, pending = pending or mb.poll(listen, 1.0), None
+            got, pending = pending or mb.poll(listen, 1.0, primary=last), None
             if got is None:
                 continue
             peer, head, _ = got
@@ -152,6 +153,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
             elif kind == "get_parameters":
                 mb.send_model(peer, {"type": "parameters", "job": job.job}, client.get_parameters({}))
             elif kind == "task":
+                last = peer
                 ok, pending = _train(mb, peer, head, client, job, me)
                 trained += ok
             else:  # an answer to an update we gave up on (the round moved on): nothing to do
@@ -170,11 +172,15 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
     weights, n, fm = client.fit(params, config)
     header = {"type": "update", "job": job.job, "round": head["round"], "version": head["version"],
               "num_examples": n, "metrics": {"eval_loss": loss, "eval_examples": n_eval, **em, **fm}}
-    mb.send(peer, mb.model_header(header, weights))
+    push = sum(w.nbytes for w in weights.values()) <= int(head.get("push_bytes", 0))
+    mb.send(peer, mb.model_header({**header, "pushed": push}, weights))
+    if push:  # small: the pieces follow at once, no pull round trip
+        mb.send_pieces(peer, weights)
+        return True, None
     deadline = time.monotonic() + job.deadline_s + 10
     others = [p for p in mb_peers(job) if p != peer]
     while time.monotonic() < deadline:
-        got = mb.poll([peer, *others], min(1.0, max(0.0, deadline - time.monotonic())))
+        got = mb.poll([peer, *others], min(1.0, max(0.0, deadline - time.monotonic())), primary=peer)
         if got is None:
             continue
         src, answer, _ = got

@@ -20,7 +20,8 @@ from nebula.federated._actor import ActorAudit, check_update_header
 from nebula.federated.aggregate import RunningMean
 from nebula.federated.config import FederatedJob
 from nebula.federated.strategy import get_strategy
-from nebula.federated.transport import COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer, manifest
+from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, PUSH_BYTES, Mailbox, Peer,
+                                        manifest, model_nbytes)
 
 __all__ = ["Combiner", "client_peers"]
 
@@ -99,10 +100,19 @@ class Combiner:
             if rnd is None:
                 reason = ("late: no round in progress at this combiner; a synchronous round never averages updates "
                           "of another round")
+                self._discard_pushed(peer, head)
                 self.refused_between.append({"client": str(peer), "reason": reason})
                 self._refuse(peer, head, reason)
             else:
                 rnd.on_update(peer, head)
+
+    def _discard_pushed(self, peer: Peer, head: dict) -> None:
+        """Read and drop the pieces of a refused update that came with its header (small ones only)."""
+        if head.get("pushed") and 0 < model_nbytes(head.get("tensors") or []) <= PUSH_BYTES:
+            try:
+                self.mb.recv_pieces(peer, head, 5.0)
+            except (TimeoutError, ValueError):
+                pass
 
     def _refuse(self, peer: Peer, head: dict, reason: str) -> None:
         log.warning("combiner %s: refused update of %s: %s", self.cluster, peer, reason)
@@ -120,6 +130,7 @@ class Combiner:
             mb.recv_model(self.controller, nxt, float(head["deadline_s"]), on_piece=lambda *a: None)
         self.known_version = max(self.known_version, int(head["version"]))
         rnd = _Round(self, head, weights, deadline)
+        del weights  # the round drops it once fanned out
         rnd.fan_out()
         while rnd.waiting() and time.monotonic() < deadline:
             got = mb.poll([*self.clients, self.controller], min(1.0, max(0.0, deadline - time.monotonic())))
@@ -147,7 +158,7 @@ class Combiner:
 
         def task(p: Peer) -> None:
             mb.send_model(p, {"type": "task", "round": version, "version": version, "config": config,
-                              "deadline_s": dl}, latest)
+                              "deadline_s": dl, "push_bytes": PUSH_BYTES}, latest)
 
         for p in asked:
             task(p)
@@ -177,8 +188,11 @@ class Combiner:
             reason = check_update_header(h, job=self.job.job, round=h.get("round"), version=h.get("version"),
                                          known_version=self.known_version, expected={str(p) for p in asked},
                                          seen=set(), who=who, tensors=tensors)
+            if reason is not None:
+                self._discard_pushed(peer, h)
             if reason is None:
-                mb.send(peer, {"type": "pull"})
+                if not h.get("pushed"):
+                    mb.send(peer, {"type": "pull"})
                 try:
                     w = mb.recv_model(peer, h, dl)
                     bad = next((k for k, v in w.items() if not np.isfinite(v).all()), None)
@@ -220,12 +234,12 @@ class _Round:
 
     def fan_out(self) -> None:
         task = {"type": "task", "round": self.round, "version": self.version, "config": self.head.get("config", {}),
-                "deadline_s": max(0.0, self.deadline - time.monotonic())}
+                "deadline_s": max(0.0, self.deadline - time.monotonic()), "push_bytes": PUSH_BYTES}
         big = sum(w.nbytes for w in self.weights.values()) > 64 * 1024**2
         for p in self.asked:
-            fut = self.c.mb.send_model(p, task, self.weights)
-            if big and fut is not None:  # large models: one client's copy at a time leaves this process
-                fut.result(timeout=max(1.0, self.deadline - time.monotonic()))
+            self.c.mb.send_model(p, task, self.weights)  # pieces are views of self.weights: no copies
+        if big:  # the channel holds those views until the clients acknowledge them: let them go before the updates
+            self.c.mb.ep.flush(max(1.0, self.deadline - time.monotonic()) / 2)
         self.weights = None  # sent: from here on the combiner holds the partial and one update, no global model
 
     def waiting(self) -> bool:
@@ -237,6 +251,7 @@ class _Round:
                                      known_version=self.c.known_version, expected=self.expected, seen=self.seen,
                                      who=who, tensors=self.tensors)
         if reason is not None:
+            self.c._discard_pushed(peer, head)
             if head.get("round") == self.round and who in self.expected and not reason.startswith("duplicate"):
                 self.seen.add(who)  # a bad update for this round is this client's answer: stop waiting for it
             self.rejected.append({"client": who, "reason": reason})
@@ -244,24 +259,29 @@ class _Round:
             return
         self.seen.add(who)
         self.accepted.append(who)
-        self.c.mb.send(peer, {"type": "pull", "round": self.round})
+        if not head.get("pushed"):
+            self.c.mb.send(peer, {"type": "pull", "round": self.round})
         try:
-            w = self.c.mb.recv_model(peer, head, max(0.5, self.deadline - time.monotonic()) + PULL_GRACE_S)
+            pieces = self.c.mb.recv_pieces(peer, head, max(0.5, self.deadline - time.monotonic()) + PULL_GRACE_S)
         except (TimeoutError, ValueError) as exc:
             self._reject(peer, head, f"incomplete update: {exc}")
             return
-        for k, v in w.items():
+        for k, _, v in pieces:
             if not np.isfinite(v).all():
                 self._reject(peer, head, f"{k!r} holds NaN or Inf; lower the learning rate or clip gradients")
                 return
         n = int(head["num_examples"])
-        if self.streaming:
+        if self.streaming:  # checked whole, folded piece by piece from the received buffers
             self.mean.begin(n, who)
-            for k, v in w.items():
-                self.mean.add_part(k, v)
+            for k, off, v in pieces:
+                self.mean.add_part(k, v, off)
         else:
+            w = {k: np.empty(s, d) for k, d, s in ((t[0], np.dtype(t[1]), tuple(t[2])) for t in self.tensors)}
+            for k, off, v in pieces:
+                w[k].reshape(-1)[off : off + v.size] = v
             self.kept.append((w, n))
             self.names.append(who)
+        del pieces
         m = head.get("metrics") or {}
         ne = int(m.get("eval_examples", 0) or 0)
         for k in ("eval_loss", "accuracy"):

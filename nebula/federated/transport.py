@@ -12,13 +12,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
+import logging
+
 import numpy as np
 
 from nebula.channel import Channel, ChannelError, Endpoint
 
 __all__ = ["Peer", "Mailbox", "CONTROLLER_RANK", "COMBINER_RANK", "FIRST_CLIENT_RANK", "CHANNEL", "manifest",
-           "ModelAssembler"]
+           "ModelAssembler", "PUSH_BYTES", "model_nbytes"]
 
+log = logging.getLogger(__name__)
 CONTROLLER_RANK = 0
 COMBINER_RANK = 1
 FIRST_CLIENT_RANK = 2
@@ -26,8 +29,10 @@ CHANNEL = "fl"
 # A channel's sequence numbers live as long as both its ends: a restarted controller cannot reuse its channels.
 # Each start of the controller takes the next epoch (kept with its trail) and talks on channels named fl.c<epoch>;
 # the others listen on the next EPOCH_WINDOW epochs and follow the newest they hear from.
-EPOCH_WINDOW = 16
+EPOCH_WINDOW = 4
 PIECE_BYTES = 4 * 1024 * 1024
+PRIMARY_WAIT_S = 0.25  # a poll blocked on its primary peer looks at the others this often
+PUSH_BYTES = 1024 * 1024  # updates up to this size travel with their header, without waiting to be pulled
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -52,26 +57,31 @@ def manifest(weights: Mapping[str, np.ndarray]) -> list[list]:
     return [[k, str(v.dtype), list(v.shape)] for k, v in weights.items()]
 
 
-def _pieces(weights: Mapping[str, np.ndarray], piece_bytes: int) -> Iterable[tuple[dict, memoryview]]:
-    for name, arr in weights.items():
-        flat = memoryview(np.ascontiguousarray(arr).reshape(-1)).cast("B")
-        item = arr.dtype.itemsize
-        step = max(item, piece_bytes // item * item)
-        for off in range(0, max(len(flat), 1), step):
-            yield {"name": name, "offset": off // item}, flat[off : off + step]
+def _plan(specs: Iterable[tuple[str, np.dtype, tuple[int, ...]]], piece_bytes: int
+          ) -> Iterable[tuple[str, int, int]]:
+    """(tensor, first element, element count) of every piece, in order: both ends derive it from the header."""
+    for name, dtype, shape in specs:
+        item = np.dtype(dtype).itemsize
+        step = max(1, piece_bytes // item)
+        size = int(np.prod(shape, dtype=np.int64))
+        for off in range(0, max(size, 1), step):
+            yield name, off, min(step, size - off)
 
 
-def _num_pieces(weights: Mapping[str, np.ndarray], piece_bytes: int) -> int:
-    n = 0
-    for arr in weights.values():
-        item = arr.dtype.itemsize
-        step = max(item, piece_bytes // item * item)
-        n += max(1, -(-arr.nbytes // step))
-    return n
+def model_nbytes(tensors: list) -> int:
+    """Bytes of a model from its manifest ([name, dtype, shape] entries); 0 for a malformed one."""
+    try:
+        return sum(np.dtype(d).itemsize * int(np.prod(s, dtype=np.int64)) for _, d, s in tensors)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _specs(weights: Mapping[str, np.ndarray]) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    return [(k, v.dtype, tuple(v.shape)) for k, v in weights.items()]
 
 
 class ModelAssembler:
-    """Fills arrays of a model header's manifest from its pieces, checking each piece against it."""
+    """Checks the pieces that follow a model header against the layout the header implies."""
 
     def __init__(self, header: Mapping[str, Any], who: str) -> None:
         self.who = who
@@ -79,22 +89,22 @@ class ModelAssembler:
         try:
             for name, dtype, shape in header["tensors"]:
                 self.specs[str(name)] = (np.dtype(dtype), tuple(int(s) for s in shape))
-            self.num_pieces = int(header["num_pieces"])
+            piece_bytes = int(header["piece_bytes"])
+            if piece_bytes < 4096:
+                raise ValueError(f"piece_bytes={piece_bytes} < 4096")
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{who}: malformed model header ({exc}); send models with Mailbox.send_model") from None
+        self.plan = list(_plan(((k, d, s) for k, (d, s) in self.specs.items()), piece_bytes))
+        self.num_pieces = len(self.plan)
 
-    def piece(self, head: Mapping[str, Any], payload: memoryview) -> tuple[str, int, np.ndarray]:
-        """(tensor name, element offset, values) of one piece; ValueError names the problem."""
-        name, off = head.get("name"), head.get("offset")
-        if name not in self.specs or not isinstance(off, int):
-            raise ValueError(f"{self.who}: piece names tensor {name!r} at offset {off!r}, not in its header")
-        dtype, shape = self.specs[name]
-        if len(payload) % dtype.itemsize:
-            raise ValueError(f"{self.who}: piece of {name!r} has {len(payload)} bytes, not a multiple of {dtype}")
-        vals = np.frombuffer(payload, dtype)
-        if off < 0 or off + vals.size > int(np.prod(shape)):
-            raise ValueError(f"{self.who}: piece of {name!r} at {off} overruns its shape {shape}")
-        return name, off, vals
+    def piece(self, i: int, payload: memoryview) -> tuple[str, int, np.ndarray]:
+        """(tensor name, element offset, values) of piece `i`; ValueError when its size is not the planned one."""
+        name, off, count = self.plan[i]
+        dtype = self.specs[name][0]
+        if len(payload) != count * dtype.itemsize:
+            raise ValueError(f"{self.who}: piece {i} of {name!r} has {len(payload)} bytes, expected "
+                             f"{count * dtype.itemsize}")
+        return name, off, np.frombuffer(payload, dtype)
 
 
 class Mailbox:
@@ -133,14 +143,20 @@ class Mailbox:
         return self.channel(peer).send(parts, lane=lane)
 
     def model_header(self, header: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> dict:
-        """`header` extended with the model's manifest and piece count."""
-        return {**header, "tensors": manifest(weights), "num_pieces": _num_pieces(weights, self.piece_bytes)}
+        """`header` extended with the model's manifest and piece size (which fix the pieces' layout)."""
+        return {**header, "tensors": manifest(weights), "piece_bytes": self.piece_bytes}
 
     def send_pieces(self, peer: Peer, weights: Mapping[str, np.ndarray], lane: str = "bulk") -> Any:
-        """The model's pieces (after its header); the last piece's future."""
+        """The model's pieces (after its header), each a bare view of the arrays (no copy is made: the channel
+        keeps the view until the peer acknowledges it); the last piece's future."""
         fut = None
-        for head, payload in _pieces(weights, self.piece_bytes):
-            fut = self.send(peer, head, payload, lane=lane)
+        ch = self.channel(peer)
+        flat = {k: memoryview(np.ascontiguousarray(v).reshape(-1)).cast("B") for k, v in weights.items()}
+        for name, off, count in _plan(_specs(weights), self.piece_bytes):
+            item = weights[name].dtype.itemsize
+            view = flat[name][off * item : (off + count) * item]
+            self._count(peer, len(view))
+            fut = ch.send(view, lane=lane)
         return fut
 
     def send_model(self, peer: Peer, header: Mapping[str, Any], weights: Mapping[str, np.ndarray],
@@ -154,8 +170,13 @@ class Mailbox:
         parts = self.channel(peer).recv_parts(timeout_s)
         return _decode(parts, peer)
 
-    def poll(self, peers: list[Peer], timeout_s: float) -> tuple[Peer, dict, memoryview | None] | None:
-        """The next message from any of `peers` (fair turns), or None after `timeout_s`."""
+    def poll(self, peers: list[Peer], timeout_s: float, primary: Peer | None = None
+             ) -> tuple[Peer, dict, memoryview | None] | None:
+        """The next message from any of `peers` (fair turns), or None after `timeout_s`.
+
+        Between sweeps it sleeps with back-off, or, given a `primary` peer (the one most messages come from),
+        blocks on that peer's channel instead, which costs no CPU however many actors wait in one process.
+        """
         deadline = time.monotonic() + timeout_s
         nap = 0.0005
         while True:
@@ -176,13 +197,42 @@ class Mailbox:
                 if parts is None:
                     continue
                 self._turn = (self._turn + i + 1) % max(n, 1)
-                head, payload = _decode(parts, peer)
+                try:
+                    head, payload = _decode(parts, peer)
+                except ValueError as exc:  # e.g. a model piece whose header we never read: skip it
+                    log.warning("skipping a message from %s: %s", peer, exc)
+                    continue
                 return peer, head, payload
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
+            if primary is not None:
+                try:
+                    parts = self.channel(primary).recv_parts(min(left, PRIMARY_WAIT_S))
+                except (TimeoutError, ChannelError):
+                    continue
+                try:
+                    head, payload = _decode(parts, primary)
+                except ValueError as exc:
+                    log.warning("skipping a message from %s: %s", primary, exc)
+                    continue
+                return primary, head, payload
             time.sleep(min(nap, left))
             nap = min(nap * 2, 0.02)
+
+    def recv_pieces(self, peer: Peer, header: Mapping[str, Any], timeout_s: float) -> list[tuple[str, int, np.ndarray]]:
+        """The pieces that follow model `header`, as (tensor, element offset, values) views of the received
+        buffers (no copy): an update costs its own size once while it is checked."""
+        asm = ModelAssembler(header, f"{peer}")
+        deadline = time.monotonic() + timeout_s
+        ch = self.channel(peer)
+        out = []
+        for i in range(asm.num_pieces):
+            parts = ch.recv_parts(max(0.0, deadline - time.monotonic()))
+            if len(parts) != 1:
+                raise ValueError(f"{peer}: expected piece {i} of a model, got a message of {len(parts)} parts")
+            out.append(asm.piece(i, parts[0]))
+        return out
 
     def recv_model(self, peer: Peer, header: Mapping[str, Any], timeout_s: float,
                    on_piece: Callable[[str, np.ndarray, int], None] | None = None) -> dict[str, np.ndarray] | None:
@@ -195,11 +245,12 @@ class Mailbox:
         asm = ModelAssembler(header, f"{peer}")
         out = None if on_piece else {n: np.empty(s, d) for n, (d, s) in asm.specs.items()}
         deadline = time.monotonic() + timeout_s
-        for _ in range(asm.num_pieces):
-            head, payload = self.recv(peer, max(0.0, deadline - time.monotonic()))
-            if payload is None:
-                raise ValueError(f"{peer}: expected a model piece, got a {head.get('type')!r} message")
-            name, off, vals = asm.piece(head, payload)
+        ch = self.channel(peer)
+        for i in range(asm.num_pieces):
+            parts = ch.recv_parts(max(0.0, deadline - time.monotonic()))
+            if len(parts) != 1:
+                raise ValueError(f"{peer}: expected piece {i} of a model, got a message of {len(parts)} parts")
+            name, off, vals = asm.piece(i, parts[0])
             if on_piece is not None:
                 on_piece(name, vals, off)
             else:

@@ -1,0 +1,41 @@
+"""Federated job files: paths resolved against the file, unknown keys and bad values named with the fix."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from nebula.config._schema import ConfigError
+from nebula.federated.config import load_federated_job
+
+BASE = {"job": "j", "mode": "federated", "controller": {"cluster": "A"},
+        "clusters": [{"id": "A", "worker": "prov/A/worker.yaml", "num_clients": 2}]}
+
+
+def _write(tmp_path, **over):
+    doc = {**BASE, **over}
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    return f
+
+
+def test_a_job_loads_with_paths_resolved_and_defaults(tmp_path):
+    job = load_federated_job(_write(tmp_path, strategy={"name": "fedadam", "options": {"eta": 0.1}}))
+    assert job.clusters[0].worker == str(tmp_path / "prov/A/worker.yaml")
+    assert job.controller.dir == str(tmp_path / "fl")
+    assert job.strategy.name == "fedadam" and job.wan_once and job.validity.min_updates == 1
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"roundz": 3}, "unknown key roundz"),
+    ({"validity": {"min_updates": 0}}, "validity.min_updates=0 must be >= 1"),
+    ({"validity": {"min_fraction_examples": 1.5}}, "min_fraction_examples=1.5"),
+    ({"strategy": {"name": "fedsgd"}}, "unknown strategy 'fedsgd'"),
+    ({"strategy": {"name": "krum", "options": {"num_byzantine": -1}}}, "num_byzantine=-1"),
+    ({"controller": {"cluster": "Z"}}, "controller.cluster 'Z' is not under clusters"),
+    ({"mode": "pipeline"}, "is not federated; start it with `nebula launch`"),
+    ({"deadline_s": 0}, "deadline_s=0"),
+])
+def test_bad_job_files_are_refused_with_the_key_and_the_fix(tmp_path, over, needle):
+    with pytest.raises(ConfigError) as e:
+        load_federated_job(_write(tmp_path, **over))
+    assert needle in str(e.value) and "job.yaml" in str(e.value)
