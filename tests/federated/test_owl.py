@@ -85,13 +85,9 @@ def test_grouping_hand_worked():
 
 
 def _brute_max_group(sizes, d):
-    best = None
-    for assign in itertools.product(range(d), repeat=len(sizes)):
-        if len(set(assign)) < d:
-            continue
-        m = max(sum(s for s, a in zip(sizes, assign) if a == g) for g in range(d))
-        best = m if best is None else min(best, m)
-    return best
+    """The optimum's largest group over every partition of the branches into exactly d groups."""
+    return min(max(sum(sizes[i] for i in g) for g in p) for p in _set_partitions(list(range(len(sizes))))
+               if len(p) == d)
 
 
 @pytest.mark.parametrize("seed", range(40))
