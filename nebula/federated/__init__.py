@@ -1,7 +1,15 @@
-"""Federated mode (FEDn): aggregation math, strategies by name, the model trail, and the actors."""
+"""Federated mode (FEDn): aggregation math, strategies by name, the model trail, the job file and the client API.
+
+The actors (controller with the reducer, combiners, the client loop) live in `nebula.federated.controller`,
+`.combiner`, `.client` and start through `nebula.federated.run` or `nebula fl start`.
+"""
 from nebula.federated.aggregate import (RunningMean, check_update, check_updates, fedavg, krum, median, multi_krum,
                                         trimmed_mean)
+from nebula.federated.client import Client, PaddleClient
+from nebula.federated.config import FederatedJob, load_federated_job
 from nebula.federated.strategy import AsyncStrategy, Strategy, get_strategy, register, strategy_names
+from nebula.federated.trail import ModelTrail
 
 __all__ = ["RunningMean", "check_update", "check_updates", "fedavg", "krum", "median", "multi_krum", "trimmed_mean",
-           "AsyncStrategy", "Strategy", "get_strategy", "register", "strategy_names"]
+           "AsyncStrategy", "Strategy", "get_strategy", "register", "strategy_names", "Client", "PaddleClient",
+           "FederatedJob", "load_federated_job", "ModelTrail"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -87,7 +86,7 @@ class Combiner:
         self.mb.send(self.controller, {"type": "status", "seq": head.get("seq"), "roster": roster,
                                        "missed": sorted(str(c) for c in self.missed)})
 
-    def _from_client(self, peer: Peer, head: dict, rnd: Any) -> None:
+    def _from_client(self, peer: Peer, head: dict, rnd: _Round | None) -> None:
         kind = head.get("type")
         self.missed.discard(peer)  # heard from: offered again
         if kind == "hello":
@@ -306,7 +305,8 @@ class _Round:
             num_updates, num_examples = len(self.kept), sum(n for _, n in self.kept)
             partial = self.c.strategy.combine(self.kept, self.names) if self.kept else None
         metrics = {k: v / self.eval_examples for k, v in self.metrics.items()} if self.eval_examples else {}
-        header = {"type": "partial", "session": self.head.get("session"), "round": self.round, "version": self.version, "num_updates": num_updates,
+        header = {"type": "partial", "session": self.head.get("session"), "round": self.round, "version": self.version,
+                  "num_updates": num_updates,
                   "num_examples": num_examples, "clients": sorted(self.accepted), "rejected": self.rejected,
                   "missing": [str(p) for p in missing], "metrics": metrics, "eval_examples": self.eval_examples}
         if partial is None:

@@ -180,7 +180,8 @@ class Controller:
         sent_before = {c: self.mb.sent_bytes.get(c, 0) for c in self.mb.sent_bytes}
         for comb, cl in assignment.items():
             copies = 1 if job.wan_once else len(cl)
-            hdr = {"type": "round", "session": self.session, "round": r, "version": head.version, "deadline_s": job.deadline_s,
+            hdr = {"type": "round", "session": self.session, "round": r, "version": head.version,
+                   "deadline_s": job.deadline_s,
                    "clients": [str(p) for p in cl], "config": self.strategy.client_options(), "copies": copies}
             self.mb.send_model(comb, hdr, weights)
             for _ in range(copies - 1):

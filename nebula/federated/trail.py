@@ -127,7 +127,8 @@ class ModelTrail:
         row = self.db.execute("SELECT * FROM models WHERE version=?", (version,)).fetchone()
         if row is None:
             head = self.head()
-            raise KeyError(f"no model version {version} in trail {self.root} (versions 1..{head.version if head else 0})")
+            last = head.version if head else 0
+            raise KeyError(f"no model version {version} in trail {self.root} (versions 1..{last})")
         return self._record(row)
 
     def models(self) -> list[ModelRecord]:
