@@ -128,7 +128,8 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     cl = job.cluster(cluster)
     rank = FIRST_CLIENT_RANK + index
     ep = Endpoint.connect(cl.worker, job=job.job, rank=rank, timeout_s=job.startup_timeout_s)
-    mb = Mailbox(ep, job.piece_bytes, Peer(job.controller.cluster, CONTROLLER_RANK))
+    mb = Mailbox(ep, job.piece_bytes, Peer(job.controller.cluster, CONTROLLER_RANK),
+                 incarnation=_next_incarnation(job, cluster, index))
     combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
     listen = mb_peers(job)
     me = f"{cluster}/{rank}"
@@ -204,3 +205,16 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
 def mb_peers(job: FederatedJob) -> list[Peer]:
     """Everyone a client listens to: every combiner and the controller."""
     return [*(Peer(c.id, COMBINER_RANK) for c in job.clusters), Peer(job.controller.cluster, CONTROLLER_RANK)]
+
+
+def _next_incarnation(job: FederatedJob, cluster: str, index: int) -> int:
+    """This start's incarnation of client `index` of `cluster`: one more than the last start's, kept in
+    `<controller.dir>/clients/` on the client's host, so a restarted client talks on fresh channels."""
+    from pathlib import Path
+
+    d = Path(job.controller.dir) / "clients"
+    d.mkdir(parents=True, exist_ok=True)
+    f = d / f"{cluster}-{index}.incarnation"
+    inc = int(f.read_text()) + 1 if f.exists() else 0
+    f.write_text(str(inc))
+    return inc

@@ -95,6 +95,8 @@ class Combiner:
                 self.audit.record("fl.hello", str(peer), "refused", {"job": head.get("job"), "num_examples": n})
                 return
             self.roster[peer] = n
+            if rnd is not None:
+                rnd.rejoined.add(peer)  # a restarted client: it is back, whatever its old process left undone
         elif kind == "update":
             if rnd is None:
                 reason = ("late: no round in progress at this combiner; a synchronous round never averages updates "
@@ -224,6 +226,7 @@ class _Round:
         self.rejected: list[dict] = comb.refused_between
         comb.refused_between = []
         self.accepted: list[str] = []
+        self.rejoined: set[Peer] = set()
         self.streaming = comb.strategy.streaming
         self.mean = RunningMean(weights) if self.streaming else None
         self.kept: list[tuple[dict, int]] = []
@@ -297,7 +300,7 @@ class _Round:
 
     def report(self) -> None:
         missing = [p for p in self.asked if str(p) not in self.seen]
-        self.c.missed.update(missing)
+        self.c.missed.update(p for p in missing if p not in self.rejoined)
         if self.streaming:
             num_updates, num_examples = self.mean.num_updates, self.mean.num_examples
             partial = self.mean.mean if num_updates else None

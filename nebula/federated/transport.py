@@ -30,6 +30,10 @@ CHANNEL = "fl"
 # Each start of the controller takes the next epoch (kept with its trail) and talks on channels named fl.c<epoch>;
 # the others listen on the next EPOCH_WINDOW epochs and follow the newest they hear from.
 EPOCH_WINDOW = 4
+# Clients likewise: each start of a client process takes the next incarnation (kept in its state directory) and
+# talks to the combiners on channels named fl.k<incarnation>; a combiner listens on a client's current and next
+# incarnation, so a client that crashed and restarted rejoins with fresh channels.
+CLIENT_WINDOW = 2
 PIECE_BYTES = 4 * 1024 * 1024
 PRIMARY_WAIT_S = 0.25  # a poll blocked on its primary peer looks at the others this often
 PUSH_BYTES = 1024 * 1024  # updates up to this size travel with their header, without waiting to be pulled
@@ -111,11 +115,13 @@ class Mailbox:
     """This actor's channels (one per peer, all called `fl`) and the send/receive helpers on them."""
 
     def __init__(self, ep: Endpoint, piece_bytes: int = PIECE_BYTES, controller: Peer | None = None,
-                 epoch: int = 0) -> None:
+                 epoch: int = 0, incarnation: int = 0) -> None:
         self.ep = ep
         self.me = Peer(ep.cluster, ep.rank)
         self.controller = controller
         self.epoch = epoch  # ours when we are the controller, else the newest controller epoch heard from
+        self.incarnation = incarnation  # a client's own incarnation
+        self.incarnations: dict[Peer, int] = {}  # a combiner's view: the newest incarnation heard from each client
         self.piece_bytes = piece_bytes
         self.sent_bytes: dict[str, int] = {}  # by destination cluster: what left this actor
         self._turn = 0
@@ -124,12 +130,20 @@ class Mailbox:
         """The channel to `peer` (for the controller's channels: of `epoch`, default the current one)."""
         if self.controller is not None and self.controller in (peer, self.me):
             return self.ep.channel(peer.cluster, peer.rank, f"{CHANNEL}.c{self.epoch if epoch is None else epoch}")
+        if self.me.rank == COMBINER_RANK and peer.rank >= FIRST_CLIENT_RANK:
+            inc = self.incarnations.get(peer, 0) if epoch is None else epoch
+            return self.ep.channel(peer.cluster, peer.rank, f"{CHANNEL}.k{inc}")
+        if self.me.rank >= FIRST_CLIENT_RANK and peer.rank == COMBINER_RANK:
+            return self.ep.channel(peer.cluster, peer.rank, f"{CHANNEL}.k{self.incarnation}")
         return self.ep.channel(peer.cluster, peer.rank, CHANNEL)
 
-    def _listen(self, peer: Peer) -> list[tuple[Channel, int | None]]:
+    def _listen(self, peer: Peer) -> list[tuple[Channel, int | None, str]]:
         if self.controller is not None and peer == self.controller and self.me != self.controller:
-            return [(self.channel(peer, e), e) for e in range(self.epoch, self.epoch + EPOCH_WINDOW)]
-        return [(self.channel(peer), None)]
+            return [(self.channel(peer, e), e, "c") for e in range(self.epoch, self.epoch + EPOCH_WINDOW)]
+        if self.me.rank == COMBINER_RANK and peer.rank >= FIRST_CLIENT_RANK:
+            inc = self.incarnations.get(peer, 0)
+            return [(self.channel(peer, e), e, "k") for e in range(inc, inc + CLIENT_WINDOW)]
+        return [(self.channel(peer), None, "")]
 
     def _count(self, peer: Peer, n: int) -> None:
         self.sent_bytes[peer.cluster] = self.sent_bytes.get(peer.cluster, 0) + n
@@ -184,15 +198,17 @@ class Mailbox:
             for i in range(n):
                 peer = peers[(self._turn + i) % n]
                 parts = None
-                for ch, epoch in self._listen(peer):
+                for ch, epoch, kind in self._listen(peer):
                     try:
                         parts = ch.recv_parts(0)
                     except TimeoutError:
                         continue
                     except ChannelError:
                         continue  # the peer's cluster is unreachable: its actors time out like silent ones
-                    if epoch is not None and epoch > self.epoch:
+                    if kind == "c" and epoch > self.epoch:
                         self.epoch = epoch  # a restarted controller: follow it
+                    elif kind == "k" and epoch > self.incarnations.get(peer, 0):
+                        self.incarnations[peer] = epoch  # a restarted client: talk on its new channels
                     break
                 if parts is None:
                     continue
