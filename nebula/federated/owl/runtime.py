@@ -1,0 +1,342 @@
+"""OWL over Nebula channels: the server sends each model group once (to the central worker of its communication
+group) and workers pass groups to each other over the cluster-local path, each starting the forward pass of a
+segment as soon as it arrives; after local steps, updates go back and the server averages them (FedAvg).
+
+Channel `owl` between every pair of actors. Server -> worker: PLAN (control) once, GROUP {round, group} + that
+group's tensors (bulk), STOP. Worker -> worker: GROUP, as the deploy setting says. Worker -> server: UPDATE
+{round, num_examples} + its model (bulk); PULL {round, groups} when a peer has not forwarded a group within
+`peer_timeout_s` (the fallback: the server sends it itself). The server leaves out updates later than
+`round_timeout_s`; a round with none is an error.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Protocol, Sequence
+
+import numpy as np
+
+from nebula.channel import ChannelError, Endpoint
+from nebula.federated.aggregate import fedavg
+from nebula.federated.fedoptima.messages import MessageError, pack, unpack
+from nebula.federated.owl.config import OwlSpec
+from nebula.federated.owl.deploy import SERVER, DeploySetting, Pull, centralized, deploy
+from nebula.federated.owl.grouping import group_branches
+from nebula.federated.owl.model import OverlappedForward, model_branches
+
+__all__ = ["OwlTask", "OwlError", "OwlResult", "serve_owl", "run_owl_worker", "plan_for", "CHANNEL"]
+
+log = logging.getLogger(__name__)
+CHANNEL = "owl"
+
+
+class OwlError(RuntimeError):
+    """The run cannot go on (no update in a round, the server silent)."""
+
+
+class OwlTask(Protocol):
+    """What an OWL run trains: an nn.Sequential with Parallel blocks, local data per worker, held-out data."""
+
+    def model(self): ...
+
+    def batches(self, worker: int, num_workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]: ...
+
+    def test_data(self) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@dataclass
+class OwlResult:
+    """What the server measured, per round and overall."""
+
+    distribution: str = "owl"
+    num_groups: int = 0
+    group_bytes: list = field(default_factory=list)
+    round_s: list = field(default_factory=list)
+    server_egress_bytes: list = field(default_factory=list)
+    updates: list = field(default_factory=list)  # worker updates in each round's model
+    wan_updates: list = field(default_factory=list)  # update messages that reached the server each round
+    pulls_served: int = 0
+    accuracy: float = 0.0
+    initial_accuracy: float = 0.0
+
+
+def plan_for(sizes: list[int], workers: int | Sequence[str], spec: OwlSpec) -> DeploySetting:
+    """The deploy setting of a run: OWL's (given D, or Algorithm 2's choice), or server-only over the same groups.
+
+    `workers` is their number, or each worker's cluster: then every cluster gets its own centralized deployment of
+    the same groups (each group leaves the server once per cluster, and peers pass groups only inside a cluster,
+    over its cluster-local path); D is chosen for, and bounded by, the smallest cluster.
+    """
+    clusters = ["_"] * workers if isinstance(workers, int) else list(workers)
+    n = len(clusters)
+    names = list(dict.fromkeys(clusters))
+    members = {c: [i for i, x in enumerate(clusters) if x == c] for c in names}
+    smallest = min(len(m) for m in members.values()) if members else 0
+    if spec.num_groups is not None:  # more groups than branches or than workers: ValueError naming the limit
+        groups = group_branches(sizes, spec.num_groups)
+        centralized(smallest, groups)
+    else:
+        groups = list(deploy(sizes, smallest, server_bytes_per_s=spec.server_bytes_per_s,
+                             peer_bytes_per_s=spec.peer_bytes_per_s)[0].groups)
+    pulls: list = [None] * n
+    for c, idx in members.items():
+        local = centralized(len(idx), groups)
+        for j, ps in enumerate(local.pulls):
+            pulls[idx[j]] = tuple(Pull(p.group, SERVER if spec.distribution == "server" or p.source == SERVER
+                                       else idx[p.source]) for p in ps)
+    if spec.distribution == "server":
+        pulls = [tuple(Pull(g, SERVER) for g in range(len(groups))) for _ in range(n)]
+    return DeploySetting(n, tuple(tuple(g) for g in groups), tuple(pulls))
+
+
+def _accuracy(model, x: np.ndarray, y: np.ndarray) -> float:
+    import paddle
+
+    with paddle.no_grad():
+        return float((model(paddle.to_tensor(x)).numpy().argmax(-1) == y).mean())
+
+
+def _receive(ch, who, inbox: queue.Queue, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            parts = ch.recv_parts(timeout_s=0.5)
+        except TimeoutError:
+            continue
+        except ChannelError as exc:
+            inbox.put((who, None, exc))
+            if stop.wait(1.0):
+                return
+            continue
+        try:
+            inbox.put((who, *unpack(parts, str(who))))
+        except MessageError as exc:
+            inbox.put((who, None, exc))
+
+
+def _start_receivers(chans: dict, inbox: queue.Queue, stop: threading.Event) -> list[threading.Thread]:
+    ts = [threading.Thread(target=_receive, args=(ch, who, inbox, stop), daemon=True) for who, ch in chans.items()]
+    for t in ts:
+        t.start()
+    return ts
+
+
+def _nbytes(parts: list) -> int:
+    return sum(len(memoryview(p).cast("B")) for p in parts)
+
+
+def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec: OwlSpec) -> OwlResult:
+    """Run `spec.rounds` rounds of federated training with OWL (or server-only) distribution; what was measured."""
+    import paddle
+
+    model = task.model()
+    branches, key_branch = model_branches(model)
+    sizes = [b.nbytes for b in branches]
+    setting = plan_for(sizes, [c for c, _ in workers], spec)
+    group_of = {b: g for g, members in enumerate(setting.groups) for b in members}
+    group_keys = [[k for k, b in key_branch.items() if group_of[b] == g] for g in range(len(setting.groups))]
+    res = OwlResult(distribution=spec.distribution, num_groups=len(setting.groups),
+                    group_bytes=[sum(sizes[b] for b in g) for g in setting.groups])
+    x_test, y_test = task.test_data()
+    res.initial_accuracy = _accuracy(model, x_test, y_test)
+    chans = {w: ep.channel(w[0], w[1], CHANNEL) for w in workers}
+    inbox: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    threads = _start_receivers(chans, inbox, stop)
+    try:
+        # with combine=cluster the first worker of each cluster averages its cluster's updates (FEDn's combiner)
+        # and one update per cluster crosses the WAN; with combine=server every worker sends its own
+        combiners = {c: (c, r) for c, r in reversed(workers)}
+        senders = set(combiners.values()) if spec.combine == "cluster" else set(workers)
+        plan = {"type": "plan", "workers": [f"{c}/{r}" for c, r in workers], "combine": spec.combine,
+                "groups": [list(g) for g in setting.groups],
+                "pulls": [[[p.group, p.source] for p in ps] for ps in setting.pulls], "rounds": spec.rounds}
+        for ch in chans.values():
+            ch.send(pack(plan), lane="control")
+        weights = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+        for rnd in range(spec.rounds):
+            t0 = time.monotonic()
+            egress = 0
+
+            def send_group(g: int, w: tuple[str, int]) -> int:
+                parts = pack({"type": "group", "round": rnd, "group": g}, {k: weights[k] for k in group_keys[g]})
+                chans[w].send(parts, lane="bulk")
+                return _nbytes(parts)
+
+            for g, wi in sorted(setting.from_server(), key=lambda gw: (gw[1], gw[0])):
+                egress += send_group(g, workers[wi])
+            updates: dict = {}
+            counts: dict = {}
+            deadline = t0 + spec.round_timeout_s
+            while len(updates) < len(senders) and time.monotonic() < deadline:
+                try:
+                    who, head, arrays = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if head is None:
+                    log.warning("owl server: from %s: %s", who, arrays)
+                elif head.get("type") == "update" and head.get("round") == rnd:
+                    updates[who] = (arrays, int(head["num_examples"]))
+                    counts[who] = int(head.get("num_updates", 1))
+                elif head.get("type") == "pull" and head.get("round") == rnd:
+                    for g in head.get("groups", []):
+                        egress += send_group(int(g), who)
+                        res.pulls_served += 1
+            if not updates:
+                raise OwlError(f"round {rnd}: no worker sent an update within round_timeout_s={spec.round_timeout_s}")
+            if sum(counts.values()) < len(workers):
+                log.warning("owl server: round %d goes on with %d of %d updates", rnd, sum(counts.values()),
+                            len(workers))
+            try:
+                weights = fedavg([updates[w] for w in sorted(updates)], [str(w) for w in sorted(updates)])
+            except ValueError as exc:
+                raise OwlError(f"round {rnd}: {exc}") from None
+            res.round_s.append(time.monotonic() - t0)
+            res.server_egress_bytes.append(egress)
+            res.updates.append(sum(counts.values()))
+            res.wan_updates.append(len(updates))
+        for ch in chans.values():
+            ch.send(pack({"type": "stop"}), lane="control")
+        model.set_state_dict({k: paddle.to_tensor(v) for k, v in weights.items()})
+        res.accuracy = _accuracy(model, x_test, y_test)
+        ep.flush(timeout_s=10)
+        return res
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=2)
+
+
+def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: OwlSpec) -> dict:
+    """One worker: receive groups (from the server or peers), forward them on, train overlapped, send updates."""
+    import paddle
+    import paddle.nn.functional as F
+
+    srv = ep.channel(server[0], server[1], CHANNEL)
+    try:
+        head, _ = unpack(srv.recv_parts(timeout_s=spec.round_timeout_s), "server")
+    except TimeoutError:
+        raise OwlError(f"no plan from the server {server[0]}/{server[1]} within {spec.round_timeout_s} s") from None
+    names = [tuple(w.split("/")) for w in head["workers"]]
+    peers = [(c, int(r)) for c, r in names]
+    me = peers.index((ep.cluster, ep.rank))
+    groups = [list(g) for g in head["groups"]]
+    pulls = [[tuple(p) for p in ps] for ps in head["pulls"]]
+    serves = [(g, w) for w, ps in enumerate(pulls) for g, src in ps if src == me]
+    if head.get("combine", "server") == "cluster":
+        combiner = min(i for i, p in enumerate(peers) if p[0] == ep.cluster)
+        members = [i for i, p in enumerate(peers) if p[0] == ep.cluster and i != me] if combiner == me else []
+    else:
+        combiner, members = None, []
+    model = task.model()
+    branches, key_branch = model_branches(model)
+    params = dict(model.named_parameters())
+    fwd = OverlappedForward(model, branches)
+    opt = paddle.optimizer.SGD(learning_rate=spec.lr, parameters=model.parameters())
+    chans = {"server": srv, **{i: ep.channel(c, r, CHANNEL) for i, (c, r) in enumerate(peers) if i != me}}
+    inbox: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    threads = _start_receivers(chans, inbox, stop)
+    data = task.batches(me, len(peers))
+    stats = {"rounds": 0, "dist_s": [], "order": [], "pulled": 0, "forwarded_bytes": 0}
+    try:
+        rnd, stopped, early = 0, False, []
+        while not stopped:
+            arrived: set[int] = set()
+            peer_updates: dict = {}
+            t_first = [None, None]  # first group of the round, all groups
+
+            def handle(who, h, arrays) -> None:
+                nonlocal stopped
+                if h is None:
+                    log.warning("owl worker %d: from %s: %s", me, who, arrays)
+                elif h["type"] == "stop":
+                    stopped = True
+                elif h["type"] == "update" and h["round"] == rnd:
+                    peer_updates[who] = (arrays, int(h["num_examples"]))
+                elif h["type"] == "group" and h["round"] == rnd:
+                    g = int(h["group"])
+                    if set(groups[g]) <= arrived:
+                        return  # a group pulled from the server after all, and the peer's copy came too
+                    t_first[0] = t_first[0] or time.monotonic()
+                    state = model.state_dict()
+                    for k, v in arrays.items():
+                        (params[k] if k in params else state[k]).set_value(v)
+                    arrived.update(groups[g])
+                    for gg, w in serves:
+                        if gg == g:
+                            parts = pack({"type": "group", "round": rnd, "group": g}, arrays)
+                            chans[w].send(parts, lane="bulk")
+                            stats["forwarded_bytes"] += _nbytes(parts)
+                    if len(arrived) == len(branches):
+                        t_first[1] = time.monotonic() - t_first[0]
+
+            def wait() -> None:
+                if stopped:
+                    raise OwlError("stopped")
+                try:
+                    handle(*inbox.get(timeout=spec.peer_timeout_s))
+                except queue.Empty:  # a peer is late: pull what is missing from the server (the fallback)
+                    missing = [g for g, members in enumerate(groups) if not set(members) <= arrived]
+                    srv.send(pack({"type": "pull", "round": rnd, "groups": missing}), lane="control")
+                    stats["pulled"] += len(missing)
+                if stopped:
+                    raise OwlError("stopped")
+
+            for item in early:
+                handle(*item)
+            early = []
+            n = 0
+            for step in range(spec.local_steps):
+                x, y = next(data)
+                xt, yt = paddle.to_tensor(x), paddle.to_tensor(y.reshape(-1, 1).astype("int64"))
+                try:
+                    out = fwd.run(xt, arrived, wait) if step == 0 else model(xt)
+                except OwlError:
+                    stopped = True
+                    break
+                if step == 0:
+                    stats["order"].append([b for _, b in fwd.order])
+                loss = F.cross_entropy(out, yt)
+                loss.backward()
+                opt.step()
+                opt.clear_grad()
+                n += len(y)
+            if stopped:
+                break
+            stats["dist_s"].append(t_first[1])
+            state = {k: v.numpy() for k, v in model.state_dict().items()}
+            if combiner is not None and combiner != me:  # to the cluster's combiner, over the cluster-local path
+                chans[combiner].send(pack({"type": "update", "round": rnd, "num_examples": n}, state), lane="bulk")
+            else:
+                num = 1
+                if members:  # the combiner: average the cluster's updates, one message crosses the WAN
+                    deadline = time.monotonic() + spec.round_timeout_s
+                    while len(peer_updates) < len(members) and not stopped and time.monotonic() < deadline:
+                        try:
+                            handle(*inbox.get(timeout=max(0.01, deadline - time.monotonic())))
+                        except queue.Empty:
+                            break
+                    got = [(state, n)] + [peer_updates[w] for w in sorted(peer_updates)]
+                    state, n, num = fedavg(got), sum(c for _, c in got), len(got)
+                srv.send(pack({"type": "update", "round": rnd, "num_examples": n, "num_updates": num}, state),
+                         lane="bulk")
+            stats["rounds"] += 1
+            rnd += 1
+            try:  # the next round's first group (kept for the next pass), or STOP
+                item = inbox.get(timeout=spec.round_timeout_s)
+            except queue.Empty:
+                raise OwlError(f"worker {me}: nothing from the server or peers within "
+                               f"round_timeout_s={spec.round_timeout_s}") from None
+            if item[1] is not None and item[1].get("type") == "stop":
+                stopped = True
+            else:
+                early.append(item)
+        ep.flush(timeout_s=10)
+        return stats
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=2)
