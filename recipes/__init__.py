@@ -1,1 +1,1 @@
-"""Runnable jobs built on nebula's public API (abnet, electra, federated, balance)."""
+"""Runnable jobs built on nebula's public API: abnet (Scenario II), electra (Scenario I), federated, toy."""
