@@ -75,7 +75,8 @@ def write_job(path: Path, alloc: Allocation) -> None:
     data = yaml.safe_load(text) if text.strip() else {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a job file (its top level is not a mapping)")
-    block = yaml.safe_dump({"allocation": to_dict(spec_of(alloc))}, sort_keys=False, default_flow_style=None)
+    cut = {k: v for k, v in to_dict(spec_of(alloc)).items() if k not in ("profiles", "wan")}  # a made cut reads none
+    block = yaml.safe_dump({"allocation": cut}, sort_keys=False, default_flow_style=None)
     lines = text.splitlines(keepends=True)
     start = next((i for i, ln in enumerate(lines) if re.match(r"allocation\s*:", ln)), None)
     if start is None:

@@ -205,6 +205,22 @@ class AllocationSpec:
     bottleneck_s: float | None = None  # predicted, for the record
     stage_times_s: tuple[float, ...] = ()
 
+    def __post_init__(self) -> None:
+        if self.bounds:
+            b = list(self.bounds)
+            if len(b) != len(self.devices) + 1 or b[0] != 0 or any(y <= x for x, y in zip(b, b[1:])):
+                raise ValueError(f"allocation.bounds={b} must be 0 = b0 < b1 < ... with one more entry than "
+                                 f"allocation.devices ({len(self.devices)}); rerun nebula allocate --write-job")
+        if self.stage_times_s and len(self.stage_times_s) != len(self.devices):
+            raise ValueError("allocation.stage_times_s needs one entry per device; rerun nebula allocate --write-job")
+
+    def layers_of(self, device: str) -> range:
+        """Layer indices the named device holds (ValueError naming the known devices)."""
+        if device not in self.devices:
+            raise ValueError(f"device {device!r} is not in allocation.devices ({', '.join(self.devices)})")
+        k = self.devices.index(device)
+        return range(self.bounds[k], self.bounds[k + 1])
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class JobConfig:
