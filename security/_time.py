@@ -31,3 +31,12 @@ def iso(t: dt.datetime | float) -> str:
     if not isinstance(t, dt.datetime):
         t = dt.datetime.fromtimestamp(t, dt.timezone.utc)
     return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def lifecycle_status(revoked: str | None, expires: str | None) -> str:
+    """active, expired or revoked (as of now) of something with ISO revocation and expiry times (grants)."""
+    if revoked:
+        return "revoked"
+    if expires is not None and expires <= iso(utcnow()):
+        return "expired"
+    return "active"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from security._time import iso, utcnow
+from security._time import iso, lifecycle_status, utcnow
 from security.audit import AuditLog, default_actor, generate_signing_key
 from security.errors import AccessDenied, AccountError, AccountLocked, AuthenticationFailed, IdentityError
 from security.identity import check_name
@@ -120,11 +120,7 @@ class Grant:
     @property
     def status(self) -> str:
         """active, expired or revoked (as of now)."""
-        if self.revoked:
-            return "revoked"
-        if self.expires is not None and self.expires <= iso(utcnow()):
-            return "expired"
-        return "active"
+        return lifecycle_status(self.revoked, self.expires)
 
     def covers(self, resource: str) -> bool:
         """True if this grant's resource is `resource` or a directory that contains it."""

@@ -15,7 +15,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from security._time import iso, utcnow
+from security._time import iso, lifecycle_status, utcnow
 from security.errors import AccountError
 from security.identity import check_name
 
@@ -71,11 +71,7 @@ class RouteGrant:
     @property
     def status(self) -> str:
         """active, expired or revoked (as of now)."""
-        if self.revoked:
-            return "revoked"
-        if self.expires is not None and self.expires <= iso(utcnow()):
-            return "expired"
-        return "active"
+        return lifecycle_status(self.revoked, self.expires)
 
 
 @dataclass(frozen=True, slots=True)

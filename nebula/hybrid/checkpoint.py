@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from nebula.pipeline.checkpoint import param_names
+
 __all__ = ["layer_dir", "save_layers", "commit", "committed_steps", "load_layers", "prune", "read_marker"]
 
 
@@ -24,11 +26,6 @@ def _step_dir(root: str | Path, step: int) -> Path:
 def layer_dir(root: str | Path, step: int, index: int) -> Path:
     """Directory of layer `index` in the checkpoint after `step` steps."""
     return _step_dir(root, step) / f"layer_{index:04d}"
-
-
-def _names(layer: Any) -> dict[str, str]:
-    """Runtime parameter name (linear_7.w_0, depends on creation order) -> '@' + structured name inside the layer."""
-    return {p.name: f"@{n}" for n, p in layer.named_parameters()}
 
 
 def _select(state: dict, names: dict[str, str]) -> dict:
@@ -52,7 +49,7 @@ def save_layers(root: str | Path, step: int, first: int, layers: Sequence[Any], 
         d = layer_dir(root, step, first + i)
         d.mkdir(parents=True, exist_ok=True)
         paddle.save(layer.state_dict(), str(d / "model.pdparams"))
-        paddle.save(_select(state, _names(layer)), str(d / "optimizer.pdopt"))
+        paddle.save(_select(state, param_names(layer)), str(d / "optimizer.pdopt"))
 
 
 def commit(root: str | Path, step: int, cluster: str, meta: dict) -> Path:
@@ -99,7 +96,7 @@ def load_layers(root: str | Path, step: int, first: int, layers: Sequence[Any], 
         layer.set_state_dict(paddle.load(str(f)))
         o = d / "optimizer.pdopt"
         if o.is_file():
-            back = {v: k for k, v in _names(layer).items()}
+            back = {v: k for k, v in param_names(layer).items()}
             merged.update(_select(paddle.load(str(o)), back))
     if merged:
         optimizer.set_state_dict(merged)

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["step_dir", "save", "local_steps", "load", "prune", "checkpoint_step"]
+__all__ = ["step_dir", "save", "local_steps", "load", "prune", "checkpoint_step", "param_names"]
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -30,7 +30,7 @@ def save(root: str | Path, step: int, cluster: str, stages: dict[str, tuple[Any,
         sd = d / name
         sd.mkdir(parents=True, exist_ok=True)
         paddle.save(layer.state_dict(), str(sd / "model.pdparams"))
-        paddle.save(_rename(opt.state_dict(), _param_names(layer)), str(sd / "optimizer.pdopt"))
+        paddle.save(_rename(opt.state_dict(), param_names(layer)), str(sd / "optimizer.pdopt"))
     marker = d / f"{cluster}.json"
     tmp = marker.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({**meta, "step": step, "cluster": cluster, "stages": sorted(stages),
@@ -79,7 +79,7 @@ def load(d: str | Path, stages: dict[str, tuple[Any, Any]], *, optimizer: bool =
         layer.set_state_dict(state)
         o = d / name / "optimizer.pdopt"
         if optimizer and o.is_file():
-            to_runtime = {v: k for k, v in _param_names(layer).items()}
+            to_runtime = {v: k for k, v in param_names(layer).items()}
             opt.set_state_dict(_rename(paddle.load(str(o)), to_runtime))
     return step
 
@@ -116,7 +116,7 @@ def prune(root: str | Path, cluster: str, stage_names: list[str], keep: int) -> 
             pass
 
 
-def _param_names(layer: Any) -> dict[str, str]:
+def param_names(layer: Any) -> dict[str, str]:
     """Runtime parameter name (e.g. linear_7.w_0, depends on creation order) -> structured name (fc.weight)."""
     return {p.name: f"@{n}" for n, p in layer.named_parameters()}
 
