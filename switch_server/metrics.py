@@ -30,6 +30,9 @@ class SwitchMetrics:
         self.peer_refused = Counter("nebula_switch_peer_refused_frames",
                                     "Frames of a peer session refused: another source, an unreachable account or job, "
                                     "a budget", ["peer", "reason"], registry=r)
+        self.route_refused = Counter("nebula_switch_route_refused_frames",
+                                     "Frames of local workers to a cluster their account holds no route grant for",
+                                     ["account", "cluster"], registry=r)
         self.link_up = Gauge("nebula_switch_link_up", "1 while the outgoing link to a peer is established", ["peer"], registry=r)
         self.cert_expiry = Gauge("nebula_switch_certificate_expiry_seconds", "Seconds until this switch's certificate expires", registry=r)
         self.workers = Gauge("nebula_switch_workers", "Workers registered on the local side", registry=r)

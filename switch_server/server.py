@@ -27,6 +27,7 @@ from switch_server.local import LocalSide
 from switch_server.metrics import SwitchMetrics
 from switch_server.memtrim import MemoryTrim
 from switch_server.peers import PeerTrust, SwitchError, accept_peer, cut_untrusted, mtime
+from switch_server.routegrants import RouteGrants, read_policy
 from switch_server.session import InboundSession
 from switch_server.shaper import TokenBucket
 from switch_server.state import SwitchState, state_dir
@@ -82,6 +83,7 @@ class SwitchServer:
         self.penalties: dict[str, float] = {}  # peer cluster -> until when its connections are refused
         self.strikes: dict[str, int] = {}  # peer cluster -> times it was cut for breaking the link protocol
         self._trim = MemoryTrim()
+        self.route_grants = RouteGrants(cfg.accounts_home, self._route_grants_reloaded)  # fail closed if unreadable
         public, secret = load_curve_keys(cfg.local.curve_secret_key)
         self.local = LocalSide(self, cfg.local, public, secret)
 
@@ -196,12 +198,27 @@ class SwitchServer:
             return self.local.deliver(key.account, key.job, rank, lane, head, payload, origin, party)
         if from_peer is not None:
             return "unknown_destination", f"switch {self.cfg.cluster} does not relay to cluster {cluster!r}"
+        if t == FrameType.DATA:
+            why = self.route_grants.refusal(key.account, cluster)
+            if why is not None:
+                return self._route_refused(key.account, cluster, why)
         link = self.links.get(cluster)
         if link is None:
             known = ", ".join(sorted(self.links)) or "none"
             return "unknown_destination", f"no route to cluster {cluster!r}; this switch knows: {known}"
         link.enqueue(lane, head, payload, party)
         return None
+
+    def _route_refused(self, account: str, cluster: str, why: str) -> tuple[str, str]:
+        """Count and audit (rate-limited) a local worker's frame to a cluster its account holds no grant for."""
+        known = cluster if cluster in self.links else "unknown"  # (a worker names any cluster: bounded labels)
+        self.metrics.route_refused.labels(account=account, cluster=known).inc()
+        self.audit_limited(("route_refused", account, known), self.actor, "route_refused", account, "denied",
+                           {"account": account, "cluster": cluster, "reason": why})
+        return "not_authorized", why
+
+    def _route_grants_reloaded(self, outcome: str, home: str, detail: dict) -> None:
+        self.audit(self.actor, "route_grants_reload", home, outcome, detail)
 
     def refuse_remote(self, frame: Any, code: str, message: str) -> None:
         """Tell the original sender (a worker of a peer cluster) why its frame was refused here."""
@@ -258,7 +275,9 @@ class SwitchServer:
             new = load_switch_config(self.config_path)
             if (new.cluster, new.federation) != (self.cfg.cluster, self.cfg.federation):
                 raise ConfigError("cluster and federation cannot change on reload; restart the switch")
+            read_policy(new.accounts_home)  # an unreadable accounts_home refuses the reload before anything changes
             self.trust.load(new)  # (unchanged if it raises)
+            self.route_grants.set_home(new.accounts_home)
             self.cfg = new
         except (ConfigError, SwitchError) as exc:
             log.error("reload refused, keeping the running configuration: %s", exc)
@@ -311,6 +330,7 @@ class SwitchServer:
             try:
                 now = time.monotonic()
                 self.local.sweep()
+                self.route_grants.refresh()  # (revocations apply also while no worker sends)
                 self.metrics.cert_expiry.set(self.trust.cert_not_after - time.time())
                 for c, link in self.links.items():
                     self.metrics.queue_bytes.labels(peer=c).set(link.queued_bytes())

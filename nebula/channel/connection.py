@@ -13,6 +13,8 @@ import zmq.auth
 from nebula.channel.errors import ChannelError
 from nebula.config.worker import WorkerConfig, local_endpoint
 from security.curve import local_password
+from security.errors import TLSConfigError
+from security.preflight import check_key_file
 
 __all__ = ["SNDHWM", "connect", "handshake_failure", "silent_switch"]
 
@@ -21,6 +23,10 @@ SNDHWM = 16  # frames inside ZeroMQ; more wait in our lanes so a small activatio
 
 def connect(cfg: WorkerConfig) -> tuple[zmq.Context, zmq.Socket, zmq.Socket, str, str]:
     """A DEALER socket connecting to the switch as `cfg` says: (context, socket, its monitor, address, transport)."""
+    try:
+        check_key_file(cfg.curve_key, "worker CURVE key")  # a key others can read is not the worker's alone
+    except TLSConfigError as exc:
+        raise ChannelError(str(exc)) from None
     try:
         public, secret = zmq.auth.load_certificate(cfg.curve_key)
     except (OSError, ValueError) as exc:

@@ -178,6 +178,9 @@ class SwitchConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     state_dir: str | None = None  # durable sequence/ack state for resume across restarts
+    # account home (its accounts.db) whose route grants this switch enforces on its workers' frames to other
+    # clusters (`nebula-admin grant add --to ACCOUNT --resource cluster:B`); None = no route restriction
+    accounts_home: str | None = None
 
     def __post_init__(self) -> None:
         split_host_port(self.listen, "listen")
@@ -211,6 +214,7 @@ def resolve_paths(cfg: SwitchConfig, base: Path) -> SwitchConfig:
         sub = getattr(cfg, section)
         changes[section] = dataclasses.replace(sub, **{n: resolve_path(getattr(sub, n), base) for n in names})
     changes["state_dir"] = resolve_path(cfg.state_dir, base)
+    changes["accounts_home"] = resolve_path(cfg.accounts_home, base)
     return dataclasses.replace(cfg, **changes)
 
 
