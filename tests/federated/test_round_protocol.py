@@ -112,7 +112,7 @@ def test_late_updates_are_never_averaged_in_sync_mode(procs, tmp_path):
     workers = federation(procs, tmp_path)
     job = write_job(tmp_path, workers, {"A": 2, "B": 1}, rounds=3, deadline_s=2,
                     client={"factory": "tests.federated.toy_client:make_client",
-                            "args": {"sleep_s": {"A/0": 1.0, "B/0": 1.0, "A/1": 2.5}}})
+                            "args": {"sleep_s": {"A/0": 1.0, "B/0": 1.0, "A/1": 3.5}}})  # A/1 well past the deadline
     ctl = start_cluster(procs, job, "A")
     comb_b = start_cluster(procs, job, "B")
     clients = [start_client(procs, job, c, i) for c, n in (("A", 2), ("B", 1)) for i in range(n)]
