@@ -10,6 +10,7 @@ from nebula.federated.aggregate import (RunningMean, check_update, check_updates
 from nebula.federated.client import Client, PaddleClient
 from nebula.federated.config import FederatedJob, load_federated_job
 from nebula.federated.strategy import AsyncStrategy, Strategy, get_strategy, register, strategy_names
+from nebula.federated import strategies as _builtin_strategies  # noqa: F401,E402  (registers FedAvg, FedProx, ...)
 from nebula.federated.trail import ModelTrail
 
 __all__ = ["RunningMean", "check_update", "check_updates", "fedavg", "krum", "median", "multi_krum", "trimmed_mean",

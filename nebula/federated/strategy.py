@@ -33,13 +33,11 @@ def register(name: str) -> Callable[[type["Strategy"]], type["Strategy"]]:
 
 def strategy_names() -> list[str]:
     """Names of the registered strategies."""
-    _load_builtin()
     return sorted(_REGISTRY)
 
 
 def get_strategy(name: str, options: Mapping[str, Any] | None = None) -> "Strategy":
     """The strategy registered as `name`, built with `options`; ValueError names the known ones or the bad option."""
-    _load_builtin()
     cls = _REGISTRY.get(name)
     if cls is None:
         raise ValueError(f"unknown strategy {name!r}; known: {', '.join(sorted(_REGISTRY))}")
@@ -48,10 +46,6 @@ def get_strategy(name: str, options: Mapping[str, Any] | None = None) -> "Strate
     except TypeError as exc:
         raise ValueError(f"strategy {name!r}: bad options {dict(options or {})} ({exc}); see "
                          f"{cls.__module__}.{cls.__name__} for the accepted ones") from None
-
-
-def _load_builtin() -> None:
-    from nebula.federated import strategies  # noqa: F401  (registers the built-in strategies)
 
 
 class Strategy:
