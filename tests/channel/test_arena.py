@@ -34,8 +34,10 @@ def test_upward_payloads_go_into_the_arena_and_wait_for_room_then_go_inline(aren
     desc, off = client.put(payload, now=0.0)
     token, at, n = unpack_desc(desc)
     assert (token, at, n) == (sw.token, off, len(payload)) and bytes(sw.up[at : at + n]) == payload
+    filled = 0
     while client.put(payload, now=0.0) is not False:  # fill the upward half
-        pass
+        filled += 1
+    assert filled > 0
     assert client.waiting and client.put(payload, now=SHM_WAIT_S / 2) is False
     assert client.put(payload, now=SHM_WAIT_S * 2) is True  # waited long enough: inline
     client.on_release({"token": sw.token, "offsets": [off]})  # the switch hands the first region back

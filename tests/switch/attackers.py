@@ -2,6 +2,7 @@
 format directly (LINK_HELLO, then whatever frames it likes)."""
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 from pathlib import Path
@@ -72,9 +73,7 @@ class RawPeer:
         return bytes(buf)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.sock.close()
-        except OSError:
-            pass
 
 
