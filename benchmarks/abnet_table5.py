@@ -36,6 +36,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+from _federation import Federation  # benchmarks/ is this script's directory
+
 BIN = Path(sys.executable).parent
 
 PAPER = {  # Table 5 of Nebula-I: BLEU, forward ratio, backward ratio, seconds per step
@@ -63,49 +65,6 @@ def rows(which: str) -> list[Row]:
                 ("INT4_BLOCK+EF(INT4_BLOCK)", "int4_block(64)", "ef(int4_block(128))", 0)]
     out.append((*SMALL_PAIR, 0))
     return out
-
-
-class Federation:
-    """A throwaway CA, two switch servers (A, B) on loopback with the link shaper at `rate_mbit`; stopped by close()."""
-
-    def __init__(self, root: Path, rate_mbit: float, delay_ms: float) -> None:
-        import yaml
-
-        from security.provision import provision
-
-        self.root = root
-        provision("table5", ["A", "B"], root)
-        self.procs: list[subprocess.Popen] = []
-        for c in ("A", "B"):
-            f = root / c / "switch.yaml"
-            doc = yaml.safe_load(f.read_text())
-            doc.setdefault("link", {})["shape"] = {"rate_mbit": rate_mbit, "delay_ms": delay_ms}
-            doc["metrics"] = {"listen": None}
-            f.write_text(yaml.safe_dump(doc, sort_keys=False))
-            with open(root / f"switch_{c}.log", "w") as log:
-                self.procs.append(subprocess.Popen([str(BIN / "nebula-switch"), "serve", "--config", str(f)],
-                                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        for c in ("A", "B"):
-            deadline = time.time() + 60
-            while "listening wan=" not in (root / f"switch_{c}.log").read_text():
-                if time.time() > deadline:
-                    self.close()
-                    raise RuntimeError(f"switch {c} did not start: {(root / f'switch_{c}.log').read_text()}")
-                time.sleep(0.2)
-
-    def worker(self, cluster: str) -> Path:
-        """The worker.yaml of `cluster`'s switch."""
-        return self.root / cluster / "worker.yaml"
-
-    def close(self) -> None:
-        """Stop both switches (their process groups) and reap them."""
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in self.procs:
-            p.wait(timeout=20)
 
 
 def write_job(run: Path, work: Path, fed: Federation, row: Row, seed: int, steps: int, procs: int) -> Path:
@@ -207,7 +166,7 @@ def training_table(args: argparse.Namespace, specs: list[Row]) -> list[str]:
     prepare(work)
     results: dict[str, list[dict]] = {}
     tmp = tempfile.TemporaryDirectory(prefix="table5-fed-")
-    fed = Federation(Path(tmp.name), args.rate_mbit, args.delay_ms)
+    fed = Federation(Path(tmp.name), ["A", "B"], args.rate_mbit, args.delay_ms, name="table5")
     try:
         for row in specs:
             for seed in range(args.seeds):
@@ -278,7 +237,7 @@ def paper_shape_table(args: argparse.Namespace, specs: list[Row]) -> list[str]:
     g = (1e-3 * np.random.default_rng(1).standard_normal(h.shape)).astype("float32")
     raw = h.nbytes
     tmp = tempfile.TemporaryDirectory(prefix="table5-fed-")
-    fed = Federation(Path(tmp.name), args.rate_mbit, args.delay_ms)
+    fed = Federation(Path(tmp.name), ["A", "B"], args.rate_mbit, args.delay_ms, name="table5")
     a = b = None
     try:
         a = Endpoint.connect(fed.worker("A"), job="table5", rank=0)

@@ -30,51 +30,11 @@ from pathlib import Path
 
 import yaml
 
+from _federation import Federation  # benchmarks/ is this script's directory
+
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parent.parent
 WARMUP = 5  # first steps excluded from timings
-
-
-class Federation:
-    """Provisioned clusters with one switch server each; links shaped to `rate_mbit` (None: unshaped)."""
-
-    def __init__(self, root: Path, clusters: list[str], rate_mbit: float | None, delay_ms: float) -> None:
-        from security.provision import provision
-
-        self.dir, self.procs = root, []
-        provision("bench", clusters, root)
-        for c in clusters:
-            sw = root / c / "switch.yaml"
-            doc = yaml.safe_load(sw.read_text())
-            if rate_mbit:
-                doc.setdefault("link", {})["shape"] = {"rate_mbit": rate_mbit, "delay_ms": delay_ms}
-            doc["metrics"] = {"listen": None}
-            sw.write_text(yaml.safe_dump(doc, sort_keys=False))
-            log = sw.parent / "switch.log"
-            with log.open("w") as out:
-                p = subprocess.Popen([str(BIN / "nebula-switch"), "serve", "--config", str(sw)], stdout=out,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-            self.procs.append(p)
-            deadline = time.monotonic() + 60
-            while "listening wan=" not in log.read_text():
-                if time.monotonic() > deadline or p.poll() is not None:
-                    raise RuntimeError(f"switch {c} did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.1)
-
-    def worker(self, cluster: str) -> str:
-        """The cluster's worker.yaml."""
-        return str(self.dir / cluster / "worker.yaml")
-
-    def close(self) -> None:
-        """Stop the switch servers."""
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
 
 def _job(run: Path, data: Path, fed: Federation | None, *, steps: int, k: int | str, disc_ranks: int,

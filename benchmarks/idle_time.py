@@ -22,7 +22,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import argparse
 import dataclasses
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,9 +30,9 @@ import traceback
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-BIN = Path(sys.executable).parent
+from _federation import Federation  # benchmarks/ is this script's directory
+
 NUM_CLASSES, DIM = 10, 32
 PAPER = {"server_idle_cut": 0.939, "device_idle_cut": 0.818, "throughput_gain": (1.1, 2.0)}
 
@@ -162,45 +161,6 @@ def fedoptima_part(wall_s: float) -> None:
               f"{fo.peak_held} <= omega {s.omega}; simulated in {sum(r.real_s for r in rows.values()):.0f} s\n")
 
 
-class _Switches:
-    """Two provisioned clusters (A, B) with real switch servers; the WAN link shaped to `rate_mbit`."""
-
-    def __init__(self, root: Path, rate_mbit: float) -> None:
-        from security.provision import provision
-
-        provision("idle", ["A", "B"], root)
-        self.root, self.procs = root, []
-        for c in ("A", "B"):
-            sw = root / c / "switch.yaml"
-            doc = yaml.safe_load(sw.read_text())
-            doc.setdefault("link", {})["shape"] = {"rate_mbit": rate_mbit, "delay_ms": 5}
-            doc["metrics"] = {"listen": None}
-            sw.write_text(yaml.safe_dump(doc, sort_keys=False))
-            log = root / c / "switch.log"
-            with log.open("w") as out:
-                p = subprocess.Popen([str(BIN / "nebula-switch"), "serve", "--config", str(sw)], stdout=out,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-            self.procs.append(p)
-            deadline = time.monotonic() + 60
-            while "listening wan=" not in log.read_text():
-                if p.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"switch {c} did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.1)
-
-    def worker(self, c: str) -> str:
-        return str(self.root / c / "worker.yaml")
-
-    def close(self) -> None:
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
 def _owl_run(sw: _Switches, n: int, distribution: str, rounds: int, width: int, job: str, rate_mbit: float) -> dict:
     from nebula.channel import Endpoint
     from nebula.federated.owl.config import OwlSpec
@@ -237,7 +197,7 @@ def owl_part(workers: list[int], rate_mbit: float, rounds: int, width: int) -> N
           f"4-tower model, {rounds} rounds (first left out of times)\n")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        sw = _Switches(Path(tmp), rate_mbit)
+        sw = Federation(Path(tmp), ["A", "B"], rate_mbit, 5.0, name="idle")
         try:
             for n in workers:
                 got = {}

@@ -30,58 +30,10 @@ from pathlib import Path
 
 import yaml
 
+from _federation import Federation  # benchmarks/ is this script's directory
+
 BIN = Path(sys.executable).parent
 WARMUP = 5  # first steps excluded from timings (process start, first allocations)
-
-
-def _start_switch(config: Path) -> subprocess.Popen:
-    log = config.parent / "switch.log"
-    with log.open("w") as out:  # a file, not a pipe: a full pipe would stall the switch
-        p = subprocess.Popen([str(BIN / "nebula-switch"), "serve", "--config", str(config)], stdout=out,
-                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if "listening wan=" in log.read_text():
-            return p
-        if p.poll() is not None:
-            break
-        time.sleep(0.1)
-    p.kill()
-    raise RuntimeError(f"switch {config} did not start: {log.read_text()[-2000:]}")
-
-
-class Federation:
-    """Two provisioned clusters whose switch links are shaped to `rate_mbit` (None: unshaped)."""
-
-    def __init__(self, root: Path, rate_mbit: float | None, delay_ms: float) -> None:
-        from security.provision import provision
-
-        self.dir = root
-        provision("bench", ["A", "B"], root)
-        self.procs = []
-        for c in ("A", "B"):
-            sw = root / c / "switch.yaml"
-            doc = yaml.safe_load(sw.read_text())
-            if rate_mbit:
-                doc.setdefault("link", {})["shape"] = {"rate_mbit": rate_mbit, "delay_ms": delay_ms}
-            doc["metrics"] = {"listen": None}
-            sw.write_text(yaml.safe_dump(doc, sort_keys=False))
-            self.procs.append(_start_switch(sw))
-
-    def worker(self, cluster: str) -> str:
-        """The cluster's worker.yaml."""
-        return str(self.dir / cluster / "worker.yaml")
-
-    def close(self) -> None:
-        """Stop both switch servers."""
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
 
 def _job(run_dir: Path, args: argparse.Namespace, *, oneway: bool, inter: bool, fed: Federation | None,
@@ -192,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     configs: list[tuple] = [("II", "intra", "none"), ("I", "intra", "none")]
     for rate in rates:
         configs += [("II", rate, "none"), ("II", rate, args.codec)] + ([("I", rate, "none")] if rate else [])
-    feds = {rate: Federation(fresh(f"fed-{rate or 'unshaped'}"), rate, args.delay_ms) for rate in rates}
+    feds = {rate: Federation(fresh(f"fed-{rate or 'unshaped'}"), ["A", "B"], rate, args.delay_ms) for rate in rates}
     runs: dict[tuple, list[dict]] = {c: [] for c in configs}
     try:
         for _ in range(args.repeats):
