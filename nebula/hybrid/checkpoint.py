@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from nebula.pipeline.checkpoint import param_names
+from nebula.pipeline.checkpoint import param_names, rename_state
 
 __all__ = ["layer_dir", "save_layers", "commit", "committed_steps", "load_layers", "prune", "read_marker"]
 
@@ -28,18 +28,6 @@ def layer_dir(root: str | Path, step: int, index: int) -> Path:
     return _step_dir(root, step) / f"layer_{index:04d}"
 
 
-def _select(state: dict, names: dict[str, str]) -> dict:
-    """The optimizer entries of the parameters in `names`, renamed by their parameter-name prefix."""
-    order = sorted(names, key=len, reverse=True)
-    out = {}
-    for key, value in state.items():
-        for old in order:
-            if key == old or key.startswith(old + "_"):
-                out[names[old] + key[len(old):]] = value
-                break
-    return out
-
-
 def save_layers(root: str | Path, step: int, first: int, layers: Sequence[Any], optimizer: Any) -> None:
     """Save layers first.. (their weights and their share of `optimizer`'s state) under step `step`."""
     import paddle
@@ -49,7 +37,7 @@ def save_layers(root: str | Path, step: int, first: int, layers: Sequence[Any], 
         d = layer_dir(root, step, first + i)
         d.mkdir(parents=True, exist_ok=True)
         paddle.save(layer.state_dict(), str(d / "model.pdparams"))
-        paddle.save(_select(state, param_names(layer)), str(d / "optimizer.pdopt"))
+        paddle.save(rename_state(state, param_names(layer), only_named=True), str(d / "optimizer.pdopt"))
 
 
 def commit(root: str | Path, step: int, cluster: str, meta: dict) -> Path:
@@ -97,7 +85,7 @@ def load_layers(root: str | Path, step: int, first: int, layers: Sequence[Any], 
         o = d / "optimizer.pdopt"
         if o.is_file():
             back = {v: k for k, v in param_names(layer).items()}
-            merged.update(_select(paddle.load(str(o)), back))
+            merged.update(rename_state(paddle.load(str(o)), back, only_named=True))
     if merged:
         optimizer.set_state_dict(merged)
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["step_dir", "save", "local_steps", "load", "prune", "checkpoint_step", "param_names"]
+__all__ = ["step_dir", "save", "local_steps", "load", "prune", "checkpoint_step", "param_names", "rename_state"]
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -30,7 +30,7 @@ def save(root: str | Path, step: int, cluster: str, stages: dict[str, tuple[Any,
         sd = d / name
         sd.mkdir(parents=True, exist_ok=True)
         paddle.save(layer.state_dict(), str(sd / "model.pdparams"))
-        paddle.save(_rename(opt.state_dict(), param_names(layer)), str(sd / "optimizer.pdopt"))
+        paddle.save(rename_state(opt.state_dict(), param_names(layer)), str(sd / "optimizer.pdopt"))
     marker = d / f"{cluster}.json"
     tmp = marker.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({**meta, "step": step, "cluster": cluster, "stages": sorted(stages),
@@ -80,7 +80,7 @@ def load(d: str | Path, stages: dict[str, tuple[Any, Any]], *, optimizer: bool =
         o = d / name / "optimizer.pdopt"
         if optimizer and o.is_file():
             to_runtime = {v: k for k, v in param_names(layer).items()}
-            opt.set_state_dict(_rename(paddle.load(str(o)), to_runtime))
+            opt.set_state_dict(rename_state(paddle.load(str(o)), to_runtime))
     return step
 
 
@@ -121,14 +121,15 @@ def param_names(layer: Any) -> dict[str, str]:
     return {p.name: f"@{n}" for n, p in layer.named_parameters()}
 
 
-def _rename(state: dict, names: dict[str, str]) -> dict:
-    """Rename optimizer state keys by their parameter-name prefix, so checkpoints load in any process."""
+def rename_state(state: dict, names: dict[str, str], *, only_named: bool = False) -> dict:
+    """Rename optimizer state keys by their parameter-name prefix, so checkpoints load in any process; with
+    `only_named`, keep just the entries of the parameters in `names` (one layer's share of the state)."""
     order = sorted(names, key=len, reverse=True)
     out = {}
     for key, value in state.items():
-        for old in order:
-            if key == old or key.startswith(old + "_"):
-                key = names[old] + key[len(old):]
-                break
-        out[key] = value
+        old = next((o for o in order if key == o or key.startswith(o + "_")), None)
+        if old is not None:
+            out[names[old] + key[len(old):]] = value
+        elif not only_named:
+            out[key] = value
     return out
