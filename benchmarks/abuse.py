@@ -116,38 +116,32 @@ def flood_credit(wan: str, c_yaml: str, stop: threading.Event) -> None:
                 pass
 
 
-def flood_ping(wan: str, c_yaml: str, stop: threading.Event) -> None:
-    """PINGs without ever reading a PONG."""
+def _flood_control(wan: str, c_yaml: str, stop: threading.Event, frame: bytes, per_burst: int,
+                   num_bursts: int) -> None:
+    """An identified peer sends `frame` in bursts and never reads what comes back; then holds the session."""
     c = RawPeer(wan, c_yaml)
     try:
         c.hello()
-        burst = encode_frame(FrameType.PING, {"t": 1.0}) * 2000
-        for _ in range(100):  # 200,000 PINGs at most
+        burst = frame * per_burst
+        for _ in range(num_bursts):
             if stop.is_set():
                 break
             c.send(burst)
         stop.wait(30)
     except (ConnectionError, OSError):
-        pass
+        pass  # the switch cut the session: that is one of the outcomes being measured
     finally:
         c.close()
+
+
+def flood_ping(wan: str, c_yaml: str, stop: threading.Event) -> None:
+    """PINGs without ever reading a PONG (200,000 at most)."""
+    _flood_control(wan, c_yaml, stop, encode_frame(FrameType.PING, {"t": 1.0}), 2000, 100)
 
 
 def flood_checkpoint(wan: str, c_yaml: str, stop: threading.Event) -> None:
-    """CHECKPOINT frames, each of which would have A verify it and answer with a signed checkpoint of its own."""
-    c = RawPeer(wan, c_yaml)
-    try:
-        c.hello()
-        burst = encode_frame(FrameType.CHECKPOINT, {"checkpoint": "{}"}) * 1000
-        for _ in range(20):  # 20,000 frames
-            if stop.is_set():
-                break
-            c.send(burst)
-        stop.wait(30)
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        c.close()
+    """20,000 CHECKPOINT frames, each of which would have A verify it and answer with a signed checkpoint of its own."""
+    _flood_control(wan, c_yaml, stop, encode_frame(FrameType.CHECKPOINT, {"checkpoint": "{}"}), 1000, 20)
 
 
 def flood_unidentified(wan: str, c_yaml: str, stop: threading.Event) -> None:
