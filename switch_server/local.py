@@ -7,12 +7,12 @@ Such a worker may also take a shared-memory arena for its payloads (`switch_serv
 """
 from __future__ import annotations
 
-__all__ = ["LocalSide", "Registration", "bind_endpoint"]
+__all__ = ["LocalSide", "Registration", "bind_endpoint", "stage_routes"]
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import zmq
@@ -51,6 +51,19 @@ class Registration:
     name: str
     last_seen: float
     shm: WorkerShm | None = None
+    stages: dict[str, str] | None = None  # the job's stage -> cluster map, as its HELLO declared it
+    routes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # stage_routes(stages)
+
+
+def stage_routes(stages: dict[str, str] | None, here: str) -> dict[str, tuple[str, ...]]:
+    """Per cluster, the stages a worker of a job with stage map `stages` addresses when it sends there from
+    cluster `here`: the job's stages here (which it runs) and those at that cluster; key `here`: its own only."""
+    if not stages:
+        return {}
+    own = tuple(s for s, c in stages.items() if c == here)
+    routes = {c: own + tuple(s for s, c2 in stages.items() if c2 == c) for c in set(stages.values()) if c != here}
+    routes[here] = own
+    return routes
 
 
 def bind_endpoint(endpoint: str) -> str:
@@ -266,7 +279,8 @@ class LocalSide:
             self.refuse(ident, "too_large", f"message of {frame.header.total_len} bytes exceeds link.max_message_bytes="
                         f"{limit}; split it or raise the limit", frame)
             return
-        err = self.server.route(frame, bytes(head.buffer), payload, origin=None, party=party)
+        stages = reg.routes.get(key.dst_cluster, reg.routes.get(cluster, ())) if reg.routes else ()
+        err = self.server.route(frame, bytes(head.buffer), payload, origin=None, party=party, stages=stages)
         if err is not None:
             self.refuse(ident, err[0], err[1], frame)
         wait = self.server.account_bucket(reg.account).take(len(payload) + len(head.buffer))
@@ -315,13 +329,19 @@ class LocalSide:
                         "another process; give every process its own rank, or close the other endpoint")
             return
         if old != ident:
+            refused = self._stage_refusal(name, account, job, meta.get("stages"), old)
+            if refused is not None:
+                self.refuse(ident, *refused)
+                return
             if old is not None:
                 self._forget(old)
             prev = self.by_ident.get(ident)
             if prev is not None:
                 self.by_addr.pop((prev.account, prev.job, prev.rank), None)
             self.by_addr[addr] = ident
-            self.by_ident[ident] = Registration(ident, account, job, rank, name, time.monotonic())
+            stages = meta.get("stages")
+            self.by_ident[ident] = Registration(ident, account, job, rank, name, time.monotonic(), stages=stages,
+                                                routes=stage_routes(stages, self.server.cfg.cluster))
             self.server.metrics.workers.set(len(self.by_ident))
             log.info("worker %s account %s joined job %s as rank %d", name, account, job, rank)
             self.delivery.adopt(addr, ident)
@@ -329,6 +349,27 @@ class LocalSide:
             self.by_ident[ident].last_seen = time.monotonic()
         self.send_control(ident, FrameType.WELCOME, self._offer_shm(self.by_ident[ident], meta.get("shm")))
         self.flush(ident)
+
+    def _stage_refusal(self, name: str, account: str, job: str, stages: dict[str, str] | None,
+                       replaced: bytes | None) -> tuple[str, str] | None:
+        """(code, reason) when stage grants are in use and a new registration of (account, job) declares a stage
+        map unlike the job's other workers here, or runs a stage here its account holds no grant for."""
+        grants = self.server.route_grants
+        if not grants.stages_in_use():
+            return None
+        for r in self.by_ident.values():  # (new registrations only: rare)
+            if r.account == account and r.job == job and r.ident != replaced and r.stages != stages:
+                why = (f"job {job!r} of account {account!r} runs here with stage map {r.stages}, but this worker "
+                       f"declares {stages}; start every worker of a job from the same job file")
+                self.server.audit_limited(("worker_refused", "stage_map_mismatch", account), self.server.actor,
+                                          "frame_refused", f"worker:{name}", "denied",
+                                          {"reason": "stage_map_mismatch", "detail": why[:300], "account": account,
+                                           "job": job})
+                return "stage_map_mismatch", why
+        here = self.server.cfg.cluster
+        own = stage_routes(stages, here).get(here, ())
+        why = grants.refusal(account, None, own)
+        return None if why is None else self.server.route_refused(account, here, why, own)
 
     def _offer_shm(self, reg: Registration, mapped: Any) -> dict:
         """WELCOME meta for a worker, with its arena when it asked for one (HELLO's `shm`: the token of the arena

@@ -13,7 +13,7 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from nebula.channel.delivery import OutMessage
 from nebula.channel.errors import ChannelError, PeerUnavailable
@@ -29,26 +29,30 @@ DEFAULT_WINDOW_BYTES = 256 * 1024**2
 class Endpoint:
     """One worker's connection to its cluster's switch server, shared by all its channels."""
 
-    def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int) -> None:
+    def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int,
+                 stages: Mapping[str, str] | None = None) -> None:
         self.cfg = cfg
         self.job = job
         self.rank = rank
         self.window_bytes = window_bytes
         self._closed = False
-        self._io = IOThread(cfg, job, rank, window_bytes)
+        self._io = IOThread(cfg, job, rank, window_bytes, stages)
         self._channels: dict[tuple[str, int, str], Channel] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def connect(cls, worker_file: str | Path | WorkerConfig, *, job: str, rank: int, timeout_s: float = 30.0,
-                window_bytes: int = DEFAULT_WINDOW_BYTES) -> Endpoint:
-        """Connect to the switch named in `worker_file` as rank `rank` of `job`; wait until it welcomes us."""
+                window_bytes: int = DEFAULT_WINDOW_BYTES, stages: Mapping[str, str] | None = None) -> Endpoint:
+        """Connect to the switch named in `worker_file` as rank `rank` of `job`; wait until it welcomes us.
+
+        `stages` is the job file's stage -> cluster map, for jobs that name stages: the switch checks it against
+        the account's `stage:` grants (ChannelError naming the missing grant and the command that adds it)."""
         cfg = worker_file if isinstance(worker_file, WorkerConfig) else load_worker_config(worker_file)
         if not isinstance(rank, int) or rank < 0:
             raise ValueError(f"rank {rank!r} must be a non-negative integer")
         if not job or not isinstance(job, str):
             raise ValueError(f"job {job!r} must be a non-empty string")
-        ep = cls(cfg, job, rank, window_bytes)
+        ep = cls(cfg, job, rank, window_bytes, stages)
         ep._io.start()
         try:
             ep._io.wait_welcome(timeout_s)

@@ -8,7 +8,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -50,8 +50,10 @@ class ChannelKeys(Protocol):
 class IOThread:
     """Owns the socket and its outlet (the lanes), every channel's Sender and Receiver, and the arena client."""
 
-    def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int) -> None:
+    def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int,
+                 stages: Mapping[str, str] | None = None) -> None:
         self.cfg, self.job, self.rank, self.window_bytes = cfg, job, rank, window_bytes
+        self.stages = dict(stages) if stages is not None else None
         self.ctx, self.sock, self.monitor, self.address, self.transport = connect(cfg)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -85,6 +87,8 @@ class IOThread:
         meta = {"job": self.job, "rank": self.rank, "account": cfg.account, "name": cfg.name}
         if self.shm.wanted:
             meta["shm"] = self.shm.token
+        if self.stages is not None:
+            meta["stages"] = self.stages
         return encode_frame(FrameType.HELLO, meta)
 
     # ---- called from application threads ----

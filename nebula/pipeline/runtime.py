@@ -170,8 +170,10 @@ class _Runner:
         if self._endpoint is None:
             from nebula.channel import Endpoint
 
+            # the stage map lets the switch check the account's stage grants (refused here, before training)
             self._endpoint = Endpoint.connect(self.spec.worker, job=self.cfg.job, rank=self.rank,
-                                              timeout_s=self.cfg.peer_timeout_s)
+                                              timeout_s=self.cfg.peer_timeout_s,
+                                              stages={s.name: s.cluster for s in self.cfg.stages})
         return self._endpoint
 
     # ---- checkpoints --------------------------------------------------------------------------------------
