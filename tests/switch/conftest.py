@@ -110,6 +110,27 @@ def worker_yaml(federation, cluster: str) -> str:
     return federation["clusters"][cluster]["worker_yaml"]
 
 
+def legit_transfer(fed, n: int, job: str = "j", stages: dict[str, str] | None = None,
+                   src: str = "B", dst: str = "A") -> tuple[threading.Thread, list]:
+    """`src`'s worker sends `n` messages to `dst`'s (of `job`, declaring the job's `stages`) in a thread; the list
+    gets what `dst` received, for the caller to check that nothing was lost while an attack ran."""
+    from nebula.channel import Endpoint
+
+    got: list[bytes] = []
+
+    def run() -> None:
+        with Endpoint.connect(worker_yaml(fed, dst), job=job, rank=0, stages=stages) as rx_ep, \
+                Endpoint.connect(worker_yaml(fed, src), job=job, rank=0, stages=stages) as tx_ep:
+            tx, rx = tx_ep.channel(dst, 0, "legit"), rx_ep.channel(src, 0, "legit")
+            for i in range(n):
+                tx.send(i.to_bytes(4, "big") * 1000)
+            for _ in range(n):
+                got.append(rx.recv(timeout_s=60))
+    t = threading.Thread(target=run)
+    t.start()
+    return t, got
+
+
 class CuttingProxy:
     """TCP proxy on loopback that forwards to `target` and can cut every live connection at once."""
 

@@ -14,7 +14,7 @@ from nebula.channel import ChannelError, Endpoint
 from nebula.wire import ChannelKey, FrameType, decode_frame, encode_frame
 from security.audit import peer_checkpoints_path, read_checkpoints, verify_checkpoint
 from security.curve import write_curve_keypair
-from tests.switch.conftest import TEST_CHUNK_BYTES, wait_audit, worker_yaml
+from tests.switch.conftest import TEST_CHUNK_BYTES, legit_transfer, wait_audit, worker_yaml
 
 
 def test_relay_both_directions_in_order(two_switches):
@@ -87,6 +87,7 @@ def _next_error(s: zmq.Socket) -> dict:
 
 def test_malformed_and_oversized_frames_refused_with_reason(two_switches):
     fed, a, b = two_switches
+    legit, got = legit_transfer(fed, 20, job="legit", src="A", dst="B")  # runs while the hostile worker sends
     s = _raw_worker(fed, "A")
     try:
         key = ChannelKey("j", "nebula", "A", 5, "B", 0, "raw")
@@ -120,6 +121,8 @@ def test_malformed_and_oversized_frames_refused_with_reason(two_switches):
         mon.close(0)
     finally:
         s.close(0)
+    legit.join(90)
+    assert [int.from_bytes(m[:4], "big") for m in got] == list(range(20))
     # the switch keeps serving everyone else
     with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
             Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
