@@ -167,10 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.steps} steps x {args.global_batch} examples per cluster, 2 clusters x {args.procs} rank(s), "
           f"LangId MLP hidden {args.hidden}, link {args.rate_mbit:g} Mbit/s + {args.delay_ms:g} ms, "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    print(f"{'configuration':<36}{'syncs':>6}{'held-out loss':>14}{'accuracy':>9}{'WAN MB':>10}"
+    print(f"{'configuration':<42}{'syncs':>6}{'held-out loss':>14}{'accuracy':>9}{'WAN MB':>10}"
           f"{'bytes ratio':>12}{'wall s':>8}{'wall ratio':>11}")
     for label, r in results.items():
-        print(f"{label:<36}{r['syncs']:>6}{r['heldout_loss']:>14.4f}{r['accuracy']:>9.4f}"
+        print(f"{label:<42}{r['syncs']:>6}{r['heldout_loss']:>14.4f}{r['accuracy']:>9.4f}"
               f"{r['sync_bytes'] / 1e6:>10.2f}{base['sync_bytes'] / max(r['sync_bytes'], 1):>11.1f}x"
               f"{r['wall_s']:>8.1f}{r['wall_s'] / base['wall_s']:>11.3f}")
     print("bytes ratio: WAN bytes of syncing every step / this row's (both clusters, start-up handshake excluded); "

@@ -19,6 +19,9 @@ Example::
     compression: {forward: "fp16(svd(0.6))", backward: int8, start_step: 0}
     checkpoint: {dir: ckpt, every: 10}
     metrics: {dir: metrics}
+
+`mode: data_parallel` lists no stages: every cluster trains the whole model on its own share of the data and the
+clusters average every `data_parallel.sync_every` steps over the WAN (`DataParallelSpec`, nebula.federated.diloco).
 """
 from __future__ import annotations
 
@@ -413,6 +416,8 @@ class JobConfig:
     def intra(self, cluster_id: str) -> "JobConfig":
         """The same job run entirely inside `cluster_id` (the intra-cluster comparison mode)."""
         self.cluster(cluster_id)
+        if self.mode == "data_parallel":  # one replica, no WAN: the cluster alone
+            return dataclasses.replace(self, clusters=(self.cluster(cluster_id),))
         stages = tuple(dataclasses.replace(s, cluster=cluster_id) for s in self.stages)
         if self.mode == "oneway" and len(self.segments) > 2:  # several senders: hand-off local, not chained
             return dataclasses.replace(self, stages=stages)

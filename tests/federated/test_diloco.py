@@ -72,6 +72,8 @@ def test_job_file_loads_data_parallel_settings(tmp_path):
         "algorithm": "diloco", "lr": 0.7, "momentum": 0.9, "codec": "ef(int8)"}}))
     assert cfg.mode == "data_parallel" and cfg.stages == ()
     assert cfg.data_parallel.sync_every == 25 and cfg.data_parallel.outer.codec == "ef(int8)"
+    alone = cfg.intra("B")  # nebula launch --intra: the cluster trains its replica alone
+    assert [c.id for c in alone.clusters] == ["B"] and alone.mode == "data_parallel"
 
 
 @pytest.mark.parametrize("dp, extra, message", [

@@ -90,7 +90,8 @@ def _final_params(tmp_path, cluster):
 @pytest.mark.slow
 def test_killed_cluster_gives_a_clear_error_and_no_hang(procs, tmp_path):
     workers = start_switches(procs, tmp_path / "fed", ["A", "B"])
-    job = _dp_job(tmp_path, workers, steps=100000, peer_timeout_s=4, data_parallel={"sync_every": 2})
+    # the survivor has two ranks: its leader reports the lost cluster and the launcher stops the other rank too
+    job = _dp_job(tmp_path, workers, procs=(2, 1), steps=100000, peer_timeout_s=4, data_parallel={"sync_every": 2})
     pa, pb = launch(procs, job, "A"), launch(procs, job, "B")
     path = tmp_path / "metrics" / "B.rank0.jsonl"
     deadline = time.monotonic() + 180
