@@ -111,7 +111,8 @@ def _plot(results: dict[str, dict], path: Path) -> None:
         loss = np.array([c[0] for c in r["curve"]])
         k = min(10, len(loss))
         smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
-        ax1.plot([max(c[1], 1) / 1e6 for c in r["curve"]][k - 1:], smooth, label=label)
+        sent = np.array([c[1] for c in r["curve"]][k - 1:]) / 1e6
+        ax1.plot(sent[sent > 0], smooth[sent > 0], label=label)  # from the first sync on (log axis)
         ax2.plot([c[2] for c in r["curve"]][k - 1:], smooth, label=label)
     ax1.set_xscale("log")
     ax1.set_xlabel("WAN bytes of the syncs so far (MB, both clusters)")
