@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         from nebula.hybrid.runner import run_hybrid
 
         run = run_hybrid  # noqa: F811
+    elif cfg.mode == "data_parallel":  # a whole replica per cluster, averaged over the WAN every sync_every steps
+        from nebula.federated.diloco import run_data_parallel
+
+        run = run_data_parallel  # noqa: F811
     try:
         res = run(cfg, args.cluster, workdir=Path(args.job).resolve().parent)
     except PeerLost as exc:
