@@ -1,0 +1,74 @@
+"""Predicted iteration time of the runner's GPipe schedule (pure arithmetic, no Paddle).
+
+The runner (nebula.hybrid.runner) runs, on every stage k: the forwards of micro-batches 0..M-1 (stage k > 0 waits
+for each activation from stage k-1; sends never block the sender), then the backwards in the same order (stage
+k < S-1 waits for each gradient from stage k+1), then its replicas all-reduce the gradients, the optimizer steps,
+and all ranks all-reduce the step's loss (every stage ends the step together). `gpipe_step_s` replays exactly that
+with per-micro-batch times:
+
+    F[i][k] = max(F[i-1][k], F[i][k-1] + link_forward[k-1]) + forward[k]
+    B[i][k] = max(B[i-1][k] (F[M-1][k] for i = 0), B[i][k+1] + link_backward[k]) + backward[k]
+    step    = max_k (B[M-1][k] + tail[k]) + sync
+
+With equal stages of time t per micro-batch (forward + backward) and free links this is (M + S - 1) x t, GPipe's
+fill-and-drain: M micro-batches at the pace of the bottleneck plus S - 1 of bubble.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+__all__ = ["StageCost", "gpipe_step_s", "gpipe_bound_s", "link_s", "allreduce_s"]
+
+
+@dataclass(frozen=True, slots=True)
+class StageCost:
+    """One stage's seconds: forward and backward per micro-batch, and once per step after the drain (gradient
+    all-reduce and optimizer step); link seconds per micro-batch to the next stage (forward and back)."""
+
+    forward_s: float
+    backward_s: float
+    tail_s: float = 0.0
+    link_forward_s: float = 0.0
+    link_backward_s: float = 0.0
+
+
+def gpipe_step_s(stages: Sequence[StageCost], micro_batches: int, sync_s: float = 0.0) -> float:
+    """Seconds of one step of the runner's schedule (see the module docstring)."""
+    s, m = len(stages), micro_batches
+    if s < 1 or m < 1:
+        raise ValueError(f"gpipe_step_s needs at least one stage and one micro-batch (got {s} and {m})")
+    fwd = [[0.0] * s for _ in range(m)]
+    for i in range(m):
+        for k, st in enumerate(stages):
+            ready = fwd[i - 1][k] if i else 0.0
+            if k:
+                ready = max(ready, fwd[i][k - 1] + stages[k - 1].link_forward_s)
+            fwd[i][k] = ready + st.forward_s
+    bwd = [[0.0] * s for _ in range(m)]
+    for i in range(m):
+        for k in range(s - 1, -1, -1):
+            ready = bwd[i - 1][k] if i else fwd[m - 1][k]
+            if k < s - 1:
+                ready = max(ready, bwd[i][k + 1] + stages[k].link_backward_s)
+            bwd[i][k] = ready + stages[k].backward_s
+    return max(bwd[m - 1][k] + st.tail_s for k, st in enumerate(stages)) + sync_s
+
+
+def gpipe_bound_s(stages: Sequence[StageCost], micro_batches: int) -> float:
+    """GPipe's closed form (M + S - 1) x bottleneck (forward + backward per micro-batch), links and tails left out:
+    exact for equal stages, an upper bound on `gpipe_step_s` without links and tails otherwise."""
+    worst = max(st.forward_s + st.backward_s for st in stages)
+    return (micro_batches + len(stages) - 1) * worst
+
+
+def link_s(nbytes: float, latency_s: float, bandwidth_bytes_per_s: float, messages: int = 1) -> float:
+    """Seconds for `messages` messages carrying `nbytes` in all over one link."""
+    return messages * latency_s + nbytes / bandwidth_bytes_per_s
+
+
+def allreduce_s(nbytes: float, ranks: int, latency_s: float, bandwidth_bytes_per_s: float) -> float:
+    """Ring all-reduce of `nbytes` over `ranks`: 2(R-1) steps of latency plus 2(R-1)/R of the bytes (0 alone)."""
+    if ranks < 2:
+        return 0.0
+    return 2 * (ranks - 1) * latency_s + 2 * (ranks - 1) / ranks * nbytes / bandwidth_bytes_per_s
