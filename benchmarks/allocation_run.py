@@ -7,16 +7,19 @@ neighbour, the all-reduce that ends a step, and every layer's forward, backward 
 (one warm-up round, then rounds for a fixed time budget, median per layer; slowdown applied as in training). The
 allocator cuts the layers; the prediction replays the runner's GPipe schedule on the layer times of each stage's
 own rank: fill and drain ((M + S - 1) x the bottleneck for equal stages), header + activation forward and gradient
-back on each link, optimizer step, and the closing all-reduce (nebula.hybrid.schedule). Measured: the median step
-on rank 0 after `--warmup` steps (every rank ends a step together: the loss is all-reduced).
+back on each link, optimizer step, and the closing all-reduce (nebula.hybrid.schedule); where the ranks of a host
+outnumber its cores, the schedule is replayed with the computing ranks sharing the cores (a slowed rank's sleep
+leaves its core to the others). Measured: the median step on rank 0 after `--warmup` steps (every rank ends a step
+together: the loss is all-reduced).
 
     .venv/bin/python benchmarks/allocation_run.py [--steps 8 --slowdowns 1,3,1,2 --methods even,optimal
-                                                   --probe together]
+                                                   --probe alone]
 
-BLAS and OpenMP threads are pinned to 1 in every rank (probe and run alike). Probe `alone` times each rank's layers
-by itself (each device's own speed, what separate machines have); `together` times all ranks at once, which on a
-host with fewer cores than ranks includes the contention training will have. The load average is printed before
-and after each run: other processes on the host change the measured times.
+BLAS and OpenMP threads are pinned to 1 in every rank (probe and run alike). Probe `alone` (default) times each
+rank's layers by itself (each device's own speed; the schedule model adds the sharing of cores); `together` times
+all ranks at once (contention measured, not modelled: it counts every rank busy all the time, which the pipeline's
+waits do not). The load average is printed before and after each run: other processes on the host are neither
+measured nor modelled and change the measured times.
 """
 from __future__ import annotations
 
@@ -78,7 +81,7 @@ def run_once(work: Path, *, method: str, slowdowns: list[float], steps: int, lay
     stage_pred = [c["forward_s"] + c["backward_s"] for c in plan["stage_costs"]]
     return {"method": method, "probe": "together" if together else "alone", "bounds": plan["bounds"],
             "predicted_s": plan["predicted_step_s"], "measured_s": measured, "stage_pred": stage_pred,
-            "stage_meas": stage_meas, "loss": recs[-1]["loss"], "load": f"{load_before} -> {_load()}",
+            "stage_meas": stage_meas, "loss": recs[-1]["loss"], "cores": plan["cores"], "load": f"{load_before} -> {_load()}",
             "wall_s": time.monotonic() - t0}
 
 
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--slowdowns", default="1,3,1,2", help="compute factor per rank (4 ranks by default)")
     ap.add_argument("--methods", default="even,optimal")
-    ap.add_argument("--probe", default="together", help="probe modes, comma-separated: alone, together")
+    ap.add_argument("--probe", default="alone", help="probe modes, comma-separated: alone, together")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--batch", type=int, default=256)
@@ -111,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {name}: done in {rows[-1]['wall_s']:.0f} s, load average {rows[-1]['load']}", flush=True)
     print(f"real runs: {len(slowdowns)} worker processes (paddle.distributed.launch, gloo), toy MLP "
           f"{args.layers} layers x {args.hidden}, batch {args.batch} in {args.micro_batches} micro-batches, "
-          f"slowdowns {slowdowns}, median of steps {args.warmup}..{args.steps - 1}")
+          f"slowdowns {slowdowns}, median of steps {args.warmup}..{args.steps - 1}; the stages share "
+          f"{rows[0]['cores']:g} cores in the prediction")
     print(f"{'method':<8} {'probe':<9} {'bounds':<22} {'predicted s':>11} {'measured s':>10} {'pred/meas':>9}  "
           f"{'stage compute per micro-batch, ms: predicted/measured':<54} {'load average before -> after'}")
     for r in rows:

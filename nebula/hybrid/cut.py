@@ -9,6 +9,7 @@ the per-layer times each stage's own ranks measured.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -34,12 +35,13 @@ class HybridPlan:
     costs: list = field(default_factory=list)  # LayerCost per layer
     devices: list = field(default_factory=list)  # DeviceProfile per rank, named rank<r>
     stage_costs: list = field(default_factory=list)  # StageCost per stage the prediction used
+    cores: float = math.inf  # CPU cores one pipeline's stages share in the prediction
 
     def record(self) -> dict:
         """Plain values for the plan file and checkpoint markers (enough to re-allocate from)."""
         return {"bounds": self.bounds, "method": self.method, "num_stages": self.layout.num_stages,
                 "num_replicas": self.layout.num_replicas, "predicted_stage_s": self.predicted_stage_s,
-                "predicted_step_s": self.predicted_step_s,
+                "predicted_step_s": self.predicted_step_s, "cores": self.cores,
                 "costs": [dataclasses.asdict(c) for c in self.costs],
                 "devices": [dataclasses.asdict(d) for d in self.devices],
                 "stage_costs": [dataclasses.asdict(c) for c in self.stage_costs]}
@@ -70,9 +72,10 @@ def stage_devices(devices: Sequence[Any], layout: Layout) -> list:
 
 
 def stage_costs(layout: Layout, bounds: Sequence[int], timings: Sequence[Sequence[Any]],
-                probes: Sequence[Any]) -> list[StageCost]:
+                probes: Sequence[Any], slowdown: Sequence[float] = ()) -> list[StageCost]:
     """Per-stage seconds for the schedule model, from the layer timings of each stage's own ranks (the slowest
-    replica) and the probed links: header + activation forward, gradient back, ring all-reduce of the gradients."""
+    replica) and the probed links: header + activation forward, gradient back, ring all-reduce of the gradients;
+    `slowdown` per rank (simulated: that part of a rank's compute time sleeps)."""
     out = []
     for s in range(layout.num_stages):
         ranks = layout.stage_ranks(s)
@@ -89,15 +92,16 @@ def stage_costs(layout: Layout, bounds: Sequence[int], timings: Sequence[Sequenc
         out.append(StageCost(worst("forward_s"), worst("backward_s"),
                              worst("optimizer_s") + allreduce_s(grads, len(ranks), lat, bw),
                              0.0 if last else link_s(act, lat, bw, messages=2),
-                             0.0 if last else link_s(act, lat, bw)))
+                             0.0 if last else link_s(act, lat, bw),
+                             1.0 / max(slowdown[r] for r in ranks) if slowdown else 1.0))
     return out
 
 
 def plan_bounds(num_layers: int, layout: Layout, pp: Any, *, probes: Sequence[Any] = (), costs: Sequence[Any] = (),
                 time_per_flop_s: Sequence[float] | None = None, timings: Sequence[Sequence[Any]] = (),
-                micro_batches: int = 1) -> HybridPlan:
+                micro_batches: int = 1, cores: float = math.inf) -> HybridPlan:
     """The cut for `layout`: explicit `pp.bounds`, else `pp.allocation` over the measured ranks; with `timings`
-    (every rank's `time_layers`) the predicted step time of the runner's schedule."""
+    (every rank's `time_layers`) the predicted step time of the runner's schedule, its stages sharing `cores`."""
     devices = rank_devices(probes, time_per_flop_s) if probes else []
     if pp.bounds is not None and len(pp.bounds) == layout.num_stages + 1:
         plan = HybridPlan(layout, check_bounds(pp.bounds, num_layers, layout.num_stages), "bounds", list(probes),
@@ -113,6 +117,7 @@ def plan_bounds(num_layers: int, layout: Layout, pp: Any, *, probes: Sequence[An
                           list(probes), [float(t) for t in alloc.stage_times_s], costs=list(costs), devices=devices)
     if timings and probes:
         sync = max(p.allreduce_s for p in probes)
-        plan.stage_costs = stage_costs(layout, plan.bounds, timings, probes)
-        plan.predicted_step_s = gpipe_step_s(plan.stage_costs, micro_batches, sync)
+        plan.stage_costs = stage_costs(layout, plan.bounds, timings, probes, pp.slowdown)
+        plan.predicted_step_s = gpipe_step_s(plan.stage_costs, micro_batches, sync, cores)
+        plan.cores = cores
     return plan

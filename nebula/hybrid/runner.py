@@ -137,7 +137,15 @@ class _HybridRunner:
             timings = [gather(mine, self.world)[0]] * self.world
         costs, tpf = costs_from_timings(timings, batch, micro_batches=t.micro_batches)
         return plan_bounds(n, self.layout, pp, probes=probes, costs=costs, time_per_flop_s=tpf, timings=timings,
-                           micro_batches=t.micro_batches)
+                           micro_batches=t.micro_batches, cores=self._pipeline_cores())
+
+    def _pipeline_cores(self) -> float:
+        """CPU cores one replica's stages share: each rank's share of its host's cores, times the stages (inf on
+        accelerators, whose compute does not share the host's cores)."""
+        if self.spec.device != "cpu":
+            return float("inf")
+        host = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return self.layout.num_stages * min(1.0, host / self.spec.procs_per_node)
 
     # ---- compute with simulated slowdown ------------------------------------------------------------------
     def _slow(self, t0: float) -> None:

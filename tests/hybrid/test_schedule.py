@@ -42,3 +42,28 @@ def test_each_rank_predicts_what_it_measured():
         assert rank * sum(c.flops for c in costs) == pytest.approx(sum(t.forward_s + t.backward_s for t in ts))
     assert costs[1].flops > costs[0].flops
     assert costs[0].memory_bytes == 4 * 400 + 2 * 40 and costs[0].activation_bytes == 80
+
+
+def test_shared_cores_replay_matches_the_recurrence_when_every_stage_has_a_core():
+    import random
+
+    from nebula.hybrid.schedule import _shared_step_s
+
+    rnd = random.Random(5)
+    for _ in range(40):
+        s, m = rnd.randint(1, 5), rnd.randint(1, 6)
+        st = [StageCost(rnd.uniform(0.1, 2), rnd.uniform(0.1, 3), rnd.uniform(0, 1), rnd.uniform(0, 0.2),
+                        rnd.uniform(0, 0.2), rnd.choice([1.0, 0.5, 1 / 3])) for _ in range(s)]
+        assert _shared_step_s(st, m, cores=s) == pytest.approx(gpipe_step_s(st, m))
+
+
+def test_stages_sharing_one_core_by_hand():
+    st = [StageCost(1.0, 1.0), StageCost(1.0, 1.0)]
+    # F1 on stage 0 and F0 on stage 1 share the core (1..3), then F1 on stage 1 (3..4), B0 (4..5), both B's
+    # share (5..7), the last B on stage 0 (7..8): the core is never idle, so 8 = all the work
+    assert gpipe_step_s(st, 2, cores=1) == pytest.approx(8.0)
+    assert gpipe_step_s(st, 2) == pytest.approx(6.0)
+    # a slowed stage sleeps after computing and leaves the core: stage 1 computes 1/2 of each task, then sleeps
+    slow = [StageCost(1.0, 1.0), StageCost(2.0, 2.0, cpu_share=0.5)]
+    assert gpipe_step_s(slow, 1, cores=1) == pytest.approx(gpipe_step_s(slow, 1))  # nothing overlaps with M = 1
+    assert gpipe_step_s(slow, 3, cores=1) > gpipe_step_s(slow, 3)
