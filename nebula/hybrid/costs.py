@@ -1,9 +1,10 @@
 """Costs of a layered model's layers, measured on each rank itself, as `nebula.balance.LayerCost`s and profiles.
 
-`time_layers` runs every layer of the model on one rank exactly as the pipeline runner does (the first layer loads
+`LayerTimer` runs every layer of the model on one rank exactly as the pipeline runner does (the first layer loads
 its inputs, the last computes the loss; forward and backward each stretched by the rank's simulated slowdown, the
-optimizer step not), one warm-up round, then rounds until a wall-clock budget is spent (at least `min_rounds`), and
-keeps each layer's median: a fixed budget bounds how long the other ranks wait for it, however loaded the host.
+optimizer step not), one round at a time, and keeps each layer's median over the rounds; the runner gives the ranks
+turns round by round after a warm-up round, until a wall-clock budget is spent (so the other ranks never wait long
+for one, however loaded the host); `time_layers` does the same in one process.
 `costs_from_timings` turns every rank's timings into one list of layer costs and one speed per rank: a layer's
 `flops` are FLOP-equivalents, its mean share of a rank's whole-model time times the model's analytic FLOPs, and a
 rank's seconds per FLOP are its measured whole-model time over those FLOPs, so each rank's predicted time for all
@@ -22,7 +23,7 @@ import numpy as np
 
 from nebula.hybrid.layered import LayeredModel, build_layers
 
-__all__ = ["LayerTiming", "time_layers", "costs_from_timings", "analytic_layer_costs", "PARAM_COPIES"]
+__all__ = ["LayerTiming", "LayerTimer", "time_layers", "costs_from_timings", "analytic_layer_costs", "PARAM_COPIES"]
 
 PARAM_COPIES = 4  # weight, gradient, Adam's two moments
 
@@ -49,25 +50,28 @@ class LayerTiming:
         return asdict(self)
 
 
-def time_layers(model: LayeredModel, batch: int, *, seed: int = 0, slowdown: float = 1.0, budget_s: float = 2.0,
-                min_rounds: int = 3, max_rounds: int = 50) -> list[LayerTiming]:
-    """Time every layer of `model` on micro-batches of `batch` examples (ids 0..batch-1) on this rank."""
-    import paddle
+class LayerTimer:
+    """Times every layer of `model` on micro-batches of `batch` examples (ids 0..batch-1), one round at a time, so
+    that ranks can take turns round by round (each rank's samples then spread over the whole benchmark, and a
+    burst of load from other processes hits every rank alike)."""
 
-    from nebula.balance.simulate import Slowdown
+    def __init__(self, model: LayeredModel, batch: int, *, seed: int = 0, slowdown: float = 1.0) -> None:
+        from nebula.balance.simulate import Slowdown
 
-    slow = Slowdown(compute=slowdown)
-    layers = build_layers(model, 0, model.num_layers, seed)
-    opts = [model.build_optimizer(list(layer.parameters())) for layer in layers]
-    ids = np.arange(batch)
-    last = model.num_layers - 1
-    samples: list[list[tuple[float, float, float]]] = [[] for _ in layers]
-    shapes: list[tuple[int, int]] = [(0, 0)] * len(layers)
-    deadline = None
-    rounds = 0
-    while rounds < max_rounds + 1:
+        self.model, self.slow = model, Slowdown(compute=slowdown)
+        self.layers = build_layers(model, 0, model.num_layers, seed)
+        self.opts = [model.build_optimizer(list(layer.parameters())) for layer in self.layers]
+        self.ids = np.arange(batch)
+        self.samples: list[list[tuple[float, float, float]]] = [[] for _ in self.layers]
+        self.shapes: list[tuple[int, int]] = [(0, 0)] * len(self.layers)
+
+    def round(self, record: bool = True) -> None:
+        """Run every layer once, forward, backward and optimizer step (`record=False`: a warm-up round)."""
+        import paddle
+
+        model, slow, ids, last = self.model, self.slow, self.ids, self.model.num_layers - 1
         x = None
-        for i, layer in enumerate(layers):
+        for i, layer in enumerate(self.layers):
             t0 = time.perf_counter()
             with slow.compute_block():  # what the runner times as one forward
                 if i == 0:
@@ -86,24 +90,37 @@ def time_layers(model: LayeredModel, batch: int, *, seed: int = 0, slowdown: flo
                 else:
                     y.backward(paddle.ones_like(y))
             t2 = time.perf_counter()
-            opts[i].step()
-            opts[i].clear_grad()
+            self.opts[i].step()
+            self.opts[i].clear_grad()
             t3 = time.perf_counter()
-            if rounds:  # round 0 warms up (allocations, Adam's moments)
-                samples[i].append((t1 - t0, t2 - t1, t3 - t2))
-            shapes[i] = (_nbytes(xin), _nbytes(y) if i < last else 0)
+            if record:
+                self.samples[i].append((t1 - t0, t2 - t1, t3 - t2))
+            self.shapes[i] = (_nbytes(xin), _nbytes(y) if i < last else 0)
             x = y
-        rounds += 1
-        if deadline is None:
-            deadline = time.perf_counter() + budget_s
-        elif rounds > min_rounds and time.perf_counter() >= deadline:
+
+    def result(self) -> list[LayerTiming]:
+        """Median per layer of the recorded rounds."""
+        if not self.samples[0]:
+            raise RuntimeError("no timed round yet: call round() after a warm-up round")
+        out = []
+        for layer, s, (inp, outp) in zip(self.layers, self.samples, self.shapes):
+            out.append(LayerTiming(statistics.median(a for a, _, _ in s), statistics.median(b for _, b, _ in s),
+                                   statistics.median(c for _, _, c in s), sum(_nbytes(p) for p in layer.parameters()),
+                                   inp, outp, sum(int(np.prod(p.shape)) for p in layer.parameters())))
+        return out
+
+
+def time_layers(model: LayeredModel, batch: int, *, seed: int = 0, slowdown: float = 1.0, budget_s: float = 2.0,
+                min_rounds: int = 3, max_rounds: int = 50) -> list[LayerTiming]:
+    """Time every layer of `model` in this process: a warm-up round, then rounds until `budget_s` is spent."""
+    timer = LayerTimer(model, batch, seed=seed, slowdown=slowdown)
+    timer.round(record=False)
+    start = time.perf_counter()
+    for n in range(max_rounds):
+        timer.round()
+        if n + 1 >= min_rounds and time.perf_counter() - start >= budget_s:
             break
-    out = []
-    for layer, s, (inp, outp) in zip(layers, samples, shapes):
-        out.append(LayerTiming(statistics.median(a for a, _, _ in s), statistics.median(b for _, b, _ in s),
-                               statistics.median(c for _, _, c in s), sum(_nbytes(p) for p in layer.parameters()),
-                               inp, outp, sum(int(np.prod(p.shape)) for p in layer.parameters())))
-    return out
+    return timer.result()
 
 
 def costs_from_timings(timings: Sequence[Sequence[LayerTiming]], batch: int, *, micro_batches: int = 1,

@@ -37,6 +37,9 @@ __all__ = ["run_hybrid"]
 
 log = logging.getLogger(__name__)
 
+# the layer benchmark: rounds after the warm-up, at least and at most, and the time budget of all ranks' rounds
+LAYER_ROUNDS, MAX_LAYER_ROUNDS, LAYER_BUDGET_S = 3, 30, 4.0
+
 def _set_device(device: str) -> None:
     import paddle
 
@@ -121,16 +124,23 @@ class _HybridRunner:
         n = self.model.num_layers
         if pp.bounds is not None and len(pp.bounds) == self.layout.num_stages + 1:
             return plan_bounds(n, self.layout, pp)
-        from nebula.hybrid.costs import costs_from_timings, time_layers
+        from nebula.hybrid.costs import LayerTimer, costs_from_timings, time_layers
         from nebula.hybrid.probe import RankProbe, gather, in_turns, probe_ranks
 
         batch = t.global_batch // (self.layout.num_replicas * t.micro_batches)
         if pp.probe:
             probes = probe_ranks(rank=self.rank, world=self.world, groups=self.groups, device=self.spec.device,
                                  slowdown=self.slowdown, together=pp.probe_together)
-            mine = in_turns(self.rank, self.world, pp.probe_together,
-                            lambda: time_layers(self.model, batch, seed=t.seed, slowdown=self.slowdown))
-            timings = gather(mine, self.world)
+            timer = LayerTimer(self.model, batch, seed=t.seed, slowdown=self.slowdown)
+            rounds, start = 0, time.perf_counter()
+            while True:  # rounds in turns (or together) until rank 0's budget is spent
+                in_turns(self.rank, self.world, pp.probe_together, lambda: timer.round(record=rounds > 0))
+                rounds += 1
+                go = rounds <= LAYER_ROUNDS or (rounds <= MAX_LAYER_ROUNDS and
+                                                time.perf_counter() - start < LAYER_BUDGET_S)
+                if gather(go, self.world)[0] is False:
+                    break
+            timings = gather(timer.result(), self.world)
         else:
             probes = [RankProbe(r, 1.0, 1.0, float("inf"), 0.0, float("inf")) for r in range(self.world)]
             mine = time_layers(self.model, batch, seed=t.seed, budget_s=0.5) if self.rank == 0 else None
