@@ -22,7 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--cluster", required=True, help="id of this cluster")
     s.add_argument("--role", default="cluster", choices=["cluster", "controller", "combiner", "clients", "client"],
                    help="cluster: the combiner, plus the controller where the job puts it (default); clients: "
-                        "every client of the cluster in one process; client: one client (--index)")
+                        "every client of the cluster in one process; client: one client (--index); under "
+                        "algorithm fedoptima|owl the controller role is the server and there is no combiner")
     s.add_argument("--index", type=int, default=0, help="client index inside the cluster (role client)")
     for name, text in (("status", "where the job stands"), ("rounds", "every round: valid or not, and why"),
                        ("stop", "ask the controller to stop after the round in progress")):

@@ -49,6 +49,7 @@ def _write_status(job, state: str, algorithm: str, **extra: Any) -> None:
 def _stop_asked(job) -> Callable[[], bool]:
     """True once `nebula fl stop` has written the stop file (looked at no more than twice a second)."""
     f = Path(job.controller.dir) / STOP_FILE
+    f.unlink(missing_ok=True)  # a stop asked of an earlier run is not this run's
     seen = {"at": 0.0, "stop": False}
 
     def asked() -> bool:

@@ -3,6 +3,7 @@ one process per cluster; the model learns and `nebula fl status` names the algor
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import yaml
@@ -74,3 +75,27 @@ def test_fl_start_refuses_a_mode_job_without_a_task_or_with_a_combiner_role(tmp_
     (tmp_path / "notask.yaml").write_text(yaml.safe_dump(doc))
     code, _, err = _fl("start", str(tmp_path / "notask.yaml"), "--cluster", "A", capsys=capsys)
     assert code == 2 and "needs `task: module:factory`" in err
+
+
+def test_fl_stop_ends_a_fedoptima_run_early(procs, tmp_path, capsys):
+    workers = start_switches(procs, tmp_path / "fed", ["A", "B"])
+    job = _job(tmp_path, workers, "fedoptima")
+    doc = yaml.safe_load(open(job))
+    doc["fedoptima"] |= {"max_rounds": 100000, "duration_s": 600}  # only the stop can end it in time
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(doc))
+    job = str(tmp_path / "long.yaml")
+    pa = procs.start([str(BIN / "nebula"), "fl", "start", job, "--cluster", "A"])
+    pb = procs.start([str(BIN / "nebula"), "fl", "start", job, "--cluster", "B"])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait until the server runs
+        code, out, _ = _fl("status", job, "--json", capsys=capsys)
+        if json.loads(out)["state"] == "running":
+            break
+        time.sleep(0.5)
+    time.sleep(3)
+    assert _fl("stop", job, capsys=capsys)[0] == 0
+    srv = _result(pa, 120)["server"]
+    _result(pb, 60)
+    assert srv["ended"] == "stop asked" and srv["wall_s"] < 300
+    code, out, _ = _fl("status", job, "--json", capsys=capsys)
+    assert json.loads(out)["state"] == "stopped"
