@@ -9,12 +9,13 @@ fewest bytes: each link carries one encoded model each way per mean.
 
 `agree()` is the start-up handshake: the leaders exchange their initial models (the bulk lane, in pieces), refuse
 a cluster whose model differs in keys, shapes or dtypes (naming the tensor), and all adopt the first cluster's
-weights so that every replica starts from the same point.
+weights so that every replica starts from the same point; they also exchange the steps of their checkpoints, so a
+restarted job resumes from the newest step every cluster holds.
 """
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -69,11 +70,14 @@ class ClusterMean:
                               f"({type(exc).__name__}: {exc}); it stopped or its link is down: restart every "
                               "cluster of the job") from None
 
-    def agree(self, weights: Mapping[str, np.ndarray], plan: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Exchange initial models and `plan` (settings that must match) with every other leader; the first
-        cluster's weights. ModelMismatch names the tensor or setting that differs, ClusterLost a silent peer."""
+    def agree(self, weights: Mapping[str, np.ndarray], plan: Mapping[str, Any],
+              checkpoints: Sequence[int] = ()) -> tuple[dict[str, np.ndarray], int]:
+        """Exchange initial models, `plan` (settings that must match) and the steps of the checkpoints each leader
+        holds with every other leader: (the first cluster's weights, the newest checkpoint step every cluster
+        holds, -1 if none). ModelMismatch names the tensor or setting that differs, ClusterLost a silent peer."""
         weights = {k: np.ascontiguousarray(v) for k, v in weights.items()}
-        head = {"type": "hello", "cluster": self.me, "plan": dict(plan)}
+        common = {int(s) for s in checkpoints}
+        head = {"type": "hello", "cluster": self.me, "plan": dict(plan), "checkpoints": sorted(common)}
         for p in self.peers:
             self.mb.send_model(p, head, weights)
         models = {self.me: weights}
@@ -99,7 +103,8 @@ class ClusterMean:
                 raise ModelMismatch(f"{exc} (cluster {self.me} builds it differently); every cluster must build "
                                     "the same model: start them with the same job file and recipe") from None
             models[p.cluster] = theirs
-        return {k: np.array(v) for k, v in models[self.order[0]].items()}
+            common &= {int(x) for x in got.get("checkpoints") or ()}
+        return {k: np.array(v) for k, v in models[self.order[0]].items()}, max(common, default=-1)
 
     def _codec(self, name: str) -> Codec:
         c = self._codecs.get(name)

@@ -90,3 +90,38 @@ def test_job_file_loads_data_parallel_settings(tmp_path):
 def test_bad_data_parallel_settings_are_refused_with_their_path(tmp_path, dp, extra, message):
     with pytest.raises(ConfigError, match=message):
         load_job_config(_job(tmp_path, data_parallel=dp, **extra))
+
+
+def test_outer_state_round_trips_through_a_checkpoint(tmp_path):
+    from nebula.federated.diloco import OuterState, pack_state, unpack_state
+    from nebula.pipeline import checkpoint as ckpt
+
+    rng = np.random.default_rng(2)
+    model = {"model.fc.weight": rng.standard_normal((3, 4)).astype(np.float32),
+             "model.fc.bias": rng.standard_normal(4).astype(np.float32)}
+    anchor, buf = outer_step(model, {k: 0.1 * v for k, v in model.items()}, None, lr=0.7, momentum=0.9)
+    ckpt.save(tmp_path, 6, "A", {}, {"job": "t"}, extra=pack_state(OuterState(anchor, buf, 4)))
+    ckpt.save(tmp_path, 12, "A", {}, {"job": "t"})  # a checkpoint without outer state cannot resume the outer step
+    assert ckpt.local_steps(tmp_path, "A", [], extra=True) == [6] and ckpt.local_steps(tmp_path, "A", []) == [6, 12]
+    got = unpack_state(ckpt.load_extra(ckpt.step_dir(tmp_path, 6), "A"), model)
+    assert got.last_sync == 4 and ckpt.load_extra(ckpt.step_dir(tmp_path, 12), "A") is None
+    for k in model:
+        np.testing.assert_array_equal(got.anchor[k], anchor[k])
+        np.testing.assert_array_equal(got.buf[k], buf[k])
+        assert got.anchor[k].dtype == np.float32
+    plain = unpack_state(pack_state(OuterState(anchor, None, 6)), model)  # averaging keeps no momentum
+    assert plain.buf is None and plain.last_sync == 6
+    ckpt.prune(tmp_path, "A", [], keep=1)
+    assert not (ckpt.step_dir(tmp_path, 6)).exists()  # the outer state goes with its checkpoint
+
+
+def test_outer_state_of_another_model_is_refused_naming_the_tensor():
+    from nebula.federated.diloco import OuterState, pack_state, unpack_state
+
+    flat = pack_state(OuterState({"w": np.zeros((2, 3), np.float32)}, None, 5))
+    with pytest.raises(ValueError, match=r"outer anchor 'w' has shape \(2, 3\), the model's \(3, 3\)"):
+        unpack_state(flat, {"w": np.zeros((3, 3), np.float32)})
+    with pytest.raises(ValueError, match=r"holds tensors \['w'\] but the model has \['v'\]"):
+        unpack_state(flat, {"v": np.zeros((2, 3), np.float32)})
+    with pytest.raises(ValueError, match="no last_sync"):
+        unpack_state({}, {"w": np.zeros((2, 3), np.float32)})

@@ -118,3 +118,51 @@ def test_clusters_whose_models_differ_are_refused_naming_the_tensor(procs, tmp_p
     assert ca != 0 and cb != 0
     for out in (oa, ob):
         assert "nebula: data_parallel: cluster " in out and "has shape" in out and "same job file" in out, out[-3000:]
+
+
+def _wait_lines(path, n, procs_, timeout_s=180):
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and len(path.read_text().splitlines()) >= n):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs_), f"{path}: no {n} steps"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow  # three two-cluster runs (~3 min on 2 busy cores); the state round trip is tested fast in test_diloco
+def test_killed_job_resumes_its_replicas_and_outer_momentum_from_the_last_common_checkpoint(procs, tmp_path):
+    """Both clusters killed mid-run, restarted: the losses go on as those of a run never interrupted (the outer
+    Nesterov buffer and anchor come back from the checkpoint; without them the first sync after resuming differs)."""
+    steps, dp = 60, {"sync_every": 4, "outer": {"algorithm": "diloco", "lr": 0.7, "momentum": 0.9}}
+    kw = dict(global_batch=16, micro_batches=1, recipe_args={"lr": 0.02}, data_parallel=dp)
+    (tmp_path / "ref").mkdir()
+    workers = start_switches(procs, tmp_path / "fed", ["A", "B"])
+    ref_job = _dp_job(tmp_path / "ref", workers, steps=steps, **kw)
+    _run_both(procs, ref_job)
+    ref = _losses(tmp_path / "ref", "A")
+
+    # checkpoints every 6 steps: mid-round (last sync 4 steps back) and at syncs alike
+    job = _dp_job(tmp_path, workers, steps=100000, checkpoint={"dir": "ckpt", "every": 6, "keep": 2},
+                  peer_timeout_s=10, **kw)
+    pa, pb = launch(procs, job, "A"), launch(procs, job, "B")
+    for c in "AB":
+        _wait_lines(tmp_path / "metrics" / f"{c}.rank0.jsonl", 14, (pa, pb))
+    for p in (pa, pb):  # every cluster dies: its launcher and every rank
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+    done = {c: len(read_metrics(tmp_path / "metrics" / f"{c}.rank0.jsonl")) for c in "AB"}
+    assert min(done.values()) < steps - 6, done  # killed well before the reference's end
+
+    doc = yaml.safe_load(job.read_text())
+    doc["train"]["steps"] = steps  # the same plan as the reference from here on (its last step syncs)
+    job.write_text(yaml.safe_dump(doc, sort_keys=False))
+    _run_both(procs, job)
+    for c in "AB":
+        recs = read_metrics(tmp_path / "metrics" / f"{c}.rank0.jsonl")[done[c]:]
+        resumed = recs[0]["step"]
+        assert resumed % 6 == 0 and 12 <= resumed <= min(done.values()), (c, resumed, done)
+        assert [r["step"] for r in recs] == list(range(resumed, steps))
+        ref_c = _losses(tmp_path / "ref", c)
+        syncs_after = [r["step"] for r in recs if r["synced"]]
+        assert len(syncs_after) >= 2  # the resumed outer state is exercised
+        for r in recs:
+            assert r["loss"] == pytest.approx(ref_c[r["step"]]["loss"], rel=1e-5, abs=1e-6), (c, r["step"])
+    assert ref[steps - 1]["loss"] < ref[0]["loss"]

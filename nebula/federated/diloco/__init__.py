@@ -4,9 +4,11 @@ clusters average every `sync_every` steps over the WAN, plainly or with DiLoCo's
 The outer math is pure (`outer`); the exchange is `nebula.federated.allmean.ClusterMean`; `run_data_parallel` is the
 per-rank loop that `nebula launch` starts.
 """
-from nebula.federated.diloco.outer import average_step, outer_step, pseudo_gradient
+from nebula.federated.diloco.outer import (OuterState, average_step, outer_step, pack_state, pseudo_gradient,
+                                           unpack_state)
 
-__all__ = ["average_step", "outer_step", "pseudo_gradient", "run_data_parallel"]
+__all__ = ["OuterState", "average_step", "outer_step", "pack_state", "pseudo_gradient", "run_data_parallel",
+           "unpack_state"]
 
 
 def run_data_parallel(*args, **kwargs):  # noqa: ANN002,ANN003,ANN201 - late import: the runner imports paddle

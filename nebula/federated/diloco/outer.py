@@ -13,11 +13,11 @@ mean of the replicas.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import numpy as np
 
-__all__ = ["pseudo_gradient", "outer_step", "average_step"]
+__all__ = ["pseudo_gradient", "outer_step", "average_step", "OuterState", "pack_state", "unpack_state"]
 
 Weights = Mapping[str, np.ndarray]
 
@@ -58,3 +58,39 @@ def outer_step(anchor: Weights, delta: Weights, buf: Mapping[str, np.ndarray] | 
 def average_step(anchor: Weights, delta: Weights) -> dict[str, np.ndarray]:
     """anchor - delta: with `delta` the mean pseudo-gradient, the mean of the replicas."""
     return {k: (a - np.asarray(delta[k], dtype=a.dtype)).astype(a.dtype, copy=False) for k, a in anchor.items()}
+
+
+class OuterState(NamedTuple):
+    """What the outer optimizer carries between syncs: the agreed model, the momentum buffer, the last sync's step."""
+
+    anchor: dict[str, np.ndarray]
+    buf: dict[str, np.ndarray] | None
+    last_sync: int
+
+
+def pack_state(state: OuterState) -> dict[str, np.ndarray]:
+    """`state` as flat named arrays (`anchor/<tensor>`, `buf/<tensor>`, `last_sync`) for a checkpoint."""
+    out = {f"anchor/{k}": np.asarray(v) for k, v in state.anchor.items()}
+    out.update({f"buf/{k}": np.asarray(v) for k, v in (state.buf or {}).items()})
+    out["last_sync"] = np.array(state.last_sync, dtype=np.int64)
+    return out
+
+
+def unpack_state(flat: Mapping[str, np.ndarray], like: Weights) -> OuterState:
+    """The inverse of pack_state, checked against the model's tensors `like` (ValueError naming what differs)."""
+    if "last_sync" not in flat:
+        raise ValueError("the checkpoint's outer state has no last_sync: it was not written by mode data_parallel")
+    parts: dict[str, dict[str, np.ndarray]] = {"anchor": {}, "buf": {}}
+    for key, v in flat.items():
+        kind, _, name = key.partition("/")
+        if kind in parts:
+            parts[kind][name] = np.array(v)
+    for kind in ("anchor", "buf") if parts["buf"] else ("anchor",):
+        if set(parts[kind]) != set(like):
+            raise ValueError(f"the checkpoint's outer {kind} holds tensors {sorted(parts[kind])} but the model has "
+                             f"{sorted(like)}: it was saved by another model")
+        for k, v in parts[kind].items():
+            if v.shape != np.shape(like[k]):
+                raise ValueError(f"the checkpoint's outer {kind} {k!r} has shape {v.shape}, the model's "
+                                 f"{np.shape(like[k])}: it was saved by another model")
+    return OuterState(parts["anchor"], parts["buf"] or None, int(flat["last_sync"]))

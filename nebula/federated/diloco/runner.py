@@ -8,6 +8,9 @@ clusters', and broadcasts it to its ranks; every rank then takes the same outer 
 outer momentum stay identical everywhere. Data: step s's `global_batch * num_clusters` ids (the runtime's shared
 permutation) are cut into one block of `global_batch` per cluster, in job order, so each cluster trains on its own
 share; with `sync_every: 1`, average and plain SGD this is synchronous data parallelism over all clusters' data.
+Checkpoints hold each cluster's replica, its inner optimizer and the outer state (anchor, momentum, last sync); a
+restarted job resumes from the newest step every cluster holds. The codec's own state (error-feedback residuals,
+low-rank warm starts) is not saved: it restarts from zero, so with such a codec a resumed run differs slightly.
 """
 from __future__ import annotations
 
@@ -22,7 +25,9 @@ import numpy as np
 from nebula.config._schema import ConfigError
 from nebula.config.job import JobConfig, StageSpec
 from nebula.federated.allmean import ClusterLost, ClusterMean, ModelMismatch
-from nebula.federated.diloco.outer import average_step, outer_step, pseudo_gradient
+from nebula.federated.diloco.outer import (OuterState, average_step, outer_step, pack_state, pseudo_gradient,
+                                           unpack_state)
+from nebula.pipeline import checkpoint as ckpt
 from nebula.pipeline.data import rank_micro_batches, step_ids
 from nebula.pipeline.links import PeerLost
 from nebula.pipeline.runtime import RunResult, _Runner
@@ -76,16 +81,20 @@ class _DataParallelRunner(_Runner):
         mine = ids[k * t.global_batch:(k + 1) * t.global_batch]
         return rank_micro_batches(mine, rank=rank, world_size=world, micro_batches=t.micro_batches)
 
-    # ---- start: no resume (the outer state is not checkpointed); the leaders agree on one initial model -------
+    # ---- start: resume from the newest checkpoint every cluster holds, else one initial model for all ---------
     def _agree(self, steps: list[int]) -> int:
-        return -1
+        return -1  # the base's resume agrees along pipeline boundaries; the leaders agree below instead
 
     def _start_step(self) -> int:
         start = super()._start_step()  # checkpoint.init_from, if given
-        self.last_sync = start
+        ck = self.cfg.checkpoint
+        steps = []
+        if ck.resume and ck.dir:  # checkpoints with the outer state (older ones cannot resume the outer optimizer)
+            names = [loc.name for loc in self.locals]
+            steps = ckpt.local_steps(ck.dir, self.cluster, names, extra=True)
         params = self._params()
         mine = {k: p.numpy() for k, p in params.items()}
-        adopted = None
+        adopted, resume = None, max(steps, default=-1)
         if self.rank == 0 and len(self.order) > 1:
             from nebula.channel import Endpoint
 
@@ -95,11 +104,27 @@ class _DataParallelRunner(_Runner):
                                     timeout_s=self.cfg.peer_timeout_s, startup_timeout_s=self.cfg.startup_timeout_s)
             plan = {"sync_every": self.dp.sync_every, "outer": dataclasses.asdict(self.dp.outer),
                     "steps": self.cfg.train.steps, "global_batch": self.cfg.train.global_batch, "start": start}
-            adopted = self._guard(lambda: self.mean.agree(mine, plan))
+            adopted, resume = self._guard(lambda: self.mean.agree(mine, plan, steps))
+        resume = self._broadcast_int(resume)
+        if resume >= 0:  # replica, inner optimizer and outer state (anchor, momentum, last sync) of that step
+            d = ckpt.step_dir(ck.dir, resume)
+            start = ckpt.load(d, self._stage_states())
+            try:
+                self.anchor, self.buf, self.last_sync = unpack_state(ckpt.load_extra(d, self.cluster) or {}, mine)
+            except ValueError as exc:
+                raise ConfigError(f"checkpoint {d}: {exc}; remove it or set checkpoint.resume: false") from None
+            log.info("cluster %s rank %d: resumed from checkpoint step %d (last sync at step %d)", self.cluster,
+                     self.rank, start, self.last_sync)
+            return start
+        self.last_sync = start
         self.anchor = self._broadcast(adopted, mine)
         for k, p in params.items():
             p.set_value(self.anchor[k])
         return start
+
+    def _extra_state(self) -> dict[str, np.ndarray]:
+        """The outer optimizer's state, saved in every checkpoint so that a restart resumes it exactly."""
+        return pack_state(OuterState(self.anchor, self.buf, self.last_sync))
 
     # ---- outer step -------------------------------------------------------------------------------------
     def _step_pipeline(self, step: int) -> float | None:
@@ -148,6 +173,17 @@ class _DataParallelRunner(_Runner):
             raise PeerLost(exc.cluster, str(exc)) from None
         except ModelMismatch as exc:
             raise ConfigError(f"data_parallel: {exc}") from None
+
+    def _broadcast_int(self, value: int) -> int:
+        """The leader's `value` on every rank of this cluster."""
+        if self.world == 1:
+            return value
+        import paddle
+        import paddle.distributed as dist
+
+        t = paddle.to_tensor(np.array([value], dtype=np.int64))
+        dist.broadcast(t, src=0)
+        return int(t.numpy()[0])
 
     def _broadcast(self, value: dict[str, np.ndarray] | None, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The leader's `value` on every rank of this cluster (one flat broadcast); `like` gives the layout."""
