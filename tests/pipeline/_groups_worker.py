@@ -1,4 +1,4 @@
-"""One rank of the process-group tests (started by paddle.distributed.launch): MODE flaky | late, OUT directory."""
+"""One rank of the process-group tests (started by paddle.distributed.launch): MODE flaky | late | raw, OUT."""
 from __future__ import annotations
 
 import json
@@ -30,17 +30,22 @@ def main(mode: str, out: Path, late_s: float) -> None:
     (group,) = create_groups([[0, 1]], world=2, new_group=flaky, log=logs.append, timeout_s=120)
     x = paddle.to_tensor([float(rank + 1)])
     dist.all_reduce(x, group=group)
-    got = None
-    if mode == "late":
+    got, error = None, None
+    if mode in ("late", "raw"):
         if rank == 0:
             time.sleep(late_s)  # the root is late to the scatter (waiting on its sender, say)
-        StoreBarrier(job_store(), 2, 120).wait("test/scatter", "scatter")
+        if mode == "late":  # "raw": wait inside gloo, as the runtime did before
+            StoreBarrier(job_store(), 2, 120).wait("test/scatter", "scatter")
         parts: list = []
-        dist.scatter_object_list(parts, [["a"], ["b"]] if rank == 0 else None, src=0, group=group)
-        got = parts[0]
+        try:
+            dist.scatter_object_list(parts, [["a"], ["b"]] if rank == 0 else None, src=0, group=group)
+            got = parts[0]
+        except Exception as exc:  # recorded for the test to check
+            error = f"{type(exc).__name__}: {exc}"
     (out / f"rank{rank}.json").write_text(json.dumps({"sum": float(x.numpy()[0]), "calls": len(calls),
-                                                      "logs": logs, "scattered": got}))
-    dist.barrier()
+                                                      "logs": logs, "scattered": got, "error": error}))
+    if mode != "raw":
+        dist.barrier()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ from tests.conftest import REPO
 WORKER = Path(__file__).with_name("_groups_worker.py")
 
 
-def _run(procs, tmp_path: Path, mode: str, late_s: float = 0.0, timeout_s: float = 300) -> list[dict]:
+def _run(procs, tmp_path: Path, mode: str, late_s: float = 0.0, timeout_s: float = 300,
+         check: bool = True) -> list[dict]:
     out = tmp_path / "out"
     out.mkdir()
     p = procs.start([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
@@ -21,8 +22,8 @@ def _run(procs, tmp_path: Path, mode: str, late_s: float = 0.0, timeout_s: float
                     env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
     text, _ = p.communicate(timeout=timeout_s)
     logs = "".join(f.read_text(errors="replace")[-2000:] for f in sorted((tmp_path / "log").glob("workerlog.*")))
-    assert p.returncode == 0, text[-2000:] + logs
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert p.returncode == 0 or not check, text[-2000:] + logs
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1) if (out / f"rank{r}.json").is_file()]
 
 
 def test_a_group_that_fails_to_connect_on_one_rank_is_retried_by_both(procs, tmp_path):
@@ -38,3 +39,11 @@ def test_ranks_late_past_the_gloo_timeout_still_connect_and_scatter(procs, tmp_p
     r0, r1 = _run(procs, tmp_path, "late", late_s=35)
     assert r0["sum"] == r1["sum"] == 3.0
     assert (r0["scattered"], r1["scattered"]) == (["a"], ["b"])
+
+
+@pytest.mark.slow
+def test_gloo_alone_times_out_when_the_root_is_late_by_more_than_30_s(procs, tmp_path):
+    """The cause: a rank that waits inside a gloo collective for a peer more than 30 s late fails."""
+    results = _run(procs, tmp_path, "raw", late_s=35, check=False)
+    early = [r for r in results if r["scattered"] is None and r["error"]]
+    assert early and "TIMEOUT" in early[0]["error"], results
