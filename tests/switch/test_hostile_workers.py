@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
 
 import yaml
+import zmq
 
 from nebula.channel import Endpoint
+from nebula.channel.connection import connect
+from nebula.config import load_worker_config
 from security.curve import write_curve_keypair
-from tests.switch.conftest import edit_yaml, start_switch, wait_audit, worker_yaml
+from tests.switch.conftest import TEST_CHUNK_BYTES, edit_yaml, start_switch, wait_audit, worker_yaml
 
 MIB = 1024**2
 
@@ -98,3 +102,36 @@ def test_account_over_its_share_is_dropped_not_every_worker_held(procs, federati
             assert [int.from_bytes(rx.recv(timeout_s=30)[:4], "big") for _ in range(20)] == list(range(20))
     finally:
         flooder.close(flush_s=0)
+
+
+def test_part_over_the_socket_limit_on_ipc_ends_the_connection_audited(procs, federation):
+    """A worker on the switch's host sends a part far over the local socket's ZMQ_MAXMSGSIZE on the IPC endpoint:
+    ZeroMQ ends the connection before the switch reads it, the audit names transport, process and reason; workers
+    that close normally leave no such record, and a transfer between two other workers completes meanwhile."""
+    a = start_switch(procs, Path(federation["clusters"]["A"]["switch_yaml"]))
+    with Endpoint.connect(worker_yaml(federation, "A"), job="legit", rank=0) as e0, \
+            Endpoint.connect(worker_yaml(federation, "A"), job="legit", rank=1) as e1:
+        tx, rx = e0.channel("A", 1, "legit"), e1.channel("A", 0, "legit")
+        ctx, s, mon, _, transport = connect(load_worker_config(worker_yaml(federation, "A")))
+        try:
+            assert transport == "ipc"
+            assert mon.poll(20000) and mon.recv_multipart()
+            s.disable_monitor()
+            mon.close(0)
+            ended = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            for i in range(10):
+                tx.send(i.to_bytes(4, "big") * 1000)
+            s.send_multipart([b"h", bytes(8 * TEST_CHUNK_BYTES)])
+            for i in range(10, 20):
+                tx.send(i.to_bytes(4, "big") * 1000)
+            assert ended.poll(10000), "the switch kept a connection that sent an oversized part"
+            ended.close(0)
+            assert [int.from_bytes(rx.recv(timeout_s=30)[:4], "big") for _ in range(20)] == list(range(20))
+        finally:
+            s.close(0)
+            ctx.term()
+    rec = wait_audit(a, lambda r: r["action"] == "connection_dropped")
+    assert rec["detail"]["transport"] == "ipc" and rec["detail"]["peer"] == f"pid {os.getpid()} uid {os.getuid()}"
+    assert rec["detail"]["reason"] == "part_too_large" and rec["target"].startswith("worker@ipc:")
+    time.sleep(1.0)  # the normal closes above have been seen by now
+    assert sum(r["action"] == "connection_dropped" for r in a.audit()) == 1
