@@ -141,6 +141,7 @@ class LocalSide:
         # a synchronous view of the same socket: non-blocking sends and batched receives without futures
         self.sync = self.delivery.sock = zmq.Socket.shadow(r.underlying)
         self.watch = ConnectionWatch(r, self._dropped_by_zmq)
+        self.zap.before_reply = self.watch.drain
         asyncio.get_running_loop().add_reader(self.sync.FD, self._pump)  # at once: a readable edge costs no extra loop turn
         self.tasks = [asyncio.create_task(self.zap.serve()), asyncio.create_task(self._safety_kick())]
         self.kick()
@@ -152,6 +153,7 @@ class LocalSide:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.watch is not None:
+            self.zap.before_reply = None
             self.watch.close()
             self.watch = None
         if self.sync is not None:
