@@ -11,7 +11,7 @@ import yaml
 import zmq
 import zmq.auth
 
-from nebula.channel import ChannelError, Endpoint
+from nebula.channel import ChannelError, Endpoint, SwitchRefused
 from nebula.wire import ChannelKey, FrameType, decode_frame, encode_frame
 from security.audit import peer_checkpoints_path, read_checkpoints, verify_checkpoint
 from security.curve import write_curve_keypair
@@ -144,7 +144,7 @@ def test_unknown_worker_key_refused_and_audited(two_switches, tmp_path, transpor
     data["transport"] = transport
     stranger = write_curve_keypair(tmp_path / "stranger.key_secret")
     (tmp_path / "stranger.yaml").write_text(yaml.safe_dump(data))
-    with pytest.raises(ChannelError, match="refused our key"):
+    with pytest.raises(SwitchRefused, match="refused our key"):
         Endpoint.connect(tmp_path / "stranger.yaml", job="j", rank=0, timeout_s=15)
     rec = wait_audit(a, lambda r: r["action"] == "worker_rejected")
     assert rec["outcome"] == "denied" and rec["detail"]["curve_public_key"] == stranger
