@@ -50,11 +50,12 @@ class ConnectionWatch:
         events = []
         while mon.get(zmq.EVENTS) & zmq.POLLIN:
             events.append(parse_monitor_message(mon.recv_multipart(zmq.NOBLOCK)))
+        last_end = {e["value"]: i for i, e in enumerate(events) if e["event"] == zmq.EVENT_DISCONNECTED}
         for i, ev in enumerate(events):
             fd = ev["value"]
             if ev["event"] == zmq.EVENT_ACCEPTED:
                 # a connection already gone may have left its descriptor number to another file: not watched
-                if not any(e["event"] == zmq.EVENT_DISCONNECTED and e["value"] == fd for e in events[i + 1:]):
+                if last_end.get(fd, -1) < i:
                     self._watch(fd, ev["endpoint"].decode(errors="replace"))
             else:
                 self._judge(fd)
@@ -66,8 +67,13 @@ class ConnectionWatch:
         if len(self._watched) + len(self._settling) >= MAX_WATCHED:
             return
         try:
-            s = socket.socket(fileno=os.dup(fd))
+            dup = os.dup(fd)
         except OSError:
+            return
+        try:
+            s = socket.socket(fileno=dup)
+        except OSError:  # (not a socket: the descriptor number went to another file meanwhile)
+            os.close(dup)
             return
         transport = endpoint.partition("://")[0]
         try:
