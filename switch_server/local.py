@@ -26,6 +26,7 @@ from switch_server.budget import Party
 from switch_server.delivery import Delivery
 from switch_server.host import LocalHost, Origin
 from switch_server.localshm import ShmReleases, WorkerShm
+from switch_server.localwatch import ConnectionWatch
 from switch_server.zap import ZAP_DOMAIN, ZapHandler
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class LocalSide:
         self.endpoint = ""
         self.router: zmq.asyncio.Socket | None = None
         self.sync: zmq.Socket | None = None
+        self.watch: ConnectionWatch | None = None
         self.tasks: list[asyncio.Task] = []
         self.held = False  # over the memory cap: workers are held back by ZeroMQ's own limits
         self.throttled = False
@@ -138,6 +140,8 @@ class LocalSide:
                               "using it? pick another name, or leave it out") from None
         # a synchronous view of the same socket: non-blocking sends and batched receives without futures
         self.sync = self.delivery.sock = zmq.Socket.shadow(r.underlying)
+        self.watch = ConnectionWatch(r, self._dropped_by_zmq)
+        self.zap.before_reply = self.watch.drain
         asyncio.get_running_loop().add_reader(self.sync.FD, self._pump)  # at once: a readable edge costs no extra loop turn
         self.tasks = [asyncio.create_task(self.zap.serve()), asyncio.create_task(self._safety_kick())]
         self.kick()
@@ -148,6 +152,10 @@ class LocalSide:
         for t in self.tasks:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.watch is not None:
+            self.zap.before_reply = None
+            self.watch.close()
+            self.watch = None
         if self.sync is not None:
             asyncio.get_running_loop().remove_reader(self.sync.FD)
             self.sync = self.delivery.sock = None
@@ -189,6 +197,8 @@ class LocalSide:
         while True:
             await asyncio.sleep(0.1)
             self.kick()
+            if self.watch is not None:
+                self.watch.drain()
 
     def _unthrottle(self) -> None:
         self.throttled = False
@@ -287,6 +297,21 @@ class LocalSide:
         if wait > 0:  # per-account rate limit: stop reading until the account's bucket has refilled
             self.throttled = True
             asyncio.get_running_loop().call_later(wait, self._unthrottle)
+
+    def _dropped_by_zmq(self, transport: str, peer: str) -> None:
+        """ZeroMQ ended a worker connection with bytes of it unread (`ConnectionWatch`): counted, audited in
+        aggregate per transport."""
+        limit = self.router.maxmsgsize if self.router is not None else -1
+        self.server.metrics.refused.labels(reason="part_too_large").inc()
+        log.info("ZeroMQ ended the %s connection of %s in the middle of a message", transport, peer)
+        self.server.audit_limited(("connection_dropped", transport), self.server.actor, "connection_dropped",
+                                  f"worker@{transport}:{peer}", "denied", {
+                                      "reason": "part_too_large", "transport": transport, "peer": peer,
+                                      "limit_bytes": limit,
+                                      "detail": f"a message part over the local socket's limit of {limit} bytes "
+                                                "(2 x link.chunk_bytes + frame head; workers split messages into "
+                                                "link.chunk_bytes frames), or bytes that are not ZeroMQ framing: "
+                                                "the connection was closed before the part was read"})
 
     def account_cap(self) -> int:
         """Bytes one account may have queued here while others work too (limits.account_memory_bytes)."""

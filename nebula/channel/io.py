@@ -16,7 +16,7 @@ from zmq.utils.monitor import recv_monitor_message
 from nebula.channel.arena import SHM_WAIT_S, ArenaClient, Region
 from nebula.channel.connection import connect, handshake_failure, silent_switch
 from nebula.channel.delivery import Delivered, OutMessage, Receiver, Sender
-from nebula.channel.errors import ChannelError
+from nebula.channel.errors import ChannelError, SwitchRefused
 from nebula.channel.outlet import Outlet
 from nebula.channel.throughput import ThroughputMeter
 from nebula.config.worker import WorkerConfig
@@ -352,7 +352,7 @@ class IOThread:
                 # retried by the heartbeat: the other connection may be a dead predecessor of this process
                 self.refusal = err
             elif not self.welcome.is_set():
-                self.fatal = err
+                self.fatal = SwitchRefused(str(err))
                 self.welcome.set()
             return
         key = ChannelKey.from_meta(ch)

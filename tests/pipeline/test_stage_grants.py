@@ -28,8 +28,11 @@ def test_launch_without_the_stage_grant_is_refused_naming_the_grant_and_runs_onc
                             {"id": "B", "procs_per_node": 1, "worker": str(workers["B"])}])
     code, out = finish(launch(procs, job, "A"), 240)
     assert code != 0
-    assert "not_authorized: account 'nebula' holds no grant for stage 'embed'" in out, out[-3000:]
-    assert "nebula-admin grant add --to nebula --resource stage:embed" in out
+    # one line from the worker, no traceback: the switch's reason and the command that fixes it
+    assert ("nebula: the switch of cluster A refused job 'toy': not_authorized: account 'nebula' holds no grant for "
+            "stage 'embed'; an admin can run `nebula-admin grant add --to nebula --resource stage:embed`") in out, \
+        out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
     audit = (tmp_path / "fed" / "A" / "audit.log").read_text()
     assert '"action":"route_refused"' in audit.replace(" ", "") and '"stages":["embed"]' in audit.replace(" ", "")
     assert admin_main(["--actor", "ops-admin", "grant", "add", "--home", str(home), "--to", "nebula",

@@ -77,6 +77,14 @@ def start_switch(procs, config: Path, timeout_s: float = 30.0, prefix: tuple[str
 TEST_CHUNK_BYTES = 256 * 1024
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident set size of process `pid` now."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def edit_yaml(path: Path, fn) -> None:
     """Load YAML `path`, let `fn` change the dict in place, write it back."""
     data = yaml.safe_load(path.read_text())

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import yaml
 import zmq
 import zmq.auth
 
-from nebula.channel import ChannelError, Endpoint
+from nebula.channel import ChannelError, Endpoint, SwitchRefused
 from nebula.wire import ChannelKey, FrameType, decode_frame, encode_frame
 from security.audit import peer_checkpoints_path, read_checkpoints, verify_checkpoint
 from security.curve import write_curve_keypair
@@ -119,6 +120,11 @@ def test_malformed_and_oversized_frames_refused_with_reason(two_switches):
         s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"h" * huge, channel_id=key.id), b"h" * huge])
         assert mon.poll(10000), "the switch kept a connection that sent an oversized part"
         mon.close(0)
+        # ... and leaves an audit record naming the transport, the peer and the reason
+        rec = wait_audit(a, lambda r: r["action"] == "connection_dropped")
+        assert rec["outcome"] == "denied" and rec["detail"]["reason"] == "part_too_large"
+        assert rec["detail"]["transport"] == "tcp" and rec["detail"]["peer"].startswith("127.0.0.1:")
+        assert rec["detail"]["limit_bytes"] < huge and "link.chunk_bytes" in rec["detail"]["detail"]
     finally:
         s.close(0)
     legit.join(90)
@@ -138,10 +144,12 @@ def test_unknown_worker_key_refused_and_audited(two_switches, tmp_path, transpor
     data["transport"] = transport
     stranger = write_curve_keypair(tmp_path / "stranger.key_secret")
     (tmp_path / "stranger.yaml").write_text(yaml.safe_dump(data))
-    with pytest.raises(ChannelError, match="refused our key"):
+    with pytest.raises(SwitchRefused, match="refused our key"):
         Endpoint.connect(tmp_path / "stranger.yaml", job="j", rank=0, timeout_s=15)
     rec = wait_audit(a, lambda r: r["action"] == "worker_rejected")
     assert rec["outcome"] == "denied" and rec["detail"]["curve_public_key"] == stranger
+    time.sleep(1.5)  # (an ended connection is judged within a second)
+    assert not [r for r in a.audit() if r["action"] == "connection_dropped"], "a refused key is no oversized part"
 
 
 def test_same_host_workers_use_ipc_and_others_curve(two_switches, tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nebula.channel import ChannelError, Endpoint
+from nebula.channel import ChannelError, Endpoint, SwitchRefused
 from security.accounts import Accounts
 from tests.switch.conftest import edit_yaml, legit_transfer, start_switch, wait_audit
 from tests.switch.test_hostile_workers import add_worker
@@ -72,7 +72,7 @@ def test_a_worker_may_not_run_a_stage_it_holds_no_grant_for(staged, capsys):
     fed, a, home, ops_a, _ = staged
     legit, done = legit_transfer(fed, MESSAGES, job="legit", stages=JOB, src="A", dst="B")  # nebula: granted
     swapped = {"enc": "B", "dec": "A"}  # ops would run dec on A
-    with pytest.raises(ChannelError, match=r"not_authorized: account 'ops' holds no grant for stage 'dec'; an admin "
+    with pytest.raises(SwitchRefused, match=r"not_authorized: account 'ops' holds no grant for stage 'dec'; an admin "
                                            r"can run `nebula-admin grant add --to ops --resource stage:dec`"):
         Endpoint.connect(ops_a, job="j", rank=0, stages=swapped, timeout_s=20)
     rec = wait_audit(a, lambda r: r["action"] == "route_refused" and r["detail"].get("stages") == ["dec"])
