@@ -39,3 +39,13 @@ def test_abnet_share_out_of_range_is_refused():
     with pytest.raises(ValueError, match="abnet_test_per_mille=500"):
         CorpusConfig(groups=GROUPS, abnet_test_per_mille=500)
 
+
+def test_overlap_cli_reports_zero_for_abnet_split_of_the_same_catalogs(tmp_path, capsys):
+    from recipes.electra.overlap import main
+
+    locale = write_catalogs(tmp_path / "locale")
+    assert main(["--locale-dir", str(locale), "--vocab-top-k", "0", "--groups", "a=es,it;b=ru,ja"]) == 0
+    out = capsys.readouterr().out
+    assert "ABNet test: " in out and "ABNet dev: " in out
+    assert out.count(" 0 in ELECTRA's training English, 0 English or translation") == 2
+    assert "ABNet test: 0 English" not in out  # there was something to leak
