@@ -21,6 +21,7 @@ __all__ = [
     "clean_text",
     "keep_pair",
     "deduplicate",
+    "bucket_of",
     "split_of",
     "restrict_vocabulary",
     "prepare_data",
@@ -231,9 +232,14 @@ def restrict_vocabulary(pairs: list[Pair], top_k: int) -> list[Pair]:
     return [p for p in pairs if all(w in keep[0] for w in words(p.src)) and all(w in keep[1] for w in words(p.tgt))]
 
 
+def bucket_of(text: str, salt: str) -> int:
+    """Bucket 0..999 of an English sentence under `salt` (case-insensitive): the hash every recipe splits by."""
+    return int(hashlib.sha256(f"{salt}\t{text.lower()}".encode()).hexdigest()[:8], 16) % 1000
+
+
 def split_of(src: str, cfg: DataConfig) -> str:
     """Split ('train', 'dev' or 'test') of a source sentence: a salted hash, so it never depends on order."""
-    bucket = int(hashlib.sha256(f"{cfg.salt}\t{src.lower()}".encode()).hexdigest()[:8], 16) % 1000
+    bucket = bucket_of(src, cfg.salt)
     if bucket < cfg.test_per_mille:
         return "test"
     if bucket < cfg.test_per_mille + cfg.dev_per_mille:

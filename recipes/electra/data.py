@@ -18,10 +18,12 @@ from typing import Iterable
 import numpy as np
 
 from recipes.abnet.data import DataConfig as PairRules
-from recipes.abnet.data import Pair, deduplicate, extract_pairs
+from recipes.abnet.data import Pair, bucket_of, deduplicate, extract_pairs
+from recipes.abnet.data import split_of as abnet_split_of
 from recipes.abnet.tokenizer import CLS_ID, PAD_ID, Tokenizer, train_tokenizer
 
-__all__ = ["CorpusConfig", "Example", "DEFAULT_GROUPS", "parse_groups", "split_of", "build_corpus", "encode_group",
+__all__ = ["CorpusConfig", "Example", "DEFAULT_GROUPS", "parse_groups", "split_of", "abnet_heldout",
+           "build_corpus", "encode_group",
            "prepare", "load_group", "read_meta", "MRTD", "TRTD", "TOKENIZER_FILE", "GroupData"]
 
 log = logging.getLogger(__name__)
@@ -46,6 +48,10 @@ class CorpusConfig:
     max_len: int = 32  # tokens per example, [CLS] included (TRTD pairs share it)
     max_per_language: int = 0  # 0: every message
     salt: str = "nebula-electra-v1"
+    # ABNet's --test-per-mille (its dev share is the same): every message ABNet holds out (dev or test) at this
+    # share or any smaller one, and every translation of it, stays out of the training split, so a discriminator
+    # exported as an ABNet base has never seen ABNet's evaluation sentences. 100 covers the published comparison.
+    abnet_test_per_mille: int = 100
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -67,6 +73,9 @@ class CorpusConfig:
         if not (0 < t and d >= 0 and t + d < 1000):
             raise ValueError(f"test_per_mille={self.test_per_mille}, dev_per_mille={self.dev_per_mille}: need "
                              "test >= 1 and dev + test < 1000")
+        if not 1 <= self.abnet_test_per_mille < 500:
+            raise ValueError(f"abnet_test_per_mille={self.abnet_test_per_mille}: must be ABNet's --test-per-mille, "
+                             "1..499 (its dev + test must stay under 1000)")
 
     @property
     def languages(self) -> tuple[str, ...]:
@@ -97,18 +106,29 @@ def parse_groups(spec: str) -> dict[str, tuple[str, ...]]:
 
 def split_of(en: str, salt: str, test_per_mille: int, dev_per_mille: int) -> str:
     """'train', 'dev' or 'test' for an English sentence: a salted hash, the same for every language."""
-    bucket = int(hashlib.sha256(f"{salt}\t{en.lower()}".encode()).hexdigest()[:8], 16) % 1000
+    bucket = bucket_of(en, salt)
     if bucket < test_per_mille:
         return "test"
     return "dev" if bucket < test_per_mille + dev_per_mille else "train"
 
 
+def abnet_heldout(pairs: Iterable[Pair], abnet_test_per_mille: int) -> set[str]:
+    """Lower-cased English originals that ABNet's own split puts in dev or test at `abnet_test_per_mille` (dev the
+    same share, as its CLI sets), with every translation any catalog gives them."""
+    rules = PairRules(test_per_mille=abnet_test_per_mille, dev_per_mille=abnet_test_per_mille)
+    return {s.lower() for p in pairs if abnet_split_of(p.src, rules) != "train" for s in (p.src, p.tgt)}
+
+
 def build_corpus(cfg: CorpusConfig, locale_root: str | Path = "/usr/share/locale") -> dict[str, list[Example]]:
-    """Examples per split over all languages; a language without catalogs is an error naming the fix."""
+    """Examples per split over all languages; a language without catalogs is an error naming the fix.
+    Training examples touching ABNet's held-out sentences (either side, see `abnet_heldout`) are dropped."""
     rules = PairRules(max_chars=cfg.max_chars, max_words=cfg.max_words, min_pairs=1)
     out: dict[str, list[Example]] = {"train": [], "dev": [], "test": []}
+    heldout: set[str] = set()
     for lang in cfg.languages[1:]:
-        pairs: list[Pair] = deduplicate(extract_pairs(lang, locale_root, rules))
+        raw = extract_pairs(lang, locale_root, rules)
+        heldout |= abnet_heldout(raw, cfg.abnet_test_per_mille)  # before deduplication: every translation
+        pairs: list[Pair] = deduplicate(raw)
         if cfg.max_per_language:
             pairs = sorted(pairs, key=lambda p: hashlib.sha256(f"{cfg.salt}{p.src}".encode()).digest())
             pairs = pairs[:cfg.max_per_language]
@@ -119,6 +139,9 @@ def build_corpus(cfg: CorpusConfig, locale_root: str | Path = "/usr/share/locale
             seen.add(p.tgt.lower())
             split = split_of(p.src, cfg.salt, cfg.test_per_mille, cfg.dev_per_mille)
             out[split].append(Example(lang, p.src, p.tgt, p.catalog))
+    kept = [e for e in out["train"] if e.en.lower() not in heldout and e.text.lower() not in heldout]
+    log.info("dropped %d training examples held out by ABNet", len(out["train"]) - len(kept))
+    out["train"] = kept
     for split in out:
         out[split].sort(key=lambda e: (e.lang, e.en))
     return out

@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--vocab-size", type=int, default=2000)
     d.add_argument("--max-len", type=int, default=32)
     d.add_argument("--locale-dir", default="/usr/share/locale")
+    d.add_argument("--abnet-test-per-mille", type=int, default=100,
+                   help="largest --test-per-mille of the ABNet runs this base may serve: their dev/test sentences "
+                        "stay out of training")
     e = sub.add_parser("export", help="discriminator checkpoint -> ABNet base directory")
     e.add_argument("--ckpt", required=True)
     e.add_argument("--data", required=True)
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                                  f"--clusters {args.clusters}")
             run = Path(args.out)
             cfg = CorpusConfig(groups=groups, max_per_language=args.max_per_language, vocab_size=args.vocab_size,
-                               max_len=args.max_len)
+                               max_len=args.max_len, abnet_test_per_mille=args.abnet_test_per_mille)
             meta = prepare(run / "corpus", cfg, args.locale_dir)
             distribute(run / "corpus", run, dict(zip(clusters, groups)), args.discriminator)
             print(f"corpus: {meta['split_sizes']} messages (train/dev/test), vocabulary {meta['vocab_size']}, "
