@@ -25,7 +25,8 @@ def test_estimates_are_smoothed_and_bad_input_is_refused():
     for start, rate in ((1.0, 1000.0), (2.0, 3000.0)):
         m.record(100, start, start + 0.01 + 100 / rate)
     m.record(10, 5.0, 5.01)
-    assert m.bytes_per_s == pytest.approx(0.5 * 1000 + 0.5 * 3000, rel=1e-6)
+    # bytes over seconds, the older sample's both halved: (0.5 * 100 + 100) / (0.5 * 0.1 + 100 / 3000)
+    assert m.bytes_per_s == pytest.approx(150 / (0.05 + 100 / 3000), rel=1e-6)
     m.record(10, 6.0, 5.0)  # acknowledged before it was sent: ignored
     assert m.samples == 2
     with pytest.raises(ValueError, match="alpha"):
