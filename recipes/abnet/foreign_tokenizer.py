@@ -34,9 +34,9 @@ def read_vocab(path: Path) -> list[str]:
     return lines[:-1] if lines and lines[-1] == "" else lines
 
 
-def special_tokens(d: Path) -> tuple[list[str], bool]:
-    """The pad, unk, mask and cls token strings and do_lower_case, from tokenizer_config.json /
-    special_tokens_map.json when present (PaddleNLP's defaults otherwise)."""
+def special_tokens(d: Path) -> tuple[list[str], bool | None]:
+    """The pad, unk, mask and cls token strings and do_lower_case (None: not given), from tokenizer_config.json /
+    special_tokens_map.json when present (PaddleNLP's default tokens otherwise)."""
     conf: dict = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
         f = d / name
@@ -46,7 +46,8 @@ def special_tokens(d: Path) -> tuple[list[str], bool]:
     for key, default in SPECIALS:
         v = conf.get(key, default)
         tokens.append(v.get("content", default) if isinstance(v, dict) else str(v))
-    return tokens, bool(conf.get("do_lower_case", False))
+    lower = conf.get("do_lower_case")
+    return tokens, None if lower is None else bool(lower)
 
 
 class _VocabTokenizer(TokenizerBase):
@@ -60,7 +61,7 @@ class _VocabTokenizer(TokenizerBase):
         self.tokens = read_vocab(self.path)
         index = {t: i for i, t in enumerate(self.tokens)}
         self.specials, lower = special_tokens(d)
-        self.lower = lower if (d / "tokenizer_config.json").is_file() else lower_default
+        self.lower = lower_default if lower is None else lower  # BertTokenizer lower-cases unless told not to
         missing = [t for t in self.specials if t not in index]
         if missing:
             raise ValueError(f"{self.path} lacks the special token(s) {missing}; the vocabulary does not belong to "
@@ -76,6 +77,7 @@ class _VocabTokenizer(TokenizerBase):
         return len(self.tokens)
 
     def pieces(self, text: str) -> list[str]:
+        """The token strings of `text`, as the checkpoint's tokenizer splits it."""
         raise NotImplementedError
 
     def encode(self, text: str, max_len: int | None = None) -> list[int]:

@@ -192,3 +192,19 @@ def test_recipe_trains_on_a_bert_encoder_and_an_ernie_m_decoder(locale_dir, tmp_
     losses = run(load_job_config(tmp_path / "job.yaml"), "A", workdir=tmp_path).losses
     assert np.mean([losses[s] for s in range(25, 30)]) < np.mean([losses[s] for s in range(5)]) - 0.3, losses
     assert not (tmp_path / "wa" / "base_en").exists()  # nothing pretrained: the checkpoints were used
+
+
+def test_wordpiece_splits_like_bert_and_moves_special_ids(tmp_path):
+    from recipes.abnet.foreign_tokenizer import WordPieceTokenizer
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "!", ",", "un", "##aff", "##able", "中"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    tok = WordPieceTokenizer(tmp_path)  # no tokenizer_config.json: BertTokenizer's defaults (lower-casing)
+    assert tok.pieces("Héllo, WORLD! unaffable 中xyz") == ["hello", ",", "world", "!", "un", "##aff", "##able", "中",
+                                                            "[UNK]"]
+    ids = tok.encode("hello unaffable qq")
+    assert ids[-1] == UNK_ID and len(ids) == 5
+    assert [int(tok.to_ckpt[i]) for i in (PAD_ID, UNK_ID, MASK_ID, CLS_ID)] == [0, 1, 4, 2]
+    assert tok.decode(ids) == "hello unaffable"  # ## pieces joined, [UNK] dropped
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    assert WordPieceTokenizer(tmp_path).pieces("Hello") == ["[UNK]"]
