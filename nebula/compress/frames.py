@@ -158,8 +158,9 @@ def decode_from_frames(frames: Sequence[Any], like: str | None = None, place: An
     return _decode_checked(frames_to_encoded(frames, like, place, max_bytes))
 
 
-def _decode_checked(enc: Encoded) -> Any:
-    """decode(enc), with a payload that does not fit its codec reported as corrupted frames."""
+def _decode_checked(enc: Encoded, writable: bool = True) -> Any:
+    """decode(enc), with a payload that does not fit its codec reported as corrupted frames (writable=False: a
+    numpy result may still be a read-only view of the frames, for a caller that copies it anyway)."""
     try:
         y = decode(enc)
     except CodecError:
@@ -167,7 +168,7 @@ def _decode_checked(enc: Encoded) -> Any:
     except (KeyError, ValueError, TypeError, IndexError) as exc:
         raise FrameError(f"frames declare codec {enc.codec!r} but its parts do not fit it ({exc!r}); the frames "
                          "are corrupted or come from an incompatible version") from None
-    if isinstance(y, np.ndarray) and not y.flags.writeable:
+    if writable and isinstance(y, np.ndarray) and not y.flags.writeable:
         y = y.copy()  # payload views of read-only frames must not leak out as read-only arrays
     return y
 
@@ -204,5 +205,5 @@ class TensorCoder:
         if like == "paddle" and B.codec_path(B.current_device(), _root_dtype(frames)) == "numpy":
             kind = "numpy"
         enc = frames_to_encoded(frames, kind)
-        y = codec.decode(enc) if isinstance(codec, Codec) else _decode_checked(enc)
-        return B.from_host(np.ascontiguousarray(y), B.dtype_name(y), like) if kind != like else y
+        y = codec.decode(enc) if isinstance(codec, Codec) else _decode_checked(enc, writable=kind == like)
+        return B.from_host(np.ascontiguousarray(y), B.dtype_name(y), like) if kind != like else y  # (one copy)
