@@ -227,6 +227,42 @@ def demo_shapes_table(seed: int) -> None:
                 rows)
 
 
+# The key rows' codecs of Table 5 (benchmarks/abnet_table5.py): forward and backward specs.
+PATH_SPECS = ["fp16", "int8", "fp16(svd(0.6))", "fp16(svd(0.2))", "int4_block(64)", "ef(int8(lowrank(rank=4)))"]
+
+
+def cpu_paths_table(seed: int, reps: int = 15) -> None:
+    """Encode + decode time of a CPU paddle.Tensor at the demo's boundary shape [8, 16, 64] on the two paths:
+    paddle ops (nebula.compress.device, what an accelerator uses) and the runtime's TensorCoder (numpy for CPU
+    tensors, by codec_path). Both paths alternate in one loop, so load changes hit both alike; medians of `reps`
+    of this thread's CPU time (wall time on a shared machine mostly measures the neighbours)."""
+    import logging
+    import statistics
+
+    import paddle
+
+    from nebula.compress import TensorCoder, decode_frames_to_tensor, encode_tensor_to_frames
+
+    logging.getLogger("nebula.compress").setLevel(logging.ERROR)
+    x = paddle.to_tensor(layer_tensors(8, 16, 64, 2, seed)[-1][0])
+    rows = []
+    for spec in PATH_SPECS:
+        dev_codec, coder = get_codec(spec), TensorCoder()
+        times: dict[str, list[float]] = {"paddle": [], "runtime": []}
+        for _ in range(reps):
+            t0 = time.thread_time()
+            decode_frames_to_tensor(encode_tensor_to_frames(dev_codec, x).frames)
+            times["paddle"].append(time.thread_time() - t0)
+            t0 = time.thread_time()
+            coder.decode(coder.encode(x, spec), like="paddle")
+            times["runtime"].append(time.thread_time() - t0)
+        p, r = statistics.median(times["paddle"]), statistics.median(times["runtime"])
+        rows.append([spec, f"{p * 1e3:.2f}", f"{r * 1e3:.2f}", f"{p / r:.1f}x"])
+    print_table(f"CPU paddle.Tensor [8, 16, 64], encode + decode CPU ms (median of {reps}, paths alternating; "
+                f"load average {os.getloadavg()[0]:.1f})",
+                ["codec", "paddle ops (device path)", "runtime (codec_path: numpy on CPU)", "paddle / runtime"], rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=128, help="sequences per batch (paper: 128)")
@@ -237,7 +273,12 @@ def main() -> int:
     ap.add_argument("--throughput-only", action="store_true", help="only the FP16/INT8 speed table (fast)")
     ap.add_argument("--demo-shapes", action="store_true",
                     help="only the forward ratio of candidate codecs at the ABNet demo's micro-batch shapes [8, T, 64]")
+    ap.add_argument("--cpu-paths", action="store_true",
+                    help="only the codec time of CPU tensors at [8, 16, 64]: paddle ops vs the runtime's numpy path")
     args = ap.parse_args()
+    if args.cpu_paths:
+        cpu_paths_table(args.seed)
+        return 0
     if args.demo_shapes:
         demo_shapes_table(args.seed)
         return 0

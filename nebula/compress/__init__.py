@@ -44,13 +44,15 @@ dtypes, shapes) and one zero-copy frame per payload; ``Encoded.nbytes`` is exact
 On the device: a paddle.Tensor is encoded and decoded with paddle ops where it lives (casts, absmax quantisation,
 ``paddle.linalg`` SVD/QR); ``encode_tensor_to_frames`` copies only the compressed payloads to the host and
 ``decode_frames_to_tensor`` decodes onto a device. Both paths write the same header and payload layout, so either
-decodes the other's frames. A codec whose encoding at some shape is larger than the raw tensor (``svd(r)`` of a
-nearly square matrix), or a nested codec larger than its outer codec alone (``fp16(svd(0.6))`` vs ``fp16``), logs
-one warning per shape on the ``nebula.compress`` logger naming a smaller alternative; ``auto`` never picks such a
-candidate.
+decodes the other's frames. ``TensorCoder`` (channels, pipeline boundaries) picks the path by the tensor's place
+(``codec_path``): paddle ops on an accelerator, numpy for a CPU tensor, where paddle's per-op overhead costs more.
+A codec whose encoding at some shape is larger than the raw tensor (``svd(r)`` of a nearly square matrix), or a
+nested codec larger than its outer codec alone (``fp16(svd(0.6))`` vs ``fp16``), logs one warning per shape on the
+``nebula.compress`` logger naming a smaller alternative; ``auto`` never picks such a candidate.
 """
 from . import cast, feedback, integer, lowrank, sparse  # noqa: F401  (register codecs)
 from .auto import AutoCodec, Measurement
+from .backend import codec_path
 from .base import (Codec, CodecError, Encoded, NonFiniteError, SpecError, decode, get_codec, known_codecs,
                    relative_error)
 from .config import CompressionConfig
@@ -64,6 +66,6 @@ from .spec import parse_spec
 __all__ = [
     "Codec", "Encoded", "CodecError", "NonFiniteError", "SpecError", "FrameError", "get_codec", "known_codecs",
     "decode", "relative_error", "encode_to_frames", "encoded_to_frames", "frames_to_encoded", "decode_from_frames",
-    "TensorCoder", "CompressionConfig", "AutoCodec", "Measurement", "ErrorFeedbackCodec", "LowRankCodec",
+    "TensorCoder", "codec_path", "CompressionConfig", "AutoCodec", "Measurement", "ErrorFeedbackCodec", "LowRankCodec",
     "SVDCodec", "parse_spec", "DeviceFrames", "encode_tensor_to_frames", "decode_frames_to_tensor",
 ]

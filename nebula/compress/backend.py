@@ -10,6 +10,7 @@ import numpy as np
 __all__ = [
     "is_paddle", "kind_of", "dtype_name", "wire_dtype_name", "shape_of", "numel", "nbytes_of", "is_float_dtype", "contiguous",
     "compute_dtype", "cast", "reshape", "to_host", "from_host", "parallel_chunks", "FLOAT_DTYPES", "WIRE_DTYPES",
+    "codec_path", "current_device",
 ]
 
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
@@ -124,6 +125,29 @@ def from_host(a: np.ndarray, dtype: str, kind: str, place: Any = None) -> Any:
     if dtype == "bfloat16":
         a = a.view(np.uint16)  # paddle maps uint16 host arrays to bfloat16 tensors
     return paddle.to_tensor(a, place=place)
+
+
+def codec_path(place: Any, dtype: str = "float32") -> str:
+    """Where the runtime encodes or decodes a tensor of `dtype` that lives on `place`: 'paddle' (paddle ops on that
+    device, only compressed bytes cross to the host) on an accelerator, 'numpy' on the CPU.
+
+    On the CPU paddle's per-op overhead makes its codecs cost several times numpy's on boundary-sized tensors (and the
+    host copy they avoid is free there: CPU tensors reach numpy zero-copy). bfloat16 stays on paddle everywhere,
+    as numpy has no bfloat16. `place` is a paddle Place or a device name as paddle.get_device() gives it ('cpu',
+    'gpu:0', 'npu:1').
+    """
+    name = str(place)
+    if name.startswith("Place(") and name.endswith(")"):
+        name = name[len("Place("):-1]
+    on_cpu = name.split(":", 1)[0] in ("cpu", "gpu_pinned", "xpu_pinned")  # pinned memory is host memory
+    return "numpy" if on_cpu and dtype != "bfloat16" else "paddle"
+
+
+def current_device() -> str:
+    """The device paddle puts new tensors on in this process ('cpu', 'gpu:0', ...)."""
+    import paddle
+
+    return paddle.get_device()
 
 
 def _pool() -> ThreadPoolExecutor:

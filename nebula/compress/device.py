@@ -5,7 +5,8 @@ A paddle.Tensor given to any codec is compressed with paddle ops on its place (G
 `paddle.linalg`. `encode_tensor_to_frames` then copies the payload leaves (the compressed bytes, never the input)
 to the host for the wire, and `decode_frames_to_tensor` copies them onto the receiver's device and decodes there.
 The frames are the same wire format as the numpy path's (same header, same payload layout), so a CPU-only peer
-decodes them with numpy and the other way round.
+decodes them with numpy and the other way round. The runtime (`TensorCoder`) takes this path for tensors on an
+accelerator only; `backend.codec_path` sends CPU tensors through numpy, which costs less there.
 """
 from __future__ import annotations
 

@@ -91,6 +91,13 @@ def _read_header(first: Any) -> tuple[dict[str, Any], int]:
     return doc, HEADER_PREFIX.size + length
 
 
+def _root_dtype(frames: Sequence[Any]) -> str:
+    """The dtype the frames decode to, read from their header (unchecked: frames_to_encoded validates it)."""
+    doc, _ = _read_header(frames if isinstance(frames, (bytes, bytearray, memoryview)) else frames[0])
+    tree = doc.get("tree")
+    return str(tree.get("d")) if isinstance(tree, dict) else ""
+
+
 def _check_sizes(node: dict[str, Any], max_bytes: int) -> None:
     size = int(np.prod(node["s"], dtype=np.float64)) * B.WIRE_DTYPES[node["d"]]
     if size > max_bytes:
@@ -148,7 +155,12 @@ def frames_to_encoded(frames: Sequence[Any], like: str | None = None, place: Any
 def decode_from_frames(frames: Sequence[Any], like: str | None = None, place: Any = None,
                        max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
     """Decode wire frames to a numpy array or paddle.Tensor (like=None: the sender's kind; place: paddle device)."""
-    enc = frames_to_encoded(frames, like, place, max_bytes)
+    return _decode_checked(frames_to_encoded(frames, like, place, max_bytes))
+
+
+def _decode_checked(enc: Encoded, writable: bool = True) -> Any:
+    """decode(enc), with a payload that does not fit its codec reported as corrupted frames (writable=False: a
+    numpy result may still be a read-only view of the frames, for a caller that copies it anyway)."""
     try:
         y = decode(enc)
     except CodecError:
@@ -156,7 +168,7 @@ def decode_from_frames(frames: Sequence[Any], like: str | None = None, place: An
     except (KeyError, ValueError, TypeError, IndexError) as exc:
         raise FrameError(f"frames declare codec {enc.codec!r} but its parts do not fit it ({exc!r}); the frames "
                          "are corrupted or come from an incompatible version") from None
-    if isinstance(y, np.ndarray) and not y.flags.writeable:
+    if writable and isinstance(y, np.ndarray) and not y.flags.writeable:
         y = y.copy()  # payload views of read-only frames must not leak out as read-only arrays
     return y
 
@@ -178,11 +190,20 @@ class TensorCoder:
         return c
 
     def encode(self, x: Any, codec: Codec | str = "none") -> list[bytes | memoryview]:
-        """Encode x (numpy array or paddle.Tensor) with this direction's `codec` into wire frames."""
+        """Encode x (numpy array or paddle.Tensor) with this direction's `codec` into wire frames; a paddle.Tensor
+        is encoded where `backend.codec_path` says (paddle ops on an accelerator, numpy for a CPU tensor)."""
+        if B.is_paddle(x) and B.codec_path(x.place, B.dtype_name(x)) == "numpy":
+            x = B.to_host(x)  # zero-copy view of the CPU tensor
         return encoded_to_frames(self.codec(codec).encode(x))
 
     def decode(self, frames: Sequence[Any], codec: Codec | str | None = None, like: str | None = None) -> Any:
-        """Decode wire frames: statelessly (the frames name their codec) unless a Codec instance is given."""
-        if isinstance(codec, Codec):
-            return codec.decode(frames_to_encoded(frames, like))
-        return decode_from_frames(frames, like=like)
+        """Decode wire frames: statelessly (the frames name their codec) unless a Codec instance is given.
+
+        like='paddle' gives a paddle.Tensor on this process's device, decoded where `backend.codec_path` says.
+        """
+        kind = like
+        if like == "paddle" and B.codec_path(B.current_device(), _root_dtype(frames)) == "numpy":
+            kind = "numpy"
+        enc = frames_to_encoded(frames, kind)
+        y = codec.decode(enc) if isinstance(codec, Codec) else _decode_checked(enc, writable=kind == like)
+        return B.from_host(np.ascontiguousarray(y), B.dtype_name(y), like) if kind != like else y  # (one copy)

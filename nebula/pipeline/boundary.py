@@ -5,9 +5,11 @@ backward" in its backward (its gradient comes back from the next stage). `RecvAc
 (the activation arrives as a leaf that requires grad) and "send backward" (the gradient that autograd computes
 for it goes back to the previous stage). Codecs are chosen per direction and step by the `Boundary`.
 
-Activations and gradients stay paddle tensors end to end: the sending thread encodes them with paddle ops on their
-device and only the compressed payloads reach the host (`nebula.compress.device`); the receiving thread decodes
-them onto this process's device. Control arrays are small numpy arrays, sent uncompressed.
+Activations and gradients stay paddle tensors end to end: on an accelerator the sending thread encodes them with
+paddle ops on their device and only the compressed payloads reach the host (`nebula.compress.device`), and the
+receiving thread decodes them onto this process's device; a CPU tensor is encoded and decoded by numpy, which is
+cheaper there (`nebula.compress.backend.codec_path`, the one rule). Control arrays are small numpy arrays, sent
+uncompressed.
 """
 from __future__ import annotations
 
@@ -48,8 +50,8 @@ class Boundary:
         self.lost: PeerLost | None = None
 
     def send_array(self, key: Key, x: Any, direction: str) -> None:
-        """Queue `x` (a paddle.Tensor: encoded on its device; or a numpy array) for the peer with the codec for
-        `direction` at step key[0]."""
+        """Queue `x` (a paddle.Tensor, encoded where `codec_path` says; or a numpy array) for the peer with the codec
+        for `direction` at step key[0]."""
         self.outbox.send(key, x, self._codec(direction, key[0]))
 
     def recv_array(self, key: Key) -> Any:

@@ -130,7 +130,8 @@ class LinkStats:
 class Outbox:
     """Encodes tensors with a per-direction codec and sends them, in one background thread (order kept).
 
-    A paddle.Tensor is encoded with paddle ops on its device; only the compressed bytes reach the host. After each
+    A paddle.Tensor on an accelerator is encoded with paddle ops on its device and only the compressed bytes reach
+    the host; a CPU tensor goes through numpy (`nebula.compress.backend.codec_path`). After each
     send the link's measured throughput goes to the direction's bandwidth-adaptive codecs (auto).
     """
 

@@ -1,7 +1,8 @@
 """ABNet adapter fine-tuning across two clusters (Nebula-I Scenario II): data, tokenizers, model, training, decoding.
 
 Public API: `prepare_data` (gettext catalogs -> per-cluster sides), `Tokenizer`/`train_tokenizer`, model classes and
-presets (`preset("tiny"|"small"|"paper")`), `ensure_base`/`load_base`/`mlm_pretrain`, `mask_predict`, `bleu`,
+presets (`preset("tiny"|"small"|"paper")`), `ensure_base`/`load_base`/`mlm_pretrain` (`load_base` also reads PaddleNLP
+BERT / ERNIE-M checkpoints with their own tokenizers: `load_paddlenlp_base`), `mask_predict`, `bleu`,
 `TrainConfig`, `train_single` and `ABNetRecipe` (the `nebula.pipeline` recipe: stages "encoder" and "decoder").
 Heavy modules (Paddle) load on first use so `import recipes.abnet` stays cheap.
 """
@@ -13,7 +14,7 @@ from typing import Any
 __all__ = [
     "prepare_data", "DataConfig", "CatalogError", "Tokenizer", "train_tokenizer", "AbnetConfig", "BertConfig",
     "preset", "PRESETS", "AbnetEncoder", "AbnetDecoder", "ensure_base", "load_base", "mlm_pretrain",
-    "PretrainedError", "mask_predict", "bleu", "plot_losses", "TrainConfig", "train_single", "ABNetRecipe",
+    "PretrainedError", "load_paddlenlp_base", "mask_predict", "bleu", "plot_losses", "TrainConfig", "train_single", "ABNetRecipe",
 ]
 
 _WHERE = {
@@ -22,6 +23,7 @@ _WHERE = {
     "AbnetConfig": "model", "BertConfig": "model", "preset": "model", "PRESETS": "model",
     "AbnetEncoder": "model", "AbnetDecoder": "model",
     "ensure_base": "pretrain", "load_base": "pretrain", "mlm_pretrain": "pretrain", "PretrainedError": "pretrain",
+    "load_paddlenlp_base": "checkpoint",
     "mask_predict": "decode", "bleu": "evaluate", "plot_losses": "evaluate",
     "TrainConfig": "sides", "train_single": "train", "ABNetRecipe": "stages",
 }

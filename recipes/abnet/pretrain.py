@@ -1,4 +1,5 @@
-"""Pretrained bases: load a local directory (own, PaddleNLP BERT or ELECTRA names) or run a short masked-LM pretraining."""
+"""Pretrained bases: load a local directory (own, PaddleNLP BERT / ERNIE-M checkpoints, ELECTRA names) or run a short
+masked-LM pretraining."""
 from __future__ import annotations
 
 import json
@@ -11,18 +12,16 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from .checkpoint import (PADDLENLP_WEIGHTS, PretrainedError, check_preset, fit_state, is_paddlenlp_dir,
+                         load_paddlenlp_base, map_foreign_names)
 from .model import BertConfig, BertModel, gather_rows, padding_bias
-from .tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, Tokenizer, train_tokenizer
+from .tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, Tokenizer, TokenizerBase, train_tokenizer
 
 __all__ = ["PretrainedError", "save_base", "load_base", "mlm_pretrain", "mlm_loss", "ensure_base", "map_foreign_names"]
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.pdparams", "spm.model"
-
-
-class PretrainedError(ValueError):
-    """A pretrained directory that cannot serve as a base: missing files or tensors of the wrong shape."""
 
 
 def save_base(model: BertModel, tok: Tokenizer, out_dir: str | Path) -> Path:
@@ -36,76 +35,28 @@ def save_base(model: BertModel, tok: Tokenizer, out_dir: str | Path) -> Path:
     return out
 
 
-def map_foreign_names(state: dict) -> dict:
-    """Rename PaddleNLP BERT / ELECTRA parameter names to BertModel's; own names pass through unchanged."""
-    out: dict = {}
-    token_type = None
-    for name, value in state.items():
-        n = name
-        for prefix in ("bert.", "electra.", "ernie."):
-            if n.startswith(prefix):
-                n = n[len(prefix):]
-        n = (n.replace("embeddings.word_embeddings", "word_embeddings")
-             .replace("embeddings.position_embeddings", "position_embeddings")
-             .replace("embeddings.layer_norm", "embed_norm")
-             .replace("encoder.layers.", "layers.")
-             .replace("cls.predictions.transform", "mlm_transform")
-             .replace("cls.predictions.layer_norm", "mlm_norm")
-             .replace("cls.predictions.decoder_bias", "mlm_decoder.bias"))
-        if n.startswith("embeddings.token_type_embeddings"):
-            token_type = value
-            continue
-        if n == "cls.predictions.decoder_weight":  # stored [V, H] (tied to the embeddings)
-            n, value = "mlm_decoder.weight", np.asarray(value).T
-        if n.startswith(("pooler.", "cls.seq_relationship")):
-            continue
-        out[n] = value
-    if token_type is not None and "position_embeddings.weight" in out:
-        # Every input here is segment 0: fold that segment's embedding into the positions.
-        out["position_embeddings.weight"] = np.asarray(out["position_embeddings.weight"]) + np.asarray(token_type)[0]
-    if "mlm_decoder.weight" not in out and "word_embeddings.weight" in out:
-        out["mlm_decoder.weight"] = np.asarray(out["word_embeddings.weight"]).T
-    return out
-
-
-def load_base(path: str | Path, expect: BertConfig | None = None) -> tuple[BertModel, Tokenizer]:
-    """Load one base from `path`; every tensor's shape is checked before anything trains."""
+def load_base(path: str | Path, expect: BertConfig | None = None) -> tuple[BertModel, TokenizerBase]:
+    """Load one base from `path`: the recipe's own (config.json, model.pdparams, spm.model) or a PaddleNLP BERT /
+    ERNIE-M checkpoint with its own tokenizer; every tensor's shape is checked before anything trains."""
     d = Path(path)
+    if is_paddlenlp_dir(d):
+        return load_paddlenlp_base(d, expect)
     missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) if not (d / f).is_file()]
     if missing:
         raise PretrainedError(f"pretrained directory {d} lacks {', '.join(missing)}; it needs config.json, "
-                              "model.pdparams and spm.model (as written by save_base / the recipe's pretraining)")
+                              "model.pdparams and spm.model (as written by save_base / the recipe's pretraining), or "
+                              f"a PaddleNLP checkpoint ({PADDLENLP_WEIGHTS}, config.json and its tokenizer files)")
     try:
         cfg = BertConfig(**json.loads((d / CONFIG_FILE).read_text()))
     except (TypeError, ValueError) as exc:
         raise PretrainedError(f"{d / CONFIG_FILE}: not a BertConfig ({exc})") from exc
-    if expect is not None:
-        diff = {k: (getattr(cfg, k), getattr(expect, k)) for k in ("hidden", "num_layers", "num_heads", "ff_hidden")
-                if getattr(cfg, k) != getattr(expect, k)}
-        if diff:
-            raise PretrainedError(f"pretrained directory {d} has the wrong shape: " + ", ".join(
-                f"{k}={a} (the preset expects {b})" for k, (a, b) in diff.items())
-                + "; choose the preset that matches the checkpoint or point at the right directory")
+    check_preset(cfg, expect, d)
     tok = Tokenizer(d / TOKENIZER_FILE)
     if tok.vocab_size != cfg.vocab_size:
         raise PretrainedError(f"{d}: tokenizer has {tok.vocab_size} pieces but config.json says vocab_size="
                               f"{cfg.vocab_size}; the tokenizer and weights come from different runs")
     model = BertModel(cfg)
-    state = map_foreign_names(paddle.load(str(d / WEIGHTS_FILE)))
-    own = model.state_dict()
-    problems = []
-    for name, param in own.items():
-        if name not in state:
-            problems.append(f"{name}: missing")
-            continue
-        got = tuple(np.shape(state[name]))
-        if got != tuple(param.shape):
-            problems.append(f"{name}: shape {list(got)}, expected {list(param.shape)}")
-    if problems:
-        raise PretrainedError(f"pretrained weights in {d / WEIGHTS_FILE} do not fit config.json: "
-                              + "; ".join(problems[:6]) + (f" (+{len(problems) - 6} more)" if len(problems) > 6 else "")
-                              + ". Re-run the pretraining or fix config.json to the checkpoint's sizes")
-    model.set_state_dict({k: state[k] for k in own})
+    fit_state(model, map_foreign_names(paddle.load(str(d / WEIGHTS_FILE))), d / WEIGHTS_FILE)
     return model, tok
 
 
@@ -137,7 +88,7 @@ def _mlm_batch(rows: list[list[int]], vocab: int, rng: np.random.Generator) -> t
     return inp, labels
 
 
-def mlm_pretrain(model: BertModel, tok: Tokenizer, texts: Sequence[str], steps: int, batch_size: int = 64,
+def mlm_pretrain(model: BertModel, tok: TokenizerBase, texts: Sequence[str], steps: int, batch_size: int = 64,
                  lr: float = 1e-3, max_len: int = 32, seed: int = 0,
                  progress: Callable[[int, float], None] | None = None) -> list[float]:
     """Masked-LM pretraining of `model` on monolingual `texts`; returns the loss per step."""
@@ -167,7 +118,7 @@ def mlm_pretrain(model: BertModel, tok: Tokenizer, texts: Sequence[str], steps: 
 
 def ensure_base(out_dir: str | Path, texts: Sequence[str], cfg: BertConfig, *, pretrained: str | Path | None = None,
                 steps: int = 300, vocab_size: int = 1000, character_coverage: float = 1.0, seed: int = 0,
-                progress: Callable[[int, float], None] | None = None) -> tuple[BertModel, Tokenizer]:
+                progress: Callable[[int, float], None] | None = None) -> tuple[BertModel, TokenizerBase]:
     """A base for one side: `pretrained` if given (shape-checked), else a cached or freshly pretrained one in `out_dir`."""
     if pretrained:
         return load_base(pretrained, cfg)

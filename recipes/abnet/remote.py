@@ -61,6 +61,9 @@ def handshake(worker: str | Path, job: str, peer: str, info: dict, timeout_s: fl
             raise ReachError(f"cluster {ep.cluster} cannot reach cluster {peer} through the switches within "
                              f"{timeout_s:.0f} s ({exc}); check that {peer}'s switch is running, that both switch "
                              f"configs list each other under peers:, and that {peer} runs its launch script") from exc
+        # The peer is connected now; our first copy may have left before it joined (its switch then had nobody to
+        # hand it to, and this side would close before the 60 s retransmission): send it again, so it has one.
+        ch.send(json.dumps(info).encode(), lane="control")
         ep.flush(timeout_s=10)
         return reply
     finally:

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["Tokenizer", "train_tokenizer", "PAD_ID", "UNK_ID", "MASK_ID", "CLS_ID", "NUM_SPECIAL"]
+__all__ = ["TokenizerBase", "Tokenizer", "train_tokenizer", "PAD_ID", "UNK_ID", "MASK_ID", "CLS_ID", "NUM_SPECIAL"]
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +16,33 @@ PAD_ID, UNK_ID, MASK_ID, CLS_ID = 0, 1, 2, 3
 NUM_SPECIAL = 4
 
 
-class Tokenizer:
+class TokenizerBase:
+    """What the recipe needs of a tokenizer: ids with pad 0, unk 1, [MASK] 2, [CLS] 3 (NUM_SPECIAL below 4)."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, special ones included."""
+        raise NotImplementedError
+
+    def encode(self, text: str, max_len: int | None = None) -> list[int]:
+        """Ids of `text` (no special tokens added), truncated to `max_len`."""
+        raise NotImplementedError
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of `ids`, special ids dropped."""
+        raise NotImplementedError
+
+    def batch(self, texts: Sequence[str], max_len: int) -> np.ndarray:
+        """int64 [len(texts), max_len] array of ids, right-padded with PAD_ID (length = longest, capped)."""
+        rows = [self.encode(t, max_len) or [UNK_ID] for t in texts]
+        width = max(len(r) for r in rows)
+        out = np.full((len(rows), width), PAD_ID, dtype=np.int64)
+        for i, r in enumerate(rows):
+            out[i, : len(r)] = r
+        return out
+
+
+class Tokenizer(TokenizerBase):
     """A sentencepiece model with fixed special ids: pad 0, unk 1, [MASK] 2, [CLS] 3."""
 
     def __init__(self, model_file: str | Path) -> None:
@@ -43,15 +69,6 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         """Text of `ids`; pad, mask and cls ids are dropped."""
         return self.sp.decode([int(i) for i in ids if int(i) >= NUM_SPECIAL])
-
-    def batch(self, texts: Sequence[str], max_len: int) -> np.ndarray:
-        """int64 [len(texts), max_len] array of ids, right-padded with PAD_ID (length = longest, capped)."""
-        rows = [self.encode(t, max_len) or [UNK_ID] for t in texts]
-        width = max(len(r) for r in rows)
-        out = np.full((len(rows), width), PAD_ID, dtype=np.int64)
-        for i, r in enumerate(rows):
-            out[i, : len(r)] = r
-        return out
 
 
 def train_tokenizer(texts: Sequence[str], out_file: str | Path, vocab_size: int = 1000,

@@ -9,7 +9,7 @@ import numpy as np
 import paddle
 import pytest
 
-from nebula.compress import decode_from_frames, encode_to_frames, get_codec, relative_error
+from nebula.compress import TensorCoder, codec_path, decode_from_frames, encode_to_frames, get_codec, relative_error
 from nebula.compress.auto import Measurement, pick
 from nebula.compress.device import decode_frames_to_tensor, encode_tensor_to_frames, relative_error_on_device
 from nebula.compress.inflation import check_inflation, forget_warnings, svd_break_even_ratio
@@ -125,3 +125,45 @@ def test_auto_never_picks_a_candidate_larger_than_the_raw_tensor(caplog):
     assert codec.chosen((8, 8, 64)) == "none"
     assert any("send more than the raw tensor" in r.getMessage() and "[8, 8, 64]" in r.getMessage()
                for r in caplog.records)
+
+
+def test_codec_path_sends_accelerator_tensors_to_the_device_and_cpu_tensors_to_numpy():
+    for device in ("gpu:0", "Place(gpu:1)", "npu:0", "xpu:3", "Place(intel_gpu:0)"):
+        assert codec_path(device) == "paddle", device
+    for place in ("cpu", "Place(cpu)", "Place(gpu_pinned)", paddle.CPUPlace(), paddle.ones([1]).place):
+        assert codec_path(place) == "numpy", place
+    assert codec_path("cpu", "bfloat16") == "paddle"  # numpy has no bfloat16
+    assert codec_path("gpu:0", "float16") == "paddle"
+
+
+def _kind(frames) -> str:
+    return json.loads(bytes(memoryview(frames[0]).cast("B")[8:]))["kind"]
+
+
+def test_runtime_coder_encodes_and_decodes_cpu_tensors_with_numpy():
+    """TensorCoder (the channels' and pipeline boundaries' path) sends a CPU paddle.Tensor through numpy: same
+    bytes as numpy's own encoding, state kept as numpy, and like='paddle' still hands back a paddle.Tensor."""
+    a = _act()
+    coder = TensorCoder()
+    frames = coder.encode(paddle.to_tensor(a), "ef(int8)")
+    assert _kind(frames) == "numpy"
+    assert _bytes(frames)[1:] == _bytes(encode_to_frames("ef(int8)", a))[1:]
+    assert isinstance(coder.codec("ef(int8)").residual(a.shape, kind="numpy"), np.ndarray)
+    y = TensorCoder().decode(frames, like="paddle")
+    assert isinstance(y, paddle.Tensor) and y.place.is_cpu_place() and y.dtype == paddle.float32
+    np.testing.assert_array_equal(y.numpy(), decode_from_frames(frames, like="numpy"))
+    bf = paddle.to_tensor(a).astype("bfloat16")  # no numpy bfloat16: stays on paddle
+    frames = coder.encode(bf, "int8")
+    assert _kind(frames) == "paddle"
+    assert TensorCoder().decode(frames, like="paddle").dtype == paddle.bfloat16
+
+
+@pytest.mark.skipif(not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0,
+                    reason="needs a GPU build of paddle and a GPU")
+def test_runtime_coder_encodes_gpu_tensors_on_the_device():
+    t = paddle.to_tensor(_act(), place=paddle.CUDAPlace(0))
+    frames = TensorCoder().encode(t, "fp16(svd(0.3))")
+    assert _kind(frames) == "paddle"
+    paddle.set_device("gpu:0")
+    y = TensorCoder().decode(frames, like="paddle")
+    assert y.place.is_gpu_place()

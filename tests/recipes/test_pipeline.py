@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import paddle
 import pytest
 import yaml
 
+from nebula.compress import codec_path
 from nebula.config.job import load_job_config
 from nebula.pipeline import read_metrics, run
 from nebula.pipeline.links import QueueLink
@@ -84,7 +86,7 @@ def _messages(link: TapLink) -> list[tuple[tuple[int, int, int], bytes, Any]]:
 
 def test_stages_train_through_codecs_on_the_runtime(locale_dir, tmp_path):
     """Encoder on cluster A, decoder on cluster B, joined by the runtime's boundary: every activation and gradient
-    crosses it encoded by the job's codecs on the tensor path, the bytes counted are the encoded sizes, and the model
+    crosses it encoded by the job's codecs on the path codec_path picks for the device, the bytes counted are the encoded sizes, and the model
     still learns."""
     prepare_data(tmp_path / "A", tmp_path / "B", ["es"], locale_dir, SPLIT)
     job = _job(tmp_path, [{"id": "A"}, {"id": "B"}],
@@ -119,7 +121,8 @@ def test_stages_train_through_codecs_on_the_runtime(locale_dir, tmp_path):
         assert {k[0] for k, _, _ in data} == set(range(40)) and len(data) == 40 * 2  # 2 micro-batches per step
         for _, msg, enc in data:
             assert enc.spec == data_spec and len(msg) == 16 + enc.nbytes  # what left is the codec's encoding
-            assert enc.kind == "paddle"  # encoded from the paddle tensor on its device, not from a numpy copy
+            # encoded where codec_path puts this device's tensors: numpy on the CPU, paddle ops on an accelerator
+            assert enc.kind == codec_path(paddle.get_device())
         raw = sum(int(np.prod(enc.shape)) * 4 for _, _, enc in data)
         assert sum(len(m) for _, m, _ in data) < 0.35 * raw  # int8 codecs: about a quarter of float32
         recs = read_metrics(tmp_path / "metrics" / f"{cluster}.rank0.jsonl")
