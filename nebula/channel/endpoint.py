@@ -81,6 +81,17 @@ class Endpoint:
         """Clusters our switch has links to (as of its latest WELCOME)."""
         return sorted(self._io.peers)
 
+    def watch(self) -> None:
+        """Record from now on which channels receive messages, for `ready`: a reader of many channels (a
+        federated combiner serving a thousand clients) then looks only at those instead of at every channel."""
+        self._io.watch()
+
+    def ready(self, timeout_s: float) -> list[ChannelKey]:
+        """After `watch`: the receiving keys (src = the peer) of the channels that got messages since the last
+        call, oldest first, each once however many came; waits up to `timeout_s` for one, else []. A channel
+        listed may since have been read empty (`Channel.pending`)."""
+        return self._io.ready(timeout_s)
+
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every message sent so far is acknowledged by its receiver; False on timeout."""
         return self._io.wait_drained(timeout_s)
@@ -151,6 +162,12 @@ class Channel:
             out.append(view[off : off + n])
             off += n
         return out
+
+    def pending(self) -> int:
+        """Messages (and refusals) ready to be read now without waiting."""
+        inbox = self._inbox
+        with inbox.cond:
+            return len(inbox.ready) + len(inbox.errors)
 
     def recv(self, timeout_s: float | None = None) -> bytes:
         """Next message on this channel, in order; TimeoutError, PeerUnavailable or ChannelError (refusals)."""

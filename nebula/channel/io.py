@@ -62,6 +62,10 @@ class IOThread:
         self.inboxes: dict[int, Inbox] = {}  # by rx channel id
         self.tx_inboxes: dict[int, Inbox] = {}  # by tx channel id
         self.dirty: set[int] = set()  # rx channels that owe an ACK
+        # Endpoint.watch: rx channels that received messages, oldest first, so a reader of many channels looks
+        # only at those (None: not recorded)
+        self.watched: dict[int, ChannelKey] | None = None
+        self.watch_cond = threading.Condition()
         self.welcome = threading.Event()
         self.boot = 0
         self.peers: dict[str, dict] = {}
@@ -112,6 +116,23 @@ class IOThread:
     def consumed(self, ch: ChannelKeys) -> None:
         """The application took a message off the channel's receiving stream."""
         self._command("consumed", ch.rx_key.id, None)
+
+    def watch(self) -> None:
+        """Start recording the channels that receive messages (those already holding some included)."""
+        self._command("watch", None, None)
+
+    def ready(self, timeout_s: float) -> list[ChannelKey]:
+        """Receiving keys of the channels that got messages since the last call, oldest first; [] on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self.watch_cond:
+            while not self.watched:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.running:
+                    return []
+                self.watch_cond.wait(min(left, 1.0))
+            out = list(self.watched.values())
+            self.watched.clear()
+        return out
 
     def _command(self, kind: str, a: Any, b: Any) -> None:
         self.cmds.append((kind, a, b))
@@ -252,6 +273,12 @@ class IOThread:
                         inbox.ready.extend(old.ready)
                         inbox.errors.extend(old.errors)
                 self.inboxes[ch.rx_key.id] = inbox
+            elif kind == "watch":
+                with self.watch_cond:
+                    if self.watched is None:
+                        self.watched = {cid: self.rx[cid].key for cid, box in self.inboxes.items()
+                                        if box.ready and cid in self.rx}
+                        self.watch_cond.notify_all()
 
     # sending
     def _queue(self, tx: Sender, msgs: list[OutMessage]) -> None:
@@ -391,6 +418,10 @@ class IOThread:
             with inbox.cond:
                 inbox.ready.extend(out.ready)
                 inbox.cond.notify_all()
+            if self.watched is not None:
+                with self.watch_cond:
+                    self.watched.setdefault(h.channel_id, rx.key)
+                    self.watch_cond.notify_all()
 
     def _flush_acks(self) -> None:
         if not self.dirty:

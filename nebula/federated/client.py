@@ -130,6 +130,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     ep = Endpoint.connect(cl.worker, job=job.job, rank=rank, timeout_s=job.startup_timeout_s)
     mb = Mailbox(ep, job.piece_bytes, Peer(job.controller.cluster, CONTROLLER_RANK),
                  incarnation=_next_incarnation(job, cluster, index))
+    mb.watch()  # an idle client sleeps until a message comes
     combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
     listen = mb_peers(job)
     me = f"{cluster}/{rank}"

@@ -46,6 +46,7 @@ class Combiner:
         self.controller = Peer(job.controller.cluster, CONTROLLER_RANK)
         self.known_version = 0
         self.refused_between: list[dict] = []  # refusals while no round ran, reported with the next partial
+        self.listen: frozenset[Peer] = frozenset()
         self.mb: Mailbox | None = None
         self.audit: ActorAudit | None = None
 
@@ -54,11 +55,13 @@ class Combiner:
         cl = self.job.cluster(self.cluster)
         ep = Endpoint.connect(cl.worker, job=self.job.job, rank=COMBINER_RANK, timeout_s=self.job.startup_timeout_s)
         self.mb = Mailbox(ep, self.job.piece_bytes, self.controller)
+        self.mb.watch()  # look only at the channels that got something: a poll costs the same for 1000 clients
+        self.listen = frozenset([*self.clients, self.controller])
         self.audit = ActorAudit(self.workdir, cl.worker, "combiner", self.cluster, COMBINER_RANK)
         log.info("combiner %s/%d ready", self.cluster, COMBINER_RANK)
         try:
             while True:
-                got = self.mb.poll([*self.clients, self.controller], 1.0)
+                got = self.mb.poll(self.listen, 1.0)
                 if got is None:
                     continue
                 peer, head, _ = got
@@ -134,7 +137,7 @@ class Combiner:
         del weights  # the round drops it once fanned out
         rnd.fan_out()
         while rnd.waiting() and time.monotonic() < deadline:
-            got = mb.poll([*self.clients, self.controller], min(1.0, max(0.0, deadline - time.monotonic())))
+            got = mb.poll(self.listen, min(1.0, max(0.0, deadline - time.monotonic())))
             if got is None:
                 continue
             peer, h, _ = got
@@ -164,7 +167,7 @@ class Combiner:
         for p in asked:
             task(p)
         while True:
-            got = mb.poll([*self.clients, self.controller], 1.0)
+            got = mb.poll(self.listen, 1.0)
             if got is None:
                 continue
             peer, h, _ = got

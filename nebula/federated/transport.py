@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 import logging
 
 import numpy as np
 
 from nebula.channel import Channel, ChannelError, Endpoint
+from nebula.wire import ChannelKey
 
 __all__ = ["Peer", "Mailbox", "CONTROLLER_RANK", "COMBINER_RANK", "FIRST_CLIENT_RANK", "CHANNEL", "manifest",
            "ModelAssembler", "PUSH_BYTES", "model_nbytes"]
@@ -36,6 +37,7 @@ EPOCH_WINDOW = 4
 CLIENT_WINDOW = 2
 PIECE_BYTES = 4 * 1024 * 1024
 PRIMARY_WAIT_S = 0.25  # a poll blocked on its primary peer looks at the others this often
+FRESH_WAIT_S = 5.0  # a channel opened for a message that came before it: how long its registration may take
 PUSH_BYTES = 1024 * 1024  # updates up to this size travel with their header, without waiting to be pulled
 
 
@@ -125,6 +127,15 @@ class Mailbox:
         self.piece_bytes = piece_bytes
         self.sent_bytes: dict[str, int] = {}  # by destination cluster: what left this actor
         self._turn = 0
+        self._ready: dict[ChannelKey, None] | None = None  # watch(): channels with messages, oldest first
+        self._opened: set[ChannelKey] = set()
+
+    def watch(self) -> None:
+        """Have `poll` look only at the channels that received something (Endpoint.watch) instead of sweeping
+        every listed peer: a poll then costs the same with 1000 peers as with 10, and a waiting actor sleeps until
+        a message comes (no wake-ups to look)."""
+        self._ready = {}
+        self.ep.watch()
 
     def channel(self, peer: Peer, epoch: int | None = None) -> Channel:
         """The channel to `peer` (for the controller's channels: of `epoch`, default the current one)."""
@@ -184,13 +195,15 @@ class Mailbox:
         parts = self.channel(peer).recv_parts(timeout_s)
         return _decode(parts, peer)
 
-    def poll(self, peers: list[Peer], timeout_s: float, primary: Peer | None = None
+    def poll(self, peers: Collection[Peer], timeout_s: float, primary: Peer | None = None
              ) -> tuple[Peer, dict, memoryview | None] | None:
         """The next message from any of `peers` (fair turns), or None after `timeout_s`.
 
         Between sweeps it sleeps with back-off, or, given a `primary` peer (the one most messages come from),
         blocks on that peer's channel instead, which costs no CPU however many actors wait in one process.
         """
+        if self._ready is not None:
+            return self._poll_ready(peers, timeout_s)
         deadline = time.monotonic() + timeout_s
         nap = 0.0005
         while True:
@@ -235,6 +248,65 @@ class Mailbox:
                 return primary, head, payload
             time.sleep(min(nap, left))
             nap = min(nap * 2, 0.02)
+
+    def _poll_ready(self, peers: Collection[Peer], timeout_s: float) -> tuple[Peer, dict, memoryview | None] | None:
+        """`poll` of a watching mailbox: the channels that received something, oldest first, are the only ones
+        looked at; a channel is visited for one message at a time, so a busy peer cannot starve the others."""
+        wanted = peers if isinstance(peers, (set, frozenset)) else set(peers)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for key in list(self._ready):
+                got = self._take(key, wanted)
+                if got is not None:
+                    return got
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            for key in self.ep.ready(left):
+                self._ready[key] = None
+
+    def _take(self, key: ChannelKey, wanted: Collection[Peer]) -> tuple[Peer, dict, memoryview | None] | None:
+        """One message of the channel whose receiving key is `key`, or None (its entry dropped unless the peer
+        is merely not wanted by this poll)."""
+        peer = Peer(key.src_cluster, key.src_rank)
+        if peer not in wanted:
+            return None
+        name, n = key.name, None
+        kind = name[len(CHANNEL) + 1] if name.startswith(CHANNEL + ".") else ""
+        if kind:
+            try:
+                n = int(name[len(CHANNEL) + 2:])
+            except ValueError:
+                kind = "?"
+        client = self.me.rank >= FIRST_CLIENT_RANK  # a client talks on its own incarnation only
+        oldest = (self.incarnation if client else self.incarnations.get(peer, 0)) if kind == "k" else self.epoch
+        stale = (name != CHANNEL and kind not in ("c", "k")) or (kind in ("c", "k") and n < oldest) \
+            or (client and kind == "k" and n != self.incarnation)
+        ch = None if stale else self.ep.channel(key.src_cluster, key.src_rank, name)
+        # a channel opened just now gets the messages that came before it once the I/O thread has registered it
+        fresh = ch is not None and key not in self._opened
+        if ch is None or not (fresh or ch.pending()):
+            del self._ready[key]  # an old epoch's or incarnation's channel, or one read empty since
+            return None
+        self._opened.add(key)
+        try:
+            parts = ch.recv_parts(FRESH_WAIT_S if fresh else 0)
+        except (TimeoutError, ChannelError):
+            del self._ready[key]
+            return None
+        del self._ready[key]
+        if ch.pending():
+            self._ready[key] = None  # more waiting: to the back of the queue
+        if kind == "c" and n > self.epoch:
+            self.epoch = n  # a restarted controller: follow it
+        elif kind == "k" and not client and n > self.incarnations.get(peer, 0):
+            self.incarnations[peer] = n  # a restarted client: talk on its new channels
+        try:
+            head, payload = _decode(parts, peer)
+        except ValueError as exc:
+            log.warning("skipping a message from %s: %s", peer, exc)
+            return None
+        return peer, head, payload
 
     def recv_pieces(self, peer: Peer, header: Mapping[str, Any], timeout_s: float) -> list[tuple[str, int, np.ndarray]]:
         """The pieces that follow model `header`, as (tensor, element offset, values) views of the received
