@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0  # HELLO (and the switch's WELCOME answer) this often
 SWITCH_SILENT_S = 5.0  # no WELCOME for this long: our own switch is unreachable
+MAX_HEARTBEAT_S = 2.5  # below the switch's RANK_HELD_S (3 s), and two missed WELCOMEs fit in SWITCH_SILENT_S
 
 
 @dataclass(eq=False)
@@ -50,8 +51,13 @@ class ChannelKeys(Protocol):
 class IOThread:
     """Owns the socket and its outlet (the lanes), every channel's Sender and Receiver, and the arena client."""
 
-    def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int) -> None:
+    def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int,
+                 heartbeat_s: float = HEARTBEAT_S) -> None:
+        if not 0 < heartbeat_s <= MAX_HEARTBEAT_S:
+            raise ValueError(f"heartbeat_s={heartbeat_s} must be in (0, {MAX_HEARTBEAT_S}]: the switch hands a rank "
+                             "silent for 3 s to another connection")
         self.cfg, self.job, self.rank, self.window_bytes = cfg, job, rank, window_bytes
+        self.heartbeat_s = heartbeat_s
         self.ctx, self.sock, self.monitor, self.address, self.transport = connect(cfg)
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -210,7 +216,7 @@ class IOThread:
             now = time.monotonic()
             if now >= next_hello:
                 self.out.send_now(self.hello_head, b"")
-                next_hello = now + HEARTBEAT_S
+                next_hello = now + self.heartbeat_s
             if now >= next_check:
                 self._check_timeouts(now)
                 next_check = now + 0.5
@@ -270,8 +276,11 @@ class IOThread:
                 old = self.inboxes.get(ch.rx_key.id)
                 if old is not None:  # messages that arrived before the application opened the channel
                     with old.cond:
-                        inbox.ready.extend(old.ready)
-                        inbox.errors.extend(old.errors)
+                        moved = list(old.ready), list(old.errors)
+                    with inbox.cond:  # a reader may already wait on the new inbox: wake it
+                        inbox.ready.extend(moved[0])
+                        inbox.errors.extend(moved[1])
+                        inbox.cond.notify_all()
                 self.inboxes[ch.rx_key.id] = inbox
             elif kind == "watch":
                 with self.watch_cond:

@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from nebula.channel import Endpoint
-from nebula.federated._actor import ActorAudit, check_update_header
+from nebula.federated._actor import ActorAudit, JobGrants, check_update_header
 from nebula.federated.aggregate import RunningMean
 from nebula.federated.config import FederatedJob
+from nebula.federated.intake import NONE_CODEC, Refused, receive_update, spool_dir
 from nebula.federated.strategy import get_strategy
 from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, PUSH_BYTES, Mailbox, Peer,
                                         manifest, model_nbytes)
@@ -47,6 +48,7 @@ class Combiner:
         self.known_version = 0
         self.refused_between: list[dict] = []  # refusals while no round ran, reported with the next partial
         self.listen: frozenset[Peer] = frozenset()
+        self.spool: Path | None = None
         self.mb: Mailbox | None = None
         self.audit: ActorAudit | None = None
 
@@ -58,6 +60,8 @@ class Combiner:
         self.mb.watch()  # look only at the channels that got something: a poll costs the same for 1000 clients
         self.listen = frozenset([*self.clients, self.controller])
         self.audit = ActorAudit(self.workdir, cl.worker, "combiner", self.cluster, COMBINER_RANK)
+        self.spool = spool_dir(self.workdir)
+        self.grants = JobGrants(cl.accounts_home) if cl.accounts_home else None
         log.info("combiner %s/%d ready", self.cluster, COMBINER_RANK)
         try:
             while True:
@@ -97,6 +101,13 @@ class Combiner:
             if head.get("job") != self.job.job or not isinstance(n, int) or n <= 0:
                 self.audit.record("fl.hello", str(peer), "refused", {"job": head.get("job"), "num_examples": n})
                 return
+            why = self.grant_refusal()
+            if why is not None:
+                self.roster.pop(peer, None)
+                log.warning("combiner %s: refused client %s: %s", self.cluster, peer, why)
+                self.audit.record("fl.hello", str(peer), "refused", {"reason": why})
+                self.mb.send(peer, {"type": "refused", "reason": why})
+                return
             self.roster[peer] = n
             if rnd is not None:
                 rnd.rejoined.add(peer)  # a restarted client: it is back, whatever its old process left undone
@@ -110,11 +121,18 @@ class Combiner:
             else:
                 rnd.on_update(peer, head)
 
+    def grant_refusal(self) -> str | None:
+        """Why clients may not take part here (this cluster's account home holds no job grant for them), or None.
+
+        The account is the one every rank of this job speaks for: the switch routes by (account, job, rank) and
+        refuses a worker's frame naming any account but its key's, so a client's account is the job's."""
+        return None if self.grants is None else self.grants.refusal(self.mb.ep.cfg.account, self.job.job)
+
     def _discard_pushed(self, peer: Peer, head: dict) -> None:
         """Read and drop the pieces of a refused update that came with its header (small ones only)."""
         if head.get("pushed") and 0 < model_nbytes(head.get("tensors") or []) <= PUSH_BYTES:
             try:
-                self.mb.recv_pieces(peer, head, 5.0)
+                self.mb.skip_pieces(peer, head, 5.0)
             except (TimeoutError, ValueError):
                 pass
 
@@ -189,9 +207,9 @@ class Combiner:
             if kind != "update":
                 continue
             who = str(peer)
-            reason = check_update_header(h, job=self.job.job, round=h.get("round"), version=h.get("version"),
-                                         known_version=self.known_version, expected={str(p) for p in asked},
-                                         seen=set(), who=who, tensors=tensors)
+            reason = self.grant_refusal() or check_update_header(
+                h, job=self.job.job, round=h.get("round"), version=h.get("version"), known_version=self.known_version,
+                expected={str(p) for p in asked}, seen=set(), who=who, tensors=tensors)
             if reason is not None:
                 self._discard_pushed(peer, h)
             if reason is None:
@@ -236,6 +254,7 @@ class _Round:
         self.names: list[str] = []
         self.metrics: dict[str, float] = {}
         self.eval_examples = 0
+        self.update_bytes = 0  # what the accepted updates' pieces took on the wire
 
     def fan_out(self) -> None:
         task = {"type": "task", "round": self.round, "version": self.version, "config": self.head.get("config", {}),
@@ -252,9 +271,9 @@ class _Round:
 
     def on_update(self, peer: Peer, head: dict) -> None:
         who = str(peer)
-        reason = check_update_header(head, job=self.c.job.job, round=self.round, version=self.version,
-                                     known_version=self.c.known_version, expected=self.expected, seen=self.seen,
-                                     who=who, tensors=self.tensors)
+        reason = self.c.grant_refusal() or check_update_header(
+            head, job=self.c.job.job, round=self.round, version=self.version, known_version=self.c.known_version,
+            expected=self.expected, seen=self.seen, who=who, tensors=self.tensors)
         if reason is not None:
             self.c._discard_pushed(peer, head)
             if head.get("round") == self.round and who in self.expected and not reason.startswith("duplicate"):
@@ -267,26 +286,26 @@ class _Round:
         if not head.get("pushed"):
             self.c.mb.send(peer, {"type": "pull", "round": self.round})
         try:
-            pieces = self.c.mb.recv_pieces(peer, head, max(0.5, self.deadline - time.monotonic()) + PULL_GRACE_S)
-        except (TimeoutError, ValueError) as exc:
-            self._reject(peer, head, f"incomplete update: {exc}")
+            upd = receive_update(self.c.mb, peer, head, max(0.5, self.deadline - time.monotonic()) + PULL_GRACE_S,
+                                 codec=self.c.job.update_codec, spool_dir=self.c.spool)
+        except (Refused, ValueError) as exc:
+            self._reject(peer, head, str(exc))
             return
-        for k, _, v in pieces:
-            if not np.isfinite(v).all():
-                self._reject(peer, head, f"{k!r} holds NaN or Inf; lower the learning rate or clip gradients")
-                return
+        self.update_bytes += upd.nbytes
         n = int(head["num_examples"])
-        if self.streaming:  # checked whole, folded piece by piece from the received buffers
-            self.mean.begin(n, who)
-            for k, off, v in pieces:
-                self.mean.add_part(k, v, off)
-        else:
-            w = {k: np.empty(s, d) for k, d, s in ((t[0], np.dtype(t[1]), tuple(t[2])) for t in self.tensors)}
-            for k, off, v in pieces:
-                w[k].reshape(-1)[off : off + v.size] = v
-            self.kept.append((w, n))
-            self.names.append(who)
-        del pieces
+        try:
+            if self.streaming:  # checked whole, folded piece by piece
+                self.mean.begin(n, who)
+                for k, off, v in upd.pieces():
+                    self.mean.add_part(k, v, off)
+            else:
+                w = {k: np.empty(s, d) for k, d, s in ((t[0], np.dtype(t[1]), tuple(t[2])) for t in self.tensors)}
+                for k, off, v in upd.pieces():
+                    w[k].reshape(-1)[off : off + v.size] = v
+                self.kept.append((w, n))
+                self.names.append(who)
+        finally:
+            upd.close()
         m = head.get("metrics") or {}
         ne = int(m.get("eval_examples", 0) or 0)
         for k in ("eval_loss", "accuracy"):
@@ -314,7 +333,8 @@ class _Round:
         header = {"type": "partial", "session": self.head.get("session"), "round": self.round, "version": self.version,
                   "num_updates": num_updates,
                   "num_examples": num_examples, "clients": sorted(self.accepted), "rejected": self.rejected,
-                  "missing": [str(p) for p in missing], "metrics": metrics, "eval_examples": self.eval_examples}
+                  "missing": [str(p) for p in missing], "metrics": metrics, "eval_examples": self.eval_examples,
+                  "update_bytes": self.update_bytes, "delta": self.c.job.update_codec != NONE_CODEC}
         if partial is None:
             self.c.mb.send(self.c.controller, header)
         else:

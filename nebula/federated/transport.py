@@ -20,7 +20,7 @@ from nebula.channel import Channel, ChannelError, Endpoint
 from nebula.wire import ChannelKey
 
 __all__ = ["Peer", "Mailbox", "CONTROLLER_RANK", "COMBINER_RANK", "FIRST_CLIENT_RANK", "CHANNEL", "manifest",
-           "ModelAssembler", "PUSH_BYTES", "model_nbytes"]
+           "ModelAssembler", "PUSH_BYTES", "model_nbytes", "piece_plan", "tensor_specs"]
 
 log = logging.getLogger(__name__)
 CONTROLLER_RANK = 0
@@ -63,8 +63,8 @@ def manifest(weights: Mapping[str, np.ndarray]) -> list[list]:
     return [[k, str(v.dtype), list(v.shape)] for k, v in weights.items()]
 
 
-def _plan(specs: Iterable[tuple[str, np.dtype, tuple[int, ...]]], piece_bytes: int
-          ) -> Iterable[tuple[str, int, int]]:
+def piece_plan(specs: Iterable[tuple[str, np.dtype, tuple[int, ...]]], piece_bytes: int
+               ) -> Iterable[tuple[str, int, int]]:
     """(tensor, first element, element count) of every piece, in order: both ends derive it from the header."""
     for name, dtype, shape in specs:
         item = np.dtype(dtype).itemsize
@@ -82,7 +82,8 @@ def model_nbytes(tensors: list) -> int:
         return 0
 
 
-def _specs(weights: Mapping[str, np.ndarray]) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+def tensor_specs(weights: Mapping[str, np.ndarray]) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    """(name, dtype, shape) of every tensor, in order: what `piece_plan` cuts into pieces."""
     return [(k, v.dtype, tuple(v.shape)) for k, v in weights.items()]
 
 
@@ -100,7 +101,7 @@ class ModelAssembler:
                 raise ValueError(f"piece_bytes={piece_bytes} < 4096")
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{who}: malformed model header ({exc}); send models with Mailbox.send_model") from None
-        self.plan = list(_plan(((k, d, s) for k, (d, s) in self.specs.items()), piece_bytes))
+        self.plan = list(piece_plan(((k, d, s) for k, (d, s) in self.specs.items()), piece_bytes))
         self.num_pieces = len(self.plan)
 
     def piece(self, i: int, payload: memoryview) -> tuple[str, int, np.ndarray]:
@@ -167,6 +168,11 @@ class Mailbox:
         self._count(peer, len(head) + (0 if payload is None else len(payload)))
         return self.channel(peer).send(parts, lane=lane)
 
+    def send_parts(self, peer: Peer, parts: list, lane: str = "bulk") -> Any:
+        """Send one message of several parts (e.g. a compressed piece's frames); the channel's future."""
+        self._count(peer, sum(len(memoryview(p).cast("B")) for p in parts))
+        return self.channel(peer).send(parts, lane=lane)
+
     def model_header(self, header: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> dict:
         """`header` extended with the model's manifest and piece size (which fix the pieces' layout)."""
         return {**header, "tensors": manifest(weights), "piece_bytes": self.piece_bytes}
@@ -177,7 +183,7 @@ class Mailbox:
         fut = None
         ch = self.channel(peer)
         flat = {k: memoryview(np.ascontiguousarray(v).reshape(-1)).cast("B") for k, v in weights.items()}
-        for name, off, count in _plan(_specs(weights), self.piece_bytes):
+        for name, off, count in piece_plan(tensor_specs(weights), self.piece_bytes):
             item = weights[name].dtype.itemsize
             view = flat[name][off * item : (off + count) * item]
             self._count(peer, len(view))
@@ -308,19 +314,13 @@ class Mailbox:
             return None
         return peer, head, payload
 
-    def recv_pieces(self, peer: Peer, header: Mapping[str, Any], timeout_s: float) -> list[tuple[str, int, np.ndarray]]:
-        """The pieces that follow model `header`, as (tensor, element offset, values) views of the received
-        buffers (no copy): an update costs its own size once while it is checked."""
+    def skip_pieces(self, peer: Peer, header: Mapping[str, Any], timeout_s: float) -> None:
+        """Read and drop the piece messages (raw or compressed) that follow model `header`."""
         asm = ModelAssembler(header, f"{peer}")
         deadline = time.monotonic() + timeout_s
         ch = self.channel(peer)
-        out = []
-        for i in range(asm.num_pieces):
-            parts = ch.recv_parts(max(0.0, deadline - time.monotonic()))
-            if len(parts) != 1:
-                raise ValueError(f"{peer}: expected piece {i} of a model, got a message of {len(parts)} parts")
-            out.append(asm.piece(i, parts[0]))
-        return out
+        for _ in range(asm.num_pieces):
+            ch.recv_parts(max(0.0, deadline - time.monotonic()))
 
     def recv_model(self, peer: Peer, header: Mapping[str, Any], timeout_s: float,
                    on_piece: Callable[[str, np.ndarray, int], None] | None = None) -> dict[str, np.ndarray] | None:
