@@ -155,7 +155,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
             got, pending = pending or mb.poll(listen, 1.0, primary=last), None
             if got is None:
                 continue
-            peer, head, _ = got
+            peer, head, parts = got
             kind = head.get("type")
             if kind == "stop":
                 break
@@ -167,7 +167,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
                 log.warning("%s: combiner %s refused us: %s", me, peer, head.get("reason"))
             elif kind == "task":
                 last = peer
-                ok, pending = _train(mb, peer, head, client, job, me, encoder)
+                ok, pending = _train(mb, peer, head, client, job, me, encoder, parts)
                 trained += ok
             else:  # an answer to an update we gave up on (the round moved on): nothing to do
                 log.debug("%s: ignoring %s from %s", me, kind, peer)
@@ -178,10 +178,10 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
 
 
 def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJob, me: str,
-           encoder: UpdateEncoder | None = None) -> tuple[bool, Any]:
-    """Run one task: evaluate, fit, announce, stream on request (compressed with `encoder`, if any).
-    (trained?, a task that came meanwhile)."""
-    params = mb.recv_model(peer, head, job.deadline_s)
+           encoder: UpdateEncoder | None = None, parts: list | None = None) -> tuple[bool, Any]:
+    """Run one task (`parts`: the model's pieces that came with it): evaluate, fit, announce, stream on request
+    (compressed with `encoder`, if any). (trained?, a task that came meanwhile)."""
+    params = mb.recv_model(peer, head, job.deadline_s, inline=parts)
     config = dict(head.get("config", {}))
     loss, n_eval, em = client.evaluate(params, config)
     weights, n, fm = client.fit(params, config)
@@ -190,6 +190,9 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
     if encoder is not None:
         header["codec"] = encoder.spec
     push = sum(w.nbytes for w in weights.values()) <= int(head.get("push_bytes", 0))
+    if push and encoder is None:  # small and raw: one message, the pieces inside it
+        mb.send_model(peer, {**header, "pushed": True}, weights, inline=True)
+        return True, None
     mb.send(peer, mb.model_header({**header, "pushed": push}, weights))
 
     def send() -> None:

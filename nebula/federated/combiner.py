@@ -68,7 +68,7 @@ class Combiner:
                 got = self.mb.poll(self.listen, 1.0)
                 if got is None:
                     continue
-                peer, head, _ = got
+                peer, head, parts = got
                 if peer == self.controller:
                     kind = head.get("type")
                     if kind == "stop":
@@ -83,7 +83,7 @@ class Combiner:
                         if self._async(head) == "stop":
                             return
                 else:
-                    self._from_client(peer, head, None)
+                    self._from_client(peer, head, None, parts)
         finally:
             self.audit.close()
             ep.close(flush_s=5)
@@ -93,7 +93,8 @@ class Combiner:
         self.mb.send(self.controller, {"type": "status", "seq": head.get("seq"), "roster": roster,
                                        "missed": sorted(str(c) for c in self.missed)})
 
-    def _from_client(self, peer: Peer, head: dict, rnd: _Round | None) -> None:
+    def _from_client(self, peer: Peer, head: dict, rnd: _Round | None, parts: list | None = None) -> None:
+        """A client's message (`parts`: the pieces that came inline with it)."""
         kind = head.get("type")
         self.missed.discard(peer)  # heard from: offered again
         if kind == "hello":
@@ -119,7 +120,7 @@ class Combiner:
                 self.refused_between.append({"client": str(peer), "reason": reason})
                 self._refuse(peer, head, reason)
             else:
-                rnd.on_update(peer, head)
+                rnd.on_update(peer, head, parts)
 
     def grant_refusal(self) -> str | None:
         """Why clients may not take part here (this cluster's account home holds no job grant for them), or None.
@@ -158,12 +159,12 @@ class Combiner:
             got = mb.poll(self.listen, min(1.0, max(0.0, deadline - time.monotonic())))
             if got is None:
                 continue
-            peer, h, _ = got
+            peer, h, parts = got
             if peer == self.controller:
                 if h.get("type") == "status":
                     self._status(h)
                 continue
-            self._from_client(peer, h, rnd)
+            self._from_client(peer, h, rnd, parts)
         rnd.report()
 
 
@@ -180,7 +181,7 @@ class Combiner:
 
         def task(p: Peer) -> None:
             mb.send_model(p, {"type": "task", "round": version, "version": version, "config": config,
-                              "deadline_s": dl, "push_bytes": PUSH_BYTES}, latest)
+                              "deadline_s": dl, "push_bytes": PUSH_BYTES}, latest, inline=True)
 
         for p in asked:
             task(p)
@@ -188,7 +189,7 @@ class Combiner:
             got = mb.poll(self.listen, 1.0)
             if got is None:
                 continue
-            peer, h, _ = got
+            peer, h, parts = got
             kind = h.get("type")
             if peer == self.controller:
                 if kind == "stop":
@@ -216,7 +217,7 @@ class Combiner:
                 if not h.get("pushed"):
                     mb.send(peer, {"type": "pull"})
                 try:
-                    w = mb.recv_model(peer, h, dl)
+                    w = mb.recv_model(peer, h, dl, inline=parts)
                     bad = next((k for k, v in w.items() if not np.isfinite(v).all()), None)
                     if bad is not None:
                         reason = f"{bad!r} holds NaN or Inf; lower the learning rate or clip gradients"
@@ -261,7 +262,8 @@ class _Round:
                 "deadline_s": max(0.0, self.deadline - time.monotonic()), "push_bytes": PUSH_BYTES}
         big = sum(w.nbytes for w in self.weights.values()) > 64 * 1024**2
         for p in self.asked:
-            self.c.mb.send_model(p, task, self.weights)  # pieces are views of self.weights: no copies
+            # pieces are views of self.weights (no copies); a small model goes inside the task's message
+            self.c.mb.send_model(p, task, self.weights, inline=True)
         if big:  # the channel holds those views until the clients acknowledge them: let them go before the updates
             self.c.mb.ep.flush(max(1.0, self.deadline - time.monotonic()) / 2)
         self.weights = None  # sent: from here on the combiner holds the partial and one update, no global model
@@ -269,7 +271,7 @@ class _Round:
     def waiting(self) -> bool:
         return bool(self.expected - self.seen)
 
-    def on_update(self, peer: Peer, head: dict) -> None:
+    def on_update(self, peer: Peer, head: dict, parts: list | None = None) -> None:
         who = str(peer)
         reason = self.c.grant_refusal() or check_update_header(
             head, job=self.c.job.job, round=self.round, version=self.version, known_version=self.c.known_version,
@@ -287,7 +289,7 @@ class _Round:
             self.c.mb.send(peer, {"type": "pull", "round": self.round})
         try:
             upd = receive_update(self.c.mb, peer, head, max(0.5, self.deadline - time.monotonic()) + PULL_GRACE_S,
-                                 codec=self.c.job.update_codec, spool_dir=self.c.spool)
+                                 codec=self.c.job.update_codec, spool_dir=self.c.spool, inline=parts)
         except (Refused, ValueError) as exc:
             self._reject(peer, head, str(exc))
             return

@@ -121,7 +121,7 @@ class Controller:
     def _discard(self, peer: Peer, head: dict) -> None:
         """Drop a message of an earlier round (consuming the model pieces that follow it)."""
         log.info("controller: dropping a late %s from %s (round %s)", head.get("type"), peer, head.get("round"))
-        if "piece_bytes" in head:
+        if "piece_bytes" in head and not head.get("inline"):  # (inline pieces came with it)
             self.mb.recv_model(peer, head, self.job.deadline_s, on_piece=lambda *a: None)
 
     def _wait_roster(self, need: int, want: int | None = None) -> tuple[list[Peer], dict[Peer, int]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -61,10 +60,12 @@ class ReceivedUpdate:
 
 
 def receive_update(mb: Mailbox, peer: Peer, head: Mapping[str, Any], timeout_s: float, *, codec: str,
-                   spool_dir: str | Path, spool_over: int = SPOOL_BYTES) -> ReceivedUpdate:
+                   spool_dir: str | Path, spool_over: int = SPOOL_BYTES,
+                   inline: list | None = None) -> ReceivedUpdate:
     """Receive and check the pieces that follow update header `head` from `peer` (decoding them when the job has
     an update codec); Refused with the reason for a malformed, non-finite or incomplete update. Every piece is
-    read off the channel even after a bad one, so the channel stays in step. Updates over `spool_over` bytes
+    read off the channel even after a bad one, so the channel stays in step (`inline`: the pieces that came
+    with the header instead). Updates over `spool_over` bytes
     wait in a file in `spool_dir`."""
     asm = ModelAssembler(head, str(peer))
     plan = asm.plan
@@ -76,14 +77,13 @@ def receive_update(mb: Mailbox, peer: Peer, head: Mapping[str, Any], timeout_s: 
     total = sum(c * dtypes[n].itemsize for n, _, c in plan)
     spool = tempfile.TemporaryFile(dir=spool_dir) if total > spool_over else None
     held: list | None = None if spool is not None else []
-    deadline = time.monotonic() + timeout_s
-    ch = mb.channel(peer)
     why, nbytes = None, 0
+    incoming = iter(mb.pieces(peer, head, timeout_s, inline))
     try:
         for i, (name, off, count) in enumerate(plan):
             try:
-                parts = ch.recv_parts(max(0.0, deadline - time.monotonic()))
-            except TimeoutError as exc:
+                parts = next(incoming)
+            except (TimeoutError, ValueError) as exc:
                 raise Refused(f"incomplete update: {exc}") from None
             nbytes += sum(len(p) for p in parts)
             if why is not None:

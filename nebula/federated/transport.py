@@ -20,7 +20,7 @@ from nebula.channel import Channel, ChannelError, Endpoint
 from nebula.wire import ChannelKey
 
 __all__ = ["Peer", "Mailbox", "CONTROLLER_RANK", "COMBINER_RANK", "FIRST_CLIENT_RANK", "CHANNEL", "manifest",
-           "ModelAssembler", "PUSH_BYTES", "model_nbytes", "piece_plan", "tensor_specs"]
+           "ModelAssembler", "PUSH_BYTES", "model_nbytes", "piece_plan", "tensor_specs", "fits_inline"]
 
 log = logging.getLogger(__name__)
 CONTROLLER_RANK = 0
@@ -39,6 +39,7 @@ PIECE_BYTES = 4 * 1024 * 1024
 PRIMARY_WAIT_S = 0.25  # a poll blocked on its primary peer looks at the others this often
 FRESH_WAIT_S = 5.0  # a channel opened for a message that came before it: how long its registration may take
 PUSH_BYTES = 1024 * 1024  # updates up to this size travel with their header, without waiting to be pulled
+INLINE_PIECES = 64  # a small model in at most this many pieces travels inside its header's message
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -72,6 +73,14 @@ def piece_plan(specs: Iterable[tuple[str, np.dtype, tuple[int, ...]]], piece_byt
         size = int(np.prod(shape, dtype=np.int64))
         for off in range(0, max(size, 1), step):
             yield name, off, min(step, size - off)
+
+
+def fits_inline(tensors: list, piece_bytes: int) -> bool:
+    """Whether a model of this manifest goes inline (one message with its header): small and in few pieces."""
+    if not 0 < model_nbytes(tensors) <= PUSH_BYTES:
+        return False
+    specs = ((k, np.dtype(d), tuple(s)) for k, d, s in tensors)
+    return sum(1 for _ in piece_plan(specs, piece_bytes)) <= INLINE_PIECES
 
 
 def model_nbytes(tensors: list) -> int:
@@ -177,32 +186,42 @@ class Mailbox:
         """`header` extended with the model's manifest and piece size (which fix the pieces' layout)."""
         return {**header, "tensors": manifest(weights), "piece_bytes": self.piece_bytes}
 
-    def send_pieces(self, peer: Peer, weights: Mapping[str, np.ndarray], lane: str = "bulk") -> Any:
-        """The model's pieces (after its header), each a bare view of the arrays (no copy is made: the channel
-        keeps the view until the peer acknowledges it); the last piece's future."""
-        fut = None
-        ch = self.channel(peer)
+    def _views(self, weights: Mapping[str, np.ndarray]) -> Iterable[memoryview]:
+        """Bare views of the model's pieces, in order (no copy: the channel keeps a view until acknowledged)."""
         flat = {k: memoryview(np.ascontiguousarray(v).reshape(-1)).cast("B") for k, v in weights.items()}
         for name, off, count in piece_plan(tensor_specs(weights), self.piece_bytes):
             item = weights[name].dtype.itemsize
-            view = flat[name][off * item : (off + count) * item]
+            yield flat[name][off * item : (off + count) * item]
+
+    def send_pieces(self, peer: Peer, weights: Mapping[str, np.ndarray], lane: str = "bulk") -> Any:
+        """The model's pieces (after its header), each a message of its own; the last piece's future."""
+        fut = None
+        ch = self.channel(peer)
+        for view in self._views(weights):
             self._count(peer, len(view))
             fut = ch.send(view, lane=lane)
         return fut
 
     def send_model(self, peer: Peer, header: Mapping[str, Any], weights: Mapping[str, np.ndarray],
-                   lane: str = "bulk") -> Any:
-        """Send `header` (extended with the manifest) and the model's pieces; the last piece's future."""
+                   lane: str = "bulk", inline: bool = False) -> Any:
+        """Send `header` (extended with the manifest) and the model's pieces; the last piece's future.
+
+        With `inline`, a small model (up to PUSH_BYTES in at most INLINE_PIECES pieces) goes as one message, its
+        pieces as the parts after the header: one message and one acknowledgement through the switch instead of
+        two or more, which is most of what a lightweight client costs its switch and combiner per round."""
+        if inline and fits_inline(manifest(weights), self.piece_bytes):
+            head = json.dumps(self.model_header({**header, "inline": True}, weights), separators=(",", ":")).encode()
+            return self.send_parts(peer, [head, *self._views(weights)], lane=lane)
         self.send(peer, self.model_header(header, weights), lane="control")
         return self.send_pieces(peer, weights, lane)
 
-    def recv(self, peer: Peer, timeout_s: float | None) -> tuple[dict, memoryview | None]:
+    def recv(self, peer: Peer, timeout_s: float | None) -> tuple[dict, list[memoryview] | None]:
         """Next message from `peer` (header, payload); TimeoutError when none comes in time."""
         parts = self.channel(peer).recv_parts(timeout_s)
         return _decode(parts, peer)
 
     def poll(self, peers: Collection[Peer], timeout_s: float, primary: Peer | None = None
-             ) -> tuple[Peer, dict, memoryview | None] | None:
+             ) -> tuple[Peer, dict, list[memoryview] | None] | None:
         """The next message from any of `peers` (fair turns), or None after `timeout_s`.
 
         Between sweeps it sleeps with back-off, or, given a `primary` peer (the one most messages come from),
@@ -255,7 +274,7 @@ class Mailbox:
             time.sleep(min(nap, left))
             nap = min(nap * 2, 0.02)
 
-    def _poll_ready(self, peers: Collection[Peer], timeout_s: float) -> tuple[Peer, dict, memoryview | None] | None:
+    def _poll_ready(self, peers: Collection[Peer], timeout_s: float) -> tuple[Peer, dict, list[memoryview] | None] | None:
         """`poll` of a watching mailbox: the channels that received something, oldest first, are the only ones
         looked at; a channel is visited for one message at a time, so a busy peer cannot starve the others."""
         wanted = peers if isinstance(peers, (set, frozenset)) else set(peers)
@@ -271,7 +290,7 @@ class Mailbox:
             for key in self.ep.ready(left):
                 self._ready[key] = None
 
-    def _take(self, key: ChannelKey, wanted: Collection[Peer]) -> tuple[Peer, dict, memoryview | None] | None:
+    def _take(self, key: ChannelKey, wanted: Collection[Peer]) -> tuple[Peer, dict, list[memoryview] | None] | None:
         """One message of the channel whose receiving key is `key`, or None (its entry dropped unless the peer
         is merely not wanted by this poll)."""
         peer = Peer(key.src_cluster, key.src_rank)
@@ -315,16 +334,31 @@ class Mailbox:
         return peer, head, payload
 
     def skip_pieces(self, peer: Peer, header: Mapping[str, Any], timeout_s: float) -> None:
-        """Read and drop the piece messages (raw or compressed) that follow model `header`."""
-        asm = ModelAssembler(header, f"{peer}")
+        """Read and drop the piece messages (raw or compressed) that follow model `header` (none when inline)."""
+        if not header.get("inline"):
+            for _ in self.pieces(peer, header, timeout_s):
+                pass
+
+    def pieces(self, peer: Peer, header: Mapping[str, Any], timeout_s: float,
+               inline: list[memoryview] | None = None) -> Iterable[list[memoryview]]:
+        """The messages (each a list of parts) of the pieces that follow model `header`: the parts that came
+        with an inline header, or the next messages on `peer`'s channel. ValueError for an inline header whose
+        parts are missing, TimeoutError when the pieces stop coming."""
+        n = ModelAssembler(header, f"{peer}").num_pieces
+        if header.get("inline"):
+            if inline is None or len(inline) != n:
+                raise ValueError(f"{peer}: inline model of {n} pieces came with {len(inline or [])} parts")
+            yield from ([p] for p in inline)
+            return
         deadline = time.monotonic() + timeout_s
         ch = self.channel(peer)
-        for _ in range(asm.num_pieces):
-            ch.recv_parts(max(0.0, deadline - time.monotonic()))
+        for _ in range(n):
+            yield ch.recv_parts(max(0.0, deadline - time.monotonic()))
 
     def recv_model(self, peer: Peer, header: Mapping[str, Any], timeout_s: float,
-                   on_piece: Callable[[str, np.ndarray, int], None] | None = None) -> dict[str, np.ndarray] | None:
-        """Receive the pieces that follow model `header` from `peer`.
+                   on_piece: Callable[[str, np.ndarray, int], None] | None = None,
+                   inline: list[memoryview] | None = None) -> dict[str, np.ndarray] | None:
+        """Receive the pieces of model `header` from `peer` (`inline`: the parts that came with it).
 
         With `on_piece`, each checked piece is handed over (streaming; returns None); otherwise the model is
         assembled into fresh arrays and returned. ValueError for a malformed piece, TimeoutError when the
@@ -332,10 +366,7 @@ class Mailbox:
         """
         asm = ModelAssembler(header, f"{peer}")
         out = None if on_piece else {n: np.empty(s, d) for n, (d, s) in asm.specs.items()}
-        deadline = time.monotonic() + timeout_s
-        ch = self.channel(peer)
-        for i in range(asm.num_pieces):
-            parts = ch.recv_parts(max(0.0, deadline - time.monotonic()))
+        for i, parts in enumerate(self.pieces(peer, header, timeout_s, inline)):
             if len(parts) != 1:
                 raise ValueError(f"{peer}: expected piece {i} of a model, got a message of {len(parts)} parts")
             name, off, vals = asm.piece(i, parts[0])
@@ -346,11 +377,11 @@ class Mailbox:
         return out
 
 
-def _decode(parts: list[memoryview], peer: Peer) -> tuple[dict, memoryview | None]:
+def _decode(parts: list[memoryview], peer: Peer) -> tuple[dict, list[memoryview] | None]:
     try:
         head = json.loads(bytes(parts[0]))
     except ValueError as exc:
         raise ValueError(f"{peer}: message header is not JSON ({exc})") from None
     if not isinstance(head, dict):
         raise ValueError(f"{peer}: message header is not a JSON object")
-    return head, (parts[1] if len(parts) > 1 else None)
+    return head, (parts[1:] if len(parts) > 1 else None)
