@@ -60,6 +60,7 @@ class IOThread:
         self.heartbeat_s = heartbeat_s
         self.ctx, self.sock, self.monitor, self.address, self.transport = connect(cfg)
         self.wake_r, self.wake_w = os.pipe()
+        self.wake_pending = False  # a wake-up byte is on its way: commands queued meanwhile need no other
         os.set_blocking(self.wake_r, False)
         self.cmds: deque = deque()
         self.tx: dict[int, Sender] = {}
@@ -142,7 +143,9 @@ class IOThread:
 
     def _command(self, kind: str, a: Any, b: Any) -> None:
         self.cmds.append((kind, a, b))
-        self._wake()
+        if not self.wake_pending:  # one wake-up for a burst of commands (a combiner's thousand tasks), not one each
+            self.wake_pending = True
+            self._wake()
 
     def _wake(self) -> None:
         try:
@@ -238,6 +241,7 @@ class IOThread:
                     pass
             if self.monitor in events:
                 self._on_monitor()
+            self.wake_pending = False  # before taking the commands: one queued after this wakes us again
             self._do_cmds()
             self._recv_all()
             self._flush_acks()

@@ -261,9 +261,14 @@ class _Round:
         task = {"type": "task", "round": self.round, "version": self.version, "config": self.head.get("config", {}),
                 "deadline_s": max(0.0, self.deadline - time.monotonic()), "push_bytes": PUSH_BYTES}
         big = sum(w.nbytes for w in self.weights.values()) > 64 * 1024**2
+        # a small model goes inside the task's message, built once for every client; pieces are views of
+        # self.weights (no copies)
+        parts = self.c.mb.inline_message(task, self.weights)
         for p in self.asked:
-            # pieces are views of self.weights (no copies); a small model goes inside the task's message
-            self.c.mb.send_model(p, task, self.weights, inline=True)
+            if parts is not None:
+                self.c.mb.send_parts(p, parts)
+            else:
+                self.c.mb.send_model(p, task, self.weights)
         if big:  # the channel holds those views until the clients acknowledge them: let them go before the updates
             self.c.mb.ep.flush(max(1.0, self.deadline - time.monotonic()) / 2)
         self.weights = None  # sent: from here on the combiner holds the partial and one update, no global model

@@ -209,11 +209,19 @@ class Mailbox:
         With `inline`, a small model (up to PUSH_BYTES in at most INLINE_PIECES pieces) goes as one message, its
         pieces as the parts after the header: one message and one acknowledgement through the switch instead of
         two or more, which is most of what a lightweight client costs its switch and combiner per round."""
-        if inline and fits_inline(manifest(weights), self.piece_bytes):
-            head = json.dumps(self.model_header({**header, "inline": True}, weights), separators=(",", ":")).encode()
-            return self.send_parts(peer, [head, *self._views(weights)], lane=lane)
+        parts = self.inline_message(header, weights) if inline else None
+        if parts is not None:
+            return self.send_parts(peer, parts, lane=lane)
         self.send(peer, self.model_header(header, weights), lane="control")
         return self.send_pieces(peer, weights, lane)
+
+    def inline_message(self, header: Mapping[str, Any], weights: Mapping[str, np.ndarray]) -> list | None:
+        """The parts of `header` with the model inline (None when it does not fit: send it with `send_model`);
+        built once, they can go to many peers with `send_parts`."""
+        if not fits_inline(manifest(weights), self.piece_bytes):
+            return None
+        head = json.dumps(self.model_header({**header, "inline": True}, weights), separators=(",", ":")).encode()
+        return [head, *self._views(weights)]
 
     def recv(self, peer: Peer, timeout_s: float | None) -> tuple[dict, list[memoryview] | None]:
         """Next message from `peer` (header, payload); TimeoutError when none comes in time."""

@@ -2,7 +2,8 @@
 # Federated language identification on this machine: provisions two clusters, starts their TLS switch servers,
 # runs the controller, two combiners and six non-IID clients through them, then prints held-out accuracy per
 # round beside the centrally trained baseline and writes accuracy.png. Stops everything it started.
-# Usage: bash recipes/federated/run_local.sh [RUN_DIR]     env: ROUNDS (15), STRATEGY (fedavg), DEVICE (cpu)
+# Usage: bash recipes/federated/run_local.sh [RUN_DIR]     env: ROUNDS (15), STRATEGY (fedavg), DEVICE (cpu),
+#        CODEC (none; e.g. "ef(int8_block)": clients send their change compressed, error feedback kept per client)
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -37,7 +38,7 @@ done
 say "switches up; extracting and featurising the gettext messages"
 "$PY" -c "from recipes.federated.data import prepare; print(prepare('$RUN/data/langid.npz'))"
 sed -e "s|@RUN@|$RUN|g" -e "s|@ROUNDS@|$ROUNDS|" -e "s|@STRATEGY@|${STRATEGY:-fedavg}|" \
-    -e "s|@DEVICE@|${DEVICE:-cpu}|" "$HERE/configs/job.yaml.in" > "$RUN/job.yaml"
+    -e "s|@DEVICE@|${DEVICE:-cpu}|" -e "s|@CODEC@|${CODEC:-none}|" "$HERE/configs/job.yaml.in" > "$RUN/job.yaml"
 say "starting both clusters' actors ($ROUNDS rounds, strategy ${STRATEGY:-fedavg})"
 for c in A B; do
     setsid bash "$HERE/launch_cluster.sh" "$RUN/job.yaml" "$c" 3 "$RUN/logs" &
