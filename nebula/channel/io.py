@@ -61,6 +61,7 @@ class IOThread:
         self.ctx, self.sock, self.monitor, self.address, self.transport = connect(cfg)
         self.wake_r, self.wake_w = os.pipe()
         self.wake_pending = False  # a wake-up byte is on its way: commands queued meanwhile need no other
+        self.unacked = True  # some message may wait for its acknowledgement: check timeouts every 0.5 s
         os.set_blocking(self.wake_r, False)
         self.cmds: deque = deque()
         self.tx: dict[int, Sender] = {}
@@ -227,7 +228,9 @@ class IOThread:
             if want != sock_events:
                 poller.modify(self.sock, want)
                 sock_events = want
-            until = min(next_hello, next_check)
+            # an idle endpoint (nothing unacknowledged) wakes only to say HELLO: a thousand idle clients of one
+            # machine do not spin on timers that have nothing to check
+            until = min(next_hello, next_check) if self.unacked else next_hello
             if shm.release_due is not None:
                 until = min(until, shm.release_due)
             if shm.waiting and shm.full_since is not None:
@@ -264,6 +267,7 @@ class IOThread:
         while self.cmds:
             kind, a, b = self.cmds.popleft()
             if kind == "send":
+                self.unacked = True  # (until the next check finds every message acknowledged)
                 tx = self.tx[a]
                 self._queue(tx, tx.submit(b))
             elif kind == "consumed":
@@ -306,7 +310,9 @@ class IOThread:
             log.info("resending %d messages on %s (%s)", len(msgs), tx.key.name, why)
 
     def _check_timeouts(self, now: float) -> None:
+        self.unacked = False
         for tx in self.tx.values():
+            self.unacked = self.unacked or not tx.idle
             for msg in tx.timed_out(now):
                 log.info("no acknowledgement of %s #%d for %.0f s: sending it again", tx.key.name, msg.seq,
                          now - msg.progress)
