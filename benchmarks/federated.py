@@ -168,8 +168,8 @@ def _cpu_s(pid: int) -> float | None:
 
 def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int) -> list[dict]:
     """Median round time (rounds 2..) of one combiner with each number of clients, and the CPU seconds per round
-    the combiner's process (with the controller) and the switch used from the end of round 1 to the last round:
-    what each client costs them, whatever else the machine runs."""
+    the combiner's process (with the controller), the switch and the client processes used from the end of round
+    1 to the last round: what each client costs them, whatever else the machine runs."""
     rows = []
     for n in counts:
         fed = _Fed(["A"])
@@ -179,22 +179,24 @@ def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int) -
             switch = fed.procs[0]
             ctl = fed.py("-m", "nebula.federated.run", "cluster", str(job), "--cluster", "A")
             threading.Thread(target=lambda: [None for _ in ctl.stdout], daemon=True).start()
-            _client_procs(fed, job, "A", n, per_proc)
-            cpu: dict[int, tuple] = {}  # rounds done -> (combiner CPU s, switch CPU s)
+            clients = _client_procs(fed, job, "A", n, per_proc)
+            cpu: dict[int, tuple] = {}  # rounds done -> (combiner CPU s, switch CPU s, all clients' CPU s)
             end = time.monotonic() + 1800
             while ctl.poll() is None and time.monotonic() < end:
                 done = len(_rounds(fed)) if (fed.dir / "fl" / "trail" / "trail.db").exists() else 0
                 if done and done not in cpu:
-                    cpu[done] = (_cpu_s(ctl.pid), _cpu_s(switch.pid))
+                    each = [_cpu_s(p.pid) for p in clients]
+                    cpu[done] = (_cpu_s(ctl.pid), _cpu_s(switch.pid), None if None in each else sum(each))
                 time.sleep(0.2)
             ctl.wait(60)
             if ctl.returncode:
                 raise RuntimeError(f"controller exit {ctl.returncode}")
             times = [r.duration_s for r in _rounds(fed)[1:]]
             last = max(k for k, v in cpu.items() if None not in v)
-            per = [(cpu[last][i] - cpu[1][i]) / max(1, last - 1) for i in (0, 1)]
+            per = [(cpu[last][i] - cpu[1][i]) / max(1, last - 1) for i in (0, 1, 2)]
             rows.append({"clients": n, "round_s": statistics.median(times), "rounds": len(times),
-                         "updates": _rounds(fed)[-1].num_updates, "combiner_cpu_s": per[0], "switch_cpu_s": per[1]})
+                         "updates": _rounds(fed)[-1].num_updates, "combiner_cpu_s": per[0], "switch_cpu_s": per[1],
+                         "clients_cpu_s": per[2]})
             print(f"  {rows[-1]} (round times {[round(t, 2) for t in times]})", file=sys.stderr, flush=True)
         finally:
             fed.close()
@@ -401,10 +403,10 @@ def main() -> None:
         rows = bench_scale([int(c) for c in args.counts.split(",")], args.train_s, args.per_proc, args.scale_rounds)
         print(f"\n## Round time, one combiner, lightweight clients (training {args.train_s:.1f} s each)")
         print("| clients | median round s | updates per round | combiner+controller CPU s per round | "
-              "switch CPU s per round |\n| ---: | ---: | ---: | ---: | ---: |")
+              "switch CPU s per round | client processes' CPU s per round |\n| ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
             print(f"| {r['clients']} | {r['round_s']:.2f} | {r['updates']} | {r['combiner_cpu_s']:.2f} | "
-                  f"{r['switch_cpu_s']:.2f} |")
+                  f"{r['switch_cpu_s']:.2f} | {r['clients_cpu_s']:.2f} |")
         if len(rows) >= 2:
             print(f"\nratio {rows[-1]['clients']} / {rows[0]['clients']} clients: "
                   f"{rows[-1]['round_s'] / rows[0]['round_s']:.2f}x (target <= 1.5x; FEDn reports 2x)")
