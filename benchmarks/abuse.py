@@ -34,18 +34,11 @@ from nebula.config import split_host_port  # noqa: E402
 from nebula.wire import ChannelKey, FrameType, encode_frame  # noqa: E402
 from security.provision import provision  # noqa: E402
 from tests.switch.attackers import RawPeer  # noqa: E402
+from tests.switch.conftest import rss_bytes  # noqa: E402
 from tests.switch.test_hostile_workers import add_worker  # noqa: E402
 
 MIB = 1024**2
 CAP = 64 * MIB
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident set size of process `pid` now."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 class Sampler:

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     for memory in args.memory:
         ratio_hdr = (f"{'model':9s} {'dev':>3s} {'seed':>4s} | " + " ".join(f"{m:>16s}" for m in METHODS)
-                     + f" | {'saved vs even':>13s} {'at most':>10s}")
+                     + f" | {'even/opt':>8s} {'saved':>6s} {'at most':>7s}")
         time_hdr = (f"{'model':9s} {'dev':>3s} {'seed':>4s} | " + " ".join(f"{m:>13s}" for m in METHODS)
                     + f" | {'reallocate':>10s} {'moved':>6s} {'moved@5%':>8s}")
         ratio_lines, time_lines = [], []
@@ -152,16 +152,17 @@ def main(argv: list[str] | None = None) -> int:
                         a, _, note = res[m]
                         cells.append(f"{a.bottleneck_s / opt:6.3f} {note[:9]:>9s}" if a else f"{note[:16]:>16s}")
                     key = f"{model:9s} {d:3d} {seed:4d} | "
-                    ratio_lines.append(key + " ".join(cells) + f" | {1 - opt / rec['even']:13.1%}"
-                                       f" {1 - rec['bound'] / rec['even']:10.1%}")
+                    ratio_lines.append(key + " ".join(cells) + f" | {rec['even'] / opt:7.2f}x"
+                                       f" {1 - opt / rec['even']:6.1%} {1 - rec['bound'] / rec['even']:7.1%}")
                     times = " ".join(f"{res[m][1]:13.4f}" if not math.isnan(res[m][1]) else f"{'-':>13s}"
                                      for m in METHODS)
                     time_lines.append(key + times + f" | {rec['realloc_s']:10.4f} {rec['moved']:6.1%}"
                                       f" {rec['moved_loose']:8.1%}")
                     print(".", end="", file=sys.stderr, flush=True)
         print(f"\n[{memory}] {MEMORY_DOC[memory]}")
-        print("Predicted iteration time / optimal's (lower is better); 'saved vs even': 1 - optimal / even; "
-              "'at most': 1 - lower bound / even, the most any allocator in any device order could save")
+        print("Predicted iteration time / optimal's (lower is better); 'even/opt': speed-up of optimal over even "
+              "(even's time / optimal's); 'saved': time saved, 1 - optimal / even (the paper's '55%' is this, for "
+              "sky); 'at most': 1 - lower bound / even, the most any allocator in any device order could save")
         print(ratio_hdr)
         print("-" * len(ratio_hdr))
         print("\n".join(ratio_lines))
@@ -238,10 +239,21 @@ def _targets(records: list[dict]) -> None:
           f"on any of {len(records)} instances: {ok(exact)}; HiGHS proved the same optimum, to its 1e-6 tolerance, on "
           f"all {len(milp_rows)} instances it finished: {ok(milp_agree)})")
     print(f"  optimal <= 1 s for 160 layers x 64 devices: {ok(max(big) <= 1.0)} (max {max(big) * 1e3:.1f} ms)")
-    print(f"  at 64 devices >= 55% faster than even: {ok(min(at64) >= 0.55)} (time saved: min {min(at64):.1%}, "
-          f"mean {statistics.mean(at64):.1%}; " + ", ".join(f"{m}: min {min(v):.1%}" for m, v in at64_by.items() if v)
-          + f"; read as a speed-up, even/optimal >= 1.55x: {ok(min(1 / (1 - x) for x in at64) >= 1.55)}, min "
-          f"{min(1 / (1 - x) for x in at64):.2f}x)")
+    paper = [r for r in records if r["devices"] == 64 and r["model"] == "bert-160"]
+    p_saved = [1 - r["opt"] / r["even"] for r in paper]
+    p_bound = [1 - r["bound"] / r["even"] for r in paper]
+    print(f"  at 64 devices >= 55% faster than even, read as the paper reads it (time saved, 1 - optimal/even >= 55%, "
+          f"i.e. even/optimal >= 2.22x): {ok(min(at64) >= 0.55)} on every 64-device instance (min {min(at64):.1%}, "
+          f"mean {statistics.mean(at64):.1%}, max {max(at64):.1%}; "
+          + ", ".join(f"{m}: min {min(v):.1%}" for m, v in at64_by.items() if v) + ")")
+    if paper:
+        print(f"    the paper's instance (bert-160 x 64): saved {min(p_saved):.1%}-{max(p_saved):.1%} (speed-up "
+              f"{min(1 / (1 - x) for x in p_saved):.2f}x-{max(1 / (1 - x) for x in p_saved):.2f}x), met on "
+              f"{sum(x >= 0.55 for x in p_saved)} of {len(p_saved)}; of the {sum(x < 0.55 for x in p_saved)} below "
+              f"55%, {sum(x < 0.55 and b < 0.55 for x, b in zip(p_saved, p_bound))} have a lower bound (any allocator, "
+              f"any order) that saves less than 55% too (bound: {min(p_bound):.1%}-{max(p_bound):.1%} saved)")
+    print(f"    read as a speed-up of 1.55x (even/optimal >= 1.55, i.e. >= 35.5% saved): "
+          f"{ok(min(1 / (1 - x) for x in at64) >= 1.55)} (min {min(1 / (1 - x) for x in at64):.2f}x)")
     print(f"    no allocator in any device order can save more than 1 - lower bound / even: min {min(best64):.1%}, "
           f"max {max(best64):.1%} over these instances")
     print(f"  faster than sky wherever sky is not optimal: {ok(sky_worse)} (sky not optimal on {len(sky_not_opt)} of "

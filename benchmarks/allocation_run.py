@@ -2,24 +2,31 @@
 
 Each run starts 4 worker processes with `nebula launch` (paddle.distributed.launch, gloo on CPU) as a 4-stage
 layer pipeline of the toy MLP, with simulated slowdowns per rank (compute takes factor x as long, as in Sky
-Computing's speed control). The ranks benchmark themselves (probe forward+backward, ping-pong to the neighbour),
-rank 0 measures the layers, the allocator cuts the layers, and the runtime writes the predicted step time (GPipe:
-sum of per-micro-batch stage times + (M-1) x the slowest) beside the measured steps.
+Computing's speed control). Before training every rank benchmarks itself: ping-pong latency and bandwidth to its
+neighbour, the all-reduce that ends a step, and every layer's forward, backward and optimizer step on this rank
+(one warm-up round, then rounds for a fixed time budget, median per layer; slowdown applied as in training). The
+allocator cuts the layers; the prediction replays the runner's GPipe schedule on the layer times of each stage's
+own rank: fill and drain ((M + S - 1) x the bottleneck for equal stages), header + activation forward and gradient
+back on each link, optimizer step, and the closing all-reduce (nebula.hybrid.schedule); where the ranks of a host
+outnumber its cores, the schedule is replayed with the computing ranks sharing the cores (a slowed rank's sleep
+leaves its core to the others). Measured: the median step on rank 0 after `--warmup` steps (every rank ends a step
+together: the loss is all-reduced).
 
     .venv/bin/python benchmarks/allocation_run.py [--steps 8 --slowdowns 1,3,1,2 --methods even,optimal
-                                                   --probe alone,together]
+                                                   --probe alone]
 
-BLAS threads are pinned to 1 per rank; the measured time is the median step after `--warmup` steps, on rank 0
-(every rank ends a step together: the step's loss is all-reduced). Probe `alone` times each rank by itself (the
-device's own speed, what an allocation between separate machines needs); `together` times all ranks at once,
-which on one host with fewer cores than ranks includes the contention the run will have.
+BLAS and OpenMP threads are pinned to 1 in every rank (probe and run alike). Probe `alone` (default) times each
+rank's layers by itself (each device's own speed; the schedule model adds the sharing of cores); `together` times
+all ranks at once (contention measured, not modelled: it counts every rank busy all the time, which the pipeline's
+waits do not). The load average is printed before and after each run: other processes on the host are neither
+measured nor modelled and change the measured times.
 """
 from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"  # every rank inherits it: probe and run on one thread alike
 
 import argparse
 import json
@@ -27,13 +34,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import yaml
 
-from nebula.hybrid.costs import pipeline_time_s
-
 REPO = Path(__file__).resolve().parent.parent
+
+
+def _load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def run_once(work: Path, *, method: str, slowdowns: list[float], steps: int, layers: int, hidden: int,
@@ -55,6 +65,7 @@ def run_once(work: Path, *, method: str, slowdowns: list[float], steps: int, lay
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     nebula = Path(sys.executable).parent / "nebula"
+    load_before, t0 = _load(), time.monotonic()
     proc = subprocess.run([str(nebula), "launch", str(path), "--cluster", "A"], cwd=work, env=env,
                           capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
@@ -62,15 +73,16 @@ def run_once(work: Path, *, method: str, slowdowns: list[float], steps: int, lay
     plan = json.loads((work / "metrics" / "A.plan.json").read_text())
     recs = [json.loads(line) for line in (work / "metrics" / "A.rank0.jsonl").read_text().splitlines()]
     measured = statistics.median(r["step_s"] for r in recs if r["step"] >= warmup)
-    # the schedule model alone: the same GPipe formula on the stage compute the ranks measured in this run
-    stage_compute = []
+    # per stage: compute (forward + backward, slowdown included) per micro-batch, predicted vs measured in the run
+    stage_meas = []
     for rank in range(ranks):
         rr = [json.loads(line) for line in (work / "metrics" / f"A.rank{rank}.jsonl").read_text().splitlines()]
-        stage_compute.append(statistics.median(r["compute_s"] for r in rr if r["step"] >= warmup) / micro_batches)
-    model_s = pipeline_time_s(stage_compute, micro_batches)
-    return {"method": method, "probe": "together" if together else "alone", "bounds": plan["bounds"], "predicted_s": plan["predicted_step_s"],
-            "measured_s": measured, "model_s": model_s, "stage_s": plan["predicted_stage_s"],
-            "tpf": [p["compute_s"] / p["probe_flops"] for p in plan["probes"]], "loss": recs[-1]["loss"]}
+        stage_meas.append(statistics.median(r["compute_s"] for r in rr if r["step"] >= warmup) / micro_batches)
+    stage_pred = [c["forward_s"] + c["backward_s"] for c in plan["stage_costs"]]
+    return {"method": method, "probe": "together" if together else "alone", "bounds": plan["bounds"],
+            "predicted_s": plan["predicted_step_s"], "measured_s": measured, "stage_pred": stage_pred,
+            "stage_meas": stage_meas, "loss": recs[-1]["loss"], "cores": plan["cores"], "load": f"{load_before} -> {_load()}",
+            "wall_s": time.monotonic() - t0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,40 +92,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--slowdowns", default="1,3,1,2", help="compute factor per rank (4 ranks by default)")
     ap.add_argument("--methods", default="even,optimal")
-    ap.add_argument("--probe", default="alone,together", help="probe modes: ranks timed one at a time or at once")
+    ap.add_argument("--probe", default="alone", help="probe modes, comma-separated: alone, together")
     ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--micro-batches", type=int, default=4)
     ap.add_argument("--workdir", default=None, help="keep the runs' files here (default: a temporary directory)")
     args = ap.parse_args(argv)
     slowdowns = [float(x) for x in args.slowdowns.split(",")]
     rows = []
+    start = time.monotonic()
+    print(f"host: {os.cpu_count()} cores, load average (1/5/15 min) {_load()} at the start", flush=True)
     with tempfile.TemporaryDirectory(prefix="nebula-alloc-run-") as tmp:
         tmp = args.workdir or tmp
-        for together in [m == "together" for m in args.probe.split(",")]:
+        for together in [m.strip() == "together" for m in args.probe.split(",")]:
             for method in args.methods.split(","):
                 name = f"{method}-{'together' if together else 'alone'}"
                 rows.append(run_once(Path(tmp) / name, method=method, slowdowns=slowdowns, steps=args.steps,
                                      layers=args.layers, hidden=args.hidden, batch=args.batch,
                                      micro_batches=args.micro_batches, warmup=args.warmup, together=together))
+                print(f"  {name}: done in {rows[-1]['wall_s']:.0f} s, load average {rows[-1]['load']}", flush=True)
     print(f"real runs: {len(slowdowns)} worker processes (paddle.distributed.launch, gloo), toy MLP "
           f"{args.layers} layers x {args.hidden}, batch {args.batch} in {args.micro_batches} micro-batches, "
-          f"slowdowns {slowdowns}, median of steps {args.warmup}..{args.steps - 1}")
-    print(f"{'method':<10} {'probe':<9} {'bounds':<22} {'s/FLOP per rank (probe)':<36} {'predicted s':>11} "
-          f"{'measured s':>10} {'pred/meas':>9} {'model s':>8} {'model/meas':>10}")
+          f"slowdowns {slowdowns}, median of steps {args.warmup}..{args.steps - 1}; the stages share "
+          f"{rows[0]['cores']:g} cores in the prediction")
+    print(f"{'method':<8} {'probe':<9} {'bounds':<22} {'predicted s':>11} {'measured s':>10} {'pred/meas':>9}  "
+          f"{'stage compute per micro-batch, ms: predicted/measured':<54} {'load average before -> after'}")
     for r in rows:
-        ratio = r["predicted_s"] / r["measured_s"]
-        tpf = " ".join(f"{t:.2g}" for t in r["tpf"])
-        print(f"{r['method']:<10} {r['probe']:<9} {str(r['bounds']):<22} {tpf:<36} {r['predicted_s']:>11.3f} "
-              f"{r['measured_s']:>10.3f} {ratio:>9.2f} {r['model_s']:>8.3f} {r['model_s'] / r['measured_s']:>10.2f}")
+        stages = " ".join(f"{p * 1e3:.0f}/{m * 1e3:.0f}" for p, m in zip(r["stage_pred"], r["stage_meas"]))
+        print(f"{r['method']:<8} {r['probe']:<9} {str(r['bounds']):<22} {r['predicted_s']:>11.3f} "
+              f"{r['measured_s']:>10.3f} {r['predicted_s'] / r['measured_s']:>9.2f}  {stages:<54} {r['load']}")
     for mode in dict.fromkeys(r["probe"] for r in rows):
         worst = max(abs(r["predicted_s"] / r["measured_s"] - 1) for r in rows if r["probe"] == mode)
         print(f"probe {mode}: worst |predicted/measured - 1| = {worst:.1%} (target 10%: "
               f"{'met' if worst <= 0.10 else 'NOT met'})")
-    print("model s: the GPipe formula on the per-stage compute measured during the run itself (schedule model "
-          "alone, without the device benchmark's error)")
-    print(f"host: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end")
+    by = {(r["method"], r["probe"]): r["measured_s"] for r in rows}
+    for mode in dict.fromkeys(r["probe"] for r in rows):
+        if ("even", mode) in by and ("optimal", mode) in by:
+            print(f"probe {mode}: measured even / optimal = {by[('even', mode)] / by[('optimal', mode)]:.2f}x")
+    print(f"host: {os.cpu_count()} cores, load average (1/5/15 min) {_load()} at the end; "
+          f"total {time.monotonic() - start:.0f} s")
     return 0
 
 

@@ -1,13 +1,15 @@
 """Idle time and server bandwidth in federated training: FedOptima against synchronous FedAvg and offloading
 without auxiliary networks (OAFL), and OWL's worker-assisted distribution against server-only distribution.
 
-    .venv/bin/python benchmarks/idle_time.py [--wall-s 10] [--workers 2,4,8] [--rate-mbit 100] [--skip-owl]
+    .venv/bin/python benchmarks/idle_time.py [--wall-s 30] [--omega 16] [--workers 2,4,8] [--rate-mbit 100]
+                                             [--skip-owl] [--skip-fedoptima]
 
 Part 1 (FedOptima) runs every method for the same virtual wall time on heterogeneous simulated devices
-(`nebula.federated.fedoptima.simulate`): 8 devices in the paper's Testbed A groups (slowdown 3, 1.5, 1.5, 1 on
-two devices each), 50 Mbit/s per device, a server 8x and 16x the fastest device. Training is real (Paddle SGD on
-a 10-class Gaussian-mixture task, Dirichlet(0.5) non-IID split over the devices), time is the cost model's
-(FLOPs / FLOP/s, bytes / bandwidth). Part 2 (OWL) runs for real: a server in cluster A and 2, 4, 8 workers in
+(`nebula.federated.fedoptima.simulate`) in the paper's Testbed A setting: VGG-5 on CIFAR-10-shaped images
+(synthetic: no CIFAR-10 here), 8 devices in the four Raspberry Pi groups of its Table II, 50 Mbit/s per device,
+the split point from the pre-processor's rule, a server 8x and 16x the fastest device. Training is real (Paddle
+SGD, Dirichlet(0.5) non-IID over the devices), time is the cost model's (FLOPs / FLOP/s, bytes / bandwidth).
+omega defaults to 2 x the devices, which keeps FedOptima's server memory below OAFL's (printed). Part 2 (OWL) runs for real: a server in cluster A and 2, 4, 8 workers in
 cluster B (threads, each its own authenticated endpoint) through two TLS switch servers whose WAN link is shaped
 to `--rate-mbit`; server egress bytes and round time per round, OWL against the server sending every worker the
 whole model. BLAS threads are pinned to 1.
@@ -35,6 +37,12 @@ from _federation import Federation  # benchmarks/ is this script's directory
 
 NUM_CLASSES, DIM = 10, 32
 PAPER = {"server_idle_cut": 0.939, "device_idle_cut": 0.818, "throughput_gain": (1.1, 2.0)}
+# Testbed A (the paper's Table II): two Raspberry Pis per group, a: Pi 3B at 600 MHz, b: Pi 3B at 1.2 GHz,
+# c: Pi 4B at 1.2 GHz, d: Pi 4B at 1.8 GHz. Slowdown against d = clock ratio x 2 for the Pi 3B's Cortex-A53
+# against the Pi 4B's Cortex-A72 (about half the floating-point work per clock).
+TESTBED_A = (6.0, 6.0, 3.0, 3.0, 1.5, 1.5, 1.0, 1.0)
+PI4_FLOPS = 4e9  # a Pi 4B at 1.8 GHz training a small CNN on its four cores, about 4 GFLOP/s
+IMAGE = (3, 32, 32)  # CIFAR-10's shape
 
 
 def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -55,27 +63,49 @@ def _batches(k: int, batch: int = 32):
             yield x[i : i + batch], y[i : i + batch]
 
 
-class MixtureTask:
-    """FedOptima's task: an MLP whose first two layers stay on the device (split 4 of 9 layers)."""
+def _templates() -> np.ndarray:
+    """One low-frequency 3x32x32 pattern per class (8x8 noise blown up 4x): CIFAR-10-shaped classes."""
+    t = np.random.default_rng(11).standard_normal((NUM_CLASSES, IMAGE[0], 8, 8)).astype(np.float32)
+    return np.kron(t, np.ones((1, 1, 4, 4), np.float32)) * 0.35
+
+
+def _images(y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return _templates()[y] + rng.standard_normal((len(y), *IMAGE)).astype(np.float32)
+
+
+class Vgg5Task:
+    """The paper's Testbed A image task: VGG-5 (CONV-3-32, CONV-3-64 x 2, FC-128, FC-10, each conv block with
+    ReLU and the first two with 2x2 max pooling) on CIFAR-10-shaped images, Dirichlet(0.5) non-IID over devices.
+    The images are synthetic (one pattern per class under unit noise): this machine has no CIFAR-10."""
 
     num_classes = NUM_CLASSES
+
+    def __init__(self, batch: int = 32) -> None:
+        self.batch = batch
 
     def layers(self) -> list:
         import paddle
         import paddle.nn as nn
 
         paddle.seed(0)
-        return [nn.Linear(DIM, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 256), nn.ReLU(),
-                nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, NUM_CLASSES)]
+        return [nn.Conv2D(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2D(2), nn.Conv2D(32, 64, 3, padding=1),
+                nn.ReLU(), nn.MaxPool2D(2), nn.Conv2D(64, 64, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                nn.Linear(64 * 8 * 8, 128), nn.ReLU(), nn.Linear(128, NUM_CLASSES)]
 
     def sample(self) -> np.ndarray:
-        return _data(4, 99)[0]
+        return _images(np.arange(4) % NUM_CLASSES, np.random.default_rng(99))
 
     def batches(self, k: int, num: int):
-        return _batches(k)
+        rng = np.random.default_rng(100 + k)
+        p = rng.dirichlet([0.5] * NUM_CLASSES)  # the paper's non-IID split: a Dirichlet(0.5) class mix per device
+        while True:
+            y = rng.choice(NUM_CLASSES, size=self.batch, p=p).astype(np.int64)
+            yield _images(y, rng), y
 
     def test_data(self):
-        return _data(2000, 5)
+        rng = np.random.default_rng(5)
+        y = rng.integers(0, NUM_CLASSES, 500).astype(np.int64)
+        return _images(y, rng), y
 
 
 class TowersTask:
@@ -106,24 +136,32 @@ def _pct(x: float) -> str:
     return f"{100 * x:5.1f}%"
 
 
-def fedoptima_part(wall_s: float) -> None:
-    """Part 1: the three methods at two server speeds; tables of measured values and ratios."""
+def fedoptima_part(wall_s: float, omega: int) -> None:
+    """Part 1: the three methods at two server speeds on Testbed A's setting; measured values and ratios."""
     from nebula.federated.fedoptima.simulate import SimSetting, simulate
     from nebula.federated.fedoptima.split import DeviceInfo, profile_layers, split_point
 
     import paddle
 
-    task = MixtureTask()
-    prof = profile_layers(task.layers(), paddle.to_tensor(task.sample()))
-    auto = split_point(prof, [DeviceInfo(flops_per_s=2e8 / f, bandwidth_bytes_per_s=50e6 / 8)
-                              for f in (3, 3, 1.5, 1.5, 1.5, 1.5, 1, 1)])
-    print(f"\n## FedOptima: 8 devices (slowdown 3,3,1.5,1.5,1.5,1.5,1,1; fastest 0.2 GFLOP/s), 50 Mbit/s, "
+    task = Vgg5Task()
+    layers = task.layers()
+    prof = profile_layers(layers, paddle.to_tensor(task.sample()))
+    bw = 50e6 / 8
+    split = split_point(prof, [DeviceInfo(flops_per_s=PI4_FLOPS / f, bandwidth_bytes_per_s=bw) for f in TESTBED_A])
+    batch = task.batch
+    act_mb = batch * prof[split - 1].output_bytes / 1e6
+    srv_mb = sum(int(np.prod(p.shape)) * 4 for layer in layers[split:] for p in layer.parameters()) / 1e6
+    k = len(TESTBED_A)
+    print(f"\n## FedOptima on Testbed A's setting: VGG-5 on CIFAR-10-shaped images, {k} devices (slowdown "
+          f"{','.join(f'{f:g}' for f in TESTBED_A)}; fastest {PI4_FLOPS / 1e9:g} GFLOP/s), 50 Mbit/s, batch {batch}, "
           f"{wall_s:.0f} s of virtual wall time each\n")
-    print(f"(the pre-processor's rule picks split {auto} for this MLP of uniform width; the runs keep the first two "
-          "weighted layers on the device, split 4, as the paper trains the first layers there)\n")
+    print(f"split {split} of {len(layers)} layers (the pre-processor's rule): {act_mb:.2f} MB of activations per "
+          f"batch; server memory for activations and server-side models (the paper's Eq. 2 and 3): OAFL "
+          f"{(k + 1) * srv_mb + k * act_mb:.1f} MB, FedOptima with omega={omega} {srv_mb + omega * act_mb:.1f} MB\n")
     for ratio in (8, 16):
-        s = SimSetting(device_flops_per_s=2e8, server_flops_per_s=2e8 * ratio, latency_s=0.002, split=4,
-                       wall_s=wall_s, omega=8, local_iterations=10)
+        s = SimSetting(slowdown=TESTBED_A, device_flops_per_s=PI4_FLOPS, server_flops_per_s=PI4_FLOPS * ratio,
+                       bandwidth_bytes_per_s=bw, latency_s=0.002, split=split, wall_s=wall_s, omega=omega,
+                       local_iterations=10, batch=batch, lr=0.01)  # 0.05 makes local VGG-5 training diverge
         rows = {}
         for m in ("fedavg", "oafl", "fedoptima"):
             t0 = time.monotonic()
@@ -158,7 +196,8 @@ def fedoptima_part(wall_s: float) -> None:
               f"{'met' if srv_cut >= 0.4695 else 'NOT met'}; device idle cut >= 40.9%: "
               f"{'met' if dev_cut >= 0.409 else 'NOT met'}; throughput >= 1.05x: "
               f"{'met' if fo.throughput / base_thr >= 1.05 else 'NOT met'}; peak activation batches held "
-              f"{fo.peak_held} <= omega {s.omega}; simulated in {sum(r.real_s for r in rows.values()):.0f} s\n")
+              f"{fo.peak_held} <= omega {s.omega}; simulated in {sum(r.real_s for r in rows.values()):.0f} s, load "
+              f"average {os.getloadavg()[0]:.2f}\n")
 
 
 def _owl_run(sw: _Switches, n: int, distribution: str, rounds: int, width: int, job: str, rate_mbit: float) -> dict:
@@ -232,7 +271,8 @@ def owl_part(workers: list[int], rate_mbit: float, rounds: int, width: int) -> N
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--wall-s", type=float, default=10.0, help="virtual wall time per FedOptima method")
+    ap.add_argument("--wall-s", type=float, default=30.0, help="virtual wall time per FedOptima method")
+    ap.add_argument("--omega", type=int, default=16, help="FedOptima's cap on activation batches held or granted")
     ap.add_argument("--workers", default="2,4,8")
     ap.add_argument("--rate-mbit", type=float, default=100.0)
     ap.add_argument("--rounds", type=int, default=4)
@@ -240,9 +280,9 @@ def main() -> int:
     ap.add_argument("--skip-owl", action="store_true")
     ap.add_argument("--skip-fedoptima", action="store_true")
     a = ap.parse_args()
-    print("# benchmarks/idle_time.py")
+    print(f"# benchmarks/idle_time.py (load average {', '.join(f'{x:.2f}' for x in os.getloadavg())})")
     if not a.skip_fedoptima:
-        fedoptima_part(a.wall_s)
+        fedoptima_part(a.wall_s, a.omega)
     if not a.skip_owl:
         owl_part([int(w) for w in a.workers.split(",")], a.rate_mbit, a.rounds, a.width)
     return 0

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,13 +105,18 @@ class RoutePolicy:
                     f"`nebula-admin grant add --to {account} --resource job:{job}`")
         return None
 
-    def refusal(self, account: str, cluster: str, stage: str | None = None) -> str | None:
-        """Why `account` may not address `cluster` (and `stage`), with the fix; None when it may."""
-        for kind, allowed, name in (("cluster", self.allowed_clusters(account), cluster),
-                                    ("stage", self.allowed_stages(account) if stage is not None else None, stage)):
-            if allowed is not None and ANY not in allowed and name not in allowed:
-                return (f"account {account!r} holds no grant for {kind} {name!r}; an admin can run "
-                        f"`nebula-admin grant add --to {account} --resource {kind}:{name}`")
+    def refusal(self, account: str, cluster: str | None, stages: Iterable[str] = ()) -> str | None:
+        """Why `account` may not address `cluster` (None: not checked) and `stages`, with the fix; None when it may."""
+        checks = [("cluster", self.allowed_clusters(account), (cluster,))] if cluster is not None else []
+        if stages and self.stages is not None:
+            checks.append(("stage", self.allowed_stages(account), stages))
+        for kind, allowed, names in checks:
+            if allowed is None or ANY in allowed:
+                continue
+            for name in names:
+                if name not in allowed:
+                    return (f"account {account!r} holds no grant for {kind} {name!r}; an admin can run "
+                            f"`nebula-admin grant add --to {account} --resource {kind}:{name}`")
         return None
 
 

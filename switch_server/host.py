@@ -29,12 +29,17 @@ class Host(Protocol):
         """Append one audit record."""
 
     def route(self, frame: Any, head: bytes, payload: Any, origin: Origin | None,
-              from_peer: str | None = None, party: Any = None) -> tuple[str, str] | None:
+              from_peer: str | None = None, party: Any = None, stages: tuple[str, ...] = ()) -> tuple[str, str] | None:
         """Send a frame on towards its destination; (code, reason) if it cannot go anywhere."""
 
 
 class LocalHost(Host, Protocol):
     """What the local (worker) side needs besides routing."""
+
+    route_grants: Any  # switch_server.routegrants.RouteGrants
+
+    def route_refused(self, account: str, cluster: str, why: str, stages: tuple[str, ...] = ()) -> tuple[str, str]:
+        """Count and audit a refusal by route grants; (code, reason) for the worker."""
 
     def account_bucket(self, account: str) -> TokenBucket:
         """Token bucket of an account's rate limit."""

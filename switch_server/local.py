@@ -7,12 +7,12 @@ Such a worker may also take a shared-memory arena for its payloads (`switch_serv
 """
 from __future__ import annotations
 
-__all__ = ["LocalSide", "Registration", "bind_endpoint"]
+__all__ = ["LocalSide", "Registration", "bind_endpoint", "stage_routes"]
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import zmq
@@ -26,6 +26,7 @@ from switch_server.budget import Party
 from switch_server.delivery import Delivery
 from switch_server.host import LocalHost, Origin
 from switch_server.localshm import ShmReleases, WorkerShm
+from switch_server.localwatch import ConnectionWatch
 from switch_server.zap import ZAP_DOMAIN, ZapHandler
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,19 @@ class Registration:
     name: str
     last_seen: float
     shm: WorkerShm | None = None
+    stages: dict[str, str] | None = None  # the job's stage -> cluster map, as its HELLO declared it
+    routes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # stage_routes(stages)
+
+
+def stage_routes(stages: dict[str, str] | None, here: str) -> dict[str, tuple[str, ...]]:
+    """Per cluster, the stages a worker of a job with stage map `stages` addresses when it sends there from
+    cluster `here`: the job's stages here (which it runs) and those at that cluster; key `here`: its own only."""
+    if not stages:
+        return {}
+    own = tuple(s for s, c in stages.items() if c == here)
+    routes = {c: own + tuple(s for s, c2 in stages.items() if c2 == c) for c in set(stages.values()) if c != here}
+    routes[here] = own
+    return routes
 
 
 def bind_endpoint(endpoint: str) -> str:
@@ -79,6 +93,7 @@ class LocalSide:
         self.endpoint = ""
         self.router: zmq.asyncio.Socket | None = None
         self.sync: zmq.Socket | None = None
+        self.watch: ConnectionWatch | None = None
         self.tasks: list[asyncio.Task] = []
         self.held = False  # over the memory cap: workers are held back by ZeroMQ's own limits
         self.throttled = False
@@ -125,6 +140,8 @@ class LocalSide:
                               "using it? pick another name, or leave it out") from None
         # a synchronous view of the same socket: non-blocking sends and batched receives without futures
         self.sync = self.delivery.sock = zmq.Socket.shadow(r.underlying)
+        self.watch = ConnectionWatch(r, self._dropped_by_zmq)
+        self.zap.before_reply = self.watch.drain
         asyncio.get_running_loop().add_reader(self.sync.FD, self._pump)  # at once: a readable edge costs no extra loop turn
         self.tasks = [asyncio.create_task(self.zap.serve()), asyncio.create_task(self._safety_kick())]
         self.kick()
@@ -135,6 +152,10 @@ class LocalSide:
         for t in self.tasks:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.watch is not None:
+            self.zap.before_reply = None
+            self.watch.close()
+            self.watch = None
         if self.sync is not None:
             asyncio.get_running_loop().remove_reader(self.sync.FD)
             self.sync = self.delivery.sock = None
@@ -176,6 +197,8 @@ class LocalSide:
         while True:
             await asyncio.sleep(0.1)
             self.kick()
+            if self.watch is not None:
+                self.watch.drain()
 
     def _unthrottle(self) -> None:
         self.throttled = False
@@ -266,13 +289,29 @@ class LocalSide:
             self.refuse(ident, "too_large", f"message of {frame.header.total_len} bytes exceeds link.max_message_bytes="
                         f"{limit}; split it or raise the limit", frame)
             return
-        err = self.server.route(frame, bytes(head.buffer), payload, origin=None, party=party)
+        stages = reg.routes.get(key.dst_cluster, reg.routes.get(cluster, ())) if reg.routes else ()
+        err = self.server.route(frame, bytes(head.buffer), payload, origin=None, party=party, stages=stages)
         if err is not None:
             self.refuse(ident, err[0], err[1], frame)
         wait = self.server.account_bucket(reg.account).take(len(payload) + len(head.buffer))
         if wait > 0:  # per-account rate limit: stop reading until the account's bucket has refilled
             self.throttled = True
             asyncio.get_running_loop().call_later(wait, self._unthrottle)
+
+    def _dropped_by_zmq(self, transport: str, peer: str) -> None:
+        """ZeroMQ ended a worker connection with bytes of it unread (`ConnectionWatch`): counted, audited in
+        aggregate per transport."""
+        limit = self.router.maxmsgsize if self.router is not None else -1
+        self.server.metrics.refused.labels(reason="part_too_large").inc()
+        log.info("ZeroMQ ended the %s connection of %s in the middle of a message", transport, peer)
+        self.server.audit_limited(("connection_dropped", transport), self.server.actor, "connection_dropped",
+                                  f"worker@{transport}:{peer}", "denied", {
+                                      "reason": "part_too_large", "transport": transport, "peer": peer,
+                                      "limit_bytes": limit,
+                                      "detail": f"a message part over the local socket's limit of {limit} bytes "
+                                                "(2 x link.chunk_bytes + frame head; workers split messages into "
+                                                "link.chunk_bytes frames), or bytes that are not ZeroMQ framing: "
+                                                "the connection was closed before the part was read"})
 
     def account_cap(self) -> int:
         """Bytes one account may have queued here while others work too (limits.account_memory_bytes)."""
@@ -315,13 +354,19 @@ class LocalSide:
                         "another process; give every process its own rank, or close the other endpoint")
             return
         if old != ident:
+            refused = self._stage_refusal(name, account, job, meta.get("stages"), old)
+            if refused is not None:
+                self.refuse(ident, *refused)
+                return
             if old is not None:
                 self._forget(old)
             prev = self.by_ident.get(ident)
             if prev is not None:
                 self.by_addr.pop((prev.account, prev.job, prev.rank), None)
             self.by_addr[addr] = ident
-            self.by_ident[ident] = Registration(ident, account, job, rank, name, time.monotonic())
+            stages = meta.get("stages")
+            self.by_ident[ident] = Registration(ident, account, job, rank, name, time.monotonic(), stages=stages,
+                                                routes=stage_routes(stages, self.server.cfg.cluster))
             self.server.metrics.workers.set(len(self.by_ident))
             log.info("worker %s account %s joined job %s as rank %d", name, account, job, rank)
             self.delivery.adopt(addr, ident)
@@ -329,6 +374,27 @@ class LocalSide:
             self.by_ident[ident].last_seen = time.monotonic()
         self.send_control(ident, FrameType.WELCOME, self._offer_shm(self.by_ident[ident], meta.get("shm")))
         self.flush(ident)
+
+    def _stage_refusal(self, name: str, account: str, job: str, stages: dict[str, str] | None,
+                       replaced: bytes | None) -> tuple[str, str] | None:
+        """(code, reason) when stage grants are in use and a new registration of (account, job) declares a stage
+        map unlike the job's other workers here, or runs a stage here its account holds no grant for."""
+        grants = self.server.route_grants
+        if not grants.stages_in_use():
+            return None
+        for r in self.by_ident.values():  # (new registrations only: rare)
+            if r.account == account and r.job == job and r.ident != replaced and r.stages != stages:
+                why = (f"job {job!r} of account {account!r} runs here with stage map {r.stages}, but this worker "
+                       f"declares {stages}; start every worker of a job from the same job file")
+                self.server.audit_limited(("worker_refused", "stage_map_mismatch", account), self.server.actor,
+                                          "frame_refused", f"worker:{name}", "denied",
+                                          {"reason": "stage_map_mismatch", "detail": why[:300], "account": account,
+                                           "job": job})
+                return "stage_map_mismatch", why
+        here = self.server.cfg.cluster
+        own = stage_routes(stages, here).get(here, ())
+        why = grants.refusal(account, None, own)
+        return None if why is None else self.server.route_refused(account, here, why, own)
 
     def _offer_shm(self, reg: Registration, mapped: Any) -> dict:
         """WELCOME meta for a worker, with its arena when it asked for one (HELLO's `shm`: the token of the arena

@@ -37,17 +37,21 @@ def malloc_trim() -> bool:
 
 
 class MemoryTrim:
-    """Trims once queued bytes have fallen far below their peak, or many unidentified connections have gone."""
+    """Trims once queued bytes have fallen far below their peak and stopped falling (a drain trims once, at its
+    end, when its buffers have all been freed), or many unidentified connections have gone."""
 
     def __init__(self) -> None:
         self.peak_bytes = 0
         self.peak_connections = 0
+        self.last_bytes = 0
 
     def maybe(self, used_bytes: int, connections: int) -> bool:
         """Called periodically with the bytes queued and unidentified connections now; True if it trimmed."""
+        falling = used_bytes < self.last_bytes
+        self.last_bytes = used_bytes
         self.peak_bytes = max(self.peak_bytes, used_bytes)
         self.peak_connections = max(self.peak_connections, connections)
-        if (self.peak_bytes - used_bytes < TRIM_AFTER_BYTES
+        if ((falling or self.peak_bytes - used_bytes < TRIM_AFTER_BYTES)
                 and self.peak_connections - connections < TRIM_AFTER_CONNECTIONS):
             return False
         self.peak_bytes, self.peak_connections = used_bytes, connections

@@ -1,4 +1,5 @@
-"""Route grants the switch enforces: which clusters each local account's workers may address (security.routes).
+"""Route grants the switch enforces: which clusters, and which stages of their jobs, each local account's workers
+may address (security.routes). Workers of jobs that name stages declare the job file's stage map in their HELLO.
 
 The policy comes from the account home named by `accounts_home` in switch.yaml. It is read at start (fail closed:
 an unreadable home stops start-up), on reload, and whenever `accounts.db` changes, since `nebula-admin grant`
@@ -89,7 +90,13 @@ class RouteGrants:
             clusters = self.policy.clusters if self.policy is not None else None
             self.on_reload("ok", self.home, {"accounts": None if clusters is None else len(clusters)})
 
-    def refusal(self, account: str, cluster: str) -> str | None:
-        """Why `account`'s workers may not address `cluster`, with the fix; None when they may."""
+    def refusal(self, account: str, cluster: str | None, stages: tuple[str, ...] = ()) -> str | None:
+        """Why `account`'s workers may not address `cluster` (None: not checked) and `stages` (those its job runs
+        here and at `cluster`), with the fix; None when they may."""
         self.refresh()
-        return None if self.policy is None else self.policy.refusal(account, cluster)
+        return None if self.policy is None else self.policy.refusal(account, cluster, stages)
+
+    def stages_in_use(self) -> bool:
+        """True when stage grants are enforced (some `stage:` grant exists in the account home)."""
+        self.refresh()
+        return self.policy is not None and self.policy.stages is not None

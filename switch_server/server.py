@@ -176,9 +176,11 @@ class SwitchServer:
 
     # ---- routing ----
     def route(self, frame: Any, head: bytes, payload: Any, origin: Origin | None,
-              from_peer: str | None = None, party: Party | None = None) -> tuple[str, str] | None:
+              from_peer: str | None = None, party: Party | None = None,
+              stages: tuple[str, ...] = ()) -> tuple[str, str] | None:
         """Send a DATA/ACK/ERROR frame on towards its destination, its bytes charged to `party` (the local account
-        that sent it); return (code, reason) if it cannot go anywhere."""
+        that sent it; `stages`: those its job runs here and at the destination cluster, checked against the
+        account's stage grants); return (code, reason) if it cannot go anywhere."""
         t = frame.type
         if t == FrameType.ERROR:
             ch = frame.meta.get("channel")
@@ -199,9 +201,9 @@ class SwitchServer:
         if from_peer is not None:
             return "unknown_destination", f"switch {self.cfg.cluster} does not relay to cluster {cluster!r}"
         if t == FrameType.DATA:
-            why = self.route_grants.refusal(key.account, cluster)
+            why = self.route_grants.refusal(key.account, cluster, stages)
             if why is not None:
-                return self._route_refused(key.account, cluster, why)
+                return self.route_refused(key.account, cluster, why, stages)
         link = self.links.get(cluster)
         if link is None:
             known = ", ".join(sorted(self.links)) or "none"
@@ -209,12 +211,16 @@ class SwitchServer:
         link.enqueue(lane, head, payload, party)
         return None
 
-    def _route_refused(self, account: str, cluster: str, why: str) -> tuple[str, str]:
-        """Count and audit (rate-limited) a local worker's frame to a cluster its account holds no grant for."""
-        known = cluster if cluster in self.links else "unknown"  # (a worker names any cluster: bounded labels)
+    def route_refused(self, account: str, cluster: str, why: str, stages: tuple[str, ...] = ()) -> tuple[str, str]:
+        """Count and audit (rate-limited) a local worker's frame (or registration) to a cluster or stage its
+        account holds no grant for."""
+        known = cluster if cluster in self.links or cluster == self.cfg.cluster else "unknown"  # (bounded labels)
         self.metrics.route_refused.labels(account=account, cluster=known).inc()
-        self.audit_limited(("route_refused", account, known), self.actor, "route_refused", account, "denied",
-                           {"account": account, "cluster": cluster, "reason": why})
+        detail: dict[str, Any] = {"account": account, "cluster": cluster, "reason": why}
+        if stages:
+            detail["stages"] = list(stages)
+        self.audit_limited(("route_refused", account, known, bool(stages)), self.actor, "route_refused", account,
+                           "denied", detail)
         return "not_authorized", why
 
     def _route_grants_reloaded(self, outcome: str, home: str, detail: dict) -> None:

@@ -32,6 +32,9 @@ class ZapHandler:
         self.keys: dict[str, Any] = {}  # z85 public key -> WorkerIdentity
         self.passwords: dict[str, bytes] = {}
         self.sock: zmq.asyncio.Socket | None = None
+        # called before each request is answered, while the connection asking is surely open (its handshake waits
+        # for the answer): the local side's connection watch takes its descriptor then
+        self.before_reply: Callable[[], None] | None = None
 
     def set_workers(self, workers: tuple) -> None:
         """Replace the accepted worker keys (hot reload)."""
@@ -51,6 +54,8 @@ class ZapHandler:
         while True:
             msg = await self.sock.recv_multipart()
             try:
+                if self.before_reply is not None:
+                    self.before_reply()
                 reply = self.reply(msg)
             except Exception:  # never let one bad request stop authentication for everyone
                 log.exception("ZAP request failed")

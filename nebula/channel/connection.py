@@ -10,7 +10,7 @@ from typing import Any
 import zmq
 import zmq.auth
 
-from nebula.channel.errors import ChannelError
+from nebula.channel.errors import ChannelError, SwitchRefused
 from nebula.config.worker import WorkerConfig, local_endpoint
 from security.curve import local_password
 from security.errors import TLSConfigError
@@ -58,7 +58,7 @@ def handshake_failure(ev: dict[str, Any], cfg: WorkerConfig, address: str, trans
     if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         hint = ("; if it is listed, check that switch_curve_public_key in worker.yaml is this switch's key "
                 "(the IPC password is derived from it)" if transport == "ipc" else "")
-        return ChannelError(f"switch at {address} refused our key (ZAP status {ev['value']}): "
+        return SwitchRefused(f"switch at {address} refused our key (ZAP status {ev['value']}): "
                             f"ask its admin to add worker {cfg.name!r}'s public key under local.workers{hint}")
     if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
         what = ("PLAIN handshake" if transport == "ipc" else "CURVE handshake")

@@ -13,7 +13,7 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from nebula.channel.delivery import OutMessage
 from nebula.channel.errors import ChannelError, PeerUnavailable
@@ -30,20 +30,24 @@ class Endpoint:
     """One worker's connection to its cluster's switch server, shared by all its channels."""
 
     def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int,
-                 heartbeat_s: float = HEARTBEAT_S) -> None:
+                 stages: Mapping[str, str] | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
         self.cfg = cfg
         self.job = job
         self.rank = rank
         self.window_bytes = window_bytes
         self._closed = False
-        self._io = IOThread(cfg, job, rank, window_bytes, heartbeat_s)
+        self._io = IOThread(cfg, job, rank, window_bytes, stages, heartbeat_s)
         self._channels: dict[tuple[str, int, str], Channel] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def connect(cls, worker_file: str | Path | WorkerConfig, *, job: str, rank: int, timeout_s: float = 30.0,
-                window_bytes: int = DEFAULT_WINDOW_BYTES, heartbeat_s: float = HEARTBEAT_S) -> Endpoint:
+                window_bytes: int = DEFAULT_WINDOW_BYTES, stages: Mapping[str, str] | None = None,
+                heartbeat_s: float = HEARTBEAT_S) -> Endpoint:
         """Connect to the switch named in `worker_file` as rank `rank` of `job`; wait until it welcomes us.
+
+        `stages` is the job file's stage -> cluster map, for jobs that name stages: the switch checks it against
+        the account's `stage:` grants (ChannelError naming the missing grant and the command that adds it).
         `heartbeat_s`: how often we say HELLO (up to 2.5 s; workers that are many and mostly idle, as federated
         clients, say it less often than the default 1 s to spare their switch)."""
         cfg = worker_file if isinstance(worker_file, WorkerConfig) else load_worker_config(worker_file)
@@ -51,7 +55,7 @@ class Endpoint:
             raise ValueError(f"rank {rank!r} must be a non-negative integer")
         if not job or not isinstance(job, str):
             raise ValueError(f"job {job!r} must be a non-empty string")
-        ep = cls(cfg, job, rank, window_bytes, heartbeat_s)
+        ep = cls(cfg, job, rank, window_bytes, stages, heartbeat_s)
         ep._io.start()
         try:
             ep._io.wait_welcome(timeout_s)

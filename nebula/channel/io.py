@@ -8,7 +8,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -16,7 +16,7 @@ from zmq.utils.monitor import recv_monitor_message
 from nebula.channel.arena import SHM_WAIT_S, ArenaClient, Region
 from nebula.channel.connection import connect, handshake_failure, silent_switch
 from nebula.channel.delivery import Delivered, OutMessage, Receiver, Sender
-from nebula.channel.errors import ChannelError
+from nebula.channel.errors import ChannelError, SwitchRefused
 from nebula.channel.outlet import Outlet
 from nebula.channel.throughput import ThroughputMeter
 from nebula.config.worker import WorkerConfig
@@ -52,11 +52,12 @@ class IOThread:
     """Owns the socket and its outlet (the lanes), every channel's Sender and Receiver, and the arena client."""
 
     def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int,
-                 heartbeat_s: float = HEARTBEAT_S) -> None:
+                 stages: Mapping[str, str] | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
         if not 0 < heartbeat_s <= MAX_HEARTBEAT_S:
             raise ValueError(f"heartbeat_s={heartbeat_s} must be in (0, {MAX_HEARTBEAT_S}]: the switch hands a rank "
                              "silent for 3 s to another connection")
         self.cfg, self.job, self.rank, self.window_bytes = cfg, job, rank, window_bytes
+        self.stages = dict(stages) if stages is not None else None
         self.heartbeat_s = heartbeat_s
         self.ctx, self.sock, self.monitor, self.address, self.transport = connect(cfg)
         self.wake_r, self.wake_w = os.pipe()
@@ -97,6 +98,8 @@ class IOThread:
         meta = {"job": self.job, "rank": self.rank, "account": cfg.account, "name": cfg.name}
         if self.shm.wanted:
             meta["shm"] = self.shm.token
+        if self.stages is not None:
+            meta["stages"] = self.stages
         return encode_frame(FrameType.HELLO, meta)
 
     # ---- called from application threads ----
@@ -394,7 +397,7 @@ class IOThread:
                 # retried by the heartbeat: the other connection may be a dead predecessor of this process
                 self.refusal = err
             elif not self.welcome.is_set():
-                self.fatal = err
+                self.fatal = SwitchRefused(str(err))
                 self.welcome.set()
             return
         key = ChannelKey.from_meta(ch)

@@ -1,4 +1,5 @@
-"""`nebula fl start|status|rounds|models|stop JOB`: run and inspect a federated job (mode: federated)."""
+"""`nebula fl start|status|rounds|models|stop JOB`: run and inspect a federated job (mode: federated); the job's
+`algorithm:` picks FEDn rounds (default), FedOptima or OWL."""
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--cluster", required=True, help="id of this cluster")
     s.add_argument("--role", default="cluster", choices=["cluster", "controller", "combiner", "clients", "client"],
                    help="cluster: the combiner, plus the controller where the job puts it (default); clients: "
-                        "every client of the cluster in one process; client: one client (--index)")
+                        "every client of the cluster in one process; client: one client (--index); under "
+                        "algorithm fedoptima|owl the controller role is the server and there is no combiner")
     s.add_argument("--index", type=int, default=0, help="client index inside the cluster (role client)")
     for name, text in (("status", "where the job stands"), ("rounds", "every round: valid or not, and why"),
                        ("stop", "ask the controller to stop after the round in progress")):
@@ -47,7 +49,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace) -> int:
     from nebula.federated import run as fl_run
+    from nebula.federated.fedoptima.jobfile import load_federated_modes
 
+    if load_federated_modes(args.job)[1].algorithm != "rounds":
+        from nebula.federated.modes import run_mode
+
+        res = run_mode(args.job, args.cluster, args.role, args.index)
+        print("RESULT " + json.dumps(res), flush=True)
+        return 1 if res.get("errors") else 0
     if args.role == "cluster":
         head = fl_run.run_cluster(args.job, args.cluster)
         print(f"cluster {args.cluster} done" + (f", head version {head}" if head is not None else ""))
@@ -65,11 +74,11 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _trail(job_file: str):
-    from nebula.federated.config import load_federated_job
+    from nebula.federated.fedoptima.jobfile import load_federated_modes
     from nebula.federated.trail import ModelTrail
 
-    job = load_federated_job(job_file)
-    return job, ModelTrail(f"{job.controller.dir}/trail")
+    job, mode = load_federated_modes(job_file)
+    return job, ModelTrail(f"{job.controller.dir}/trail"), mode.algorithm
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -77,10 +86,11 @@ def _status(args: argparse.Namespace) -> int:
 
     from nebula.federated.controller import STATUS_FILE
 
-    job, trail = _trail(args.job)
+    job, trail, algorithm = _trail(args.job)
     with trail:
         f = Path(job.controller.dir) / STATUS_FILE
         doc = json.loads(f.read_text()) if f.exists() else {"job": job.job, "state": "not started"}
+        doc.setdefault("algorithm", algorithm)
         head = trail.head()
         doc["head"] = None if head is None else {"version": head.version, "round": head.round,
                                                  "metrics": head.metrics}
@@ -88,14 +98,17 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(doc))
     else:
         age = f", updated {time.time() - doc['updated']:.0f} s ago" if "updated" in doc else ""
-        print(f"job {doc['job']}: {doc['state']}, round {doc.get('round', 0)} of {job.rounds}{age}")
+        of = "" if algorithm != "rounds" else f" of {job.rounds}"
+        print(f"job {doc['job']} ({algorithm}): {doc['state']}, round {doc.get('round', 0)}{of}{age}")
+        if doc.get("result"):
+            print(f"result: {json.dumps(doc['result'])}")
         if doc["head"]:
             print(f"head: version {doc['head']['version']} (round {doc['head']['round']}) {doc['head']['metrics']}")
     return 0
 
 
 def _rounds(args: argparse.Namespace) -> int:
-    _, trail = _trail(args.job)
+    _, trail, _ = _trail(args.job)
     with trail:
         rows = trail.rounds()
     if args.json:
@@ -112,7 +125,7 @@ def _rounds(args: argparse.Namespace) -> int:
 
 
 def _models(args: argparse.Namespace) -> int:
-    _, trail = _trail(args.job)
+    _, trail, _ = _trail(args.job)
     with trail:
         if args.export is not None:
             if not args.out:
@@ -133,10 +146,10 @@ def _models(args: argparse.Namespace) -> int:
 def _stop(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from nebula.federated.config import load_federated_job
     from nebula.federated.controller import STOP_FILE
+    from nebula.federated.fedoptima.jobfile import load_federated_modes
 
-    job = load_federated_job(args.job)
+    job, _ = load_federated_modes(args.job)
     Path(job.controller.dir).mkdir(parents=True, exist_ok=True)
     (Path(job.controller.dir) / STOP_FILE).write_text(str(time.time()))
     print(f"asked the controller of {job.job} to stop after the round in progress")

@@ -223,10 +223,10 @@ class Mailbox:
         head = json.dumps(self.model_header({**header, "inline": True}, weights), separators=(",", ":")).encode()
         return [head, *self._views(weights)]
 
-    def recv(self, peer: Peer, timeout_s: float | None) -> tuple[dict, list[memoryview] | None]:
-        """Next message from `peer` (header, payload); TimeoutError when none comes in time."""
-        parts = self.channel(peer).recv_parts(timeout_s)
-        return _decode(parts, peer)
+    def recv(self, peer: Peer, timeout_s: float | None) -> tuple[dict, memoryview | None]:
+        """Next message from `peer` (header, its first payload part); TimeoutError when none comes in time."""
+        head, rest = _decode(self.channel(peer).recv_parts(timeout_s), peer)
+        return head, (rest[0] if rest else None)
 
     def poll(self, peers: Collection[Peer], timeout_s: float, primary: Peer | None = None
              ) -> tuple[Peer, dict, list[memoryview] | None] | None:

@@ -38,23 +38,18 @@ class Groups:
 
 
 def make_groups(rank: int, world: int, stage_ranks: list[list[int]] | None = None) -> Groups:
-    """Create, on every rank in the same order, a group per consecutive rank pair and one per stage's replicas.
+    """Create, on every rank in the same order, a group per consecutive rank pair and one per stage's replicas
+    (one at a time, retried together when gloo fails to connect one: see nebula.pipeline.groups)."""
+    from nebula.pipeline.groups import create_groups
 
-    Groups are created one at a time (a barrier after each): on gloo, sub-groups whose rendezvous overlapped
-    failed to connect in some of our 4-rank runs."""
-    import paddle.distributed as dist
-
+    pairs = [[a, a + 1] for a in range(world - 1)]
+    stages = [list(r) for r in stage_ranks or [] if len(r) >= 2]
+    groups = create_groups(pairs + stages, world=world)
     out = Groups()
-    for a in range(world - 1):
-        g = dist.new_group([a, a + 1])
-        dist.barrier()
-        if rank in (a, a + 1):
+    for (a, b), g in zip(pairs, groups):
+        if rank in (a, b):
             out.pairs[a] = g
-    for ranks in stage_ranks or []:
-        if len(ranks) < 2:
-            continue
-        g = dist.new_group(ranks)
-        dist.barrier()
+    for ranks, g in zip(stages, groups[len(pairs):]):
         if rank in ranks:
             out.stage = g
     return out

@@ -13,12 +13,14 @@ import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-__all__ = ["RankProbe", "probe_compute", "free_memory_bytes", "measure_links", "probe_ranks", "PROBE_WIDTH",
-           "PROBE_DEPTH", "PROBE_BATCH"]
+__all__ = ["RankProbe", "probe_compute", "free_memory_bytes", "measure_links", "measure_allreduce", "probe_ranks",
+           "in_turns", "gather", "PROBE_WIDTH", "PROBE_DEPTH", "PROBE_BATCH"]
+
+T = TypeVar("T")
 
 PROBE_WIDTH, PROBE_DEPTH, PROBE_BATCH = 256, 4, 64  # the fixed probe: 4 Linear(256, 256) + tanh on 64 rows
 
@@ -33,6 +35,7 @@ class RankProbe:
     free_memory_bytes: float
     latency_s: float  # one-way latency to the next rank (the previous one for the last rank; 0 alone)
     bandwidth_bytes_per_s: float  # to the same neighbour (inf alone)
+    allreduce_s: float = 0.0  # median seconds of an all-reduce of one number over all ranks (the step's end)
 
     @property
     def time_per_flop_s(self) -> float:
@@ -123,6 +126,24 @@ def measure_links(rank: int, world: int, message_bytes: int, groups: Any, repeat
     return mine.get("next", mine.get("prev", (0.0, math.inf)))
 
 
+def measure_allreduce(world: int, repeats: int = 10) -> float:
+    """Median seconds of an all-reduce of one float64 over all `world` ranks (one warm-up first; 0 alone): what
+    ends every step of the pipeline runner."""
+    if world == 1:
+        return 0.0
+    import paddle
+    import paddle.distributed as dist
+
+    t = paddle.zeros([1], dtype="float64")
+    times = []
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
 def _link_of(small_rtt_s: float, big_rtt_s: float, message_bytes: int) -> tuple[float, float]:
     """(latency, bandwidth) from the round trips of a tiny and an `message_bytes` message."""
     latency = small_rtt_s / 2
@@ -147,6 +168,30 @@ def _share(link: tuple[float, float], peer: int, leader: bool, group: Any) -> tu
     return lat, bw
 
 
+def in_turns(rank: int, world: int, together: bool, fn: Callable[[], T]) -> T:
+    """`fn()` on every rank, one rank at a time in rank order (a barrier between turns), or all at once."""
+    out = None
+    for turn in range(1 if together else world):
+        if world > 1:
+            import paddle.distributed as dist
+
+            dist.barrier()
+        if together or turn == rank:
+            out = fn()
+    return out
+
+
+def gather(rank_obj: Any, world: int) -> list:
+    """Every rank's picklable `rank_obj`, in rank order, on every rank."""
+    if world == 1:
+        return [rank_obj]
+    import paddle.distributed as dist
+
+    out: list[Any] = []
+    dist.all_gather_object(out, rank_obj)
+    return out
+
+
 def probe_ranks(*, rank: int, world: int, groups: Any = None, device: str = "cpu", slowdown: float = 1.0,
                 message_bytes: int = 1 << 20, repeats: int = 20, together: bool = False) -> list[RankProbe]:
     """Run the device benchmark on this rank and gather every rank's result (on every rank, in rank order).
@@ -159,20 +204,8 @@ def probe_ranks(*, rank: int, world: int, groups: Any = None, device: str = "cpu
         from nebula.hybrid.p2p import make_groups
 
         groups = make_groups(rank, world)
-    compute_s = flops = 0.0
-    for turn in range(1 if together else world):
-        if world > 1:
-            import paddle.distributed as dist
-
-            dist.barrier()
-        if together or turn == rank:
-            compute_s, flops = probe_compute(slowdown=slowdown, repeats=repeats)
+    compute_s, flops = in_turns(rank, world, together, lambda: probe_compute(slowdown=slowdown, repeats=repeats))
     latency, bandwidth = measure_links(rank, world, message_bytes, groups)
-    mine = RankProbe(rank, compute_s, flops, free_memory_bytes(device), latency, bandwidth)
-    if world == 1:
-        return [mine]
-    import paddle.distributed as dist
-
-    out: list[Any] = []
-    dist.all_gather_object(out, mine.to_dict())
-    return [RankProbe(**d) for d in sorted(out, key=lambda d: d["rank"])]
+    mine = RankProbe(rank, compute_s, flops, free_memory_bytes(device), latency, bandwidth,
+                     measure_allreduce(world, repeats))
+    return [RankProbe(**d) for d in sorted(gather(mine.to_dict(), world), key=lambda d: d["rank"])]

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,8 @@ import numpy as np
 
 from nebula.config.job import JobConfig, PipelineSpec
 from nebula.hybrid import checkpoint as ckpt
-from nebula.hybrid.layered import LayeredModel, build_layers, check_bounds, layered_model
+from nebula.hybrid.cut import HybridPlan, plan_bounds
+from nebula.hybrid.layered import build_layers, layered_model
 from nebula.hybrid.p2p import recv_like, recv_tensor, send_like, send_tensor, wait_all
 from nebula.hybrid.topology import Layout
 from nebula.pipeline.data import rank_micro_batches, step_ids
@@ -33,23 +33,12 @@ from nebula.pipeline.metrics import MetricsWriter
 from nebula.pipeline.runtime import RunResult
 from nebula.pipeline.stage import load_recipe
 
-__all__ = ["run_hybrid", "HybridPlan", "plan_bounds", "stage_devices"]
+__all__ = ["run_hybrid"]
 
 log = logging.getLogger(__name__)
 
-MESSAGES_PER_MICRO_BATCH = 3  # shape header and activation forward, gradient back
-
-
-@dataclass(slots=True)
-class HybridPlan:
-    """The layout and cut a run uses (logged, written into checkpoints and metrics)."""
-
-    layout: Layout
-    bounds: list[int]
-    method: str  # "bounds" when given explicitly
-    probes: list = field(default_factory=list)  # RankProbe per rank when the benchmark ran
-    predicted_stage_s: list[float] = field(default_factory=list)
-
+# the layer benchmark: rounds after the warm-up, at least and at most, and the time budget of all ranks' rounds
+LAYER_ROUNDS, MAX_LAYER_ROUNDS, LAYER_BUDGET_S = 3, 30, 4.0
 
 def _set_device(device: str) -> None:
     import paddle
@@ -60,36 +49,6 @@ def _set_device(device: str) -> None:
     from paddle.distributed import ParallelEnv
 
     paddle.set_device(f"{device}:{ParallelEnv().device_id}")
-
-
-def stage_devices(probes: list, layout: Layout) -> list:
-    """One DeviceProfile per stage: the slowest, smallest, worst-linked of its replicas (they run in lock-step)."""
-    from nebula.balance import DeviceProfile
-
-    out = []
-    for s in range(layout.num_stages):
-        ps = [probes[r] for r in layout.stage_ranks(s)]
-        # a boundary carries MESSAGES_PER_MICRO_BATCH messages per micro-batch (header, activation, gradient)
-        out.append(DeviceProfile(max(p.time_per_flop_s for p in ps), min(p.free_memory_bytes for p in ps),
-                                 MESSAGES_PER_MICRO_BATCH * max(p.latency_s for p in ps),
-                                 min(p.bandwidth_bytes_per_s for p in ps), f"stage{s}"))
-    return out
-
-
-def plan_bounds(model: LayeredModel, layout: Layout, pp: PipelineSpec, probes: list, layer_costs: list | None,
-                ) -> HybridPlan:
-    """The cut of `model` for `layout`: explicit `pp.bounds`, else `pp.allocation` over the measured stages."""
-    if pp.bounds is not None and len(pp.bounds) == layout.num_stages + 1:
-        return HybridPlan(layout, check_bounds(pp.bounds, model.num_layers, layout.num_stages), "bounds", probes)
-    if model.num_layers < layout.num_stages:
-        raise ValueError(f"{model.num_layers} layers cannot fill {layout.num_stages} pipeline stages; use at most "
-                         f"{model.num_layers} stages")
-    from nebula.balance import allocate
-
-    devices = stage_devices(probes, layout)
-    alloc = allocate(layer_costs, devices, pp.allocation)
-    return HybridPlan(layout, check_bounds(alloc.bounds, model.num_layers, layout.num_stages), pp.allocation, probes,
-                      [float(t) for t in alloc.stage_times_s])
 
 
 class _HybridRunner:
@@ -147,55 +106,56 @@ class _HybridRunner:
                  self.stop - 1, self.plan.method)
 
     def _write_plan(self, path: Path) -> None:
-        """The layout, the cut, the measured ranks and the predicted stage times, for benchmarks and people."""
+        """The layout, the cut, the measured ranks and the predicted times, for benchmarks and people."""
         import json
 
-        from nebula.hybrid.costs import pipeline_time_s
-
-        plan = self.plan
-        doc = {"num_stages": plan.layout.num_stages, "num_replicas": plan.layout.num_replicas,
-               "bounds": plan.bounds, "method": plan.method, "micro_batches": self.cfg.train.micro_batches,
-               "slowdown": list(self.pp.slowdown), "predicted_stage_s": plan.predicted_stage_s,
-               "predicted_step_s": (pipeline_time_s(plan.predicted_stage_s, self.cfg.train.micro_batches)
-                                    if plan.predicted_stage_s else None),
-               "probes": [p.to_dict() for p in plan.probes]}
+        doc = {**self.plan.record(), "micro_batches": self.cfg.train.micro_batches,
+               "slowdown": list(self.pp.slowdown), "probe_together": self.pp.probe_together,
+               "probes": [p.to_dict() for p in self.plan.probes]}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=1))
 
     # ---- allocation ---------------------------------------------------------------------------------------
     def _plan(self) -> HybridPlan:
-        pp = self.pp
-        explicit = pp.bounds is not None and len(pp.bounds) == self.layout.num_stages + 1
-        probes: list = []
-        if not explicit and pp.probe:
-            from nebula.hybrid.probe import probe_ranks
+        """Explicit bounds as they are; else benchmark the ranks (links, memory, every layer on every rank) and cut.
 
+        Without `probe` only rank 0 times the layers and every rank counts as identical to it."""
+        pp, t = self.pp, self.cfg.train
+        n = self.model.num_layers
+        if pp.bounds is not None and len(pp.bounds) == self.layout.num_stages + 1:
+            return plan_bounds(n, self.layout, pp)
+        from nebula.hybrid.costs import LayerTimer, costs_from_timings, time_layers
+        from nebula.hybrid.probe import RankProbe, gather, in_turns, probe_ranks
+
+        batch = t.global_batch // (self.layout.num_replicas * t.micro_batches)
+        if pp.probe:
             probes = probe_ranks(rank=self.rank, world=self.world, groups=self.groups, device=self.spec.device,
                                  slowdown=self.slowdown, together=pp.probe_together)
-        if explicit:
-            return plan_bounds(self.model, self.layout, pp, probes, None)
-        if not probes:
-            from nebula.hybrid.probe import RankProbe
-
+            timer = LayerTimer(self.model, batch, seed=t.seed, slowdown=self.slowdown)
+            rounds, start = 0, time.perf_counter()
+            while True:  # rounds in turns (or together) until rank 0's budget is spent
+                in_turns(self.rank, self.world, pp.probe_together, lambda: timer.round(record=rounds > 0))
+                rounds += 1
+                go = rounds <= LAYER_ROUNDS or (rounds <= MAX_LAYER_ROUNDS and
+                                                time.perf_counter() - start < LAYER_BUDGET_S)
+                if gather(go, self.world)[0] is False:
+                    break
+            timings = gather(timer.result(), self.world)
+        else:
             probes = [RankProbe(r, 1.0, 1.0, float("inf"), 0.0, float("inf")) for r in range(self.world)]
-        return plan_bounds(self.model, self.layout, pp, probes, self._layer_costs())
+            mine = time_layers(self.model, batch, seed=t.seed, budget_s=0.5) if self.rank == 0 else None
+            timings = [gather(mine, self.world)[0]] * self.world
+        costs, tpf = costs_from_timings(timings, batch, micro_batches=t.micro_batches)
+        return plan_bounds(n, self.layout, pp, probes=probes, costs=costs, time_per_flop_s=tpf, timings=timings,
+                           micro_batches=t.micro_batches, cores=self._pipeline_cores())
 
-    def _layer_costs(self) -> list:
-        """Rank 0 measures the layers and shares the costs, so every rank computes the same allocation."""
-        from nebula.hybrid.costs import layer_costs
-
-        t = self.cfg.train
-        costs = None
-        if self.rank == 0:
-            batch = t.global_batch // (self.layout.num_replicas * t.micro_batches)
-            costs = layer_costs(self.model, batch, seed=t.seed, micro_batches=t.micro_batches)
-        if self.world > 1:
-            import paddle.distributed as dist
-
-            box = [costs]
-            dist.broadcast_object_list(box, src=0)
-            costs = box[0]
-        return costs
+    def _pipeline_cores(self) -> float:
+        """CPU cores one replica's stages share: each rank's share of its host's cores, times the stages (inf on
+        accelerators, whose compute does not share the host's cores)."""
+        if self.spec.device != "cpu":
+            return float("inf")
+        host = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return self.layout.num_stages * min(1.0, host / self.spec.procs_per_node)
 
     # ---- compute with simulated slowdown ------------------------------------------------------------------
     def _slow(self, t0: float) -> None:
@@ -293,8 +253,7 @@ class _HybridRunner:
             dist.barrier()
         if self.rank == 0:
             ckpt.commit(ck.dir, step_done, self.cluster, {
-                "job": self.cfg.job, "num_layers": self.model.num_layers, "bounds": self.plan.bounds,
-                "num_stages": self.layout.num_stages, "num_replicas": self.layout.num_replicas})
+                **self.plan.record(), "job": self.cfg.job, "num_layers": self.model.num_layers})
             ckpt.prune(ck.dir, self.cluster, self.model.num_layers, ck.keep)
         result.checkpoints.append(step_done)
 

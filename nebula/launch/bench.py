@@ -30,7 +30,7 @@ def bench_command(job_file: str | Path, cfg: JobConfig, cluster: str, out: str |
 
 def bench_cluster(job_file: str | Path, cluster: str, out: str | Path, log_dir: str | Path | None = None) -> int:
     """Benchmark `cluster`'s ranks; rank 0 writes `out`. Returns the launcher's exit code."""
-    cfg = prepare(job_file, cluster)
+    cfg = prepare(job_file, cluster, allocate=False)  # the profiles `allocation:` reads are what this writes
     if log_dir is None:
         log_dir = Path(cfg.metrics.dir or ".") / "log" / f"{cluster}-bench"
     env = dict(os.environ)

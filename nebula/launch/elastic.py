@@ -1,18 +1,27 @@
 """Re-allocation when ranks leave or join: relaunch the cluster on a new layout that resumes from the last step.
 
 When a rank dies, paddle.distributed.launch stops the cluster's other ranks and exits with an error. The elastic
-launcher then derives the job for one rank fewer (`relayout`): the layout keeps its stage count if the remaining
-ranks still form equal replicas of it, else becomes one pipeline over all of them; an explicit cut that no longer
-fits is dropped so the ranks re-allocate the layers (device benchmark, then the pipeline's allocation method);
-the departed rank's slowdown factor goes with it. Per-layer checkpoints (nebula.hybrid.checkpoint) load into any
-layout, so training continues from the newest committed step. A join is the same relaunch with more ranks.
+launcher then derives the job for one rank fewer: the layout keeps its stage count if the remaining ranks still
+form equal replicas of it, else becomes one pipeline over all of them (`shrink_layout`); the departed rank is taken
+to be the last one (on one host the ranks differ only by their simulated slowdown, which goes with it). The new cut
+comes from `nebula.balance.reallocate`: the old partition and the ranks' measured profiles (written into every
+checkpoint marker by the runner) give the old stages; the surviving ranks, grouped into the new stages, are the new
+devices, and each new stage already holds the layer ranges its ranks held. Among the cuts with the method's best
+bottleneck it keeps the one that moves the fewest layer bytes; the relaunched ranks run that cut as explicit bounds
+(no new benchmark) and load their layers from the per-layer checkpoint (nebula.hybrid.checkpoint), so training
+continues from the newest committed step. A run that measured nothing (explicit bounds, no probe) is re-allocated
+on the layers' analytic costs over identical devices.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import math
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import yaml
 
@@ -21,23 +30,84 @@ from nebula.config.job import JobConfig, load_job_config
 from nebula.hybrid import checkpoint as ckpt
 from nebula.hybrid.topology import Layout, shrink_layout
 
-__all__ = ["relayout", "write_job", "launch_elastic"]
+__all__ = ["relayout", "write_job", "launch_elastic", "ElasticPlan", "reallocate_layout"]
 
 log = logging.getLogger(__name__)
 
 
-def relayout(cfg: JobConfig, cluster: str, world_size: int, num_layers: int) -> JobConfig:
-    """`cfg` with `cluster` running `world_size` ranks on one node, its pipeline re-laid out for them."""
+@dataclass(frozen=True, slots=True)
+class ElasticPlan:
+    """The layout and cut for the ranks that remain, and the re-allocation that chose the cut."""
+
+    layout: Layout
+    bounds: list[int]
+    moved_bytes: float
+    total_bytes: float
+    seconds: float  # time the re-allocation took
+    realloc: Any  # nebula.balance.Reallocation
+
+    def record(self, old: Layout, old_bounds: Sequence[int], costs: Sequence[Any], devices: Sequence[Any]) -> dict:
+        """What was re-allocated from what (JSON), for people and tests."""
+        return {"old_layout": [old.num_stages, old.num_replicas], "old_bounds": list(old_bounds),
+                "layout": [self.layout.num_stages, self.layout.num_replicas], "bounds": self.bounds,
+                "method": self.realloc.allocation.method, "moved_bytes": self.moved_bytes,
+                "total_bytes": self.total_bytes, "seconds": self.seconds,
+                "costs": [dataclasses.asdict(c) for c in costs], "devices": [dataclasses.asdict(d) for d in devices]}
+
+
+def reallocate_layout(old: Layout, old_bounds: Sequence[int], costs: Sequence[Any], devices: Sequence[Any],
+                      world_size: int, method: str) -> ElasticPlan:
+    """Re-allocate `costs` from `old` (cut at `old_bounds`, ranks profiled as `devices`, rank order) onto the first
+    `world_size` ranks: the new layout, the cut `reallocate` chose, and the layer bytes it moves."""
+    from nebula.balance import evaluate, reallocate
+    from nebula.hybrid.cut import stage_devices
+
+    start = time.perf_counter()
+    new = shrink_layout(old, world_size, len(costs))
+    previous = evaluate(method, old_bounds, costs,
+                        [dataclasses.replace(d, name=f"old-{d.name}") for d in stage_devices(devices, old)])
+    now = stage_devices(devices[:world_size], new)
+    # each new stage holds, once per rank of it, the range that rank's old stage had
+    held = {now[s].name: [(old_bounds[old.stage_of(r)], old_bounds[old.stage_of(r) + 1])
+                          for r in new.stage_ranks(s)] for s in range(new.num_stages)}
+    r = reallocate(previous, costs, now, method, held=held)
+    seconds = time.perf_counter() - start
+    total = sum(c.memory_bytes for c in costs) * new.num_replicas
+    return ElasticPlan(new, list(r.allocation.bounds), r.moved_bytes, total, seconds, r)
+
+
+def _measured(record: dict, cfg: JobConfig, cluster: str, world: int) -> tuple[list, list]:
+    """(layer costs, per-rank device profiles) the old run measured, or analytic costs on identical devices."""
+    from nebula.balance import DeviceProfile, LayerCost
+
+    if record.get("costs") and len(record.get("devices") or ()) == world:
+        return [LayerCost(**c) for c in record["costs"]], [DeviceProfile(**d) for d in record["devices"]]
+    from nebula.hybrid.costs import analytic_layer_costs
+    from nebula.hybrid.layered import layered_model
+    from nebula.pipeline.stage import load_recipe
+
+    t = cfg.train
+    batch = t.global_batch // (int(record["num_replicas"]) * t.micro_batches)
+    costs = analytic_layer_costs(layered_model(load_recipe(cfg.recipe)), batch, micro_batches=t.micro_batches)
+    return costs, [DeviceProfile(1e-12, math.inf, name=f"rank{r}") for r in range(world)]
+
+
+def relayout(cfg: JobConfig, cluster: str, world_size: int, num_layers: int,
+             bounds: Sequence[int] | None = None) -> JobConfig:
+    """`cfg` with `cluster` running `world_size` ranks on one node, its pipeline re-laid out for them (cut at
+    `bounds` when given; else an old cut that still fits, or none so that the ranks allocate afresh)."""
     spec = cfg.cluster(cluster)
     pp = spec.pipeline
     if pp is None:
         raise ValueError(f"cluster {cluster} has no pipeline section: only layer pipelines re-allocate layers")
     old = Layout(pp.num_stages, max(spec.world_size // pp.num_stages, 1))
     new = shrink_layout(old, world_size, num_layers)
-    bounds = pp.bounds if pp.bounds is not None and len(pp.bounds) == new.num_stages + 1 else None
+    if bounds is None:
+        bounds = pp.bounds if pp.bounds is not None and len(pp.bounds) == new.num_stages + 1 else None
     slowdown = tuple(pp.slowdown[:world_size]) + (1.0,) * max(0, world_size - len(pp.slowdown)) \
         if pp.slowdown else ()
-    pp = dataclasses.replace(pp, num_stages=new.num_stages, bounds=bounds, slowdown=slowdown)
+    pp = dataclasses.replace(pp, num_stages=new.num_stages, bounds=tuple(bounds) if bounds is not None else None,
+                             slowdown=slowdown)
     spec = dataclasses.replace(spec, nodes=1, procs_per_node=world_size, pipeline=pp)
     clusters = tuple(spec if c.id == cluster else c for c in cfg.clusters)
     return dataclasses.replace(cfg, clusters=clusters)
@@ -53,7 +123,8 @@ def write_job(cfg: JobConfig, path: str | Path) -> Path:
 def launch_elastic(job_file: str | Path, cluster: str, *, min_ranks: int = 1,
                    launch: Callable[..., int] | None = None) -> int:
     """Run `cluster`'s part of the job; each time the launcher fails after a committed checkpoint, relaunch with
-    one rank fewer (down to `min_ranks`) so the job continues on the new layout. Returns the last exit code."""
+    one rank fewer (down to `min_ranks`) on the cut `reallocate` chooses, so the job continues on the new layout.
+    Returns the last exit code."""
     from nebula.hybrid.layered import layered_model
     from nebula.pipeline.stage import load_recipe
 
@@ -66,6 +137,7 @@ def launch_elastic(job_file: str | Path, cluster: str, *, min_ranks: int = 1,
     num_layers = layered_model(load_recipe(cfg.recipe)).num_layers
     ranks = cfg.cluster(cluster).world_size
     current = job_file
+    measured: tuple[list, list] | None = None  # costs and rank profiles, kept across relaunches
     while True:
         code = launch(current, cluster)
         if code == 0:
@@ -75,10 +147,22 @@ def launch_elastic(job_file: str | Path, cluster: str, *, min_ranks: int = 1,
             log.error("cluster %s failed (exit %d) with %d rank(s) and %s; not relaunching", cluster, code, ranks,
                       f"checkpoint step {steps[-1]}" if steps else "no committed checkpoint")
             return code
+        record = ckpt.read_marker(cfg.checkpoint.dir, steps[-1], cluster)
+        if measured is None:
+            measured = _measured(record, cfg, cluster, ranks)
+        costs, devices = measured
+        old = Layout(int(record["num_stages"]), int(record["num_replicas"]))
+        plan = reallocate_layout(old, record["bounds"], costs, devices, ranks - 1,
+                                 cfg.cluster(cluster).pipeline.allocation)
         ranks -= 1
-        cfg = relayout(cfg, cluster, ranks, num_layers)
+        measured = (costs, devices[:ranks])
+        cfg = relayout(cfg, cluster, ranks, num_layers, plan.bounds)
         current = write_job(cfg, job_file.with_name(f"{job_file.stem}.ranks{ranks}{job_file.suffix}"))
-        pp = cfg.cluster(cluster).pipeline
+        current.with_suffix(".realloc.json").write_text(
+            json.dumps(plan.record(old, record["bounds"], costs, devices), indent=1))
         log.warning("cluster %s lost a rank (exit %d): relaunching %d rank(s) as %d stage(s) x %d replica(s) from "
-                    "checkpoint step %d (%s)", cluster, code, ranks, pp.num_stages, ranks // pp.num_stages,
-                    steps[-1], current)
+                    "checkpoint step %d (%s)", cluster, code, ranks, plan.layout.num_stages,
+                    plan.layout.num_replicas, steps[-1], current)
+        log.warning("cluster %s: reallocate (%s) cut %s -> %s in %.3f s, moving %.0f of %.0f layer bytes (%.1f%%)",
+                    cluster, plan.realloc.allocation.method, list(record["bounds"]), plan.bounds, plan.seconds,
+                    plan.moved_bytes, plan.total_bytes, 100 * plan.moved_bytes / plan.total_bytes)

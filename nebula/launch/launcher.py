@@ -17,10 +17,11 @@ log = logging.getLogger(__name__)
 WORKER_SCRIPT = Path(__file__).resolve().parent / "worker.py"
 
 
-def prepare(job_file: str | Path, cluster: str, *, intra: bool = False) -> JobConfig:
-    """Load and fully validate the job for `cluster` (ConfigError before any process starts)."""
+def prepare(job_file: str | Path, cluster: str, *, intra: bool = False, allocate: bool = True) -> JobConfig:
+    """Load and fully validate the job for `cluster` (ConfigError before any process starts); `allocate=False`
+    leaves `allocation:` unresolved (the device benchmark runs before the profiles it needs exist)."""
     cfg = load_job_config(job_file)
-    if cfg.allocation is not None:  # preflight: the cut between clusters comes from their measured profiles
+    if cfg.allocation is not None and allocate:  # preflight: the cut between clusters comes from their measured profiles
         from nebula.hybrid.plan import resolve_allocation
 
         cfg = resolve_allocation(cfg)

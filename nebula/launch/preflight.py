@@ -17,12 +17,13 @@ def validate_job(cfg: JobConfig, cluster: str | None = None) -> list[str]:
     part in an inter-cluster job has a switch (an existing worker.yaml for that cluster), and `cluster` (if given)
     is one of the job's clusters.
     """
-    if cluster is not None:
-        ids = [c for c, _ in cfg.segments]
-        if cluster not in ids:
-            raise ConfigError(f"cluster {cluster!r} runs no stage of job {cfg.job!r}; stages run on {', '.join(ids)}")
-    if cfg.inter_cluster:
-        for cid, _ in cfg.segments:
+    dp = cfg.mode == "data_parallel"  # every cluster runs every stage and averages with the others over the WAN
+    taking_part = [c.id for c in cfg.clusters] if dp else [c for c, _ in cfg.segments]
+    if cluster is not None and cluster not in taking_part:
+        raise ConfigError(f"cluster {cluster!r} runs no stage of job {cfg.job!r}; stages run on "
+                          f"{', '.join(taking_part)}")
+    if cfg.inter_cluster or (dp and len(taking_part) > 1):
+        for cid in taking_part:
             c = cfg.cluster(cid)
             if not c.worker:
                 raise ConfigError(f"cluster {cid!r} has no switch: set clusters[{cid}].worker to its worker.yaml "
@@ -43,7 +44,7 @@ def validate_job(cfg: JobConfig, cluster: str | None = None) -> list[str]:
     recipe = load_recipe(cfg.recipe)
     names = list(recipe.stage_names)
     got = [s.name for s in cfg.stages]
-    if got != names:
+    if not dp and got != names:
         raise ConfigError(f"stages {got} do not fit the model of recipe {cfg.recipe.factory}: it has stages {names} "
                           "(in this order); list each exactly once")
     return names

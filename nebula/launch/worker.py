@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     die_with_launcher()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from nebula.channel import SwitchRefused
     from nebula.config._schema import ConfigError
     from nebula.config.job import load_job_config
     from nebula.pipeline import PeerLost
@@ -54,12 +55,20 @@ def main(argv: list[str] | None = None) -> int:
         from nebula.hybrid.runner import run_hybrid
 
         run = run_hybrid  # noqa: F811
+    elif cfg.mode == "data_parallel":  # a whole replica per cluster, averaged over the WAN every sync_every steps
+        from nebula.federated.diloco import run_data_parallel
+
+        run = run_data_parallel  # noqa: F811
     try:
         res = run(cfg, args.cluster, workdir=Path(args.job).resolve().parent)
     except PeerLost as exc:
         logging.getLogger("nebula.worker").error("%s", exc)
         print(f"nebula: peer cluster {exc.cluster} lost: {exc}", file=sys.stderr, flush=True)
         return EXIT_PEER_LOST
+    except SwitchRefused as exc:  # at connect, before any training step: one line, the reason names the fix
+        print(f"nebula: the switch of cluster {args.cluster} refused job {cfg.job!r}: {exc}", file=sys.stderr,
+              flush=True)
+        return EXIT_CONFIG
     except ConfigError as exc:  # found at start-up, before any training step (e.g. clusters built differently)
         logging.getLogger("nebula.worker").error("%s", exc)
         print(f"nebula: {exc}", file=sys.stderr, flush=True)

@@ -2,7 +2,9 @@
 
 Layout: ``<dir>/step_<N>/<stage>/model.pdparams``, ``optimizer.pdopt`` and ``<dir>/step_<N>/<cluster>.json``
 (written last, so a step directory counts for a cluster only once its marker exists). An intra-cluster run writes
-every stage in the same layout, which is what makes hot start of an inter-cluster run from it possible.
+every stage in the same layout, which is what makes hot start of an inter-cluster run from it possible. A mode with
+state beyond its stages (data_parallel's outer optimizer) adds ``<dir>/step_<N>/<cluster>.extra.npz``, also written
+before the marker.
 """
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-__all__ = ["step_dir", "save", "local_steps", "load", "prune", "checkpoint_step", "param_names", "rename_state"]
+__all__ = ["step_dir", "save", "local_steps", "load", "load_extra", "prune", "checkpoint_step", "param_names",
+           "rename_state"]
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -21,16 +24,27 @@ def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"step_{step:08d}"
 
 
-def save(root: str | Path, step: int, cluster: str, stages: dict[str, tuple[Any, Any]], meta: dict) -> Path:
-    """Save each stage's (layer, optimizer) state, then the cluster's marker; returns the step directory."""
+def _extra_path(d: Path, cluster: str) -> Path:
+    return d / f"{cluster}.extra.npz"
+
+
+def save(root: str | Path, step: int, cluster: str, stages: dict[str, tuple[Any, Any]], meta: dict, *,
+         extra: Mapping[str, Any] | None = None) -> Path:
+    """Save each stage's (layer, optimizer) state and the `extra` arrays (by name), then the cluster's marker;
+    returns the step directory."""
+    import numpy as np
     import paddle
 
     d = step_dir(root, step)
+    d.mkdir(parents=True, exist_ok=True)
     for name, (layer, opt) in stages.items():
         sd = d / name
         sd.mkdir(parents=True, exist_ok=True)
         paddle.save(layer.state_dict(), str(sd / "model.pdparams"))
         paddle.save(rename_state(opt.state_dict(), param_names(layer)), str(sd / "optimizer.pdopt"))
+    if extra is not None:
+        with open(_extra_path(d, cluster), "wb") as f:
+            np.savez(f, **{k: np.asarray(v) for k, v in extra.items()})
     marker = d / f"{cluster}.json"
     tmp = marker.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({**meta, "step": step, "cluster": cluster, "stages": sorted(stages),
@@ -39,8 +53,9 @@ def save(root: str | Path, step: int, cluster: str, stages: dict[str, tuple[Any,
     return d
 
 
-def local_steps(root: str | Path | None, cluster: str, stage_names: list[str]) -> list[int]:
-    """Steps for which this cluster has a committed checkpoint holding all of `stage_names`."""
+def local_steps(root: str | Path | None, cluster: str, stage_names: list[str], *, extra: bool = False) -> list[int]:
+    """Steps for which this cluster has a committed checkpoint holding all of `stage_names` (and, with `extra`,
+    its extra arrays)."""
     if not root or not Path(root).is_dir():
         return []
     out = []
@@ -49,7 +64,8 @@ def local_steps(root: str | Path | None, cluster: str, stage_names: list[str]) -
             step = int(d.name[5:])
         except ValueError:
             continue
-        if (d / f"{cluster}.json").is_file() and all((d / n / "model.pdparams").is_file() for n in stage_names):
+        if (d / f"{cluster}.json").is_file() and all((d / n / "model.pdparams").is_file() for n in stage_names) \
+                and (not extra or _extra_path(d, cluster).is_file()):
             out.append(step)
     return sorted(out)
 
@@ -84,6 +100,17 @@ def load(d: str | Path, stages: dict[str, tuple[Any, Any]], *, optimizer: bool =
     return step
 
 
+def load_extra(d: str | Path, cluster: str) -> dict[str, Any] | None:
+    """The `extra` arrays `cluster` saved into step directory `d` (None: it saved none)."""
+    import numpy as np
+
+    f = _extra_path(Path(d), cluster)
+    if not f.is_file():
+        return None
+    with np.load(f, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
 def _check_shapes(d: Path, name: str, layer: Any, state: dict) -> None:
     """Refuse a checkpoint saved by a differently sized model (paddle would only warn and keep random weights)."""
     import numpy as np
@@ -105,6 +132,7 @@ def prune(root: str | Path, cluster: str, stage_names: list[str], keep: int) -> 
     for step in steps[:-keep] if keep > 0 else steps:
         d = step_dir(root, step)
         (d / f"{cluster}.json").unlink(missing_ok=True)
+        _extra_path(d, cluster).unlink(missing_ok=True)
         for n in stage_names:
             shutil.rmtree(d / n, ignore_errors=True)
         # Clusters may share one checkpoint root (one machine, a shared file system): the other cluster can

@@ -100,6 +100,7 @@ class OneWay:
         self.local = len(self.segments) == 1
         self.is_sender = not self.local and runner.seg < len(self.segments) - 1
         self.scatter_group = None
+        self._store_sync = None  # StoreBarrier on the job's TCP store, made on first use
         self.extra: dict[str, float] = {}  # recipe metrics of the current step (summed over micro-batches)
         if self.local:
             # one process emulates one rank per sender stage and the k receivers of each
@@ -146,24 +147,21 @@ class OneWay:
         return {side: {kind: ChannelLink(ep, peer, rank, f"b{b}.{kind}") for kind in ("act", "grad", "ctl")}}
 
     def setup_groups(self) -> None:
-        """Receiver ranks: one scatter group per sender (every rank creates every group, in the same order)."""
+        """Receiver ranks: one scatter group per sender (every rank creates every group, in the same order, one at
+        a time, retried together when gloo fails to connect one: see nebula.pipeline.groups)."""
         if self.local or self.is_sender or self.plan.k == 1:
             return
-        import paddle.distributed as dist
-
-        # every rank in step before gloo's group rendezvous (after k auto rank 0 probed alone; under load ranks
-        # arrive seconds apart, and gloo then refused connections)
-        dist.barrier()
         groups = self._new_groups(self.plan.k)
         s = self.plan.sender_of(self.r.rank)
         self.scatter_group = groups[s] if s is not None else None
 
     def _new_groups(self, k: int) -> list[Any]:
         """One process group per sender for receivers-per-sender k (a collective: every receiver rank calls it)."""
-        import paddle.distributed as dist
+        from nebula.pipeline.groups import create_groups
 
         num = sum(n for _, n in self.sender_worlds)
-        return [dist.new_group(list(range(s * k, (s + 1) * k))) for s in range(num)]
+        return create_groups([list(range(s * k, (s + 1) * k)) for s in range(num)], world=self.rcv_world,
+                             timeout_s=self.r.cfg.startup_timeout_s, log=log.warning)
 
     # ---- start-up -------------------------------------------------------------------------------------------
     def _signature(self) -> dict:
@@ -322,6 +320,7 @@ class OneWay:
                 loss_sum += float(out.loss.numpy())
                 (out.loss * (scale / len(mbs))).backward()
             loss_sum /= len(mbs)
+        self._meet(f"step/{step}", r.world)  # idle ranks would otherwise sit in the all-reduce past gloo's 30 s
         r._optimizer_step()  # includes the receivers' all-reduce: they sync among themselves first
         loss = r._mean_over_ranks(loss_sum) * scale
         if r.prev is not None:  # root: the small sync tensor to its sender
@@ -339,11 +338,25 @@ class OneWay:
         if r.prev is not None:
             parts = [np.asarray(r.prev.recv_array((*key, j))) for j in range(k)]  # host arrays pickle
             t0 = time.perf_counter()
+            self._meet(f"scatter/{r.rank}/{key[0]}/{key[1]}", k)
             dist.scatter_object_list(out, parts, src=r.rank, group=self.scatter_group)
         else:
+            # wait for the root in the TCP store, not in gloo: the root may wait on the WAN past gloo's 30 s timeout
+            self._meet(f"scatter/{r.rank - r.rank % k}/{key[0]}/{key[1]}", k)
             dist.scatter_object_list(out, None, src=r.rank - r.rank % k, group=self.scatter_group)
         r._scatter_wait += time.perf_counter() - t0
         return out[0]
+
+    def _meet(self, name: str, n: int) -> None:
+        """Barrier of `n` receiver ranks kept in the job's TCP store: ranks wait there (bounded by peer_timeout_s)
+        instead of inside a gloo collective, which fails after 30 s when a peer is late (nebula.pipeline.groups)."""
+        if n < 2:
+            return
+        if self._store_sync is None:
+            from nebula.pipeline.groups import StoreBarrier, job_store
+
+            self._store_sync = StoreBarrier(job_store(), 0, self.r.cfg.peer_timeout_s)
+        self._store_sync.wait(f"nebula/oneway/{name}", f"cluster {self.r.cluster}: {name}", world=n)
 
     def _step_local(self, step: int) -> float:
         """All stages in one process: each sender stage produces k results per micro-batch for its receivers, the

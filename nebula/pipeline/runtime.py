@@ -170,8 +170,10 @@ class _Runner:
         if self._endpoint is None:
             from nebula.channel import Endpoint
 
+            # the stage map lets the switch check the account's stage grants (refused here, before training)
             self._endpoint = Endpoint.connect(self.spec.worker, job=self.cfg.job, rank=self.rank,
-                                              timeout_s=self.cfg.peer_timeout_s)
+                                              timeout_s=self.cfg.peer_timeout_s,
+                                              stages={s.name: s.cluster for s in self.cfg.stages})
         return self._endpoint
 
     # ---- checkpoints --------------------------------------------------------------------------------------
@@ -226,6 +228,10 @@ class _Runner:
             log.info("cluster %s rank %d: hot start from %s (step %d)", self.cluster, self.rank, ck.init_from, start)
         return start
 
+    def _extra_state(self) -> dict[str, np.ndarray] | None:
+        """State beyond the stages' that a checkpoint must hold to resume exactly (a mode's own; none here)."""
+        return None
+
     def _maybe_save(self, step_done: int, result: RunResult) -> None:
         ck = self.cfg.checkpoint
         if not ck.dir:
@@ -235,7 +241,8 @@ class _Runner:
             return
         if self.rank == 0:
             ckpt.save(ck.dir, step_done, self.cluster, self._stage_states(),
-                      {"job": self.cfg.job, "seed": self.cfg.train.seed, "mode": self.cfg.mode})
+                      {"job": self.cfg.job, "seed": self.cfg.train.seed, "mode": self.cfg.mode},
+                      extra=self._extra_state())
             ckpt.prune(ck.dir, self.cluster, [loc.name for loc in self.locals], ck.keep)
         result.checkpoints.append(step_done)
 

@@ -46,7 +46,7 @@ class WireError(ValueError):
 class FrameType(enum.IntEnum):
     """What a frame carries."""
 
-    HELLO = 1  # worker -> switch: job, rank, account, name (also the heartbeat)
+    HELLO = 1  # worker -> switch: job, rank, account, name, optionally the job's stage map (also the heartbeat)
     WELCOME = 2  # switch -> worker: boot epoch, limits, peer link states
     DATA = 3  # one chunk of a channel message
     ACK = 4  # receiving worker -> sending worker: cumulative received and consumed sequence numbers
@@ -386,10 +386,19 @@ def _endpoint(meta: dict[str, Any], field: str) -> tuple[str, int]:
     return v[0], v[1]
 
 
+def _stage_map(v: Any) -> None:
+    """HELLO's optional `stages`: the job file's stage -> cluster map, names as on the wire."""
+    if not isinstance(v, dict) or not all(isinstance(k, str) and k and len(k) <= MAX_NAME_CHARS and isinstance(c, str)
+                                          and c and len(c) <= MAX_NAME_CHARS for k, c in v.items()):
+        raise WireError("bad_meta", f"HELLO meta 'stages' must map stage names to cluster names, got {v!r}"[:400])
+
+
 def _check_meta(h: Header, meta: dict[str, Any]) -> None:
     t = h.type
     if t == FrameType.HELLO:
         _name(meta, "job"), _name(meta, "account"), _name(meta, "name"), _int(meta, "rank", 0, (1 << 31) - 1)
+        if "stages" in meta:
+            _stage_map(meta["stages"])
     elif t in (FrameType.DATA, FrameType.ACK):
         key = ChannelKey.from_meta(meta)
         if h.channel_id != channel_id(key):

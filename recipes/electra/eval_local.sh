@@ -2,7 +2,7 @@
 # Downstream evaluation of a run_local.sh run: pretrain the same discriminator on English only (one cluster, as
 # many steps as the cross-cluster run), export both, and compare them with a random initialisation on
 # cross-lingual domain classification (fine-tuned on English) and x->en sentence retrieval.
-# Usage: bash recipes/electra/eval_local.sh RUN_DIR   env: PRESET (tiny), STEPS (400), FT_STEPS (300), SEEDS (2)
+# Usage: bash recipes/electra/eval_local.sh RUN_DIR   env: PRESET (tiny), STEPS (400), FT_STEPS (300), SEEDS (3)
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -22,4 +22,4 @@ echo "== English-only pretraining, $STEPS steps"
 echo "== evaluation (cross = pretrained across the three clusters)"
 "$PY" -m recipes.electra.evaluate --data "$RUN/corpus" --base "cross=$RUN/D/electra_base" \
     --base "english=$RUN/D/english_base" --random --preset "$PRESET" --steps "${FT_STEPS:-300}" \
-    --seeds "${SEEDS:-2}" --out "$RUN/eval.json"
+    --seeds "${SEEDS:-3}" --out "$RUN/eval.json"

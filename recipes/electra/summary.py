@@ -1,7 +1,8 @@
 """Summary of an ELECTRA run: losses, RTD / CLM accuracy per language, WAN bytes per step, the Figure 8 plot.
 
 `python -m recipes.electra.summary RUN` reads RUN/metrics (inter-cluster) and RUN/metrics_intra (intra-cluster,
-if present), prints the summary, writes RUN/summary.json and RUN/loss.png.
+if present), prints the summary, writes RUN/summary.json and RUN/loss.png. `python -m recipes.electra.summary
+--progress METRICS.jsonl STEP,STEP,...` prints what the discriminator had learned in the 100 steps before each step.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-__all__ = ["summarise", "per_language", "wan_bytes_per_step", "plot", "main"]
+__all__ = ["summarise", "per_language", "progress", "wan_bytes_per_step", "plot", "main"]
 
 
 def _read(path: Path) -> list[dict]:
@@ -32,6 +33,24 @@ def per_language(records: list[dict]) -> dict[str, dict[str, float]]:
         if n:
             out[key] = {"rtd_acc": tot[f"rtd_ok/{key}"] / n, "clm_acc": tot[f"clm_ok/{key}"] / n,
                         "replaced_recall": tot[f"rep_ok/{key}"] / max(tot[f"rep_n/{key}"], 1.0), "tokens": n}
+    return out
+
+
+def progress(records: list[dict], ends: list[int], window: int = 100) -> list[dict]:
+    """RTD loss, replaced-token recall and CLM accuracy (means over language keys, monolingual and TRTD pairs apart)
+    in the `window` steps before each step of `ends` that the records reach."""
+    out = []
+    for end in ends:
+        w = [r for r in records if end - window <= r["step"] < end]
+        if not w:
+            continue
+        pl = per_language(w)
+        row: dict = {"steps": (end - window, end - 1), "rtd_loss": sum(r["rtd_loss"] for r in w) / len(w)}
+        for part, keys in (("mono", [k for k in pl if not k.startswith("en-")]),
+                           ("pairs", [k for k in pl if k.startswith("en-")])):
+            for f in ("replaced_recall", "clm_acc"):
+                row[f"{f}_{part}"] = sum(pl[k][f] for k in keys) / len(keys) if keys else None
+        out.append(row)
     return out
 
 
@@ -111,8 +130,17 @@ def summarise(run: Path, generators: list[str], discriminator: str = "D", last: 
 def main(argv: list[str] | None = None) -> int:
     """Print the summary of RUN and write RUN/summary.json."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--progress"] and len(argv) == 3:
+        f = "{:.3f}".format
+        for row in progress(_read(Path(argv[1])), [int(x) for x in argv[2].split(",")]):
+            pairs = "" if row["replaced_recall_pairs"] is None else \
+                f"  pairs: replaced recall {f(row['replaced_recall_pairs'])}, CLM acc {f(row['clm_acc_pairs'])}"
+            print(f"steps {row['steps'][0]}-{row['steps'][1]}: RTD loss {f(row['rtd_loss'])}  monolingual: replaced "
+                  f"recall {f(row['replaced_recall_mono'])}, CLM acc {f(row['clm_acc_mono'])}{pairs}")
+        return 0
     if not argv:
-        print("usage: python -m recipes.electra.summary RUN [GEN_CLUSTERS=G1,G2] [DISC=D]", file=sys.stderr)
+        print("usage: python -m recipes.electra.summary RUN [GEN_CLUSTERS=G1,G2] [DISC=D] | --progress METRICS "
+              "STEP,STEP,...", file=sys.stderr)
         return 2
     run = Path(argv[0])
     gens = (argv[1] if len(argv) > 1 else "G1,G2").split(",")

@@ -66,7 +66,9 @@ class ToyStage(Stage):
         return paddle.nn.Sequential(*deep, _Block(r.hidden, r.classes, False))
 
     def build_optimizer(self, model: paddle.nn.Layer, ctx: StageContext) -> paddle.optimizer.Optimizer:
-        """Adam (its moments make resume-from-checkpoint tests meaningful)."""
+        """Adam (its moments make resume-from-checkpoint tests meaningful), or plain SGD with optimizer='sgd'."""
+        if self.r.optimizer == "sgd":
+            return paddle.optimizer.SGD(learning_rate=self.r.lr, parameters=model.parameters())
         return paddle.optimizer.Adam(learning_rate=self.r.lr, parameters=model.parameters())
 
     def load(self, ids: np.ndarray, ctx: StageContext) -> Any:
@@ -138,7 +140,11 @@ class ToyRecipe(Recipe):
 
     def __init__(self, *, dim: int = 8, hidden: int = 32, classes: int = 4, num_stages: int = 2,
                  num_examples: int = 4096, lr: float = 0.01, data_seed: int = 7, oneway: bool = False,
-                 depth: int = 0, num_layers: int = 6, bounds: list[int] | None = None) -> None:
+                 depth: int = 0, num_layers: int = 6, bounds: list[int] | None = None,
+                 optimizer: str = "adam") -> None:
+        if optimizer not in ("adam", "sgd"):
+            raise ValueError(f"optimizer={optimizer!r} must be 'adam' or 'sgd'")
+        self.optimizer = optimizer
         if num_layers < 2:
             raise ValueError(f"num_layers={num_layers} must be >= 2 (input and output layer)")
         self.num_layers = num_layers

@@ -204,3 +204,17 @@ def test_checkpoint_of_another_preset_is_refused(tmp_path):
     opt2 = paddle.optimizer.Adam(parameters=small.parameters())
     with pytest.raises(ValueError, match="saved with another model size \\(preset\\)"):
         ckpt.load(ckpt.step_dir(tmp_path, 4), {"disc": (small, opt2)})
+
+
+def test_progress_sums_counts_in_each_window_and_keeps_pairs_apart():
+    from recipes.electra.summary import progress
+
+    def rec(step, rep_ok):
+        return {"step": step, "rtd_loss": 1.0 + step, "n/es": 10.0, "rtd_ok/es": 9.0, "clm_ok/es": 5.0,
+                "rep_n/es": 4.0, "rep_ok/es": rep_ok, "n/en-es": 10.0, "rtd_ok/en-es": 9.0, "clm_ok/en-es": 8.0,
+                "rep_n/en-es": 2.0, "rep_ok/en-es": 1.0}
+
+    rows = progress([rec(0, 0.0), rec(1, 2.0), rec(2, 4.0)], [2, 3, 50], window=2)
+    assert [r["steps"] for r in rows] == [(0, 1), (1, 2)]  # step 50's window holds no record
+    assert rows[0]["rtd_loss"] == 1.5 and rows[0]["replaced_recall_mono"] == 2.0 / 8.0
+    assert rows[1]["replaced_recall_mono"] == 6.0 / 8.0 and rows[1]["clm_acc_pairs"] == 0.8

@@ -73,3 +73,13 @@ class TowersTask:
 
     def test_data(self) -> tuple[np.ndarray, np.ndarray]:
         return _data(1000, 5)
+
+
+def blobs_task(num_clients: dict, seed: int = 0, batch: int = 32, **_: object) -> BlobsTask:
+    """`task:` factory of a job file (`tests.federated.fedoptima_task:blobs_task`) for FedOptima."""
+    return BlobsTask(batch=batch, seed=seed)
+
+
+def towers_task(num_clients: dict, seed: int = 0, batch: int = 32, **_: object) -> TowersTask:
+    """`task:` factory of a job file for OWL."""
+    return TowersTask(batch=batch, seed=seed)

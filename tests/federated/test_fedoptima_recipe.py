@@ -18,7 +18,7 @@ def _job(tmp_path, workers, algorithm: str, block: dict) -> str:
                         {"id": "B", "worker": str(workers["B"]), "num_clients": 2}],
            "client": {"factory": "recipes.federated.client:make_client",
                       "args": {"data": str(tmp_path / "langid.npz"), "alpha": 0.3, "hidden": 32}},
-           "algorithm": algorithm, algorithm: block}
+           "algorithm": algorithm, "task": "recipes.federated.modes:LangIdTask", algorithm: block}
     f = tmp_path / f"{algorithm}.yaml"
     f.write_text(yaml.safe_dump(doc))
     return str(f)

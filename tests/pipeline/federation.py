@@ -7,24 +7,30 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import yaml
 
 BIN = Path(sys.executable).parent
 
 
-def start_switches(procs, out: Path, clusters: list[str], shape: dict | None = None) -> dict[str, Path]:
-    """Provision `clusters` under `out`, start one switch server each, wait until all listen; worker files."""
+def start_switches(procs, out: Path, clusters: list[str], shape: dict | None = None,
+                   edit: Callable[[str, dict], None] | None = None) -> dict[str, Path]:
+    """Provision `clusters` under `out`, start one switch server each (its switch.yaml changed by `edit(cluster,
+    doc)` first, if given), wait until all listen; worker files."""
     from security.provision import provision
 
     provision("testfed", clusters, out)
     workers = {}
     for c in clusters:
         sw = out / c / "switch.yaml"
-        if shape:
+        if shape or edit:
             doc = yaml.safe_load(sw.read_text())
-            doc.setdefault("link", {})["shape"] = shape
-            doc["metrics"] = {"listen": None}
+            if shape:
+                doc.setdefault("link", {})["shape"] = shape
+                doc["metrics"] = {"listen": None}
+            if edit:
+                edit(c, doc)
             sw.write_text(yaml.safe_dump(doc, sort_keys=False))
         p = procs.start([str(BIN / "nebula-switch"), "serve", "--config", str(sw)])
         wait_for_line(p, "listening wan=", 60)

@@ -61,8 +61,11 @@ def test_wildcard_stage_grants_and_expiry(home, capsys):
     assert admin(capsys, home, "add", "--to", "nebula", "--resource", "cluster:*")[0] == 0
     assert admin(capsys, home, "add", "--to", "nebula", "--resource", "stage:encoder", "--expires", "7d")[0] == 0
     policy = load_route_policy(home)
-    assert policy.refusal("nebula", "anywhere") is None and policy.refusal("nebula", "B", "encoder") is None
-    assert "no grant for stage 'decoder'" in policy.refusal("nebula", "B", "decoder")
+    assert policy.refusal("nebula", "anywhere") is None and policy.refusal("nebula", "B", ("encoder",)) is None
+    assert "no grant for stage 'decoder'" in policy.refusal("nebula", "B", ("encoder", "decoder"))
+    assert "no grant for stage 'decoder'" in policy.refusal("nebula", None, ("decoder",))  # (stages only)
+    assert admin(capsys, home, "add", "--to", "nebula", "--resource", "stage:*")[0] == 0
+    assert load_route_policy(home).refusal("nebula", None, ("encoder", "decoder")) is None
     past = policy_from_rows([("nebula", "cluster", "B", "2000-01-01T00:00:00Z", None),
                              ("nebula", "cluster", "C", None, "2020-01-01T00:00:00Z")])
     assert past.allowed_clusters("nebula") == frozenset()  # expired and revoked grants count for nothing

@@ -77,6 +77,14 @@ def start_switch(procs, config: Path, timeout_s: float = 30.0, prefix: tuple[str
 TEST_CHUNK_BYTES = 256 * 1024
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident set size of process `pid` now."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def edit_yaml(path: Path, fn) -> None:
     """Load YAML `path`, let `fn` change the dict in place, write it back."""
     data = yaml.safe_load(path.read_text())
@@ -108,6 +116,27 @@ def two_switches(procs, federation):
 
 def worker_yaml(federation, cluster: str) -> str:
     return federation["clusters"][cluster]["worker_yaml"]
+
+
+def legit_transfer(fed, n: int, job: str = "j", stages: dict[str, str] | None = None,
+                   src: str = "B", dst: str = "A") -> tuple[threading.Thread, list]:
+    """`src`'s worker sends `n` messages to `dst`'s (of `job`, declaring the job's `stages`) in a thread; the list
+    gets what `dst` received, for the caller to check that nothing was lost while an attack ran."""
+    from nebula.channel import Endpoint
+
+    got: list[bytes] = []
+
+    def run() -> None:
+        with Endpoint.connect(worker_yaml(fed, dst), job=job, rank=0, stages=stages) as rx_ep, \
+                Endpoint.connect(worker_yaml(fed, src), job=job, rank=0, stages=stages) as tx_ep:
+            tx, rx = tx_ep.channel(dst, 0, "legit"), rx_ep.channel(src, 0, "legit")
+            for i in range(n):
+                tx.send(i.to_bytes(4, "big") * 1000)
+            for _ in range(n):
+                got.append(rx.recv(timeout_s=60))
+    t = threading.Thread(target=run)
+    t.start()
+    return t, got
 
 
 class CuttingProxy:

@@ -15,7 +15,8 @@ from nebula.wire import ChannelKey, FrameType, encode_frame
 from security.ca import CertificateAuthority
 from security.provision import provision
 from tests.switch.attackers import RawPeer
-from tests.switch.conftest import TEST_CHUNK_BYTES, edit_yaml, start_switch, wait_audit, worker_yaml
+from tests.switch.conftest import (TEST_CHUNK_BYTES, edit_yaml, legit_transfer, start_switch, wait_audit,
+                                   worker_yaml)
 
 
 @pytest.fixture
@@ -26,23 +27,6 @@ def three(tmp_path):
         edit_yaml(Path(fed["clusters"][c]["switch_yaml"]),
                   lambda d: d.setdefault("link", {}).update(chunk_bytes=TEST_CHUNK_BYTES))
     return fed
-
-
-def _legit_transfer(fed, n: int, job: str = "j") -> tuple[threading.Thread, list]:
-    """B's worker sends `n` messages to A's; the list gets what A received (checked by the caller)."""
-    got: list[bytes] = []
-
-    def run() -> None:
-        with Endpoint.connect(worker_yaml(fed, "A"), job=job, rank=0) as ea, \
-                Endpoint.connect(worker_yaml(fed, "B"), job=job, rank=0) as eb:
-            tx, rx = eb.channel("A", 0, "legit"), ea.channel("B", 0, "legit")
-            for i in range(n):
-                tx.send(i.to_bytes(4, "big") * 1000)
-            for _ in range(n):
-                got.append(rx.recv(timeout_s=60))
-    t = threading.Thread(target=run)
-    t.start()
-    return t, got
 
 
 def _summed(switch, action: str, want: int, timeout_s: float = 20.0) -> tuple[list[dict], int]:
@@ -62,7 +46,7 @@ def test_peer_cannot_speak_for_another_cluster(procs, three):
     B->A transfer still arrive."""
     a = start_switch(procs, Path(three["clusters"]["A"]["switch_yaml"]))
     start_switch(procs, Path(three["clusters"]["B"]["switch_yaml"]))
-    t, got = _legit_transfer(three, 20)
+    t, got = legit_transfer(three, 20)
     with Endpoint.connect(worker_yaml(three, "A"), job="victimjob", rank=0) as victim:
         spoofed_rx, own_rx = victim.channel("B", 0, "x"), victim.channel("C", 0, "x")
         c = RawPeer(a.wan, three["clusters"]["C"]["switch_yaml"])
@@ -85,19 +69,30 @@ def test_peer_cannot_speak_for_another_cluster(procs, three):
 
 
 def test_peer_may_address_only_accounts_and_jobs_it_may_reach(procs, three):
-    """A allows peer C no account but 'ops' (peers[].accounts); frames of C for account nebula are refused."""
+    """A allows peer C only account nebula (peers[].accounts), whose workers on A may join only job j: C's frames
+    for account ops or for job secret are refused and audited, while a B->A transfer of job j completes."""
     ya = Path(three["clusters"]["A"]["switch_yaml"])
-    edit_yaml(ya, lambda d: [p.update(accounts=["ops"]) for p in d["peers"] if p["cluster"] == "C"])
+    edit_yaml(ya, lambda d: ([p.update(accounts=["nebula"]) for p in d["peers"] if p["cluster"] == "C"],
+                             [w.update(jobs=["j"]) for w in d["local"]["workers"]]))
     a = start_switch(procs, ya)
+    start_switch(procs, Path(three["clusters"]["B"]["switch_yaml"]))
+    t, got = legit_transfer(three, 20)
     c = RawPeer(a.wan, three["clusters"]["C"]["switch_yaml"])
     try:
         c.hello()
-        c.data(ChannelKey("j", "nebula", "C", 0, "A", 0, "x"), b"not for you")
+        c.data(ChannelKey("j", "ops", "C", 0, "A", 0, "x"), b"not for you")
         refusal = c.read_until(FrameType.ERROR)
         assert refusal.meta["code"] == "account_not_reachable" and "accounts" in refusal.meta["message"]
+        c.data(ChannelKey("secret", "nebula", "C", 0, "A", 0, "x"), b"nor this job")
+        refusal = c.read_until(FrameType.ERROR)
+        assert refusal.meta["code"] == "job_not_reachable" and "may join: j" in refusal.meta["message"]
     finally:
         c.close()
-    wait_audit(a, lambda r: r["action"] == "frame_refused" and r["detail"].get("reason") == "account_not_reachable")
+    for reason in ("account_not_reachable", "job_not_reachable"):
+        rec = wait_audit(a, lambda r: r["action"] == "frame_refused" and r["detail"].get("reason") == reason)
+        assert rec["target"] == "C" and rec["outcome"] == "denied"
+    t.join(90)
+    assert [int.from_bytes(m[:4], "big") for m in got] == list(range(20))
 
 
 def test_peer_ignoring_its_credit_is_cut_with_a_reason(procs, three):
@@ -107,7 +102,7 @@ def test_peer_ignoring_its_credit_is_cut_with_a_reason(procs, three):
     edit_yaml(ya, lambda d: d.setdefault("limits", {}).update(peer_memory_bytes=2 * 1024**2))
     a = start_switch(procs, ya)
     start_switch(procs, Path(three["clusters"]["B"]["switch_yaml"]))
-    t, got = _legit_transfer(three, 20)
+    t, got = legit_transfer(three, 20)
     c = RawPeer(a.wan, three["clusters"]["C"]["switch_yaml"])
     try:
         credit = c.hello()["credit"]
@@ -131,7 +126,7 @@ def test_ping_and_checkpoint_floods_are_bounded(procs, three):
     completes meanwhile."""
     a = start_switch(procs, Path(three["clusters"]["A"]["switch_yaml"]))
     start_switch(procs, Path(three["clusters"]["B"]["switch_yaml"]))
-    t, got = _legit_transfer(three, 20)
+    t, got = legit_transfer(three, 20)
     c = RawPeer(a.wan, three["clusters"]["C"]["switch_yaml"])
     try:
         c.hello()
@@ -162,7 +157,7 @@ def test_unidentified_connections_are_capped(procs, three):
     edit_yaml(ya, lambda d: d.setdefault("limits", {}).update(max_unauthenticated=16))
     a = start_switch(procs, ya)
     start_switch(procs, Path(three["clusters"]["B"]["switch_yaml"]))
-    t, got = _legit_transfer(three, 20)
+    t, got = legit_transfer(three, 20)
     conns = []
     try:
         for _ in range(200):
@@ -181,13 +176,15 @@ def test_unidentified_connections_are_capped(procs, three):
 
 def test_live_session_is_cut_when_the_peer_certificate_expires(procs, three):
     """C connects with a certificate valid for a few more seconds: once it expires, A closes the live session
-    and audits it (revocation already did so; expiry now does too)."""
+    and audits it (revocation already did so; expiry now does too); a B->A transfer completes meanwhile."""
+    a = start_switch(procs, Path(three["clusters"]["A"]["switch_yaml"]))
+    start_switch(procs, Path(three["clusters"]["B"]["switch_yaml"]))
     ca = CertificateAuthority.open(three["ca"])
     short = ca.issue("short-c", "switch", "C", days=4 / 86400, out_dir=Path(three["ca"]).parent / "short")
-    a = start_switch(procs, Path(three["clusters"]["A"]["switch_yaml"]))
     c = RawPeer(a.wan, three["clusters"]["C"]["switch_yaml"], cert=short.cert_path, key=short.key_path)
     try:
         c.hello()
+        t, got = legit_transfer(three, 20)
         with pytest.raises((ConnectionError, OSError)):
             c.read_until(FrameType.LINK_WELCOME, limit=10_000)  # PONGs... until A cuts the session
     finally:
@@ -195,3 +192,5 @@ def test_live_session_is_cut_when_the_peer_certificate_expires(procs, three):
     rec = wait_audit(a, lambda r: r["action"] == "peer_rejected" and r["detail"].get("reason") == "expired"
                      and r["detail"].get("live"))
     assert rec["target"] == "C"
+    t.join(90)
+    assert [int.from_bytes(m[:4], "big") for m in got] == list(range(20))

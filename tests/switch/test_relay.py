@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -10,11 +11,11 @@ import yaml
 import zmq
 import zmq.auth
 
-from nebula.channel import ChannelError, Endpoint
+from nebula.channel import ChannelError, Endpoint, SwitchRefused
 from nebula.wire import ChannelKey, FrameType, decode_frame, encode_frame
 from security.audit import peer_checkpoints_path, read_checkpoints, verify_checkpoint
 from security.curve import write_curve_keypair
-from tests.switch.conftest import TEST_CHUNK_BYTES, wait_audit, worker_yaml
+from tests.switch.conftest import TEST_CHUNK_BYTES, legit_transfer, wait_audit, worker_yaml
 
 
 def test_relay_both_directions_in_order(two_switches):
@@ -87,6 +88,7 @@ def _next_error(s: zmq.Socket) -> dict:
 
 def test_malformed_and_oversized_frames_refused_with_reason(two_switches):
     fed, a, b = two_switches
+    legit, got = legit_transfer(fed, 20, job="legit", src="A", dst="B")  # runs while the hostile worker sends
     s = _raw_worker(fed, "A")
     try:
         key = ChannelKey("j", "nebula", "A", 5, "B", 0, "raw")
@@ -118,8 +120,15 @@ def test_malformed_and_oversized_frames_refused_with_reason(two_switches):
         s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"h" * huge, channel_id=key.id), b"h" * huge])
         assert mon.poll(10000), "the switch kept a connection that sent an oversized part"
         mon.close(0)
+        # ... and leaves an audit record naming the transport, the peer and the reason
+        rec = wait_audit(a, lambda r: r["action"] == "connection_dropped")
+        assert rec["outcome"] == "denied" and rec["detail"]["reason"] == "part_too_large"
+        assert rec["detail"]["transport"] == "tcp" and rec["detail"]["peer"].startswith("127.0.0.1:")
+        assert rec["detail"]["limit_bytes"] < huge and "link.chunk_bytes" in rec["detail"]["detail"]
     finally:
         s.close(0)
+    legit.join(90)
+    assert [int.from_bytes(m[:4], "big") for m in got] == list(range(20))
     # the switch keeps serving everyone else
     with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
             Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
@@ -135,10 +144,12 @@ def test_unknown_worker_key_refused_and_audited(two_switches, tmp_path, transpor
     data["transport"] = transport
     stranger = write_curve_keypair(tmp_path / "stranger.key_secret")
     (tmp_path / "stranger.yaml").write_text(yaml.safe_dump(data))
-    with pytest.raises(ChannelError, match="refused our key"):
+    with pytest.raises(SwitchRefused, match="refused our key"):
         Endpoint.connect(tmp_path / "stranger.yaml", job="j", rank=0, timeout_s=15)
     rec = wait_audit(a, lambda r: r["action"] == "worker_rejected")
     assert rec["outcome"] == "denied" and rec["detail"]["curve_public_key"] == stranger
+    time.sleep(1.5)  # (an ended connection is judged within a second)
+    assert not [r for r in a.audit() if r["action"] == "connection_dropped"], "a refused key is no oversized part"
 
 
 def test_same_host_workers_use_ipc_and_others_curve(two_switches, tmp_path):

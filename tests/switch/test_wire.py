@@ -86,6 +86,15 @@ def test_channel_id_must_match_key_and_meta_is_validated():
         decode_frame(encode_frame(FrameType.DATA, {**KEY.to_meta(), "parts": [1, 1]}, b"xyz", channel_id=KEY.id), b"xyz")
 
 
+def test_hello_stage_map_is_validated():
+    hello = {"job": "j", "rank": 0, "account": "a", "name": "w"}
+    ok = decode_frame(encode_frame(FrameType.HELLO, {**hello, "stages": {"enc": "A", "dec": "B"}}))
+    assert ok.meta["stages"] == {"enc": "A", "dec": "B"}
+    for bad in (["enc", "A"], {"enc": 1}, {"": "A"}, {"enc": "x" * 300}):
+        with pytest.raises(WireError, match="HELLO meta 'stages' must map stage names to cluster names"):
+            decode_frame(encode_frame(FrameType.HELLO, {**hello, "stages": bad}))
+
+
 def test_chunk_fields():
     ok = data_frame(b"ab", chunk_index=1, chunk_count=3, total_len=10)
     assert decode_frame(ok, b"ab").header.chunk_index == 1

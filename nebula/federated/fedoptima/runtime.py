@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -105,8 +105,9 @@ def _receiver(ch: Channel, who: Any, inbox: queue.Queue, stop: threading.Event) 
             inbox.put((who, None, exc))
 
 
-def serve(ep: Endpoint, devices: list[tuple[str, int]], task: Task, spec: FedOptimaSpec) -> ServerResult:
-    """Run the server side until E rounds, `duration_s`, or silence; the measured result."""
+def serve(ep: Endpoint, devices: list[tuple[str, int]], task: Task, spec: FedOptimaSpec,
+          should_stop: Callable[[], bool] | None = None) -> ServerResult:
+    """Run the server side until E rounds, `duration_s`, silence or `should_stop()`; the measured result."""
     import paddle
 
     res = ServerResult()
@@ -117,14 +118,15 @@ def serve(ep: Endpoint, devices: list[tuple[str, int]], task: Task, spec: FedOpt
     for t in threads:
         t.start()
     try:
-        return _serve(res, chans, inbox, task, spec, paddle)
+        return _serve(res, chans, inbox, task, spec, paddle, should_stop or (lambda: False))
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=2)
 
 
-def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec: FedOptimaSpec, paddle) -> ServerResult:
+def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec: FedOptimaSpec, paddle,
+           should_stop: Callable[[], bool]) -> ServerResult:
     # ---- initialisation: device information, split point, auxiliary network ----
     infos: dict = {}
     deadline = time.monotonic() + spec.join_timeout_s
@@ -178,14 +180,16 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
             _on_message(sched, res, byes, who, head, arrays)
         while sched.expired:  # a grant went unanswered: no more grants until the device is heard from
             silent.add(sched.expired.pop())
-        for d in sched.grant([d for d in active if d not in silent]):
-            chans[d].send(pack({"type": "grant"}), lane="control")
+        _send_grants(sched, chans, [d for d in active if d not in silent])
         now = time.monotonic()
         if res.rounds >= spec.max_rounds:
             res.ended = f"{spec.max_rounds} rounds"
             break
         if now - t0 >= spec.duration_s:
             res.ended = f"duration_s={spec.duration_s}"
+            break
+        if should_stop():
+            res.ended = "stop asked"
             break
         m = sched.get()
         if m is None:
@@ -204,6 +208,8 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
                 _on_message(sched, res, byes, who, head, arrays)
             res.idle_s += time.monotonic() - w0
             continue
+        if isinstance(m, ActivationBatch):  # the dequeue freed a slot: its turn-on goes out before this step
+            _send_grants(sched, chans, [d for d in active if d not in silent])
         b0 = time.monotonic()
         if isinstance(m, ActivationBatch):
             h, y = m.content
@@ -238,6 +244,12 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
     load_state(dev_net, agg.device)
     res.accuracy = _accuracy([dev_net, srv_net], x_test, y_test)
     return res
+
+
+def _send_grants(sched: TaskScheduler, chans: dict, eligible: list) -> None:
+    """Turn-on signals for the slots free under ω (§IV-C: checked when a batch is enqueued or dequeued)."""
+    for d in sched.grant(eligible):
+        chans[d].send(pack({"type": "grant"}), lane="control")
 
 
 def _prefix(p: str, d: dict) -> dict:

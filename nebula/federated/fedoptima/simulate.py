@@ -100,9 +100,13 @@ class _Box:
 
     def __init__(self, clock: _Clock) -> None:
         self.clock, self.items, self.waiter = clock, deque(), None
+        self.sink: Callable[[Any], None] | None = None  # takes each item on arrival instead of the queue
 
     def put(self, item: Any) -> None:
-        self.items.append(item)
+        if self.sink is not None:
+            self.sink(item)
+        else:
+            self.items.append(item)
         if self.waiter is not None:
             w, self.waiter = self.waiter, None
             w()
@@ -142,6 +146,15 @@ class _Actor:
             arg.waiter = self.step
 
 
+def _train_flops(layers: list, prof: list, input_grad: bool) -> float:
+    """Forward plus backward FLOPs per sample of `layers`: the backward pass costs about twice the forward (weight
+    and input gradients), less the first weighted layer's input gradient when nothing upstream needs it."""
+    total = 3.0 * sum(p.flops for p in prof)
+    if input_grad:
+        return total
+    return total - next((p.flops for layer, p in zip(layers, prof) if list(layer.parameters())), 0.0)
+
+
 def simulate(method: str, task: Any, s: SimSetting, seed: int = 0) -> SimResult:
     """Run `method` (fedoptima, fedavg or oafl) for `s.wall_s` virtual seconds; measured idle, throughput, accuracy."""
     import paddle
@@ -154,8 +167,11 @@ def simulate(method: str, task: Any, s: SimSetting, seed: int = 0) -> SimResult:
     layers = task.layers()
     sample = paddle.to_tensor(task.sample())
     prof = profile_layers(layers, sample)
-    dev_flops = 3 * s.batch * sum(p.flops for p in prof[: s.split])
-    srv_flops = 3 * s.batch * sum(p.flops for p in prof[s.split:])
+    # per batch: what each side computes (forward and backward, no input gradient where nothing needs one)
+    dev_fwd = s.batch * sum(p.flops for p in prof[: s.split])
+    dev_flops = s.batch * _train_flops(layers[: s.split], prof[: s.split], input_grad=False)
+    # offloading sends d loss / d activations back: the server's first layer computes its input gradient too
+    srv_flops = s.batch * _train_flops(layers[s.split:], prof[s.split:], input_grad=method == "oafl")
     act_bytes = s.batch * prof[s.split - 1].output_bytes
     dev_speed = [s.device_flops_per_s / f for f in s.slowdown]
     res = SimResult(method=method, wall_s=s.wall_s)
@@ -170,7 +186,7 @@ def simulate(method: str, task: Any, s: SimSetting, seed: int = 0) -> SimResult:
         full = paddle.nn.Sequential(*layers)
         global_w = state_of(full)
         model_bytes = sum(v.nbytes for v in global_w.values())
-        full_flops = dev_flops + srv_flops
+        full_flops = s.batch * _train_flops(layers, prof, input_grad=False)
         locals_ = []
         for _ in range(k_dev):
             m = paddle.nn.Sequential(*task.layers())
@@ -224,7 +240,7 @@ def simulate(method: str, task: Any, s: SimSetting, seed: int = 0) -> SimResult:
             t = DeviceTrainer(d_net, a_net, lr=s.lr)
             t.load(agg.device, agg.aux)
             trainers.append(t)
-        sched = TaskScheduler(devices=list(range(k_dev)), omega=s.omega)
+        sched = TaskScheduler(devices=list(range(k_dev)), omega=s.omega, clock=lambda: clock.now)  # virtual time
 
         def send_global(k: int) -> None:
             down[k].send(dev_box[k], ("global", agg.device, agg.aux, agg.version), model_bytes)
@@ -237,19 +253,20 @@ def simulate(method: str, task: Any, s: SimSetting, seed: int = 0) -> SimResult:
                     x, y = next(data[k])
                     samples[0] += len(y)
                     if method == "fedoptima":
-                        h, _ = t.step(x, y)
-                        yield "compute", (dev_flops + aux_flops) / dev_speed[k]
-                        # the Sender Status after the iteration: a grant may have come in meanwhile
+                        # the Sender Status as the last iteration left it: a grant may have come in meanwhile
                         while dev_box[k].items and dev_box[k].items[0][0] == "grant":
                             dev_box[k].items.popleft()
                             granted = True
-                        if granted:
+                        h, _ = t.step(x, y)
+                        yield "compute", dev_fwd / dev_speed[k]  # Algorithm 1, line 5: the device-side forward
+                        if granted:  # line 6: the activations go to the Sender, which uploads them meanwhile
                             up[k].send(srv_box, ActivationBatch(k, (h, y)), act_bytes)
                             granted = False
+                        yield "compute", (dev_flops - dev_fwd + aux_flops) / dev_speed[k]  # lines 7-11
                     else:  # offloading: forward, wait for the server's gradient, backward
                         xt = paddle.to_tensor(x)
                         h = t.net(xt)
-                        yield "compute", dev_flops / 3 / dev_speed[k]
+                        yield "compute", dev_fwd / dev_speed[k]
                         up[k].send(srv_box, ActivationBatch(k, (h.detach().numpy(), y)), act_bytes)
                         while True:
                             yield "wait", dev_box[k]
@@ -259,7 +276,7 @@ def simulate(method: str, task: Any, s: SimSetting, seed: int = 0) -> SimResult:
                         h.backward(paddle.to_tensor(msg[1]))
                         t.opt.step()
                         t.opt.clear_grad()
-                        yield "compute", 2 * dev_flops / 3 / dev_speed[k]
+                        yield "compute", (dev_flops - dev_fwd) / dev_speed[k]
                 d, a = t.models()
                 up[k].send(srv_box, ModelUpdate(k, (d, a), version), model_bytes)
                 while True:
@@ -287,21 +304,32 @@ def simulate(method: str, task: Any, s: SimSetting, seed: int = 0) -> SimResult:
                 return m
             return None
 
+        def send_grants() -> None:
+            for g in sched.grant():
+                down[g].send(dev_box[g], ("grant",), 64)
+
+        def receive(m) -> None:
+            # FedOptima's Task Scheduler runs beside the Compute Engine (§V-A: its own thread): it files each
+            # message as it arrives (Algorithm 2) and sends the turn-on signal at once (§IV-C)
+            sched.put(m)
+            send_grants()
+
+        if method == "fedoptima":
+            srv_box.sink = receive
+
         def server():
+            if method == "fedoptima":
+                send_grants()  # the first turn-on signals
             while True:
-                while srv_box.items:
+                while srv_box.items:  # offloading: models first, then activations in arrival order
                     m = srv_box.items.popleft()
-                    if method == "fedoptima":
-                        sched.put(m)  # Algorithm 2
-                    else:
-                        (models_q if isinstance(m, ModelUpdate) else acts_q).append(m)
-                if method == "fedoptima":
-                    for g in sched.grant():
-                        down[g].send(dev_box[g], ("grant",), 64)
+                    (models_q if isinstance(m, ModelUpdate) else acts_q).append(m)
                 m = next_task()
                 if m is None:
                     yield "wait", srv_box
                     continue
+                if method == "fedoptima":
+                    send_grants()  # the dequeue freed a slot: its turn-on goes out now, not after this step
                 if isinstance(m, ActivationBatch):
                     h, y = m.content
                     _, grad = srv_trainer.step(h, y, want_grad=(method == "oafl"))

@@ -15,7 +15,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -127,8 +127,10 @@ def _nbytes(parts: list) -> int:
     return sum(len(memoryview(p).cast("B")) for p in parts)
 
 
-def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec: OwlSpec) -> OwlResult:
-    """Run `spec.rounds` rounds of federated training with OWL (or server-only) distribution; what was measured."""
+def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec: OwlSpec,
+              should_stop: Callable[[], bool] | None = None) -> OwlResult:
+    """Run `spec.rounds` rounds of federated training with OWL (or server-only) distribution, fewer when
+    `should_stop()` turns true between rounds; what was measured."""
     import paddle
 
     model = task.model()
@@ -157,6 +159,8 @@ def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec:
             ch.send(pack(plan), lane="control")
         weights = {k: v.numpy().copy() for k, v in model.state_dict().items()}
         for rnd in range(spec.rounds):
+            if rnd and should_stop is not None and should_stop():
+                break
             t0 = time.monotonic()
             egress = 0
 

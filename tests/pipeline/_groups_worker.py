@@ -1,0 +1,52 @@
+"""One rank of the process-group tests (started by paddle.distributed.launch): MODE flaky | late | raw, OUT."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def main(mode: str, out: Path, late_s: float) -> None:
+    import paddle
+    import paddle.distributed as dist
+
+    from nebula.pipeline.groups import StoreBarrier, create_groups, job_store
+
+    dist.init_parallel_env()
+    rank = dist.get_rank()
+    calls: list[list[int]] = []
+    logs: list[str] = []
+
+    def flaky(ranks: list[int]):
+        calls.append(ranks)
+        if mode == "flaky" and rank == 1 and len(calls) == 1:  # this rank's first attempt fails, as gloo's can
+            dist.new_group(ranks)  # keep the group ids in step with the other rank, then fail
+            raise RuntimeError("gloo: connect timed out (injected)")
+        return dist.new_group(ranks)
+
+    if mode == "late" and rank == 1:
+        time.sleep(late_s)  # arrives at the group rendezvous past gloo's 30 s timeout
+    (group,) = create_groups([[0, 1]], world=2, new_group=flaky, log=logs.append, timeout_s=120)
+    x = paddle.to_tensor([float(rank + 1)])
+    dist.all_reduce(x, group=group)
+    got, error = None, None
+    if mode in ("late", "raw"):
+        if rank == 0:
+            time.sleep(late_s)  # the root is late to the scatter (waiting on its sender, say)
+        if mode == "late":  # "raw": wait inside gloo, as the runtime did before
+            StoreBarrier(job_store(), 2, 120).wait("test/scatter", "scatter")
+        parts: list = []
+        try:
+            dist.scatter_object_list(parts, [["a"], ["b"]] if rank == 0 else None, src=0, group=group)
+            got = parts[0]
+        except Exception as exc:  # recorded for the test to check
+            error = f"{type(exc).__name__}: {exc}"
+    (out / f"rank{rank}.json").write_text(json.dumps({"sum": float(x.numpy()[0]), "calls": len(calls),
+                                                      "logs": logs, "scattered": got, "error": error}))
+    if mode != "raw":
+        dist.barrier()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]), float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
