@@ -1,6 +1,6 @@
 """Benchmark the federated mode: scale, combiner memory, WAN bytes, accuracy against a central baseline, attacks.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/federated.py [--only scale,memory,wan,accuracy,robust]
+    PYTHONPATH=. .venv/bin/python benchmarks/federated.py [--only scale,memory,wan,accuracy,codec,robust]
 
 - scale: round time of one combiner with 200 and with 1000 lightweight clients (real switch, real channels; the
   clients live as threads of a few processes, each with its own switch connection, and "train" for a fixed
@@ -10,6 +10,9 @@
 - wan: bytes the controller sends over the WAN per round to a cluster of clients, with and without WAN-once.
 - accuracy: the recipe's task (recipes/federated) simulated in-process with the same strategies and clients,
   held-out accuracy after each round against central training on all data after the same examples seen.
+- codec: the same task with each --codecs update codec (clients send their change encoded, error feedback kept
+  per client): update bytes per round (client -> combiner; WAN bytes where clients are remote from their combiner)
+  and accuracy after each round.
 - robust: the same task with 0, 10% and 20% byzantine clients (their update's change scaled by 10 or by -1,
   sign-flipped; the attackers are the clients holding the most examples) under fedavg, trimmed_mean, median,
   krum and multi_krum.
@@ -154,22 +157,47 @@ def _client_procs(fed: _Fed, job: Path, cluster: str, n: int, per_proc: int) -> 
     return out
 
 
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds `pid` has used (None once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int) -> list[dict]:
-    """Median round time (rounds 2..) of one combiner with each number of clients."""
+    """Median round time (rounds 2..) of one combiner with each number of clients, and the CPU seconds per round
+    the combiner's process (with the controller), the switch and the client processes used from the end of round
+    1 to the last round: what each client costs them, whatever else the machine runs."""
     rows = []
     for n in counts:
         fed = _Fed(["A"])
         try:
             job = fed.job({"A": n}, rounds=rounds, client={"factory": "benchmarks.federated:light_client",
                                                             "args": {"train_s": train_s}})
+            switch = fed.procs[0]
             ctl = fed.py("-m", "nebula.federated.run", "cluster", str(job), "--cluster", "A")
-            _client_procs(fed, job, "A", n, per_proc)
-            out, _ = ctl.communicate(timeout=1800)
+            threading.Thread(target=lambda: [None for _ in ctl.stdout], daemon=True).start()
+            clients = _client_procs(fed, job, "A", n, per_proc)
+            cpu: dict[int, tuple] = {}  # rounds done -> (combiner CPU s, switch CPU s, all clients' CPU s)
+            end = time.monotonic() + 1800
+            while ctl.poll() is None and time.monotonic() < end:
+                done = len(_rounds(fed)) if (fed.dir / "fl" / "trail" / "trail.db").exists() else 0
+                if done and done not in cpu:
+                    each = [_cpu_s(p.pid) for p in clients]
+                    cpu[done] = (_cpu_s(ctl.pid), _cpu_s(switch.pid), None if None in each else sum(each))
+                time.sleep(0.2)
+            ctl.wait(60)
             if ctl.returncode:
-                raise RuntimeError(out[-3000:])
+                raise RuntimeError(f"controller exit {ctl.returncode}")
             times = [r.duration_s for r in _rounds(fed)[1:]]
+            last = max(k for k, v in cpu.items() if None not in v)
+            per = [(cpu[last][i] - cpu[1][i]) / max(1, last - 1) for i in (0, 1, 2)]
             rows.append({"clients": n, "round_s": statistics.median(times), "rounds": len(times),
-                         "updates": _rounds(fed)[-1].num_updates})
+                         "updates": _rounds(fed)[-1].num_updates, "combiner_cpu_s": per[0], "switch_cpu_s": per[1],
+                         "clients_cpu_s": per[2]})
+            print(f"  {rows[-1]} (round times {[round(t, 2) for t in times]})", file=sys.stderr, flush=True)
         finally:
             fed.close()
     return rows
@@ -245,10 +273,16 @@ def bench_wan(num_clients: int, model_kb: int) -> list[dict]:
 
 # ---- the recipe's task, simulated in one process with the same strategies
 def _simulate(data: dict, clients: list, strategy: str, options: dict, rounds: int, byzantine: int = 0,
-              attack: str = "none", seed: int = 0) -> list[float]:
+              attack: str = "none", seed: int = 0, codec: str = "none", sent: list | None = None) -> list[float]:
+    """Held-out accuracy after each round. With `codec`, every client sends its change encoded as the client
+    loop does (nebula.federated.intake.UpdateEncoder, error feedback kept per client), the change decoded from
+    the frames is averaged and added to the global model, and `sent` gets each round's update bytes."""
     import paddle
 
+    from nebula.compress import decode_from_frames
     from nebula.federated import RunningMean, get_strategy
+    from nebula.federated.intake import UpdateEncoder
+    from nebula.federated.transport import PIECE_BYTES, piece_plan, tensor_specs
     from recipes.federated.central import test_accuracy
     from recipes.federated.model import LangIdModel
 
@@ -257,17 +291,29 @@ def _simulate(data: dict, clients: list, strategy: str, options: dict, rounds: i
     weights = {k: v.numpy().copy() for k, v in model.state_dict().items()}
     state: dict = {}
     accs = []
+    encoders = [UpdateEncoder(codec, PIECE_BYTES) for _ in clients] if codec != "none" else None
     # the attackers are the clients with the most examples: the most weight under example-weighted averaging
     attackers = set(sorted(range(len(clients)), key=lambda i: -clients[i].num_examples())[:byzantine])
     for _ in range(rounds):
         ups = []
+        nbytes = 0
         for i, c in enumerate(clients):
             w, n, _ = c.fit(weights, {})
             if i in attackers:
                 delta = {k: w[k] - weights[k] for k in w}
                 scale = -1.0 if attack == "flip" else 10.0
                 w = {k: weights[k] + scale * delta[k] for k in w}
+            if encoders is None:
+                nbytes += sum(v.nbytes for v in w.values())
+            else:  # what the combiner gets: the decoded change, added back to the model it was trained from
+                got = {k: np.array(v, copy=True) for k, v in weights.items()}
+                for (name, off, count), frames in zip(piece_plan(tensor_specs(w), PIECE_BYTES), encoders[i].frames(w, weights)):
+                    nbytes += sum(len(memoryview(f).cast("B")) for f in frames)
+                    got[name].reshape(-1)[off : off + count] += decode_from_frames(frames)
+                w = got
             ups.append((w, n))
+        if sent is not None:
+            sent.append(nbytes)
         if strat.streaming:
             rm = RunningMean()
             for w, n in ups:
@@ -295,6 +341,21 @@ def bench_accuracy(data_path: str, rounds: int, num_clients: int, alpha: float) 
     fed = _simulate(data, _recipe_clients(data_path, num_clients, alpha), "fedavg", {}, rounds)
     central = train_central(data_path, rounds)
     return {"rounds": rounds, "clients": num_clients, "alpha": alpha, "federated": fed, "central": central}
+
+
+def bench_codecs(data_path: str, rounds: int, num_clients: int, alpha: float, codecs: list[str]) -> list[dict]:
+    """Accuracy after each round and update bytes per round with each update codec (fedavg)."""
+    from recipes.federated.data import load_prepared
+
+    data = load_prepared(data_path)
+    rows = []
+    for codec in codecs:
+        sent: list[int] = []
+        acc = _simulate(data, _recipe_clients(data_path, num_clients, alpha), "fedavg", {}, rounds, codec=codec,
+                        sent=sent)
+        rows.append({"codec": codec, "accuracy": acc, "bytes_per_round": statistics.mean(sent)})
+        print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
 
 
 def bench_robust(data_path: str, rounds: int, num_clients: int, alpha: float) -> list[dict]:
@@ -333,15 +394,19 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--alpha", type=float, default=0.1)
+    p.add_argument("--codecs", default="none;fp16;ef(int8_block);topk(0.05);ef(topk(0.05))",
+                   help="update codecs to compare (';'-separated; the first is the baseline of the ratio)")
     args = p.parse_args()
     only = set(args.only.split(","))
     sys.path.insert(0, str(REPO))
     if "scale" in only:
         rows = bench_scale([int(c) for c in args.counts.split(",")], args.train_s, args.per_proc, args.scale_rounds)
         print(f"\n## Round time, one combiner, lightweight clients (training {args.train_s:.1f} s each)")
-        print("| clients | median round s | updates per round |\n| ---: | ---: | ---: |")
+        print("| clients | median round s | updates per round | combiner+controller CPU s per round | "
+              "switch CPU s per round | client processes' CPU s per round |\n| ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
-            print(f"| {r['clients']} | {r['round_s']:.2f} | {r['updates']} |")
+            print(f"| {r['clients']} | {r['round_s']:.2f} | {r['updates']} | {r['combiner_cpu_s']:.2f} | "
+                  f"{r['switch_cpu_s']:.2f} | {r['clients_cpu_s']:.2f} |")
         if len(rows) >= 2:
             print(f"\nratio {rows[-1]['clients']} / {rows[0]['clients']} clients: "
                   f"{rows[-1]['round_s'] / rows[0]['round_s']:.2f}x (target <= 1.5x; FEDn reports 2x)")
@@ -362,7 +427,7 @@ def main() -> None:
             print(f"| {'yes' if r['wan_once'] else 'no'} | {r['clients_in_B']} | {r['model_kb']} | "
                   f"{r['wan_bytes_per_round']:.0f} |")
         print(f"\nratio without / with WAN-once: {rows[1]['wan_bytes_per_round'] / rows[0]['wan_bytes_per_round']:.2f}x")
-    if only & {"accuracy", "robust"}:
+    if only & {"accuracy", "robust", "codec"}:
         data = args.data
         if data is None:
             from recipes.federated.data import prepare
@@ -375,6 +440,17 @@ def main() -> None:
             print("| round = epochs seen | federated | central |\n| ---: | ---: | ---: |")
             for i, (f, c) in enumerate(zip(r["federated"], r["central"]), 1):
                 print(f"| {i} | {f:.4f} | {c:.4f} |")
+        if "codec" in only:
+            rows = bench_codecs(data, args.rounds, args.clients, args.alpha, args.codecs.split(";"))
+            print(f"\n## Compressed updates: {args.clients} non-IID clients (alpha={args.alpha}), fedavg, update "
+                  "bytes per round (client -> combiner) and held-out accuracy after each round")
+            print("| update_codec | bytes per round | vs none | " + " | ".join(f"round {i}" for i in
+                                                                         range(1, args.rounds + 1)) + " |")
+            print("| --- | ---: | ---: |" + " ---: |" * args.rounds)
+            raw = rows[0]["bytes_per_round"]
+            for r in rows:
+                print(f"| {r['codec']} | {r['bytes_per_round']:.0f} | {raw / r['bytes_per_round']:.2f}x | "
+                      + " | ".join(f"{a:.4f}" for a in r["accuracy"]) + " |")
         if "robust" in only:
             rows = bench_robust(data, args.rounds, args.clients, args.alpha)
             print(f"\n## Held-out accuracy after {args.rounds} rounds under attack ({args.clients} clients)")

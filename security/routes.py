@@ -1,7 +1,9 @@
-"""Route grants: which destination clusters (and job stages) an account's workers may address, as the switch sees it.
+"""Route grants: which destination clusters (and job stages) an account's workers may address, as the switch sees it,
+and which federated jobs its clients may join, as a combiner sees it.
 
 Grants are kept in an account home's `accounts.db` (table `route_grants`) and administered with
-`nebula-admin grant add --to ACCOUNT --resource cluster:B` (or `stage:NAME`, or `cluster:*` for any cluster).
+`nebula-admin grant add --to ACCOUNT --resource cluster:B` (or `stage:NAME`, `job:NAME`, or `cluster:*` for any
+cluster).
 A kind of route grant is enforced once any grant of that kind exists in the store: from then on an account
 reaches only what it holds a live (unrevoked, unexpired) grant for. A store that never had a `cluster:` grant
 restricts no cluster, so federations that do not use route grants keep working unchanged.
@@ -22,7 +24,7 @@ from security.identity import check_name
 __all__ = ["ROUTE_KINDS", "ANY", "RouteGrant", "RoutePolicy", "parse_route_resource", "is_route_resource",
            "load_route_policy", "policy_from_rows", "ROUTE_SCHEMA"]
 
-ROUTE_KINDS = ("cluster", "stage")
+ROUTE_KINDS = ("cluster", "stage", "job")
 ANY = "*"
 ROUTE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS route_grants (
@@ -39,7 +41,7 @@ CREATE TABLE IF NOT EXISTS route_grants (
 
 
 def is_route_resource(resource: str) -> bool:
-    """True if `resource` names a route (`cluster:X`, `stage:X`) rather than a path in an owner's namespace."""
+    """True if `resource` names a route (`cluster:X`, `stage:X`, `job:X`) rather than a path in an owner's namespace."""
     return isinstance(resource, str) and resource.split(":", 1)[0] in ROUTE_KINDS and ":" in resource
 
 
@@ -47,7 +49,8 @@ def parse_route_resource(resource: str) -> tuple[str, str]:
     """(kind, name) of `cluster:B`, `stage:encoder` or `cluster:*`; AccountError naming the accepted forms."""
     kind, _, name = resource.partition(":") if isinstance(resource, str) else ("", "", "")
     if kind not in ROUTE_KINDS or not name:
-        raise AccountError(f"route resource {resource!r} is not one of cluster:NAME, stage:NAME, cluster:*, stage:*")
+        raise AccountError(f"route resource {resource!r} is not one of cluster:NAME, stage:NAME, job:NAME, cluster:*, "
+                           "stage:*, job:*")
     if name != ANY:
         try:
             check_name(name, kind)
@@ -80,6 +83,7 @@ class RoutePolicy:
 
     clusters: Mapping[str, frozenset[str]] | None
     stages: Mapping[str, frozenset[str]] | None
+    jobs: Mapping[str, frozenset[str]] | None = None
 
     def allowed_clusters(self, account: str) -> frozenset[str] | None:
         """Clusters `account` may address (`*` = any); None when cluster grants are not in use."""
@@ -88,6 +92,18 @@ class RoutePolicy:
     def allowed_stages(self, account: str) -> frozenset[str] | None:
         """Stages `account` may run or address (`*` = any); None when stage grants are not in use."""
         return None if self.stages is None else self.stages.get(account, frozenset())
+
+    def allowed_jobs(self, account: str) -> frozenset[str] | None:
+        """Federated jobs `account`'s clients may join (`*` = any); None when job grants are not in use."""
+        return None if self.jobs is None else self.jobs.get(account, frozenset())
+
+    def job_refusal(self, account: str, job: str) -> str | None:
+        """Why `account`'s clients may not join federated job `job`, with the fix; None when they may."""
+        allowed = self.allowed_jobs(account)
+        if allowed is not None and ANY not in allowed and job not in allowed:
+            return (f"account {account!r} holds no grant for job {job!r}; an admin can run "
+                    f"`nebula-admin grant add --to {account} --resource job:{job}`")
+        return None
 
     def refusal(self, account: str, cluster: str | None, stages: Iterable[str] = ()) -> str | None:
         """Why `account` may not address `cluster` (None: not checked) and `stages`, with the fix; None when it may."""
@@ -132,4 +148,4 @@ def policy_from_rows(rows: list[tuple[str, str, str, str | None, str | None]]) -
         if revoked is None and (expires is None or expires > now) and kind in live:
             live[kind].setdefault(account, set()).add(name)
     frozen = {k: {a: frozenset(n) for a, n in v.items()} if k in used else None for k, v in live.items()}
-    return RoutePolicy(clusters=frozen["cluster"], stages=frozen["stage"])
+    return RoutePolicy(clusters=frozen["cluster"], stages=frozen["stage"], jobs=frozen["job"])

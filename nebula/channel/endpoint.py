@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from nebula.channel.delivery import OutMessage
 from nebula.channel.errors import ChannelError, PeerUnavailable
-from nebula.channel.io import IOThread
+from nebula.channel.io import HEARTBEAT_S, IOThread
 from nebula.config.worker import WorkerConfig, load_worker_config
 from nebula.wire import ChannelKey, encode_meta, lane_of
 
@@ -30,29 +30,32 @@ class Endpoint:
     """One worker's connection to its cluster's switch server, shared by all its channels."""
 
     def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int,
-                 stages: Mapping[str, str] | None = None) -> None:
+                 stages: Mapping[str, str] | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
         self.cfg = cfg
         self.job = job
         self.rank = rank
         self.window_bytes = window_bytes
         self._closed = False
-        self._io = IOThread(cfg, job, rank, window_bytes, stages)
+        self._io = IOThread(cfg, job, rank, window_bytes, stages, heartbeat_s)
         self._channels: dict[tuple[str, int, str], Channel] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def connect(cls, worker_file: str | Path | WorkerConfig, *, job: str, rank: int, timeout_s: float = 30.0,
-                window_bytes: int = DEFAULT_WINDOW_BYTES, stages: Mapping[str, str] | None = None) -> Endpoint:
+                window_bytes: int = DEFAULT_WINDOW_BYTES, stages: Mapping[str, str] | None = None,
+                heartbeat_s: float = HEARTBEAT_S) -> Endpoint:
         """Connect to the switch named in `worker_file` as rank `rank` of `job`; wait until it welcomes us.
 
         `stages` is the job file's stage -> cluster map, for jobs that name stages: the switch checks it against
-        the account's `stage:` grants (ChannelError naming the missing grant and the command that adds it)."""
+        the account's `stage:` grants (ChannelError naming the missing grant and the command that adds it).
+        `heartbeat_s`: how often we say HELLO (up to 2.5 s; workers that are many and mostly idle, as federated
+        clients, say it less often than the default 1 s to spare their switch)."""
         cfg = worker_file if isinstance(worker_file, WorkerConfig) else load_worker_config(worker_file)
         if not isinstance(rank, int) or rank < 0:
             raise ValueError(f"rank {rank!r} must be a non-negative integer")
         if not job or not isinstance(job, str):
             raise ValueError(f"job {job!r} must be a non-empty string")
-        ep = cls(cfg, job, rank, window_bytes, stages)
+        ep = cls(cfg, job, rank, window_bytes, stages, heartbeat_s)
         ep._io.start()
         try:
             ep._io.wait_welcome(timeout_s)
@@ -84,6 +87,17 @@ class Endpoint:
     def peer_clusters(self) -> list[str]:
         """Clusters our switch has links to (as of its latest WELCOME)."""
         return sorted(self._io.peers)
+
+    def watch(self) -> None:
+        """Record from now on which channels receive messages, for `ready`: a reader of many channels (a
+        federated combiner serving a thousand clients) then looks only at those instead of at every channel."""
+        self._io.watch()
+
+    def ready(self, timeout_s: float) -> list[ChannelKey]:
+        """After `watch`: the receiving keys (src = the peer) of the channels that got messages since the last
+        call, oldest first, each once however many came; waits up to `timeout_s` for one, else []. A channel
+        listed may since have been read empty (`Channel.pending`)."""
+        return self._io.ready(timeout_s)
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every message sent so far is acknowledged by its receiver; False on timeout."""
@@ -155,6 +169,12 @@ class Channel:
             out.append(view[off : off + n])
             off += n
         return out
+
+    def pending(self) -> int:
+        """Messages (and refusals) ready to be read now without waiting."""
+        inbox = self._inbox
+        with inbox.cond:
+            return len(inbox.ready) + len(inbox.errors)
 
     def recv(self, timeout_s: float | None = None) -> bytes:
         """Next message on this channel, in order; TimeoutError, PeerUnavailable or ChannelError (refusals)."""

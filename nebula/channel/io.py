@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0  # HELLO (and the switch's WELCOME answer) this often
 SWITCH_SILENT_S = 5.0  # no WELCOME for this long: our own switch is unreachable
+MAX_HEARTBEAT_S = 2.5  # below the switch's RANK_HELD_S (3 s), and two missed WELCOMEs fit in SWITCH_SILENT_S
 
 
 @dataclass(eq=False)
@@ -51,11 +52,17 @@ class IOThread:
     """Owns the socket and its outlet (the lanes), every channel's Sender and Receiver, and the arena client."""
 
     def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int,
-                 stages: Mapping[str, str] | None = None) -> None:
+                 stages: Mapping[str, str] | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
+        if not 0 < heartbeat_s <= MAX_HEARTBEAT_S:
+            raise ValueError(f"heartbeat_s={heartbeat_s} must be in (0, {MAX_HEARTBEAT_S}]: the switch hands a rank "
+                             "silent for 3 s to another connection")
         self.cfg, self.job, self.rank, self.window_bytes = cfg, job, rank, window_bytes
         self.stages = dict(stages) if stages is not None else None
+        self.heartbeat_s = heartbeat_s
         self.ctx, self.sock, self.monitor, self.address, self.transport = connect(cfg)
         self.wake_r, self.wake_w = os.pipe()
+        self.wake_pending = False  # a wake-up byte is on its way: commands queued meanwhile need no other
+        self.unacked = True  # some message may wait for its acknowledgement: check timeouts every 0.5 s
         os.set_blocking(self.wake_r, False)
         self.cmds: deque = deque()
         self.tx: dict[int, Sender] = {}
@@ -64,6 +71,10 @@ class IOThread:
         self.inboxes: dict[int, Inbox] = {}  # by rx channel id
         self.tx_inboxes: dict[int, Inbox] = {}  # by tx channel id
         self.dirty: set[int] = set()  # rx channels that owe an ACK
+        # Endpoint.watch: rx channels that received messages, oldest first, so a reader of many channels looks
+        # only at those (None: not recorded)
+        self.watched: dict[int, ChannelKey] | None = None
+        self.watch_cond = threading.Condition()
         self.welcome = threading.Event()
         self.boot = 0
         self.peers: dict[str, dict] = {}
@@ -117,9 +128,28 @@ class IOThread:
         """The application took a message off the channel's receiving stream."""
         self._command("consumed", ch.rx_key.id, None)
 
+    def watch(self) -> None:
+        """Start recording the channels that receive messages (those already holding some included)."""
+        self._command("watch", None, None)
+
+    def ready(self, timeout_s: float) -> list[ChannelKey]:
+        """Receiving keys of the channels that got messages since the last call, oldest first; [] on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self.watch_cond:
+            while not self.watched:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.running:
+                    return []
+                self.watch_cond.wait(min(left, 1.0))
+            out = list(self.watched.values())
+            self.watched.clear()
+        return out
+
     def _command(self, kind: str, a: Any, b: Any) -> None:
         self.cmds.append((kind, a, b))
-        self._wake()
+        if not self.wake_pending:  # one wake-up for a burst of commands (a combiner's thousand tasks), not one each
+            self.wake_pending = True
+            self._wake()
 
     def _wake(self) -> None:
         try:
@@ -193,7 +223,7 @@ class IOThread:
             now = time.monotonic()
             if now >= next_hello:
                 self.out.send_now(self.hello_head, b"")
-                next_hello = now + HEARTBEAT_S
+                next_hello = now + self.heartbeat_s
             if now >= next_check:
                 self._check_timeouts(now)
                 next_check = now + 0.5
@@ -201,7 +231,9 @@ class IOThread:
             if want != sock_events:
                 poller.modify(self.sock, want)
                 sock_events = want
-            until = min(next_hello, next_check)
+            # an idle endpoint (nothing unacknowledged) wakes only to say HELLO: a thousand idle clients of one
+            # machine do not spin on timers that have nothing to check
+            until = min(next_hello, next_check) if self.unacked else next_hello
             if shm.release_due is not None:
                 until = min(until, shm.release_due)
             if shm.waiting and shm.full_since is not None:
@@ -215,6 +247,7 @@ class IOThread:
                     pass
             if self.monitor in events:
                 self._on_monitor()
+            self.wake_pending = False  # before taking the commands: one queued after this wakes us again
             self._do_cmds()
             self._recv_all()
             self._flush_acks()
@@ -237,6 +270,7 @@ class IOThread:
         while self.cmds:
             kind, a, b = self.cmds.popleft()
             if kind == "send":
+                self.unacked = True  # (until the next check finds every message acknowledged)
                 tx = self.tx[a]
                 self._queue(tx, tx.submit(b))
             elif kind == "consumed":
@@ -253,9 +287,18 @@ class IOThread:
                 old = self.inboxes.get(ch.rx_key.id)
                 if old is not None:  # messages that arrived before the application opened the channel
                     with old.cond:
-                        inbox.ready.extend(old.ready)
-                        inbox.errors.extend(old.errors)
+                        moved = list(old.ready), list(old.errors)
+                    with inbox.cond:  # a reader may already wait on the new inbox: wake it
+                        inbox.ready.extend(moved[0])
+                        inbox.errors.extend(moved[1])
+                        inbox.cond.notify_all()
                 self.inboxes[ch.rx_key.id] = inbox
+            elif kind == "watch":
+                with self.watch_cond:
+                    if self.watched is None:
+                        self.watched = {cid: self.rx[cid].key for cid, box in self.inboxes.items()
+                                        if box.ready and cid in self.rx}
+                        self.watch_cond.notify_all()
 
     # sending
     def _queue(self, tx: Sender, msgs: list[OutMessage]) -> None:
@@ -270,7 +313,9 @@ class IOThread:
             log.info("resending %d messages on %s (%s)", len(msgs), tx.key.name, why)
 
     def _check_timeouts(self, now: float) -> None:
+        self.unacked = False
         for tx in self.tx.values():
+            self.unacked = self.unacked or not tx.idle
             for msg in tx.timed_out(now):
                 log.info("no acknowledgement of %s #%d for %.0f s: sending it again", tx.key.name, msg.seq,
                          now - msg.progress)
@@ -395,6 +440,10 @@ class IOThread:
             with inbox.cond:
                 inbox.ready.extend(out.ready)
                 inbox.cond.notify_all()
+            if self.watched is not None:
+                with self.watch_cond:
+                    self.watched.setdefault(h.channel_id, rx.key)
+                    self.watch_cond.notify_all()
 
     def _flush_acks(self) -> None:
         if not self.dirty:

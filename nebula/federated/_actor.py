@@ -1,13 +1,15 @@
-"""What the controller and combiners share: their identity, their audit log, the checks on an update's header."""
+"""What the controller and combiners share: their identity, their audit log, the checks on an update's header, and
+the job grants a combiner checks its clients against."""
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
 from nebula.config.worker import load_worker_config
 
-__all__ = ["ActorAudit", "check_update_header"]
+__all__ = ["ActorAudit", "JobGrants", "check_update_header"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,33 @@ class ActorAudit:
     def close(self) -> None:
         """Write the final checkpoint."""
         self.log.close()
+
+
+class JobGrants:
+    """The `job:NAME` grants (security.routes) of one account home, re-read at most every `refresh_s` so that a
+    grant added or revoked with `nebula-admin grant` takes effect while the job runs. An unreadable home stops the
+    combiner at start (fail closed); one that becomes unreadable later keeps the grants last read."""
+
+    def __init__(self, home: str | Path, refresh_s: float = 1.0) -> None:
+        from security.routes import load_route_policy
+
+        self.home, self.refresh_s = str(home), refresh_s
+        self.policy = load_route_policy(self.home)
+        self._read = time.monotonic()
+
+    def refusal(self, account: str, job: str) -> str | None:
+        """Why `account`'s clients may not join `job` (with the fix), or None."""
+        from security.errors import SecurityError
+        from security.routes import load_route_policy
+
+        if time.monotonic() - self._read > self.refresh_s:
+            self._read = time.monotonic()
+            try:
+                self.policy = load_route_policy(self.home)
+            except SecurityError as exc:
+                log.warning("job grants of %s unreadable (%s); keeping those read before", self.home, exc)
+        why = self.policy.job_refusal(account, job)
+        return None if why is None else f"{why} (account home {self.home})"
 
 
 def check_update_header(head: Mapping[str, Any], *, job: str, round: int, version: int, known_version: int,

@@ -16,11 +16,16 @@ import numpy as np
 
 from nebula.channel import Endpoint
 from nebula.federated.config import FederatedJob
+from nebula.federated.intake import NONE_CODEC, UpdateEncoder
 from nebula.federated.transport import COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer
 
 __all__ = ["Client", "PaddleClient", "run_client", "load_client"]
 
 log = logging.getLogger(__name__)
+UPDATE_WINDOW_PIECES = 4  # pieces of an update in flight between a client and its combiner
+# a client is one of many, idle most of the time: it says HELLO to its switch every 2.5 s, not every 1 s (the
+# switch answers each with a WELCOME: a thousand clients cost it 400 instead of 1000 of each a second)
+CLIENT_HEARTBEAT_S = 2.5
 Weights = dict[str, np.ndarray]
 
 
@@ -127,9 +132,14 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     """Serve tasks until a combiner or the controller says stop (or `stop_after_s` passes); rounds trained."""
     cl = job.cluster(cluster)
     rank = FIRST_CLIENT_RANK + index
-    ep = Endpoint.connect(cl.worker, job=job.job, rank=rank, timeout_s=job.startup_timeout_s)
+    # a small send window: the combiner then holds at most this much of an update it is taking in (in flight,
+    # not yet read), however large the model
+    ep = Endpoint.connect(cl.worker, job=job.job, rank=rank, timeout_s=job.startup_timeout_s,
+                          window_bytes=UPDATE_WINDOW_PIECES * job.piece_bytes, heartbeat_s=CLIENT_HEARTBEAT_S)
     mb = Mailbox(ep, job.piece_bytes, Peer(job.controller.cluster, CONTROLLER_RANK),
                  incarnation=_next_incarnation(job, cluster, index))
+    mb.watch()  # an idle client sleeps until a message comes
+    encoder = UpdateEncoder(job.update_codec, job.piece_bytes) if job.update_codec != NONE_CODEC else None
     combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
     listen = mb_peers(job)
     me = f"{cluster}/{rank}"
@@ -145,7 +155,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
             got, pending = pending or mb.poll(listen, 1.0, primary=last), None
             if got is None:
                 continue
-            peer, head, _ = got
+            peer, head, parts = got
             kind = head.get("type")
             if kind == "stop":
                 break
@@ -153,9 +163,11 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
                 mb.send(peer, hello)
             elif kind == "get_parameters":
                 mb.send_model(peer, {"type": "parameters", "job": job.job}, client.get_parameters({}))
+            elif kind == "refused":  # this combiner's cluster grants our account no part in the job
+                log.warning("%s: combiner %s refused us: %s", me, peer, head.get("reason"))
             elif kind == "task":
                 last = peer
-                ok, pending = _train(mb, peer, head, client, job, me)
+                ok, pending = _train(mb, peer, head, client, job, me, encoder, parts)
                 trained += ok
             else:  # an answer to an update we gave up on (the round moved on): nothing to do
                 log.debug("%s: ignoring %s from %s", me, kind, peer)
@@ -165,18 +177,33 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
 
 
 
-def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJob, me: str) -> tuple[bool, Any]:
-    """Run one task: evaluate, fit, announce, stream on request. (trained?, a task that came meanwhile)."""
-    params = mb.recv_model(peer, head, job.deadline_s)
+def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJob, me: str,
+           encoder: UpdateEncoder | None = None, parts: list | None = None) -> tuple[bool, Any]:
+    """Run one task (`parts`: the model's pieces that came with it): evaluate, fit, announce, stream on request
+    (compressed with `encoder`, if any). (trained?, a task that came meanwhile)."""
+    params = mb.recv_model(peer, head, job.deadline_s, inline=parts)
     config = dict(head.get("config", {}))
     loss, n_eval, em = client.evaluate(params, config)
     weights, n, fm = client.fit(params, config)
     header = {"type": "update", "job": job.job, "round": head["round"], "version": head["version"],
               "num_examples": n, "metrics": {"eval_loss": loss, "eval_examples": n_eval, **em, **fm}}
+    if encoder is not None:
+        header["codec"] = encoder.spec
     push = sum(w.nbytes for w in weights.values()) <= int(head.get("push_bytes", 0))
+    if push and encoder is None:  # small and raw: one message, the pieces inside it
+        mb.send_model(peer, {**header, "pushed": True}, weights, inline=True)
+        return True, None
     mb.send(peer, mb.model_header({**header, "pushed": push}, weights))
+
+    def send() -> None:
+        if encoder is None:
+            mb.send_pieces(peer, weights)
+        else:  # each piece's change from the global model, encoded (error feedback kept per piece)
+            for frames in encoder.frames(weights, params):
+                mb.send_parts(peer, frames)
+
     if push:  # small: the pieces follow at once, no pull round trip
-        mb.send_pieces(peer, weights)
+        send()
         return True, None
     deadline = time.monotonic() + job.deadline_s + 10
     others = [p for p in mb_peers(job) if p != peer]
@@ -191,7 +218,7 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
                 return False, got
             continue
         if kind == "pull":
-            mb.send_pieces(peer, weights)
+            send()
             return True, None
         if kind == "drop":
             log.warning("%s: update of round %s refused: %s", me, head["round"], answer.get("reason"))

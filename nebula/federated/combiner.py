@@ -15,9 +15,10 @@ from pathlib import Path
 import numpy as np
 
 from nebula.channel import Endpoint
-from nebula.federated._actor import ActorAudit, check_update_header
+from nebula.federated._actor import ActorAudit, JobGrants, check_update_header
 from nebula.federated.aggregate import RunningMean
 from nebula.federated.config import FederatedJob
+from nebula.federated.intake import NONE_CODEC, Refused, receive_update, spool_dir
 from nebula.federated.strategy import get_strategy
 from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, PUSH_BYTES, Mailbox, Peer,
                                         manifest, model_nbytes)
@@ -46,6 +47,8 @@ class Combiner:
         self.controller = Peer(job.controller.cluster, CONTROLLER_RANK)
         self.known_version = 0
         self.refused_between: list[dict] = []  # refusals while no round ran, reported with the next partial
+        self.listen: frozenset[Peer] = frozenset()
+        self.spool: Path | None = None
         self.mb: Mailbox | None = None
         self.audit: ActorAudit | None = None
 
@@ -54,14 +57,18 @@ class Combiner:
         cl = self.job.cluster(self.cluster)
         ep = Endpoint.connect(cl.worker, job=self.job.job, rank=COMBINER_RANK, timeout_s=self.job.startup_timeout_s)
         self.mb = Mailbox(ep, self.job.piece_bytes, self.controller)
+        self.mb.watch()  # look only at the channels that got something: a poll costs the same for 1000 clients
+        self.listen = frozenset([*self.clients, self.controller])
         self.audit = ActorAudit(self.workdir, cl.worker, "combiner", self.cluster, COMBINER_RANK)
+        self.spool = spool_dir(self.workdir)
+        self.grants = JobGrants(cl.accounts_home) if cl.accounts_home else None
         log.info("combiner %s/%d ready", self.cluster, COMBINER_RANK)
         try:
             while True:
-                got = self.mb.poll([*self.clients, self.controller], 1.0)
+                got = self.mb.poll(self.listen, 1.0)
                 if got is None:
                     continue
-                peer, head, _ = got
+                peer, head, parts = got
                 if peer == self.controller:
                     kind = head.get("type")
                     if kind == "stop":
@@ -76,7 +83,7 @@ class Combiner:
                         if self._async(head) == "stop":
                             return
                 else:
-                    self._from_client(peer, head, None)
+                    self._from_client(peer, head, None, parts)
         finally:
             self.audit.close()
             ep.close(flush_s=5)
@@ -86,13 +93,21 @@ class Combiner:
         self.mb.send(self.controller, {"type": "status", "seq": head.get("seq"), "roster": roster,
                                        "missed": sorted(str(c) for c in self.missed)})
 
-    def _from_client(self, peer: Peer, head: dict, rnd: _Round | None) -> None:
+    def _from_client(self, peer: Peer, head: dict, rnd: _Round | None, parts: list | None = None) -> None:
+        """A client's message (`parts`: the pieces that came inline with it)."""
         kind = head.get("type")
         self.missed.discard(peer)  # heard from: offered again
         if kind == "hello":
             n = head.get("num_examples")
             if head.get("job") != self.job.job or not isinstance(n, int) or n <= 0:
                 self.audit.record("fl.hello", str(peer), "refused", {"job": head.get("job"), "num_examples": n})
+                return
+            why = self.grant_refusal()
+            if why is not None:
+                self.roster.pop(peer, None)
+                log.warning("combiner %s: refused client %s: %s", self.cluster, peer, why)
+                self.audit.record("fl.hello", str(peer), "refused", {"reason": why})
+                self.mb.send(peer, {"type": "refused", "reason": why})
                 return
             self.roster[peer] = n
             if rnd is not None:
@@ -105,13 +120,20 @@ class Combiner:
                 self.refused_between.append({"client": str(peer), "reason": reason})
                 self._refuse(peer, head, reason)
             else:
-                rnd.on_update(peer, head)
+                rnd.on_update(peer, head, parts)
+
+    def grant_refusal(self) -> str | None:
+        """Why clients may not take part here (this cluster's account home holds no job grant for them), or None.
+
+        The account is the one every rank of this job speaks for: the switch routes by (account, job, rank) and
+        refuses a worker's frame naming any account but its key's, so a client's account is the job's."""
+        return None if self.grants is None else self.grants.refusal(self.mb.ep.cfg.account, self.job.job)
 
     def _discard_pushed(self, peer: Peer, head: dict) -> None:
         """Read and drop the pieces of a refused update that came with its header (small ones only)."""
         if head.get("pushed") and 0 < model_nbytes(head.get("tensors") or []) <= PUSH_BYTES:
             try:
-                self.mb.recv_pieces(peer, head, 5.0)
+                self.mb.skip_pieces(peer, head, 5.0)
             except (TimeoutError, ValueError):
                 pass
 
@@ -134,15 +156,15 @@ class Combiner:
         del weights  # the round drops it once fanned out
         rnd.fan_out()
         while rnd.waiting() and time.monotonic() < deadline:
-            got = mb.poll([*self.clients, self.controller], min(1.0, max(0.0, deadline - time.monotonic())))
+            got = mb.poll(self.listen, min(1.0, max(0.0, deadline - time.monotonic())))
             if got is None:
                 continue
-            peer, h, _ = got
+            peer, h, parts = got
             if peer == self.controller:
                 if h.get("type") == "status":
                     self._status(h)
                 continue
-            self._from_client(peer, h, rnd)
+            self._from_client(peer, h, rnd, parts)
         rnd.report()
 
 
@@ -159,15 +181,15 @@ class Combiner:
 
         def task(p: Peer) -> None:
             mb.send_model(p, {"type": "task", "round": version, "version": version, "config": config,
-                              "deadline_s": dl, "push_bytes": PUSH_BYTES}, latest)
+                              "deadline_s": dl, "push_bytes": PUSH_BYTES}, latest, inline=True)
 
         for p in asked:
             task(p)
         while True:
-            got = mb.poll([*self.clients, self.controller], 1.0)
+            got = mb.poll(self.listen, 1.0)
             if got is None:
                 continue
-            peer, h, _ = got
+            peer, h, parts = got
             kind = h.get("type")
             if peer == self.controller:
                 if kind == "stop":
@@ -186,16 +208,16 @@ class Combiner:
             if kind != "update":
                 continue
             who = str(peer)
-            reason = check_update_header(h, job=self.job.job, round=h.get("round"), version=h.get("version"),
-                                         known_version=self.known_version, expected={str(p) for p in asked},
-                                         seen=set(), who=who, tensors=tensors)
+            reason = self.grant_refusal() or check_update_header(
+                h, job=self.job.job, round=h.get("round"), version=h.get("version"), known_version=self.known_version,
+                expected={str(p) for p in asked}, seen=set(), who=who, tensors=tensors)
             if reason is not None:
                 self._discard_pushed(peer, h)
             if reason is None:
                 if not h.get("pushed"):
                     mb.send(peer, {"type": "pull"})
                 try:
-                    w = mb.recv_model(peer, h, dl)
+                    w = mb.recv_model(peer, h, dl, inline=parts)
                     bad = next((k for k, v in w.items() if not np.isfinite(v).all()), None)
                     if bad is not None:
                         reason = f"{bad!r} holds NaN or Inf; lower the learning rate or clip gradients"
@@ -233,13 +255,20 @@ class _Round:
         self.names: list[str] = []
         self.metrics: dict[str, float] = {}
         self.eval_examples = 0
+        self.update_bytes = 0  # what the accepted updates' pieces took on the wire
 
     def fan_out(self) -> None:
         task = {"type": "task", "round": self.round, "version": self.version, "config": self.head.get("config", {}),
                 "deadline_s": max(0.0, self.deadline - time.monotonic()), "push_bytes": PUSH_BYTES}
         big = sum(w.nbytes for w in self.weights.values()) > 64 * 1024**2
+        # a small model goes inside the task's message, built once for every client; pieces are views of
+        # self.weights (no copies)
+        parts = self.c.mb.inline_message(task, self.weights)
         for p in self.asked:
-            self.c.mb.send_model(p, task, self.weights)  # pieces are views of self.weights: no copies
+            if parts is not None:
+                self.c.mb.send_parts(p, parts)
+            else:
+                self.c.mb.send_model(p, task, self.weights)
         if big:  # the channel holds those views until the clients acknowledge them: let them go before the updates
             self.c.mb.ep.flush(max(1.0, self.deadline - time.monotonic()) / 2)
         self.weights = None  # sent: from here on the combiner holds the partial and one update, no global model
@@ -247,11 +276,11 @@ class _Round:
     def waiting(self) -> bool:
         return bool(self.expected - self.seen)
 
-    def on_update(self, peer: Peer, head: dict) -> None:
+    def on_update(self, peer: Peer, head: dict, parts: list | None = None) -> None:
         who = str(peer)
-        reason = check_update_header(head, job=self.c.job.job, round=self.round, version=self.version,
-                                     known_version=self.c.known_version, expected=self.expected, seen=self.seen,
-                                     who=who, tensors=self.tensors)
+        reason = self.c.grant_refusal() or check_update_header(
+            head, job=self.c.job.job, round=self.round, version=self.version, known_version=self.c.known_version,
+            expected=self.expected, seen=self.seen, who=who, tensors=self.tensors)
         if reason is not None:
             self.c._discard_pushed(peer, head)
             if head.get("round") == self.round and who in self.expected and not reason.startswith("duplicate"):
@@ -264,26 +293,26 @@ class _Round:
         if not head.get("pushed"):
             self.c.mb.send(peer, {"type": "pull", "round": self.round})
         try:
-            pieces = self.c.mb.recv_pieces(peer, head, max(0.5, self.deadline - time.monotonic()) + PULL_GRACE_S)
-        except (TimeoutError, ValueError) as exc:
-            self._reject(peer, head, f"incomplete update: {exc}")
+            upd = receive_update(self.c.mb, peer, head, max(0.5, self.deadline - time.monotonic()) + PULL_GRACE_S,
+                                 codec=self.c.job.update_codec, spool_dir=self.c.spool, inline=parts)
+        except (Refused, ValueError) as exc:
+            self._reject(peer, head, str(exc))
             return
-        for k, _, v in pieces:
-            if not np.isfinite(v).all():
-                self._reject(peer, head, f"{k!r} holds NaN or Inf; lower the learning rate or clip gradients")
-                return
+        self.update_bytes += upd.nbytes
         n = int(head["num_examples"])
-        if self.streaming:  # checked whole, folded piece by piece from the received buffers
-            self.mean.begin(n, who)
-            for k, off, v in pieces:
-                self.mean.add_part(k, v, off)
-        else:
-            w = {k: np.empty(s, d) for k, d, s in ((t[0], np.dtype(t[1]), tuple(t[2])) for t in self.tensors)}
-            for k, off, v in pieces:
-                w[k].reshape(-1)[off : off + v.size] = v
-            self.kept.append((w, n))
-            self.names.append(who)
-        del pieces
+        try:
+            if self.streaming:  # checked whole, folded piece by piece
+                self.mean.begin(n, who)
+                for k, off, v in upd.pieces():
+                    self.mean.add_part(k, v, off)
+            else:
+                w = {k: np.empty(s, d) for k, d, s in ((t[0], np.dtype(t[1]), tuple(t[2])) for t in self.tensors)}
+                for k, off, v in upd.pieces():
+                    w[k].reshape(-1)[off : off + v.size] = v
+                self.kept.append((w, n))
+                self.names.append(who)
+        finally:
+            upd.close()
         m = head.get("metrics") or {}
         ne = int(m.get("eval_examples", 0) or 0)
         for k in ("eval_loss", "accuracy"):
@@ -311,7 +340,8 @@ class _Round:
         header = {"type": "partial", "session": self.head.get("session"), "round": self.round, "version": self.version,
                   "num_updates": num_updates,
                   "num_examples": num_examples, "clients": sorted(self.accepted), "rejected": self.rejected,
-                  "missing": [str(p) for p in missing], "metrics": metrics, "eval_examples": self.eval_examples}
+                  "missing": [str(p) for p in missing], "metrics": metrics, "eval_examples": self.eval_examples,
+                  "update_bytes": self.update_bytes, "delta": self.c.job.update_codec != NONE_CODEC}
         if partial is None:
             self.c.mb.send(self.c.controller, header)
         else:

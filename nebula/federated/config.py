@@ -7,7 +7,7 @@ Example::
     controller: {cluster: A, dir: fl}          # the controller (and reducer) runs in A; trail and logs under fl/
     clusters:
       - {id: A, worker: prov/A/worker.yaml, num_clients: 4}
-      - {id: B, worker: prov/B/worker.yaml, num_clients: 4}
+      - {id: B, worker: prov/B/worker.yaml, num_clients: 4, accounts_home: B/home}   # clients need job:langid there
     client: {factory: "recipes.federated.client:make_client", args: {alpha: 0.3}}
     rounds: 10
     clients_per_round: 8                       # participation: how many connected clients each round asks
@@ -15,6 +15,7 @@ Example::
     validity: {min_updates: 2, min_fraction_examples: 0.5}
     strategy: {name: fedavg, options: {}}
     wan_once: true                             # the global model crosses each WAN link once per round
+    update_codec: ef(int8_block)               # clients send their change compressed (nebula.compress specs)
 """
 from __future__ import annotations
 
@@ -31,11 +32,13 @@ __all__ = ["FederatedJob", "FederatedCluster", "ControllerSpec", "ClientSpec", "
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FederatedCluster:
-    """One cluster: its switch (worker.yaml) and how many client ranks it has (ranks 2..num_clients+1)."""
+    """One cluster: its switch (worker.yaml), how many client ranks it has (ranks 2..num_clients+1), and the
+    account home whose `job:NAME` grants its combiner requires of the clients it accepts (none: no check)."""
 
     id: str
     worker: str
     num_clients: int = 0
+    accounts_home: str | None = None
 
     def __post_init__(self) -> None:
         if not self.id or not self.id.replace("-", "").replace("_", "").isalnum():
@@ -107,6 +110,9 @@ class FederatedJob:
     validity: ValiditySpec = field(default_factory=ValiditySpec)
     strategy: StrategySpec = field(default_factory=StrategySpec)
     wan_once: bool = True
+    # clients send each piece of their change from the global model encoded with this codec (nebula.compress);
+    # ef(...) keeps its residual on the client across rounds. "none": the weights themselves, raw.
+    update_codec: str = "none"
     piece_bytes: int = 4 * 1024 * 1024
     seed: int = 0
     startup_timeout_s: float = 120.0  # how long actors wait for their switch and for the first clients
@@ -129,6 +135,18 @@ class FederatedJob:
             raise ValueError(f"deadline_s={self.deadline_s} must be > 0")
         if self.piece_bytes < 4096:
             raise ValueError(f"piece_bytes={self.piece_bytes} must be >= 4096")
+        if self.update_codec != "none":
+            from nebula.compress import SpecError, get_codec
+            from nebula.federated.strategy import get_strategy
+
+            try:
+                get_codec(self.update_codec)
+            except SpecError as exc:
+                raise ValueError(f"update_codec: {exc}") from None
+            if not get_strategy(self.strategy.name, self.strategy.options).synchronous:
+                raise ValueError(f"update_codec {self.update_codec!r} needs a synchronous strategy (the combiner "
+                                 f"of an asynchronous one keeps no base model to add changes to); drop it or use "
+                                 f"fedavg")
 
     def cluster(self, cid: str) -> FederatedCluster:
         """The cluster named `cid`; ConfigError naming the known ones."""
@@ -161,5 +179,7 @@ def load_federated_job(file: str | Path) -> FederatedJob:
 
     return dataclasses.replace(
         cfg, controller=dataclasses.replace(cfg.controller, dir=res(cfg.controller.dir)),
-        clusters=tuple(dataclasses.replace(c, worker=res(c.worker)) for c in cfg.clusters))
+        clusters=tuple(dataclasses.replace(c, worker=res(c.worker),
+                                           accounts_home=None if c.accounts_home is None else res(c.accounts_home))
+                       for c in cfg.clusters))
 

@@ -50,6 +50,7 @@ class Controller:
         self._started = False
         self.session = os.urandom(6).hex()  # partials of a round an earlier controller process started are not ours
         self.wan_bytes: list[int] = []  # bytes this controller sent to other clusters, per round
+        self.accepted_by: dict[Peer, set[Peer]] = {}  # client -> the combiners that have it in their roster
 
     def run(self) -> int:
         """Run rounds from the trail's head to `job.rounds`; the head version at the end."""
@@ -97,6 +98,7 @@ class Controller:
         for c in self.combiners:
             self.mb.send(c, {"type": "status", "seq": self._seq})
         live, roster, missed = [], {}, set()
+        self.accepted_by = {}
         deadline = time.monotonic() + STATUS_WAIT_S
         waiting = set(self.combiners)
         while waiting and time.monotonic() < deadline:
@@ -109,6 +111,7 @@ class Controller:
                 live.append(peer)
                 for c, n in (head.get("roster") or {}).items():
                     roster[Peer.parse(c)] = int(n)
+                    self.accepted_by.setdefault(Peer.parse(c), set()).add(peer)
                 missed.update(head.get("missed") or [])
             else:
                 self._discard(peer, head)
@@ -118,7 +121,7 @@ class Controller:
     def _discard(self, peer: Peer, head: dict) -> None:
         """Drop a message of an earlier round (consuming the model pieces that follow it)."""
         log.info("controller: dropping a late %s from %s (round %s)", head.get("type"), peer, head.get("round"))
-        if "piece_bytes" in head:
+        if "piece_bytes" in head and not head.get("inline"):  # (inline pieces came with it)
             self.mb.recv_model(peer, head, self.job.deadline_s, on_piece=lambda *a: None)
 
     def _wait_roster(self, need: int, want: int | None = None) -> tuple[list[Peer], dict[Peer, int]]:
@@ -154,7 +157,11 @@ class Controller:
         out: dict[Peer, list[Peer]] = {c: [] for c in live}
         for p in chosen:
             home = Peer(p.cluster, COMBINER_RANK)
-            target = home if home in out else min(out, key=lambda c: (len(out[c]), c))
+            # only a combiner that accepted the client (one whose cluster grants it the job) takes it
+            took = [c for c in out if c in self.accepted_by.get(p, ())]
+            if not took:
+                continue
+            target = home if home in took else min(took, key=lambda c: (len(out[c]), c))
             if target != home:
                 log.info("controller: client %s reassigned to combiner %s (its own is gone)", p, target)
             out[target].append(p)
@@ -189,6 +196,8 @@ class Controller:
         home = job.controller.cluster
         self.wan_bytes.append(sum(n - sent_before.get(c, 0) for c, n in self.mb.sent_bytes.items() if c != home))
         reducer = RunningMean(weights)
+        coded = job.update_codec != "none"  # then combiners average the clients' changes, not their weights
+        update_bytes = 0
         clients, rejected, missing, lost = [], [], [], []
         num_updates = 0
         metric_sums: dict[str, float] = {}
@@ -206,6 +215,9 @@ class Controller:
                 continue
             waiting.discard(peer)
             try:
+                if bool(h.get("delta")) != coded:
+                    raise ValueError(f"partial is {'a change' if h.get('delta') else 'weights'}, the job's "
+                                     f"update_codec={job.update_codec!r} makes it {'a change' if coded else 'weights'}")
                 if h["num_updates"]:
                     reducer.begin(int(h["num_examples"]), f"combiner {peer}")
                     self.mb.recv_model(peer, h, max(1.0, give_up - time.monotonic()), on_piece=reducer.add_part)
@@ -215,6 +227,7 @@ class Controller:
                 broken = True  # a half-folded partial cannot be taken out again: the round is invalid
                 continue
             num_updates += int(h["num_updates"])
+            update_bytes += int(h.get("update_bytes", 0))
             clients += h.get("clients", [])
             rejected += h.get("rejected", [])
             missing += h.get("missing", [])
@@ -233,7 +246,10 @@ class Controller:
                                                                                       expected_examples)
         version = None
         if why is None:
-            new, state = self.strategy.server_step(weights, reducer.result(), state)
+            mean = reducer.result()
+            if coded:
+                mean = {k: weights[k] + mean[k] for k in weights}
+            new, state = self.strategy.server_step(weights, mean, state)
             version = self.trail.commit(new, parent=head.version, round=r, strategy=self.strategy.describe(),
                                         clients=sorted(clients), metrics={**metrics, "num_examples": num_examples},
                                         state=state)
@@ -243,7 +259,7 @@ class Controller:
             num_examples=num_examples, rejected=rejected, started=started, duration_s=duration,
             detail={"why": why, "missing": missing, "lost_combiners": lost, "expected_examples": expected_examples,
                     "assignment": {str(c): [str(p) for p in v] for c, v in assignment.items()}, **metrics,
-                    "wan_bytes": self.wan_bytes[-1]}))
+                    "wan_bytes": self.wan_bytes[-1], "update_bytes": update_bytes}))
         self.audit.record("fl.round", str(r), "valid" if why is None else "invalid",
                           {"version": version, "num_updates": num_updates, "why": why})
         log.info("round %d: %s, %d updates, %d examples, %.2f s %s", r, "valid" if why is None else f"invalid ({why})",

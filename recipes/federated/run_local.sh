@@ -5,7 +5,8 @@
 # ALGORITHM=fedoptima or owl runs the same task under that mode of the job file (`algorithm:` and `task:` keys),
 # still through `nebula fl start`, and prints `nebula fl status` (held-out accuracy before and after) instead.
 # Usage: bash recipes/federated/run_local.sh [RUN_DIR]
-#        env: ROUNDS (15), STRATEGY (fedavg), DEVICE (cpu), ALGORITHM (rounds | fedoptima | owl)
+#        env: ROUNDS (15), STRATEGY (fedavg), DEVICE (cpu), ALGORITHM (rounds | fedoptima | owl),
+#        CODEC (none; e.g. "ef(int8_block)": clients send their change compressed, error feedback kept per client)
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
@@ -41,7 +42,7 @@ done
 say "switches up; extracting and featurising the gettext messages"
 "$PY" -c "from recipes.federated.data import prepare; print(prepare('$RUN/data/langid.npz'))"
 sed -e "s|@RUN@|$RUN|g" -e "s|@ROUNDS@|$ROUNDS|" -e "s|@STRATEGY@|${STRATEGY:-fedavg}|" \
-    -e "s|@DEVICE@|${DEVICE:-cpu}|" "$HERE/configs/job.yaml.in" > "$RUN/job.yaml"
+    -e "s|@DEVICE@|${DEVICE:-cpu}|" -e "s|@CODEC@|${CODEC:-none}|" "$HERE/configs/job.yaml.in" > "$RUN/job.yaml"
 case "$ALGORITHM" in
     rounds) ;;
     fedoptima|owl)  # the mode's block: one device in three runs 3x slower (the slowdown simulator)

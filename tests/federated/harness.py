@@ -8,7 +8,7 @@ import yaml
 
 from tests.pipeline.federation import start_switches
 
-__all__ = ["federation", "write_job", "start_cluster", "start_client", "start_clients", "wait_exit"]
+__all__ = ["federation", "write_job", "start_cluster", "start_client", "start_clients", "wait_exit", "run_job"]
 
 
 def federation(procs, tmp: Path, clusters=("A", "B")) -> dict[str, Path]:
@@ -53,3 +53,14 @@ def wait_exit(p: subprocess.Popen, timeout_s: float) -> str:
     assert p.returncode == 0, f"exit {p.returncode}:\n{out[-4000:]}"
     return out
 
+
+
+def run_job(procs, job: Path, clusters=("A", "B"), timeout_s: float = 120) -> str:
+    """Start every cluster's actors (the controller in the first) and all its clients, wait until every process
+    has exited 0; the controller's output."""
+    actors = [start_cluster(procs, job, c) for c in clusters]
+    clients = [start_clients(procs, job, c) for c in clusters]
+    out = wait_exit(actors[0], timeout_s)
+    for p in actors[1:] + clients:
+        wait_exit(p, 30)
+    return out

@@ -11,10 +11,11 @@ from nebula.federated.client import Client
 class ToyClient(Client):
     """Softmax regression trained by full-batch gradient steps; `behaviour` makes it a bad client."""
 
-    def __init__(self, seed: int, behaviour: str = "honest", sleep_s: float = 0.0, n: int = 200) -> None:
+    def __init__(self, seed: int, behaviour: str = "honest", sleep_s: float = 0.0, n: int = 200, dim: int = 4) -> None:
         rng = np.random.default_rng(seed)
-        true = np.random.default_rng(12345).normal(size=(4, 3))
-        x = rng.normal(size=(n, 4)).astype(np.float32)
+        true = np.random.default_rng(12345).normal(size=(dim, 3))
+        x = rng.normal(size=(n, dim)).astype(np.float32)
+        self.dim = dim
         self.x, self.y = x, (x @ true).argmax(1)
         self.behaviour, self.sleep_s = behaviour, sleep_s
 
@@ -22,7 +23,7 @@ class ToyClient(Client):
         return len(self.y)
 
     def get_parameters(self, config):
-        return {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
+        return {"w": np.zeros((self.dim, 3), np.float32), "b": np.zeros(3, np.float32)}
 
     def _probs(self, p):
         z = self.x @ p["w"] + p["b"]
@@ -41,7 +42,7 @@ class ToyClient(Client):
         if b == "nan":
             p["w"][0, 0] = np.nan
         elif b == "shape":
-            p["w"] = np.zeros((5, 3), np.float32)
+            p["w"] = np.zeros((self.dim + 1, 3), np.float32)
         elif b == "dtype":
             p["b"] = p["b"].astype(np.float64)
         elif b == "flip":
@@ -55,8 +56,8 @@ class ToyClient(Client):
 
 
 def make_client(cluster: str, index: int, num_clients: dict, behaviours: dict | None = None,
-                sleep_s: dict | None = None) -> ToyClient:
+                sleep_s: dict | None = None, dim: int = 4) -> ToyClient:
     """Client `index` of `cluster`; `behaviours`/`sleep_s` map "A/0" to a misbehaviour or a delay."""
     key = f"{cluster}/{index}"
     return ToyClient(seed=sum(key.encode()) * 7 + index, behaviour=(behaviours or {}).get(key, "honest"),
-                     sleep_s=(sleep_s or {}).get(key, 0.0))
+                     sleep_s=(sleep_s or {}).get(key, 0.0), dim=dim)

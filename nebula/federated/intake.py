@@ -1,0 +1,164 @@
+"""One client update taken in at a combiner, streaming, and its counterpart on the client (compressed updates).
+
+An update arrives as the pieces of a model (`transport`): raw values, or, with `update_codec` in the job file, each
+piece's change from the global model encoded with the project's codecs (`nebula.compress`; `ef(...)` keeps its
+error-feedback residual on the client across rounds). Each piece is decoded, checked (its size and dtype, finite
+values) and then either held (small updates) or written to a spool file (large ones) until the whole update has
+proved good; only then is it folded into the round's aggregate, piece by piece. So a refused update never touches
+the aggregate, and a combiner taking in a large model's updates holds the aggregate plus a few pieces: the spool
+lives in the page cache, not in the process.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from nebula.federated.transport import Mailbox, ModelAssembler, Peer, piece_plan, tensor_specs
+
+__all__ = ["Refused", "ReceivedUpdate", "receive_update", "UpdateEncoder", "SPOOL_BYTES", "NONE_CODEC"]
+
+SPOOL_BYTES = 64 * 1024**2  # updates larger than this wait in a spool file, not in memory, until checked
+NONE_CODEC = "none"
+
+
+class Refused(Exception):
+    """An update that must be refused; the message is the reason sent back and audited."""
+
+
+class ReceivedUpdate:
+    """A checked update: its pieces again, from memory or from the spool file, one at a time."""
+
+    def __init__(self, plan: list[tuple[str, int, int]], dtypes: Mapping[str, np.dtype], held: list | None,
+                 spool: Any, nbytes: int) -> None:
+        self.plan, self.dtypes, self.held, self.spool, self.nbytes = plan, dtypes, held, spool, nbytes
+
+    def pieces(self) -> Iterator[tuple[str, int, np.ndarray]]:
+        """(tensor, element offset, values) of every piece in order; each spooled piece is read into one reused
+        buffer, so fold it before asking for the next."""
+        if self.held is not None:
+            yield from self.held
+            return
+        self.spool.seek(0)
+        buf = bytearray(max((c * self.dtypes[n].itemsize for n, _, c in self.plan), default=0))
+        for name, off, count in self.plan:
+            n = count * self.dtypes[name].itemsize
+            view = memoryview(buf)[:n]
+            if self.spool.readinto(view) != n:
+                raise OSError(f"spool file of an update is short at {name!r}+{off}; is the disk full?")
+            yield name, off, np.frombuffer(view, self.dtypes[name])
+
+    def close(self) -> None:
+        """Drop the held pieces or the spool file."""
+        self.held = None
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
+
+
+def receive_update(mb: Mailbox, peer: Peer, head: Mapping[str, Any], timeout_s: float, *, codec: str,
+                   spool_dir: str | Path, spool_over: int = SPOOL_BYTES,
+                   inline: list | None = None) -> ReceivedUpdate:
+    """Receive and check the pieces that follow update header `head` from `peer` (decoding them when the job has
+    an update codec); Refused with the reason for a malformed, non-finite or incomplete update. Every piece is
+    read off the channel even after a bad one, so the channel stays in step (`inline`: the pieces that came
+    with the header instead). Updates over `spool_over` bytes
+    wait in a file in `spool_dir`."""
+    asm = ModelAssembler(head, str(peer))
+    plan = asm.plan
+    dtypes = {k: d for k, (d, _) in asm.specs.items()}
+    coded = codec != NONE_CODEC
+    if coded and head.get("codec") != codec:
+        raise Refused(f"update encoded with {head.get('codec')!r}, the job's update_codec is {codec!r}; start the "
+                      "client with this job's file")
+    total = sum(c * dtypes[n].itemsize for n, _, c in plan)
+    spool = tempfile.TemporaryFile(dir=spool_dir) if total > spool_over else None
+    held: list | None = None if spool is not None else []
+    why, nbytes = None, 0
+    incoming = iter(mb.pieces(peer, head, timeout_s, inline))
+    try:
+        for i, (name, off, count) in enumerate(plan):
+            try:
+                parts = next(incoming)
+            except (TimeoutError, ValueError) as exc:
+                raise Refused(f"incomplete update: {exc}") from None
+            nbytes += sum(len(p) for p in parts)
+            if why is not None:
+                continue
+            try:
+                vals = _decode_piece(parts, asm, i, dtypes[name], count) if coded else _raw_piece(parts, asm, i)
+            except ValueError as exc:
+                why = str(exc)
+                continue
+            if not np.isfinite(vals).all():
+                why = f"{name!r} holds NaN or Inf; lower the learning rate or clip gradients"
+            elif spool is not None:
+                spool.write(memoryview(vals).cast("B"))
+            else:
+                held.append((name, off, vals))
+        if why is not None:
+            raise Refused(why)
+    except BaseException:
+        if spool is not None:
+            spool.close()
+        raise
+    if spool is not None:
+        spool.flush()
+    return ReceivedUpdate(plan, dtypes, held, spool, nbytes)
+
+
+def _raw_piece(parts: list, asm: ModelAssembler, i: int) -> np.ndarray:
+    if len(parts) != 1:
+        raise ValueError(f"expected piece {i} of a model, got a message of {len(parts)} parts")
+    return asm.piece(i, parts[0])[2]
+
+
+def _decode_piece(parts: list, asm: ModelAssembler, i: int, dtype: np.dtype, count: int) -> np.ndarray:
+    from nebula.compress import decode_from_frames
+
+    try:
+        vals = decode_from_frames(parts, like="numpy", max_bytes=4096 + 4 * count * dtype.itemsize)
+    except ValueError as exc:  # CodecError and FrameError are ValueErrors
+        raise ValueError(f"compressed piece {i} does not decode ({exc})") from None
+    if not isinstance(vals, np.ndarray) or vals.shape != (count,) or vals.dtype != dtype:
+        raise ValueError(f"compressed piece {i} of {asm.plan[i][0]!r} decodes to "
+                         f"{getattr(vals, 'dtype', '?')}{tuple(getattr(vals, 'shape', ()))}, expected "
+                         f"{dtype}({count},)")
+    return vals
+
+
+class UpdateEncoder:
+    """A client's side of compressed updates: each piece's change from the global model, encoded with the job's
+    codec. One codec instance per piece, kept for the client's lifetime, so `ef(...)` carries each piece's
+    residual from round to round (its residuals are keyed by shape, which pieces of one tensor share)."""
+
+    def __init__(self, codec: str, piece_bytes: int) -> None:
+        from nebula.compress import get_codec
+
+        self.spec, self.piece_bytes = codec, piece_bytes
+        get_codec(codec)  # a bad spec fails here, before any training
+        self.codecs: dict[tuple[str, int], Any] = {}
+
+    def frames(self, weights: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]
+               ) -> Iterator[list[bytes | memoryview]]:
+        """The wire frames of every piece of `weights - base`, in the pieces' order."""
+        from nebula.compress import encode_to_frames, get_codec
+
+        for name, off, count in piece_plan(tensor_specs(weights), self.piece_bytes):
+            w = np.ascontiguousarray(weights[name]).reshape(-1)[off : off + count]
+            b = np.asarray(base[name]).reshape(-1)[off : off + count]
+            codec = self.codecs.get((name, off))
+            if codec is None:
+                codec = self.codecs[(name, off)] = get_codec(self.spec)
+            yield encode_to_frames(codec, (w - b).astype(w.dtype, copy=False))
+
+
+def spool_dir(workdir: str | Path) -> Path:
+    """Where a combiner spools large updates (beside its audit log, on disk rather than in a tmpfs)."""
+    d = Path(workdir) / "spool"
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    return d
