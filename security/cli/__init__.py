@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run nebula-admin with `argv`; return the exit code (0 ok, 1 failed, 2 usage)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    previous = os.environ.get("NEBULA_ACTOR")
     if args.actor:
         os.environ["NEBULA_ACTOR"] = args.actor  # read by every library call that writes an audit record
     try:
@@ -39,6 +40,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        # main() is also called in-process (tests, embedding tools): the actor of one call must not stick.
+        if args.actor:
+            if previous is None:
+                os.environ.pop("NEBULA_ACTOR", None)
+            else:
+                os.environ["NEBULA_ACTOR"] = previous
     return int(code or 0)
 
 
