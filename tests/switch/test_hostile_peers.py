@@ -175,13 +175,14 @@ def test_unidentified_connections_are_capped(procs, three):
 
 
 def test_live_session_is_cut_when_the_peer_certificate_expires(procs, three):
-    """C connects with a certificate valid for a few more seconds: once it expires, A closes the live session
-    and audits it (revocation already did so; expiry now does too); a B->A transfer completes meanwhile."""
+    """C connects with a certificate valid for ten more seconds (room for a loaded machine to finish the
+    handshake): once it expires, A closes the live session and audits it (revocation already did so; expiry now
+    does too); a B->A transfer completes meanwhile."""
     a = start_switch(procs, Path(three["clusters"]["A"]["switch_yaml"]))
     start_switch(procs, Path(three["clusters"]["B"]["switch_yaml"]))
     ca = CertificateAuthority.open(three["ca"])
-    short = ca.issue("short-c", "switch", "C", days=4 / 86400, out_dir=Path(three["ca"]).parent / "short")
-    c = RawPeer(a.wan, three["clusters"]["C"]["switch_yaml"], cert=short.cert_path, key=short.key_path)
+    short = ca.issue("short-c", "switch", "C", days=10 / 86400, out_dir=Path(three["ca"]).parent / "short")
+    c = RawPeer(a.wan, three["clusters"]["C"]["switch_yaml"], cert=short.cert_path, key=short.key_path, timeout_s=30)
     try:
         c.hello()
         t, got = legit_transfer(three, 20)
