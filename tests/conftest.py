@@ -22,6 +22,9 @@ class Procs:
     def start(self, args: list[str], **kwargs) -> subprocess.Popen:
         env = dict(os.environ, **kwargs.pop("env", {}))
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # Children may import test helpers (`tests.*`, e.g. a job file's `task: module:factory`), which the
+        # installed package does not carry: the checkout's root goes first on their path.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.STDOUT)
         kwargs.setdefault("text", True)

@@ -53,6 +53,6 @@ def corpus(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("electra")
     write_catalogs(root / "locale")
-    prepare(root / "corpus", CorpusConfig(groups=GROUPS, vocab_size=300, max_len=24, test_per_mille=100),
+    prepare(root / "corpus", CorpusConfig(groups=GROUPS, vocab_size=300, max_len=32, test_per_mille=100),
             root / "locale")
     return root / "corpus"
