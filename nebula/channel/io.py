@@ -199,6 +199,8 @@ class IOThread:
             self.fatal = ChannelError(f"channel I/O thread failed: {exc!r}")
             self.welcome.set()
         finally:
+            if self.fatal is None:
+                self._say_goodbye()
             try:  # free our rank at the switch now, so a new endpoint of this process can take it at once
                 self.sock.send(encode_frame(FrameType.BYE), zmq.NOBLOCK)
                 self.sock.linger = 500
@@ -209,6 +211,20 @@ class IOThread:
             self.ctx.term()
             os.close(self.wake_r)
             os.close(self.wake_w)
+
+    def _say_goodbye(self, within_s: float = 1.0) -> None:
+        """Before BYE: take the commands still queued and send the acknowledgements they owe. A receiver that
+        consumed its last messages and closed at once would otherwise leave their senders waiting for ever."""
+        try:
+            self._do_cmds()
+            self._flush_acks()
+            deadline = time.monotonic() + within_s
+            self.out.drain()
+            while self.out.pending and time.monotonic() < deadline:
+                self.sock.poll(10, zmq.POLLOUT)
+                self.out.drain()
+        except zmq.ZMQError:  # the socket is going anyway: nothing more to say
+            pass
 
     def _loop(self) -> None:
         poller = zmq.Poller()
