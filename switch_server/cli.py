@@ -5,8 +5,6 @@ __all__ = ["build_parser", "main"]
 
 import argparse
 import asyncio
-import ctypes
-import ctypes.util
 import faulthandler
 import gc
 import json
@@ -21,28 +19,11 @@ STOP_TIMEOUT_S = 5.0
 from nebula.config.switch import load_switch_config
 
 
-# glibc gives each freed multi-megabyte buffer straight back to the kernel, so every chunk the switch relays
-# would cost fresh page faults (measured: about a third of a relaying switch's CPU); keep such memory for reuse
-_MMAP_THRESHOLD_BYTES = 32 * 1024**2  # the largest value glibc accepts
-_TRIM_THRESHOLD_BYTES = 128 * 1024**2
-
-
-def _keep_freed_memory() -> None:
-    """Tune glibc malloc (where present) to reuse large freed buffers instead of unmapping them."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    mallopt(m_mmap_threshold, _MMAP_THRESHOLD_BYTES)
-    mallopt(m_trim_threshold, _TRIM_THRESHOLD_BYTES)
-
-
 def _serve(args: argparse.Namespace) -> int:
+    from switch_server.memtrim import keep_freed_memory
     from switch_server.server import SwitchError, SwitchServer
 
-    _keep_freed_memory()
+    keep_freed_memory()
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -25,7 +25,7 @@ from switch_server.host import Origin
 from switch_server.link import OutboundLink
 from switch_server.local import LocalSide
 from switch_server.metrics import SwitchMetrics
-from switch_server.memtrim import MemoryTrim
+from switch_server.memtrim import MemoryTrim, free_heap_bytes
 from switch_server.peers import PeerTrust, SwitchError, accept_peer, cut_untrusted, mtime
 from switch_server.routegrants import RouteGrants, read_policy
 from switch_server.session import InboundSession
@@ -352,7 +352,7 @@ class SwitchServer:
                             link.send_checkpoint()
                 cut_untrusted(self)  # (certificates expire while sessions live)
                 self.audit_limited.flush()
-                self._trim.maybe(self.budget.used, len(self.unidentified))
+                self._trim.maybe(free_heap_bytes(), now)
                 self.write_status()
             except Exception:
                 log.exception("periodic maintenance failed")
