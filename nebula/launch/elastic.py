@@ -1,16 +1,17 @@
 """Re-allocation when ranks leave or join: relaunch the cluster on a new layout that resumes from the last step.
 
 When a rank dies, paddle.distributed.launch stops the cluster's other ranks and exits with an error. The elastic
-launcher then derives the job for one rank fewer: the layout keeps its stage count if the remaining ranks still
-form equal replicas of it, else becomes one pipeline over all of them (`shrink_layout`); the departed rank is taken
-to be the last one (on one host the ranks differ only by their simulated slowdown, which goes with it). The new cut
-comes from `nebula.balance.reallocate`: the old partition and the ranks' measured profiles (written into every
-checkpoint marker by the runner) give the old stages; the surviving ranks, grouped into the new stages, are the new
-devices, and each new stage already holds the layer ranges its ranks held. Among the cuts with the method's best
-bottleneck it keeps the one that moves the fewest layer bytes; the relaunched ranks run that cut as explicit bounds
-(no new benchmark) and load their layers from the per-layer checkpoint (nebula.hybrid.checkpoint), so training
-continues from the newest committed step. A run that measured nothing (explicit bounds, no probe) is re-allocated
-on the layers' analytic costs over identical devices.
+launcher then derives the job for the ranks that remain: the ranks that left are the first whose processes were
+seen gone (`nebula.launch.departures`; the last rank if none was seen, e.g. a launcher that failed before its
+ranks started), and the survivors keep their order, their profiles and their simulated slowdowns. The layout keeps
+its stage count if the survivors still form equal replicas of it, else becomes one pipeline over all of them
+(`shrink_layout`). The new cut comes from `nebula.balance.reallocate`: the old partition and the ranks' measured
+profiles (written into every checkpoint marker by the runner) give the old stages; the survivors, grouped into the
+new stages, are the new devices, and each new stage already holds the layer ranges its ranks held. Among the cuts
+with the method's best bottleneck it keeps the one that moves the fewest layer bytes; the relaunched ranks run that
+cut as explicit bounds (no new benchmark) and load their layers from the per-layer checkpoint
+(nebula.hybrid.checkpoint), so training continues from the newest committed step. A run that measured nothing
+(explicit bounds, no probe) is re-allocated on the layers' analytic costs over identical devices.
 """
 from __future__ import annotations
 
@@ -46,9 +47,11 @@ class ElasticPlan:
     seconds: float  # time the re-allocation took
     realloc: Any  # nebula.balance.Reallocation
 
-    def record(self, old: Layout, old_bounds: Sequence[int], costs: Sequence[Any], devices: Sequence[Any]) -> dict:
+    def record(self, old: Layout, old_bounds: Sequence[int], costs: Sequence[Any], devices: Sequence[Any],
+               survivors: Sequence[int]) -> dict:
         """What was re-allocated from what (JSON), for people and tests."""
         return {"old_layout": [old.num_stages, old.num_replicas], "old_bounds": list(old_bounds),
+                "survivors": list(survivors),
                 "layout": [self.layout.num_stages, self.layout.num_replicas], "bounds": self.bounds,
                 "method": self.realloc.allocation.method, "moved_bytes": self.moved_bytes,
                 "total_bytes": self.total_bytes, "seconds": self.seconds,
@@ -56,19 +59,24 @@ class ElasticPlan:
 
 
 def reallocate_layout(old: Layout, old_bounds: Sequence[int], costs: Sequence[Any], devices: Sequence[Any],
-                      world_size: int, method: str) -> ElasticPlan:
-    """Re-allocate `costs` from `old` (cut at `old_bounds`, ranks profiled as `devices`, rank order) onto the first
-    `world_size` ranks: the new layout, the cut `reallocate` chose, and the layer bytes it moves."""
+                      world_size: int, method: str, survivors: Sequence[int] | None = None) -> ElasticPlan:
+    """Re-allocate `costs` from `old` (cut at `old_bounds`, ranks profiled as `devices`, rank order) onto
+    `world_size` ranks, the old ranks `survivors` (by default the first ones) in that order: the new layout, the cut
+    `reallocate` chose, and the layer bytes it moves."""
     from nebula.balance import evaluate, reallocate
     from nebula.hybrid.cut import stage_devices
 
     start = time.perf_counter()
+    survivors = list(range(world_size) if survivors is None else survivors)
+    if len(set(survivors)) != len(survivors) or len(survivors) != world_size \
+            or not set(survivors) <= set(range(len(devices))):
+        raise ValueError(f"survivors {survivors} are not {world_size} distinct ranks of the {len(devices)} there were")
     new = shrink_layout(old, world_size, len(costs))
     previous = evaluate(method, old_bounds, costs,
                         [dataclasses.replace(d, name=f"old-{d.name}") for d in stage_devices(devices, old)])
-    now = stage_devices(devices[:world_size], new)
-    # each new stage holds, once per rank of it, the range that rank's old stage had
-    held = {now[s].name: [(old_bounds[old.stage_of(r)], old_bounds[old.stage_of(r) + 1])
+    now = stage_devices([devices[r] for r in survivors], new)
+    # each new stage holds, once per rank of it, the range that rank's old stage had (new rank r was old survivors[r])
+    held = {now[s].name: [(old_bounds[old.stage_of(survivors[r])], old_bounds[old.stage_of(survivors[r]) + 1])
                           for r in new.stage_ranks(s)] for s in range(new.num_stages)}
     r = reallocate(previous, costs, now, method, held=held)
     seconds = time.perf_counter() - start
@@ -93,9 +101,10 @@ def _measured(record: dict, cfg: JobConfig, cluster: str, world: int) -> tuple[l
 
 
 def relayout(cfg: JobConfig, cluster: str, world_size: int, num_layers: int,
-             bounds: Sequence[int] | None = None) -> JobConfig:
+             bounds: Sequence[int] | None = None, survivors: Sequence[int] | None = None) -> JobConfig:
     """`cfg` with `cluster` running `world_size` ranks on one node, its pipeline re-laid out for them (cut at
-    `bounds` when given; else an old cut that still fits, or none so that the ranks allocate afresh)."""
+    `bounds` when given; else an old cut that still fits, or none so that the ranks allocate afresh); the new ranks
+    are the old ranks `survivors` (by default the first ones) and keep their simulated slowdowns."""
     spec = cfg.cluster(cluster)
     pp = spec.pipeline
     if pp is None:
@@ -104,8 +113,8 @@ def relayout(cfg: JobConfig, cluster: str, world_size: int, num_layers: int,
     new = shrink_layout(old, world_size, num_layers)
     if bounds is None:
         bounds = pp.bounds if pp.bounds is not None and len(pp.bounds) == new.num_stages + 1 else None
-    slowdown = tuple(pp.slowdown[:world_size]) + (1.0,) * max(0, world_size - len(pp.slowdown)) \
-        if pp.slowdown else ()
+    survivors = list(range(world_size) if survivors is None else survivors)
+    slowdown = tuple(pp.slowdown[r] if r < len(pp.slowdown) else 1.0 for r in survivors) if pp.slowdown else ()
     pp = dataclasses.replace(pp, num_stages=new.num_stages, bounds=tuple(bounds) if bounds is not None else None,
                              slowdown=slowdown)
     spec = dataclasses.replace(spec, nodes=1, procs_per_node=world_size, pipeline=pp)
@@ -122,10 +131,12 @@ def write_job(cfg: JobConfig, path: str | Path) -> Path:
 
 def launch_elastic(job_file: str | Path, cluster: str, *, min_ranks: int = 1,
                    launch: Callable[..., int] | None = None) -> int:
-    """Run `cluster`'s part of the job; each time the launcher fails after a committed checkpoint, relaunch with
-    one rank fewer (down to `min_ranks`) on the cut `reallocate` chooses, so the job continues on the new layout.
-    Returns the last exit code."""
+    """Run `cluster`'s part of the job; each time the launcher fails after a committed checkpoint, relaunch without
+    the ranks that left (down to `min_ranks`) on the cut `reallocate` chooses, so the job continues on the new
+    layout. Returns the last exit code."""
     from nebula.hybrid.layered import layered_model
+    from nebula.launch.departures import DepartureWatch
+    from nebula.launch.launcher import log_dir_of
     from nebula.pipeline.stage import load_recipe
 
     if launch is None:
@@ -139,11 +150,17 @@ def launch_elastic(job_file: str | Path, cluster: str, *, min_ranks: int = 1,
     current = job_file
     measured: tuple[list, list] | None = None  # costs and rank profiles, kept across relaunches
     while True:
-        code = launch(current, cluster)
+        with DepartureWatch(log_dir_of(cfg, cluster) / "ranks") as watch:
+            code = launch(current, cluster)
         if code == 0:
             return 0
+        gone = [r for r in watch.departed if r < ranks]
+        if not gone:
+            log.warning("cluster %s: no rank was seen leaving; taking the last, rank %d, as gone", cluster, ranks - 1)
+            gone = [ranks - 1]
+        survivors = [r for r in range(ranks) if r not in gone]
         steps = ckpt.committed_steps(cfg.checkpoint.dir, cluster, num_layers)
-        if not steps or ranks <= min_ranks:
+        if not steps or len(survivors) < min_ranks:
             log.error("cluster %s failed (exit %d) with %d rank(s) and %s; not relaunching", cluster, code, ranks,
                       f"checkpoint step {steps[-1]}" if steps else "no committed checkpoint")
             return code
@@ -152,17 +169,17 @@ def launch_elastic(job_file: str | Path, cluster: str, *, min_ranks: int = 1,
             measured = _measured(record, cfg, cluster, ranks)
         costs, devices = measured
         old = Layout(int(record["num_stages"]), int(record["num_replicas"]))
-        plan = reallocate_layout(old, record["bounds"], costs, devices, ranks - 1,
-                                 cfg.cluster(cluster).pipeline.allocation)
-        ranks -= 1
-        measured = (costs, devices[:ranks])
-        cfg = relayout(cfg, cluster, ranks, num_layers, plan.bounds)
+        ranks = len(survivors)
+        plan = reallocate_layout(old, record["bounds"], costs, devices, ranks,
+                                 cfg.cluster(cluster).pipeline.allocation, survivors)
+        cfg = relayout(cfg, cluster, ranks, num_layers, plan.bounds, survivors)
         current = write_job(cfg, job_file.with_name(f"{job_file.stem}.ranks{ranks}{job_file.suffix}"))
         current.with_suffix(".realloc.json").write_text(
-            json.dumps(plan.record(old, record["bounds"], costs, devices), indent=1))
-        log.warning("cluster %s lost a rank (exit %d): relaunching %d rank(s) as %d stage(s) x %d replica(s) from "
-                    "checkpoint step %d (%s)", cluster, code, ranks, plan.layout.num_stages,
-                    plan.layout.num_replicas, steps[-1], current)
+            json.dumps(plan.record(old, record["bounds"], costs, devices, survivors), indent=1))
+        measured = (costs, [devices[r] for r in survivors])
+        log.warning("cluster %s lost rank(s) %s (exit %d): relaunching %d rank(s) as %d stage(s) x %d replica(s) "
+                    "from checkpoint step %d (%s)", cluster, ",".join(map(str, gone)), code, ranks,
+                    plan.layout.num_stages, plan.layout.num_replicas, steps[-1], current)
         log.warning("cluster %s: reallocate (%s) cut %s -> %s in %.3f s, moving %.0f of %.0f layer bytes (%.1f%%)",
                     cluster, plan.realloc.allocation.method, list(record["bounds"]), plan.bounds, plan.seconds,
                     plan.moved_bytes, plan.total_bytes, 100 * plan.moved_bytes / plan.total_bytes)

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 from nebula.config.job import JobConfig, load_job_config
+from nebula.launch.departures import RANK_DIR_ENV
 from nebula.launch.preflight import validate_job
 
-__all__ = ["prepare", "build_command", "launch", "WORKER_SCRIPT"]
+__all__ = ["prepare", "build_command", "launch", "log_dir_of", "WORKER_SCRIPT"]
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,11 @@ def prepare(job_file: str | Path, cluster: str, *, intra: bool = False, allocate
         cfg = cfg.intra(cluster)
     validate_job(cfg, cluster)
     return cfg
+
+
+def log_dir_of(cfg: JobConfig, cluster: str) -> Path:
+    """Where `launch` keeps `cluster`'s rank logs (and, under ranks/, their process ids) by default."""
+    return Path(cfg.metrics.dir or ".") / "log" / cluster
 
 
 def build_command(job_file: str | Path, cfg: JobConfig, cluster: str, *, intra: bool = False, node_rank: int = 0,
@@ -52,10 +58,11 @@ def launch(job_file: str | Path, cluster: str, *, intra: bool = False, node_rank
     """Validate, then run this cluster's ranks to completion; returns the launcher's exit code."""
     cfg = prepare(job_file, cluster, intra=intra)
     if log_dir is None:
-        log_dir = Path(cfg.metrics.dir or ".") / "log" / cluster
+        log_dir = log_dir_of(cfg, cluster)
     cmd = build_command(job_file, cfg, cluster, intra=intra, node_rank=node_rank, log_dir=log_dir)
     log.info("cluster %s: starting %d rank(s) on this node: %s", cluster, cfg.cluster(cluster).procs_per_node,
              " ".join(cmd))
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env[RANK_DIR_ENV] = str(Path(log_dir).resolve() / "ranks")  # (each rank records its pid: who left, if any)
     return subprocess.call(cmd, env=env)

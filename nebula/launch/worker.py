@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--intra", action="store_true")
     args = ap.parse_args(argv)
     die_with_launcher()
+    from nebula.launch.departures import record_rank
+
+    record_rank()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from nebula.channel import SwitchRefused
     from nebula.config._schema import ConfigError

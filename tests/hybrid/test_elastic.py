@@ -58,3 +58,65 @@ def test_replicas_count_once_per_rank_that_lacks_a_layer():
     assert plan.moved_bytes == pytest.approx(2 * 10.0)  # ranks 0 and 2 each fetch layer 1; ranks 1 and 3 keep theirs
     assert plan.total_bytes == pytest.approx(2 * 40.0)
     assert {m.dst for m in plan.realloc.moves} == {"stage0"}
+
+
+def test_a_departed_middle_rank_takes_its_own_profile_away():
+    """2 x 2, rank 1 (the slow one) leaves: the survivors are ranks 0, 2, 3 (renumbered 0, 1, 2); the new layout's
+    devices are theirs, so the cut is even (had the last rank been dropped instead, the slow one would have stayed
+    and got fewer layers), and each survivor keeps what its own old stage held."""
+    layers = [LayerCost(1e9, 10.0, 1.0) for _ in range(6)]
+    devices = [DeviceProfile(t * 1e-12, math.inf, name=f"rank{r}") for r, t in enumerate((1, 5, 1, 1))]
+    plan = reallocate_layout(Layout(2, 2), [0, 3, 6], layers, devices, 3, "optimal", survivors=[0, 2, 3])
+    assert plan.layout == Layout(3, 1) and plan.bounds == [0, 2, 4, 6]
+    # new rank 0 (old 0, stage 0) holds 0..3, new 1 (old 2, stage 0) holds 0..3, new 2 (old 3, stage 1) holds 3..6
+    assert plan.moved_bytes == pytest.approx(10.0)  # only layer 3 moves, onto new rank 1
+    wrong = reallocate_layout(Layout(2, 2), [0, 3, 6], layers, devices, 3, "optimal")  # the first three ranks
+    assert wrong.bounds != plan.bounds
+    with pytest.raises(ValueError, match="survivors"):
+        reallocate_layout(Layout(2, 2), [0, 3, 6], layers, devices, 3, "optimal", survivors=[0, 2, 2])
+
+
+def test_relayout_keeps_the_survivors_slowdowns(tmp_path):
+    from nebula.config.job import load_job_config
+    from nebula.launch.elastic import relayout
+    from tests.hybrid.helpers import hybrid_job
+
+    job = hybrid_job(tmp_path, ranks=4, pipeline={"num_stages": 2, "slowdown": [1.0, 5.0, 2.0, 3.0]})
+    cfg = relayout(load_job_config(job), "A", 3, 6, survivors=[0, 2, 3])
+    assert cfg.cluster("A").pipeline.slowdown == (1.0, 2.0, 3.0) and cfg.cluster("A").world_size == 3
+    assert relayout(load_job_config(job), "A", 3, 6).cluster("A").pipeline.slowdown == (1.0, 5.0, 2.0)
+
+
+def test_departure_watch_names_the_rank_that_went_first(tmp_path):
+    """Three real processes record their pids as ranks do; rank 1 is killed, the others 0.5 s later (as the
+    launcher stops a cluster's other ranks): the watch names rank 1 alone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from nebula.launch.departures import RANK_DIR_ENV, DepartureWatch
+
+    rank_dir = tmp_path / "ranks"
+    code = "from nebula.launch.departures import record_rank; import time; record_rank(); time.sleep(60)"
+    with DepartureWatch(rank_dir) as watch:
+        procs = [subprocess.Popen([sys.executable, "-c", code], env=dict(
+            os.environ, **{RANK_DIR_ENV: str(rank_dir), "PADDLE_TRAINER_ID": str(r)})) for r in range(3)]
+        try:
+            deadline = time.monotonic() + 60
+            while len(list(rank_dir.glob("rank*.pid"))) < 3:
+                assert time.monotonic() < deadline, "the ranks never recorded their pids"
+                time.sleep(0.05)
+            procs[1].send_signal(signal.SIGKILL)
+            procs[1].wait()  # (reaped at once: gone from /proc)
+            time.sleep(0.5)
+            for p in (procs[0], procs[2]):
+                p.terminate()
+            for p in procs:
+                p.wait()
+            time.sleep(0.2)
+        finally:
+            for p in procs:
+                p.kill()
+    assert watch.departed == (1,)

@@ -50,10 +50,10 @@ def test_two_stages_by_two_replicas_with_allocation_gives_the_unpartitioned_loss
 
 @pytest.mark.slow
 def test_rank_killed_mid_run_relaunches_on_reallocated_layout_and_trains_on(procs, tmp_path):
-    """4 ranks (2 x 2, cut by `optimal` on layer costs rank 0 measured) train; rank 3 is killed after a checkpoint;
-    `nebula launch --elastic` re-allocates with nebula.balance.reallocate for 3 ranks as 3 stages (the fewest layer
-    bytes moved among optimal cuts) and relaunches them on that cut; they resume from the last committed step and
-    finish with the reference losses."""
+    """4 ranks (2 x 2, cut by `optimal` on layer costs rank 0 measured) train; rank 1 is killed after a checkpoint;
+    `nebula launch --elastic` finds that rank 1 left, re-allocates with nebula.balance.reallocate for ranks 0, 2, 3
+    as 3 stages (the fewest layer bytes moved among optimal cuts; each keeps its slowdown) and relaunches them on
+    that cut; they resume from the last committed step and finish with the reference losses."""
     import json
     import os
     import signal
@@ -67,26 +67,28 @@ def test_rank_killed_mid_run_relaunches_on_reallocated_layout_and_trains_on(proc
     steps = 10
     job = hybrid_job(tmp_path, ranks=4, steps=steps, checkpoint={"dir": "ck", "every": 1},
                      pipeline={"num_stages": 2, "allocation": "optimal", "probe": False,
-                               "slowdown": [200.0, 1.0, 1.0, 1.0]})
+                               "slowdown": [200.0, 1.0, 1.0, 2.0]})
     p = procs.start([str(BIN / "nebula"), "launch", str(job), "--cluster", "A", "--elastic"], cwd=str(tmp_path))
-    rank3 = tmp_path / "metrics" / "A.rank3.jsonl"
+    rank1 = tmp_path / "metrics" / "A.rank1.jsonl"
     deadline = time.monotonic() + 180
-    while not committed_steps(tmp_path / "ck", "A", 6) or not rank3.is_file() or not rank3.read_text().strip():
+    while not committed_steps(tmp_path / "ck", "A", 6) or not rank1.is_file() or not rank1.read_text().strip():
         assert p.poll() is None and time.monotonic() < deadline, "the job ended before a checkpoint was committed"
         time.sleep(0.1)
     killed_after = committed_steps(tmp_path / "ck", "A", 6)[-1]
-    first_bounds = read_metrics(rank3)[0]["bounds"]
-    os.kill(read_metrics(rank3)[0]["pid"], signal.SIGKILL)
+    first_bounds = read_metrics(rank1)[0]["bounds"]
+    os.kill(read_metrics(rank1)[0]["pid"], signal.SIGKILL)
     code, out = finish(p, 240)
     assert code == 0, out[-4000:]
-    assert "relaunching 3 rank(s) as 3 stage(s) x 1 replica(s)" in out
+    assert "lost rank(s) 1 (exit" in out and "relaunching 3 rank(s) as 3 stage(s) x 1 replica(s)" in out
     assert killed_after < steps, "the kill came after training had finished"
 
     # the relaunch's cut is reallocate's, recomputed here from the same measurements
     doc = json.loads((tmp_path / "job.ranks3.realloc.json").read_text())
     assert doc["old_bounds"] == first_bounds and doc["old_layout"] == [2, 2] and doc["layout"] == [3, 1]
+    assert doc["survivors"] == [0, 2, 3]
+    assert load_job_config(tmp_path / "job.ranks3.yaml").cluster("A").pipeline.slowdown == (200.0, 1.0, 2.0)
     costs, devices = [LayerCost(**c) for c in doc["costs"]], [DeviceProfile(**d) for d in doc["devices"]]
-    again = reallocate_layout(Layout(2, 2), first_bounds, costs, devices, 3, "optimal")
+    again = reallocate_layout(Layout(2, 2), first_bounds, costs, devices, 3, "optimal", doc["survivors"])
     assert again.bounds == doc["bounds"] and again.moved_bytes == pytest.approx(doc["moved_bytes"])
     assert doc["seconds"] < 5.0 and 0 < doc["moved_bytes"] < doc["total_bytes"]
     assert f"reallocate (optimal) cut {first_bounds} -> {doc['bounds']}" in out

@@ -1,0 +1,75 @@
+"""Which ranks left a cluster: each rank writes its process id when it starts (`record_rank`), and a watch beside
+the launcher notes the ranks whose processes are gone first. paddle.distributed.launch stops a cluster's other
+ranks only after it has noticed the first one gone, so the first ranks seen gone are the ones that left."""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+__all__ = ["RANK_DIR_ENV", "DepartureWatch", "record_rank"]
+
+RANK_DIR_ENV = "NEBULA_RANK_DIR"  # set by the launcher for its ranks
+POLL_S = 0.05
+
+
+def record_rank() -> Path | None:
+    """Write this rank's process id where the launcher's watch looks (nothing when not started by the launcher)."""
+    where = os.environ.get(RANK_DIR_ENV)
+    if not where:
+        return None
+    rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+    path = Path(where) / f"rank{rank}.pid"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(str(os.getpid()))
+    tmp.replace(path)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (an exited process that its parent has not reaped yet counts as gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+class DepartureWatch:
+    """Polls the ranks' recorded process ids while a launch runs; `departed` holds the ranks found gone in the
+    first poll that found any gone (empty if none was seen to go)."""
+
+    def __init__(self, rank_dir: str | Path, poll_s: float = POLL_S) -> None:
+        self.rank_dir = Path(rank_dir)
+        self.poll_s = poll_s
+        self.departed: tuple[int, ...] = ()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="departure-watch", daemon=True)
+
+    def __enter__(self) -> DepartureWatch:
+        self.rank_dir.mkdir(parents=True, exist_ok=True)
+        for old in self.rank_dir.glob("rank*.pid"):  # (a previous launch's ranks)
+            old.unlink()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _pids(self) -> dict[int, int]:
+        out = {}
+        for f in self.rank_dir.glob("rank*.pid"):
+            try:
+                out[int(f.stem[4:])] = int(f.read_text())
+            except (OSError, ValueError):  # (being replaced)
+                continue
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            gone = sorted(r for r, pid in self._pids().items() if not _alive(pid))
+            if gone:
+                self.departed = tuple(gone)
+                return
