@@ -13,12 +13,12 @@ leaves its core to the others). Measured: the median step on rank 0 after `--war
 together: the loss is all-reduced).
 
     .venv/bin/python benchmarks/allocation_run.py [--steps 8 --slowdowns 1,3,1,2 --methods even,optimal
-                                                   --probe alone]
+                                                   --probe together,alone]
 
-BLAS and OpenMP threads are pinned to 1 in every rank (probe and run alike). Probe `alone` (default) times each
-rank's layers by itself (each device's own speed; the schedule model adds the sharing of cores); `together` times
-all ranks at once (contention measured, not modelled: it counts every rank busy all the time, which the pipeline's
-waits do not). The load average is printed before and after each run: other processes on the host are neither
+BLAS and OpenMP threads are pinned to 1 in every rank (probe and run alike). Probe `together` (default, as the
+runtime does where a host's ranks outnumber its cores) times all ranks at once (the contention they will see in
+training is measured); `alone` times each rank's layers by itself (each device's own speed; the schedule model adds
+the sharing of cores). The load average is printed before and after each run: other processes on the host are neither
 measured nor modelled and change the measured times.
 """
 from __future__ import annotations
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--slowdowns", default="1,3,1,2", help="compute factor per rank (4 ranks by default)")
     ap.add_argument("--methods", default="even,optimal")
-    ap.add_argument("--probe", default="alone", help="probe modes, comma-separated: alone, together")
+    ap.add_argument("--probe", default="together", help="probe modes, comma-separated: together, alone")
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--batch", type=int, default=256)

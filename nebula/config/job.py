@@ -51,7 +51,9 @@ class PipelineSpec:
     bounds: tuple[int, ...] | None = None  # explicit partition index, length num_stages + 1 (0 .. num_layers)
     slowdown: tuple[float, ...] = ()  # per rank: compute takes this many times longer (>= 1; simulated devices)
     probe: bool = True  # measure each rank (compute, memory, link) before allocating; false: identical devices
-    probe_together: bool = False  # time all ranks at once (ranks sharing a host's cores see their contention)
+    # time all ranks at once (ranks sharing a host's cores see their contention); None: where a host's CPU ranks
+    # outnumber its cores
+    probe_together: bool | None = None
 
     def __post_init__(self) -> None:
         if self.num_stages < 1:

@@ -17,8 +17,8 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-__all__ = ["RankProbe", "probe_compute", "free_memory_bytes", "measure_links", "measure_allreduce", "probe_ranks",
-           "in_turns", "gather", "PROBE_WIDTH", "PROBE_DEPTH", "PROBE_BATCH"]
+__all__ = ["RankProbe", "probe_together", "probe_compute", "free_memory_bytes", "measure_links", "measure_allreduce",
+           "probe_ranks", "in_turns", "gather", "PROBE_WIDTH", "PROBE_DEPTH", "PROBE_BATCH"]
 
 T = TypeVar("T")
 
@@ -166,6 +166,15 @@ def _share(link: tuple[float, float], peer: int, leader: bool, group: Any) -> tu
         dist.recv(t, src=peer, group=group)
     lat, bw = (float(v) for v in t.numpy())
     return lat, bw
+
+
+def probe_together(configured: bool | None, device: str, ranks_on_host: int, host_cores: int) -> bool:
+    """Whether the ranks time their layers all at once: as configured, else where a host's CPU ranks outnumber its
+    cores. Those ranks contend for the cores in training as well; timed alone they predicted the step 13-24% short
+    on 4 ranks sharing 2 cores, timed together 3-10% (benchmarks/allocation_run.py)."""
+    if configured is not None:
+        return configured
+    return device == "cpu" and host_cores < ranks_on_host
 
 
 def in_turns(rank: int, world: int, together: bool, fn: Callable[[], T]) -> T:

@@ -110,7 +110,7 @@ class _HybridRunner:
         import json
 
         doc = {**self.plan.record(), "micro_batches": self.cfg.train.micro_batches,
-               "slowdown": list(self.pp.slowdown), "probe_together": self.pp.probe_together,
+               "slowdown": list(self.pp.slowdown), "probe_together": self._probe_together(),
                "probes": [p.to_dict() for p in self.plan.probes]}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=1))
@@ -130,11 +130,11 @@ class _HybridRunner:
         batch = t.global_batch // (self.layout.num_replicas * t.micro_batches)
         if pp.probe:
             probes = probe_ranks(rank=self.rank, world=self.world, groups=self.groups, device=self.spec.device,
-                                 slowdown=self.slowdown, together=pp.probe_together)
+                                 slowdown=self.slowdown, together=self._probe_together())
             timer = LayerTimer(self.model, batch, seed=t.seed, slowdown=self.slowdown)
             rounds, start = 0, time.perf_counter()
             while True:  # rounds in turns (or together) until rank 0's budget is spent
-                in_turns(self.rank, self.world, pp.probe_together, lambda: timer.round(record=rounds > 0))
+                in_turns(self.rank, self.world, self._probe_together(), lambda: timer.round(record=rounds > 0))
                 rounds += 1
                 go = rounds <= LAYER_ROUNDS or (rounds <= MAX_LAYER_ROUNDS and
                                                 time.perf_counter() - start < LAYER_BUDGET_S)
@@ -149,13 +149,21 @@ class _HybridRunner:
         return plan_bounds(n, self.layout, pp, probes=probes, costs=costs, time_per_flop_s=tpf, timings=timings,
                            micro_batches=t.micro_batches, cores=self._pipeline_cores())
 
+    @staticmethod
+    def _host_cores() -> int:
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+    def _probe_together(self) -> bool:
+        from nebula.hybrid.probe import probe_together
+
+        return probe_together(self.pp.probe_together, self.spec.device, self.spec.procs_per_node, self._host_cores())
+
     def _pipeline_cores(self) -> float:
         """CPU cores one replica's stages share: each rank's share of its host's cores, times the stages (inf on
         accelerators, whose compute does not share the host's cores)."""
         if self.spec.device != "cpu":
             return float("inf")
-        host = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return self.layout.num_stages * min(1.0, host / self.spec.procs_per_node)
+        return self.layout.num_stages * min(1.0, self._host_cores() / self.spec.procs_per_node)
 
     # ---- compute with simulated slowdown ------------------------------------------------------------------
     def _slow(self, t0: float) -> None:

@@ -50,3 +50,24 @@ def test_partition_index_checks_and_range_stages():
         from nebula.hybrid import layered_model
 
         layered_model(object())
+
+
+@pytest.mark.parametrize("configured, device, ranks, cores, together", [
+    (None, "cpu", 4, 2, True),  # ranks share the host's cores: timed together, as they will train
+    (None, "cpu", 2, 2, False),  # a core each: each rank's own speed
+    (None, "gpu", 8, 2, False),  # accelerators do not compute on the host's cores
+    (False, "cpu", 4, 2, False),  # as configured
+    (True, "gpu", 2, 16, True),
+])
+def test_probe_mode_follows_the_config_else_whether_ranks_share_cores(configured, device, ranks, cores, together):
+    from nebula.hybrid.probe import probe_together
+
+    assert probe_together(configured, device, ranks, cores) is together
+
+
+def test_probe_together_is_unset_by_default_and_accepts_booleans_only(tmp_path):
+    job = hybrid_job(tmp_path, ranks=2, pipeline={"num_stages": 2})
+    assert load_job_config(job).cluster("A").pipeline.probe_together is None
+    bad = hybrid_job(tmp_path, ranks=2, pipeline={"num_stages": 2, "probe_together": "yes"}, name="bad.yaml")
+    with pytest.raises(ConfigError, match="probe_together"):
+        load_job_config(bad)
