@@ -1,4 +1,4 @@
-"""One rank of the process-group tests (started by paddle.distributed.launch): MODE flaky | late | raw, OUT."""
+"""One rank of the process-group tests (started by paddle.distributed.launch): MODE flaky | late | raw | whole, OUT."""
 from __future__ import annotations
 
 import json
@@ -11,10 +11,14 @@ def main(mode: str, out: Path, late_s: float) -> None:
     import paddle
     import paddle.distributed as dist
 
-    from nebula.pipeline.groups import StoreBarrier, create_groups, job_store
+    import socket
+
+    from nebula.pipeline.groups import StoreBarrier, create_groups, job_store, store_port, tcp_sockets
 
     dist.init_parallel_env()
     rank = dist.get_rank()
+    job_store()
+    nodelay = [s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for s in tcp_sockets(store_port())]
     calls: list[list[int]] = []
     logs: list[str] = []
 
@@ -27,7 +31,11 @@ def main(mode: str, out: Path, late_s: float) -> None:
 
     if mode == "late" and rank == 1:
         time.sleep(late_s)  # arrives at the group rendezvous past gloo's 30 s timeout
-    (group,) = create_groups([[0, 1]], world=2, new_group=flaky, log=logs.append, timeout_s=120)
+    if mode == "whole":  # Paddle's new_group: a group of every rank is the job's own
+        group, pair = create_groups([[0, 1], [1]], world=2, timeout_s=120)
+        assert group is None and pair is not None, (group, pair)
+    else:
+        (group,) = create_groups([[0, 1]], world=2, new_group=flaky, log=logs.append, timeout_s=120)
     x = paddle.to_tensor([float(rank + 1)])
     dist.all_reduce(x, group=group)
     got, error = None, None
@@ -43,7 +51,8 @@ def main(mode: str, out: Path, late_s: float) -> None:
         except Exception as exc:  # recorded for the test to check
             error = f"{type(exc).__name__}: {exc}"
     (out / f"rank{rank}.json").write_text(json.dumps({"sum": float(x.numpy()[0]), "calls": len(calls),
-                                                      "logs": logs, "scattered": got, "error": error}))
+                                                      "logs": logs, "scattered": got, "error": error,
+                                                      "nodelay": nodelay}))
     if mode != "raw":
         dist.barrier()
 
