@@ -38,7 +38,8 @@ def test_three_clusters_hot_start_reproduce_intra_losses_with_token_ids_only_on_
     assert [r["step"] for r in disc] == list(range(HOT, END))
     for r in disc:  # the inter-cluster run continues the intra-cluster curve: same loss at every step
         assert r["loss"] == pytest.approx(ref[r["step"]], rel=1e-4), (r["step"], r["loss"], ref[r["step"]])
-    assert disc[-1]["loss"] < disc[0]["loss"]
+    # (learning is the reference's, asserted above over all its steps: the 6 hot-started steps alone are too few
+    # for their first and last loss to order the same way on every corpus)
     # what crossed the WAN: per step and generator, 8 rows of int16 token ids (<= 2 + 2 x 24 columns) plus framing
     ids_bytes = 8 * (2 + 2 * 24) * 2
     for g in ("G1", "G2"):
