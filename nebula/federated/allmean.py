@@ -15,6 +15,7 @@ restarted job resumes from the newest step every cluster holds.
 from __future__ import annotations
 
 import logging
+import secrets
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -56,6 +57,10 @@ class ClusterMean:
         self._codecs: dict[str, Codec] = {}  # one per tensor: ef residuals and low-rank warm starts are per tensor
         self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
         self.num_means = 0
+        # this leader's run and each peer's, from the handshake: every mean names its run, so a message that an
+        # earlier run of a peer sent before a restart (kept by a switch for this rank) is refused, not averaged
+        self.run = secrets.token_hex(8)
+        self.peer_runs: dict[str, str] = {}
 
     @property
     def sent_bytes(self) -> int:
@@ -77,7 +82,8 @@ class ClusterMean:
         holds, -1 if none). ModelMismatch names the tensor or setting that differs, ClusterLost a silent peer."""
         weights = {k: np.ascontiguousarray(v) for k, v in weights.items()}
         common = {int(s) for s in checkpoints}
-        head = {"type": "hello", "cluster": self.me, "plan": dict(plan), "checkpoints": sorted(common)}
+        head = {"type": "hello", "cluster": self.me, "plan": dict(plan), "checkpoints": sorted(common),
+                "run": self.run}
         for p in self.peers:
             self.mb.send_model(p, head, weights)
         models = {self.me: weights}
@@ -103,6 +109,7 @@ class ClusterMean:
                 raise ModelMismatch(f"{exc} (cluster {self.me} builds it differently); every cluster must build "
                                     "the same model: start them with the same job file and recipe") from None
             models[p.cluster] = theirs
+            self.peer_runs[p.cluster] = str(got.get("run"))
             common &= {int(x) for x in got.get("checkpoints") or ()}
         return {k: np.array(v) for k, v in models[self.order[0]].items()}, max(common, default=-1)
 
@@ -117,7 +124,7 @@ class ClusterMean:
         self.num_means += 1
         blobs = {k: b"".join(bytes(f) for f in encode_to_frames(self._codec(k), np.ascontiguousarray(v)))
                  for k, v in tensors.items()}
-        head = {"type": "mean", "seq": self.num_means, "num_examples": int(num_examples),
+        head = {"type": "mean", "run": self.run, "seq": self.num_means, "num_examples": int(num_examples),
                 "sizes": [[k, len(b)] for k, b in blobs.items()]}
         payload = b"".join(blobs.values())
         for p in self.peers:
@@ -125,6 +132,10 @@ class ClusterMean:
         got = {self.me: (head, memoryview(payload))}
         for p in self.peers:
             h, body = self._recv(p, self.timeout_s, f"tensors for mean {self.num_means}")
+            if h.get("type") == "mean" and p.cluster in self.peer_runs and h.get("run") != self.peer_runs[p.cluster]:
+                raise ModelMismatch(f"cluster {p.cluster} delivered mean #{h.get('seq')} of an earlier run (a message "
+                                    "its leader sent before a restart, kept for this rank); restart every cluster of "
+                                    "the job: they resume from the last common checkpoint")
             if h.get("type") != "mean" or h.get("seq") != self.num_means:
                 raise ModelMismatch(f"cluster {p.cluster} sent {h.get('type')!r} #{h.get('seq')} while "
                                     f"{self.me} waits for mean #{self.num_means}; the clusters are out of step: "
