@@ -129,12 +129,13 @@ class _HybridRunner:
 
         batch = t.global_batch // (self.layout.num_replicas * t.micro_batches)
         if pp.probe:
+            together = self._probe_together()
             probes = probe_ranks(rank=self.rank, world=self.world, groups=self.groups, device=self.spec.device,
-                                 slowdown=self.slowdown, together=self._probe_together())
+                                 slowdown=self.slowdown, together=together)
             timer = LayerTimer(self.model, batch, seed=t.seed, slowdown=self.slowdown)
             rounds, start = 0, time.perf_counter()
             while True:  # rounds in turns (or together) until rank 0's budget is spent
-                in_turns(self.rank, self.world, self._probe_together(), lambda: timer.round(record=rounds > 0))
+                in_turns(self.rank, self.world, together, lambda: timer.round(record=rounds > 0))
                 rounds += 1
                 go = rounds <= LAYER_ROUNDS or (rounds <= MAX_LAYER_ROUNDS and
                                                 time.perf_counter() - start < LAYER_BUDGET_S)
