@@ -136,7 +136,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:5.1f}%"
 
 
-def fedoptima_part(wall_s: float, omega: int) -> None:
+def fedoptima_part(wall_s: float, omega: int, speeds: tuple[int, ...] = (8, 16)) -> None:
     """Part 1: the three methods at two server speeds on Testbed A's setting; measured values and ratios."""
     from nebula.federated.fedoptima.simulate import SimSetting, simulate
     from nebula.federated.fedoptima.split import DeviceInfo, profile_layers, split_point
@@ -158,7 +158,7 @@ def fedoptima_part(wall_s: float, omega: int) -> None:
     print(f"split {split} of {len(layers)} layers (the pre-processor's rule): {act_mb:.2f} MB of activations per "
           f"batch; server memory for activations and server-side models (the paper's Eq. 2 and 3): OAFL "
           f"{(k + 1) * srv_mb + k * act_mb:.1f} MB, FedOptima with omega={omega} {srv_mb + omega * act_mb:.1f} MB\n")
-    for ratio in (8, 16):
+    for ratio in speeds:
         s = SimSetting(slowdown=TESTBED_A, device_flops_per_s=PI4_FLOPS, server_flops_per_s=PI4_FLOPS * ratio,
                        bandwidth_bytes_per_s=bw, latency_s=0.002, split=split, wall_s=wall_s, omega=omega,
                        local_iterations=10, batch=batch, lr=0.01)  # 0.05 makes local VGG-5 training diverge

@@ -4,6 +4,16 @@ resends, chunking, and the receiver's reassembly and in-order delivery.
 No sockets and no clocks: the I/O thread passes `now` in, sends the frames a `Sender` returns, and hands the
 chunks it receives to a `Receiver`, which says what to acknowledge, deliver and release. What the receiver
 consumed opens the sender's window (credit-based flow control from end to end).
+
+Incarnations: every endpoint (one start of a worker process) has an incarnation number, its start time in
+nanoseconds, so a later start of the same rank has a larger one. A DATA frame carries its sender's (`inc`) and the
+receiver's incarnation it is addressed to (`to`, learnt from the receiver's acknowledgements; 0 until then); an ACK
+carries the receiver's (`inc`) and the sender's it acknowledges (`to`). Sequence numbers start again at 1 in every
+incarnation, and switches keep undelivered messages for a rank across its restarts, so without these a restarted
+rank would take messages meant for its predecessor (or acknowledgements its predecessor earned) as its own:
+a receiver drops messages addressed to an earlier incarnation of itself and from an earlier incarnation of its
+sender, and starts the stream afresh when a later incarnation of its sender speaks; a sender ignores
+acknowledgements meant for an earlier incarnation of itself.
 """
 from __future__ import annotations
 
@@ -65,9 +75,11 @@ class Admitted(NamedTuple):
 class Sender:
     """The sending half of one channel: numbers messages, admits them by window, frames, acknowledges, resends."""
 
-    def __init__(self, key: ChannelKey, window_bytes: int) -> None:
+    def __init__(self, key: ChannelKey, window_bytes: int, inc: int = 0) -> None:
         self.key = key
-        self.meta = encode_meta(key.to_meta())
+        self.inc = inc  # this endpoint's incarnation
+        self.peer_inc = 0  # the receiver's, once an acknowledgement named it
+        self.meta = self._meta()
         self.window_bytes = window_bytes
         self.next_seq = 1
         self.unacked: dict[int, OutMessage] = {}  # by seq, in order
@@ -77,6 +89,20 @@ class Sender:
         self.acked = 0  # highest seq the receiver has (cumulative)
         self.consumed = 0  # highest seq the receiver's application has taken
         self.meter: Any = None  # a ThroughputMeter of the peer cluster's link, fed with every acknowledged message
+
+    def _meta(self) -> bytes:
+        return encode_meta({**self.key.to_meta(), "inc": self.inc, "to": self.peer_inc})
+
+    def ours(self, meta: dict[str, Any]) -> bool:
+        """Whether an ACK (its meta) acknowledges this incarnation's messages, not a predecessor's; a later
+        incarnation of the receiver is learnt from it, and the frames from now on are addressed to it."""
+        if meta.get("to", 0) != self.inc:
+            return False
+        inc = meta.get("inc", 0)
+        if inc > self.peer_inc:
+            self.peer_inc = inc
+            self.meta = self._meta()
+        return True
 
     @property
     def idle(self) -> bool:
@@ -114,7 +140,7 @@ class Sender:
             payload = msg.data[i * size : (i + 1) * size]
             meta = self.meta
             if i == 0 and msg.parts is not None:
-                meta = encode_meta({**self.key.to_meta(), "parts": msg.parts})
+                meta = encode_meta({**self.key.to_meta(), "inc": self.inc, "to": self.peer_inc, "parts": msg.parts})
             head = encode_frame(FrameType.DATA, meta, payload, lane=msg.lane, channel_id=self.key.id, seq=msg.seq,
                                 chunk_index=i, chunk_count=count, total_len=total)
             out.append(OutFrame(head, payload, msg))
@@ -217,8 +243,11 @@ class Outcome:
 class Receiver:
     """The receiving half of one channel: drops duplicates, reassembles chunks, delivers in order, exactly once."""
 
-    def __init__(self, key: ChannelKey) -> None:
+    def __init__(self, key: ChannelKey, inc: int = 0) -> None:
         self.key = key
+        self.inc = inc  # this endpoint's incarnation
+        self.peer_inc = 0  # the incarnation of the sender whose stream this is (0: none heard yet)
+        self.stale = 0  # messages dropped as meant for or sent by an earlier incarnation
         self.expected = 1  # next seq to deliver
         self.partial: dict[int, Reassembly] = {}
         self.complete: dict[int, Delivered] = {}  # complete, waiting for an earlier seq
@@ -228,18 +257,44 @@ class Receiver:
         """(highest seq received in order, messages consumed): what an ACK frame carries."""
         return self.expected - 1, self.consumed
 
+    def ack_meta(self) -> dict[str, Any]:
+        """The incarnation fields of an ACK: ours, and the sender's it acknowledges."""
+        return {"inc": self.inc, "to": self.peer_inc}
+
+    def admits(self, meta: dict[str, Any], out: Outcome) -> bool:
+        """Whether a DATA frame (its meta) belongs to this stream; a later incarnation of the sender starts the
+        stream afresh (what the earlier one left half-received is released into `out`)."""
+        to, inc = meta.get("to", 0), meta.get("inc", 0)
+        if (to and to != self.inc) or inc < self.peer_inc:
+            self.stale += 1
+            return False
+        if inc > self.peer_inc:
+            if self.peer_inc:
+                for entry in self.partial.values():
+                    out.release.extend(entry.regions)
+                self.partial.clear()
+                self.complete.clear()
+                self.expected, self.consumed = 1, 0
+            self.peer_inc = inc
+        return True
+
     def consume(self) -> None:
         """The application took the next delivered message."""
         self.consumed += 1
 
     def on_chunk(self, h: Header, payload: Any, parts: list[int] | None, max_message_bytes: int,
-                 region: Any = None) -> Outcome:
-        """Take one DATA chunk (with the shared-memory `region` it lies in, if any); see `Outcome`.
+                 region: Any = None, meta: dict[str, Any] | None = None) -> Outcome:
+        """Take one DATA chunk (with the shared-memory `region` it lies in, if any, and its frame's `meta` for
+        the incarnation fields); see `Outcome`.
 
         `max_message_bytes` bounds what a message may claim before any state is kept for it; a message over it
         (or whose chunks do not add up) is refused in its place in the stream, so the ones after it still arrive.
         """
         out = Outcome()
+        if meta is not None and not self.admits(meta, out):
+            if region is not None:
+                out.release.append(region)
+            return out  # nothing to acknowledge: that stream is over
         seq = h.seq
         if seq < self.expected or seq in self.complete:
             out.ack = True  # a duplicate: acknowledged again, delivered once

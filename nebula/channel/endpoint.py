@@ -4,7 +4,9 @@ one I/O thread) and its Channels, ordered exactly-once message streams between r
 Every message on a channel gets a sequence number. The receiving worker delivers each exactly once and in
 order, and acknowledges what it received and what the application consumed; the sender keeps every
 unacknowledged message and sends it again when its switch or the peer's switch restarted (seen through the
-switch's epoch numbers) or when no acknowledgement came for a long time (`nebula.channel.delivery`). Over IPC,
+switch's epoch numbers) or when no acknowledgement came for a long time (`nebula.channel.delivery`). Messages name
+the incarnations (process starts) of both ends, so a restarted rank takes nothing meant for or sent by a
+predecessor that a switch kept for it. Over IPC,
 payloads go through a shared-memory arena the switch offers (`nebula.channel.arena`).
 """
 from __future__ import annotations

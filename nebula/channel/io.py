@@ -57,6 +57,8 @@ class IOThread:
             raise ValueError(f"heartbeat_s={heartbeat_s} must be in (0, {MAX_HEARTBEAT_S}]: the switch hands a rank "
                              "silent for 3 s to another connection")
         self.cfg, self.job, self.rank, self.window_bytes = cfg, job, rank, window_bytes
+        # this start's incarnation (nebula.channel.delivery): a later start of the rank has a later clock
+        self.inc = time.time_ns()
         self.stages = dict(stages) if stages is not None else None
         self.heartbeat_s = heartbeat_s
         self.ctx, self.sock, self.monitor, self.address, self.transport = connect(cfg)
@@ -295,11 +297,11 @@ class IOThread:
             elif kind == "channel":
                 ch, inbox = a, b
                 if ch.tx_key.id not in self.tx:
-                    tx = self.tx[ch.tx_key.id] = Sender(ch.tx_key, self.window_bytes)
+                    tx = self.tx[ch.tx_key.id] = Sender(ch.tx_key, self.window_bytes, self.inc)
                     tx.meter = self.meters.setdefault(ch.tx_key.dst_cluster, ThroughputMeter())
                 self.tx_inboxes[ch.tx_key.id] = inbox
                 if ch.rx_key.id not in self.rx:
-                    self.rx[ch.rx_key.id] = Receiver(ch.rx_key)
+                    self.rx[ch.rx_key.id] = Receiver(ch.rx_key, self.inc)
                 old = self.inboxes.get(ch.rx_key.id)
                 if old is not None:  # messages that arrived before the application opened the channel
                     with old.cond:
@@ -430,7 +432,7 @@ class IOThread:
 
     def _on_ack(self, frame: Any, *_: Any) -> None:
         tx = self.tx.get(frame.header.channel_id)
-        if tx is not None:
+        if tx is not None and tx.ours(frame.meta):  # (an acknowledgement a predecessor of ours earned is not)
             self._queue(tx, tx.on_ack(frame.header.seq, frame.meta["consumed"], time.monotonic()))
 
     def _on_data(self, frame: Any, payload: Any, region: Region | None) -> None:
@@ -442,9 +444,14 @@ class IOThread:
                 log.warning("dropping a frame addressed to %s", key)
                 self.shm.release(region)
                 return
-            rx = self.rx[h.channel_id] = Receiver(key)
+            rx = self.rx[h.channel_id] = Receiver(key, self.inc)
             self.inboxes.setdefault(h.channel_id, Inbox())
-        out = rx.on_chunk(h, payload, frame.meta.get("parts"), self.max_message_bytes, region)
+        stale = rx.stale
+        out = rx.on_chunk(h, payload, frame.meta.get("parts"), self.max_message_bytes, region, frame.meta)
+        if rx.stale != stale and rx.stale in (1, 100, 10000):
+            log.warning("channel %r from %s/%d: dropped %d message chunks sent by or to an earlier start of a rank "
+                        "(a switch kept them across the restart)", rx.key.name, rx.key.src_cluster, rx.key.src_rank,
+                        rx.stale)
         for r in out.release:
             self.shm.release(r)
         if out.ack:
@@ -469,7 +476,7 @@ class IOThread:
             if rx is None:
                 continue
             recv_seq, consumed = rx.ack_state()
-            head = encode_frame(FrameType.ACK, {**rx.key.to_meta(), "consumed": consumed}, channel_id=cid,
-                                seq=recv_seq)
+            meta = {**rx.key.to_meta(), **rx.ack_meta(), "consumed": consumed}
+            head = encode_frame(FrameType.ACK, meta, channel_id=cid, seq=recv_seq)
             self.out.control(head)
         self.dirty.clear()

@@ -403,6 +403,9 @@ def _check_meta(h: Header, meta: dict[str, Any]) -> None:
         key = ChannelKey.from_meta(meta)
         if h.channel_id != channel_id(key):
             raise WireError("bad_channel", f"header channel id {h.channel_id:#x} does not match the channel key in meta")
+        for field in ("inc", "to"):  # incarnations (nebula.channel.delivery); absent = 0
+            if field in meta:
+                _int(meta, field)
         if t == FrameType.ACK:
             _int(meta, "consumed")
         elif "parts" in meta:

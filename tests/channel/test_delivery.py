@@ -180,3 +180,77 @@ def test_random_loss_duplication_and_reordering_deliver_everything_exactly_once(
             rx.consume()
         tx.on_ack(*rx.ack_state(), now=float(rnd))
     assert tx.idle and [g.data for g in got] == data
+
+
+def _wire_meta(sender: Sender, m: OutMessage) -> list[tuple]:
+    """Like `wire`, with each frame's whole meta (for the incarnation fields)."""
+    out = []
+    for f in sender.frames(m, 1 << 20, 0.0):
+        frame = decode_frame(f.head, f.payload)
+        out.append((frame.header, bytes(f.payload), frame.meta))
+        m.frame_sent(0.0)
+    return out
+
+
+def _take(rx: Receiver, frames) -> list[bytes]:
+    got = []
+    for h, payload, meta in frames:
+        got += [d.data for d in rx.on_chunk(h, payload, meta.get("parts"), LIMIT, meta=meta).ready]
+    return got
+
+
+def _ack(rx: Receiver) -> dict:
+    recv_seq, consumed = rx.ack_state()
+    head = encode_frame(FrameType.ACK, {**KEY.to_meta(), **rx.ack_meta(), "consumed": consumed}, channel_id=KEY.id,
+                        seq=recv_seq)
+    return decode_frame(head, b"").meta, recv_seq, consumed
+
+
+def test_a_restarted_receiver_drops_what_was_sent_to_its_predecessor_and_takes_its_new_senders_stream():
+    """Both ends restarted while a switch kept messages of the old run: the new receiver must not deliver them,
+    though their sequence numbers are those the new sender uses too."""
+    old_tx, old_rx = Sender(KEY, 1 << 30, inc=10), Receiver(KEY, inc=20)
+    first = old_tx.submit(msg(b"old-1"))[0]
+    assert _take(old_rx, _wire_meta(old_tx, first)) == [b"old-1"]
+    meta, seq, consumed = _ack(old_rx)
+    assert old_tx.ours(meta) and old_tx.peer_inc == 20
+    old_tx.on_ack(seq, consumed, 0.0)
+    kept = [old_tx.submit(msg(f"old-{i}".encode()))[0] for i in (2, 3)]  # never delivered: both ends die
+    stale = [f for m in kept for f in _wire_meta(old_tx, m)]
+
+    new_tx, new_rx = Sender(KEY, 1 << 30, inc=11), Receiver(KEY, inc=21)
+    fresh = [new_tx.submit(msg(f"new-{i}".encode()))[0] for i in (1, 2, 3)]
+    frames = [f for m in fresh for f in _wire_meta(new_tx, m)]
+    assert [h.seq for h, _, _ in stale] == [2, 3] and [h.seq for h, _, _ in frames] == [1, 2, 3]
+    assert _take(new_rx, stale[:1] + frames[:2] + stale[1:] + frames[2:]) == [b"new-1", b"new-2", b"new-3"]
+    assert new_rx.stale == 2 and new_rx.peer_inc == 11
+    # the new receiver's acknowledgement is the new sender's, and names the receiver it reached
+    meta, seq, consumed = _ack(new_rx)
+    assert not old_tx.ours(meta)
+    assert new_tx.ours(meta) and new_tx.peer_inc == 21
+    assert not new_tx.on_ack(seq, consumed, 0.0) and new_tx.acked == 3 and not new_tx.unacked
+
+
+def test_an_acknowledgement_for_a_predecessor_does_not_acknowledge_a_restarted_senders_messages():
+    rx = Receiver(KEY, inc=20)
+    old_tx = Sender(KEY, 1 << 30, inc=10)
+    for i in range(5):
+        _take(rx, _wire_meta(old_tx, old_tx.submit(msg(b"x"))[0]))
+    meta, seq, _ = _ack(rx)
+    assert seq == 5
+    new_tx = Sender(KEY, 1 << 30, inc=11)  # the sender restarted; the receiver's last word was to its predecessor
+    m = new_tx.submit(msg(b"lost?"))[0]
+    assert not new_tx.ours(meta) and new_tx.unacked  # else seq 5 would acknowledge its unseen #1
+    # a later incarnation of the sender starts the stream afresh at the receiver, which delivers its #1
+    assert _take(rx, _wire_meta(new_tx, m)) == [b"lost?"]
+    assert rx.ack_state() == (1, 0) and rx.peer_inc == 11
+    # and frames of the earlier sender that arrive late are dropped
+    assert _take(rx, _wire_meta(old_tx, old_tx.submit(msg(b"late"))[0])) == [] and rx.stale == 1
+
+
+def test_incarnation_fields_must_be_integers_on_the_wire():
+    from nebula.wire import WireError
+    for bad in ({"inc": "1"}, {"to": -1}, {"inc": True}):
+        head = encode_frame(FrameType.DATA, {**KEY.to_meta(), **bad}, b"x", channel_id=KEY.id, seq=1)
+        with pytest.raises(WireError, match="must be an integer"):
+            decode_frame(head, b"x")
