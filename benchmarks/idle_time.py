@@ -1,17 +1,18 @@
 """Idle time and server bandwidth in federated training: FedOptima against synchronous FedAvg and offloading
 without auxiliary networks (OAFL), and OWL's worker-assisted distribution against server-only distribution.
 
-    .venv/bin/python benchmarks/idle_time.py [--wall-s 30] [--omega 16] [--workers 2,4,8] [--rate-mbit 100]
-                                             [--skip-owl] [--skip-fedoptima]
+    .venv/bin/python benchmarks/idle_time.py [--wall-s 30] [--omega 16] [--server-speeds 8,16] [--workers 2,4,8]
+                                             [--rate-mbit 100] [--skip-owl] [--skip-fedoptima]
 
 Part 1 (FedOptima) runs every method for the same virtual wall time on heterogeneous simulated devices
 (`nebula.federated.fedoptima.simulate`) in the paper's Testbed A setting: VGG-5 on CIFAR-10-shaped images
 (synthetic: no CIFAR-10 here), 8 devices in the four Raspberry Pi groups of its Table II, 50 Mbit/s per device,
-the split point from the pre-processor's rule, a server 8x and 16x the fastest device. Training is real (Paddle
-SGD, Dirichlet(0.5) non-IID over the devices), time is the cost model's (FLOPs / FLOP/s, bytes / bandwidth).
-omega defaults to 2 x the devices, which keeps FedOptima's server memory below OAFL's (printed). Part 2 (OWL) runs for real: a server in cluster A and 2, 4, 8 workers in
-cluster B (threads, each its own authenticated endpoint) through two TLS switch servers whose WAN link is shaped
-to `--rate-mbit`; server egress bytes and round time per round, OWL against the server sending every worker the
+the split point from the pre-processor's rule, a server 8x and 16x the fastest device (`--server-speeds`).
+Training is real (Paddle SGD, Dirichlet(0.5) non-IID over the devices), time is the cost model's (FLOPs / FLOP/s,
+bytes / bandwidth). omega defaults to 2 x the devices, which keeps FedOptima's server memory below OAFL's
+(printed). Part 2 (OWL) runs for real: a server in cluster A and 2, 4, 8 workers in cluster B (threads, each its
+own authenticated endpoint) through two TLS switch servers whose WAN link is shaped to `--rate-mbit`; server
+egress bytes and round time per round, OWL against the server sending every worker the
 whole model. BLAS threads are pinned to 1.
 """
 from __future__ import annotations
@@ -137,7 +138,7 @@ def _pct(x: float) -> str:
 
 
 def fedoptima_part(wall_s: float, omega: int, speeds: tuple[int, ...] = (8, 16)) -> None:
-    """Part 1: the three methods at two server speeds on Testbed A's setting; measured values and ratios."""
+    """Part 1: the three methods at each server speed on Testbed A's setting; measured values and ratios."""
     from nebula.federated.fedoptima.simulate import SimSetting, simulate
     from nebula.federated.fedoptima.split import DeviceInfo, profile_layers, split_point
 
@@ -273,6 +274,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wall-s", type=float, default=30.0, help="virtual wall time per FedOptima method")
     ap.add_argument("--omega", type=int, default=16, help="FedOptima's cap on activation batches held or granted")
+    ap.add_argument("--server-speeds", default="8,16", help="server FLOP/s as multiples of the fastest device's")
     ap.add_argument("--workers", default="2,4,8")
     ap.add_argument("--rate-mbit", type=float, default=100.0)
     ap.add_argument("--rounds", type=int, default=4)
@@ -282,7 +284,7 @@ def main() -> int:
     a = ap.parse_args()
     print(f"# benchmarks/idle_time.py (load average {', '.join(f'{x:.2f}' for x in os.getloadavg())})")
     if not a.skip_fedoptima:
-        fedoptima_part(a.wall_s, a.omega)
+        fedoptima_part(a.wall_s, a.omega, tuple(int(x) for x in a.server_speeds.split(",")))
     if not a.skip_owl:
         owl_part([int(w) for w in a.workers.split(",")], a.rate_mbit, a.rounds, a.width)
     return 0
