@@ -87,6 +87,7 @@ class Sender:
         self.admitted: deque[Admitted] = deque()  # admitted and not yet consumed, in seq order
         self.inflight = 0  # bytes admitted and not yet consumed
         self.acked = 0  # highest seq the receiver has (cumulative)
+        self.ack_progress = 0.0  # when acknowledgements last moved `acked` on (progress of every message)
         self.consumed = 0  # highest seq the receiver's application has taken
         self.meter: Any = None  # a ThroughputMeter of the peer cluster's link, fed with every acknowledged message
 
@@ -170,8 +171,9 @@ class Sender:
                 self.inflight -= self.admitted.popleft().nbytes
             admitted = self._admit()
         if progressed:
-            for msg in self.unacked.values():
-                msg.progress = max(msg.progress, now)
+            # one time for all: stamping every unacknowledged message made each ACK cost O(messages in flight),
+            # quadratic in a stream of small messages
+            self.ack_progress = now
         return admitted
 
     def on_refused(self, seq: int, err: ChannelError) -> list[OutMessage]:
@@ -196,9 +198,15 @@ class Sender:
         """Unacknowledged messages to send again now (a switch restarted): all that have fully left."""
         return self._sent_and_admitted() if self.unacked else []
 
+    def stalled_s(self, msg: OutMessage, now: float) -> float:
+        """Seconds since `msg` or the channel's acknowledgements last made progress."""
+        return now - max(msg.progress, self.ack_progress)
+
     def timed_out(self, now: float) -> list[OutMessage]:
         """Messages without acknowledgement progress for longer than their timer; their timers double."""
-        late = [m for m in self.unacked.values() if m.pending_frames == 0 and now - m.progress > m.rto]
+        if now - self.ack_progress <= RTO_S:  # acknowledgements moved lately: nothing is late (rto >= RTO_S)
+            return []
+        late = [m for m in self.unacked.values() if m.pending_frames == 0 and self.stalled_s(m, now) > m.rto]
         if not late:
             return []
         seqs = {a.seq for a in self.admitted}

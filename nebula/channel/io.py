@@ -336,7 +336,7 @@ class IOThread:
             self.unacked = self.unacked or not tx.idle
             for msg in tx.timed_out(now):
                 log.info("no acknowledgement of %s #%d for %.0f s: sending it again", tx.key.name, msg.seq,
-                         now - msg.progress)
+                         tx.stalled_s(msg, now))
                 self._queue(tx, [msg])
 
     # receiving

@@ -254,3 +254,16 @@ def test_incarnation_fields_must_be_integers_on_the_wire():
         head = encode_frame(FrameType.DATA, {**KEY.to_meta(), **bad}, b"x", channel_id=KEY.id, seq=1)
         with pytest.raises(WireError, match="must be an integer"):
             decode_frame(head, b"x")
+
+
+def test_acknowledgement_progress_defers_the_timer_of_every_message_in_flight():
+    tx = Sender(KEY, window_bytes=1 << 30)
+    first, second = tx.submit(msg(b"1"))[0], tx.submit(msg(b"2"))[0]
+    for m in (first, second):
+        wire(tx, m, 100, now=0.0)
+    tx.on_ack(1, 0, now=8.0)  # the first is acknowledged at 8 s: the channel moves, so the second is not stuck
+    assert tx.timed_out(RTO_S + 1) == []
+    assert tx.stalled_s(second, RTO_S + 1) == pytest.approx(RTO_S - 7)
+    assert tx.timed_out(8.0 + RTO_S + 0.5) == [second]
+    tx.on_ack(1, 0, now=100.0)  # an acknowledgement that moves nothing is no progress
+    assert tx.timed_out(8.0 + 3 * RTO_S + 1) == [second]
