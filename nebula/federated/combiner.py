@@ -73,7 +73,7 @@ class Combiner:
                     kind = head.get("type")
                     if kind == "stop":
                         for c in self.roster:
-                            self.mb.send(c, {"type": "stop"})
+                            self.mb.send_to_every_start(c, {"type": "stop"})
                         return
                     if kind == "status":
                         self._status(head)
@@ -194,7 +194,7 @@ class Combiner:
             if peer == self.controller:
                 if kind == "stop":
                     for c in self.roster:
-                        mb.send(c, {"type": "stop"})
+                        mb.send_to_every_start(c, {"type": "stop"})
                     return "stop"
                 if kind == "status":
                     self._status(h)
