@@ -211,7 +211,7 @@ def test_async_strategies_apply_updates_as_they_come_weighted_by_staleness(procs
 @pytest.mark.slow
 def test_a_client_that_crashes_and_restarts_rejoins_on_fresh_channels(procs, tmp_path):
     workers = federation(procs, tmp_path)
-    job = write_job(tmp_path, workers, {"A": 1, "B": 1}, rounds=4, deadline_s=3,
+    job = write_job(tmp_path, workers, {"A": 1, "B": 1}, rounds=6, deadline_s=3,
                     client={"factory": "tests.federated.toy_client:make_client",
                             "args": {"sleep_s": {"A/0": 0.8, "B/0": 0.8}}})
     ctl = start_cluster(procs, job, "A")
@@ -220,6 +220,7 @@ def test_a_client_that_crashes_and_restarts_rejoins_on_fresh_channels(procs, tmp
     b0 = start_client(procs, job, "B", 0)
     _wait_for(lambda: _audited(tmp_path, "B", "accepted"), 60, "round 1 from B/2")
     _kill(b0)
+    restarted = time.time()
     b0 = start_client(procs, job, "B", 0)  # the same rank again: a new incarnation
     wait_exit(ctl, 90)
     for p in (comb_b, a0, b0):
@@ -227,5 +228,7 @@ def test_a_client_that_crashes_and_restarts_rejoins_on_fresh_channels(procs, tmp
     with ModelTrail(tmp_path / "fl" / "trail") as t:
         models = t.models()
         assert all(r.status == "valid" for r in t.rounds())
-        assert "B/2" in models[1].clients and "B/2" in models[-1].clients  # before the crash and after it
+        assert "B/2" in models[1].clients  # before the crash
+        # and after it (the switch holds the killed process's rank a few seconds, so not necessarily next round)
+        assert any("B/2" in m.clients for m in models if m.created > restarted), [(m.round, m.clients) for m in models]
     assert (tmp_path / "fl" / "clients" / "B-0.incarnation").read_text() == "1"
