@@ -170,27 +170,22 @@ class Mailbox:
         self.sent_bytes[peer.cluster] = self.sent_bytes.get(peer.cluster, 0) + n
 
     def send(self, peer: Peer, header: Mapping[str, Any], payload: bytes | memoryview | None = None,
-             lane: str = "control") -> Any:
-        """Send one message; the channel's future."""
+             lane: str = "control", epoch: int | None = None) -> Any:
+        """Send one message (on the channel of `epoch`, as `channel`); the channel's future."""
         head = json.dumps(header, separators=(",", ":")).encode()
         parts = [head] if payload is None else [head, payload]
         self._count(peer, len(head) + (0 if payload is None else len(payload)))
-        return self.channel(peer).send(parts, lane=lane)
+        return self.channel(peer, epoch).send(parts, lane=lane)
 
     def send_to_every_start(self, peer: Peer, header: Mapping[str, Any]) -> None:
         """A combiner's last word to a client (e.g. stop): on the channels of the client's current incarnation and
         of the next, so that a client restarted a moment ago, whose hello has not come in yet, hears it too (its
         channel layer drops what is sent on the old channel, addressed to its predecessor)."""
-        if not (self.me.rank == COMBINER_RANK and peer.rank >= FIRST_CLIENT_RANK):
-            self.send(peer, header)
-            return
-        head = json.dumps(header, separators=(",", ":")).encode()
         inc = self.incarnations.get(peer, 0)
         # the next incarnation's first: a client that is not restarted acknowledges it (unread) before the current
         # one's makes it close, so the combiner's own close does not wait out its flush for it
         for e in reversed(range(inc, inc + CLIENT_WINDOW)):
-            self._count(peer, len(head))
-            self.channel(peer, e).send([head], lane="control")
+            self.send(peer, header, epoch=e)
 
     def send_parts(self, peer: Peer, parts: list, lane: str = "bulk") -> Any:
         """Send one message of several parts (e.g. a compressed piece's frames); the channel's future."""
