@@ -97,8 +97,8 @@ class ClusterMean:
                 raise ModelMismatch(f"cluster {p.cluster} runs with different settings ({', '.join(diff)}: "
                                     f"{ {k: got['plan'].get(k) for k in diff} } there, { {k: plan.get(k) for k in diff} } "
                                     f"in {self.me}); start every cluster with the same job file")
-            try:
-                theirs = self.mb.recv_model(p, got, self.startup_timeout_s)
+            try:  # the peer is up (its hello came): pieces that stop coming mean it is lost, not slow to start
+                theirs = self.mb.recv_model(p, got, self.timeout_s)
             except TimeoutError as exc:
                 raise ClusterLost(p.cluster, f"cluster {p.cluster}'s initial model stopped arriving: {exc}") from None
             except ValueError as exc:

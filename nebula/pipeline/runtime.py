@@ -334,7 +334,14 @@ class _Runner:
     # ---- main loop ----------------------------------------------------------------------------------------
     def run(self) -> RunResult:
         cfg = self.cfg
-        start = self._start_step()
+        try:
+            start = self._start_step()
+        except BaseException:
+            # flush what the start-up already sent: a peer whose handshake this rank refuses still gets this
+            # rank's own (and can name the problem itself) instead of waiting out its start-up timeout for it
+            with contextlib.suppress(Exception):
+                self.close()
+            raise
         result = RunResult(cluster=self.cluster, rank=self.rank, start_step=start, end_step=start)
         bar = None
         if cfg.metrics.progress and self.rank == 0 and start < cfg.train.steps:

@@ -108,12 +108,17 @@ def test_killed_cluster_gives_a_clear_error_and_no_hang(procs, tmp_path):
     assert time.monotonic() - t0 < 60
 
 
-@pytest.mark.slow
 def test_clusters_whose_models_differ_are_refused_naming_the_tensor(procs, tmp_path):
+    """Both clusters name the tensor, also the one whose model is still on its way when the other refuses it: B's
+    32 MB model takes longer to send than A's small one takes to arrive, so B refuses A's model while its own is
+    still leaving, and exits. A names the tensor only if B's start-up still delivers what it sent (before the
+    runtime flushed on a failed start, A waited for the rest of B's model and then lost B)."""
     workers = start_switches(procs, tmp_path / "fed", ["A", "B"])
-    job_a = _dp_job(tmp_path, workers, name="a.yaml", recipe_args={"hidden": 32}, peer_timeout_s=20)
-    job_b = _dp_job(tmp_path, workers, name="b.yaml", recipe_args={"hidden": 24}, peer_timeout_s=20)
-    pa, pb = launch(procs, job_a, "A"), launch(procs, job_b, "B")
+    limits = {"peer_timeout_s": 20, "startup_timeout_s": 90}  # a lost message fails the test, never hangs it
+    job_a = _dp_job(tmp_path, workers, name="a.yaml", recipe_args={"hidden": 32, "depth": 1}, **limits)
+    job_b = _dp_job(tmp_path, workers, name="b.yaml", recipe_args={"hidden": 2048, "depth": 1}, **limits)
+    pa = launch(procs, job_a, "A")  # A first: its model is at B's switch when B's start-up reads it
+    pb = launch(procs, job_b, "B")
     (ca, oa), (cb, ob) = finish(pa, 300), finish(pb, 300)
     assert ca != 0 and cb != 0
     for out in (oa, ob):
