@@ -121,6 +121,25 @@ def run_job(job: Path, timeout_s: float) -> None:
         raise RuntimeError(f"{job}: clusters exited {bad}\n{tails}")
 
 
+def eval_run(run: Path, work: Path, fed: Federation, timeout_s: float) -> dict:
+    """BLEU of one trained run on the held-out test split, as the main job scores it: cluster A encodes the test
+    sentences with its trained adapters and sends them through the switches, cluster B translates and scores."""
+    ps, logs = {}, {}
+    for c, side, peer in (("A", "encoder", "B"), ("B", "decoder", "A")):
+        cmd = [sys.executable, "-m", "recipes.abnet.remote", "eval", "--side", side, "--worker", str(fed.worker(c)),
+               "--peer", peer, "--data", str(work / "data" / c), "--work", str(work / c), "--ckpt", str(run / "ckpt"),
+               "--config", str(run / "train.yaml"), "--job", "table5", "--out", str(run / "eval.json"),
+               "--timeout", str(timeout_s)]
+        logs[c] = run / f"eval_{c}.log"
+        with open(logs[c], "w") as log:
+            ps[c] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO))
+    codes = {c: p.wait(timeout=timeout_s + 60) for c, p in ps.items()}
+    if any(codes.values()):
+        raise RuntimeError(f"{run}: evaluation exited {codes}\n" + "\n".join(logs[c].read_text()[-2000:] for c in ps))
+    ev = json.loads((run / "eval.json").read_text())
+    return {"bleu": ev["bleu_after"], "bleu_before": ev["bleu_before"], "num_test": ev["num_test"]}
+
+
 def read_run(run: Path, procs: int, warmup: int) -> dict:
     """Per-step figures of one run from the metrics files the runtime wrote."""
     from nebula.pipeline import read_metrics
@@ -174,9 +193,12 @@ def training_table(args: argparse.Namespace, specs: list[Row]) -> list[str]:
                 t0 = time.time()
                 run_job(write_job(run, work, fed, row, seed, args.steps, args.procs), args.timeout)
                 res = read_run(run, args.procs, args.warmup)
+                if args.bleu:
+                    res.update(eval_run(run, work, fed, 300.0))
                 results.setdefault(row[0], []).append(res)
                 print(f"{row[0]} seed {seed}: {np.mean(res['step_s']):.4f} s/step, "
-                      f"{res['fwd_bytes'] + res['bwd_bytes']:,.0f} B/step ({time.time() - t0:.0f} s)",
+                      f"{res['fwd_bytes'] + res['bwd_bytes']:,.0f} B/step"
+                      + (f", BLEU {res['bleu']:.2f}" if args.bleu else "") + f" ({time.time() - t0:.0f} s)",
                       file=sys.stderr, flush=True)
             (work / "table5.json").write_text(json.dumps(results))
     finally:
@@ -188,12 +210,13 @@ def training_table(args: argparse.Namespace, specs: list[Row]) -> list[str]:
     base_b = statistics.fmean(r["bwd_bytes"] for r in base)
     lines = [f"ABNet tiny preset, two clusters x {args.procs} ranks through two switch servers shaped to "
              f"{args.rate_mbit:g} Mbit/s (+{args.delay_ms:g} ms), {args.steps} steps x global batch 32 "
-             f"(2 micro-batches per rank), {args.seeds} seeds per row, steps {args.warmup}+ timed; BLAS threads 1",
+             f"(2 micro-batches per rank), {args.seeds} seeds per row, steps {args.warmup}+ timed; BLAS threads 1"
+             + (f"; BLEU on the {base[0]['num_test']} test sentences" if args.bleu else ""),
              "",
              "| method | paper fwd / bwd ratio | fwd bytes vs baseline | bwd bytes vs baseline | WAN bytes/step | "
              "codec s/step | step s (mean ± sd over seeds) | step vs baseline | paper step vs baseline | "
-             "final loss (last 5) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "final loss (last 5) |" + (" BLEU test (mean ± sd) | paper BLEU |" if args.bleu else ""),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |" + (" --- | --- |" if args.bleu else "")]
     for name, fwd, bwd, _ in specs:
         rs = results[name]
         steps = [float(np.mean(r["step_s"])) for r in rs]
@@ -205,7 +228,9 @@ def training_table(args: argparse.Namespace, specs: list[Row]) -> list[str]:
             f"{statistics.fmean(r['fwd_bytes'] + r['bwd_bytes'] for r in rs):,.0f} | "
             f"{statistics.fmean(r['codec_s'] for r in rs):.4f} | {mean_sd(steps, '.4f')} | "
             f"{statistics.fmean(steps) / base_step:.2f} | {f'{paper[3] / 4.42:.2f}' if paper else '-'} | "
-            f"{mean_sd([float(np.mean(r['losses'][-5:])) for r in rs], '.3f')} |")
+            f"{mean_sd([float(np.mean(r['losses'][-5:])) for r in rs], '.3f')} |"
+            + (f" {mean_sd([r['bleu'] for r in rs], '.2f')} | {f'{paper[0]:.2f}' if paper else '-'} |"
+               if args.bleu else ""))
     try:
         from recipes.abnet.evaluate import plot_losses
 
@@ -300,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delay-ms", type=float, default=10.0, help="one-way delay the shaper adds (run_local.sh: 10)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take")
     p.add_argument("--fig10", default="", help="later start steps for FP16(SVD(0.6))+INT8, e.g. 20,40 (Figure 10)")
+    p.add_argument("--bleu", action="store_true",
+                   help="score each trained run's BLEU on the test split over the switches (as the main job does)")
     p.add_argument("--paper-shape", action="store_true", help="the communication-only table at [128, 64, 768]")
     p.add_argument("--reps", type=int, default=3, help="codec timings per row in --paper-shape")
     args = p.parse_args(argv)
