@@ -63,6 +63,16 @@ class Delivery:
         box.lanes.push(Lane.CONTROL, Queued(head, b"", None, False), len(head))
         self.flush(ident)
 
+    def say_bye(self, ident: bytes) -> None:
+        """Answer a worker's BYE at once (best effort, ahead of anything still queued for it): the answer tells the
+        worker that everything it sent before the BYE has been read, so it may close its socket."""
+        if self.sock is None:
+            return
+        try:
+            self.sock.send_multipart([ident, encode_frame(FrameType.BYE)], zmq.NOBLOCK)
+        except zmq.ZMQError:  # full or gone: the worker stops waiting for the answer after a moment anyway
+            pass
+
     def pending_cap(self) -> int:
         """Bytes one account may have held for its ranks that have not connected (limits.pending_bytes)."""
         cfg = self.host.cfg

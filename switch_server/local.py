@@ -246,6 +246,7 @@ class LocalSide:
         return reg
 
     def _on_bye(self, _frame: Frame, ident: bytes, *_: Any) -> None:
+        self.delivery.say_bye(ident)
         if ident in self.by_ident:
             self._forget(ident)
 

@@ -27,6 +27,7 @@ __all__ = ["HEARTBEAT_S", "SWITCH_SILENT_S", "Inbox", "IOThread"]
 
 log = logging.getLogger(__name__)
 
+BYE_WAIT_S = 1.0  # how long a closing endpoint waits for its switch to answer BYE
 HEARTBEAT_S = 1.0  # HELLO (and the switch's WELCOME answer) this often
 SWITCH_SILENT_S = 5.0  # no WELCOME for this long: our own switch is unreachable
 MAX_HEARTBEAT_S = 2.5  # below the switch's RANK_HELD_S (3 s), and two missed WELCOMEs fit in SWITCH_SILENT_S
@@ -205,6 +206,8 @@ class IOThread:
                 self._say_goodbye()
             try:  # free our rank at the switch now, so a new endpoint of this process can take it at once
                 self.sock.send(encode_frame(FrameType.BYE), zmq.NOBLOCK)
+                if self.fatal is None:
+                    self._await_bye(BYE_WAIT_S)
                 self.sock.linger = 500
             except zmq.ZMQError:
                 pass
@@ -227,6 +230,20 @@ class IOThread:
                 self.out.drain()
         except zmq.ZMQError:  # the socket is going anyway: nothing more to say
             pass
+
+    def _await_bye(self, within_s: float) -> None:
+        """Wait, at most `within_s`, for the switch's answer to our BYE, which says it has read everything this
+        connection sent before it, our last acknowledgements included. Closing at once could lose them: a switch
+        that writes to a connection already closed under it (a WELCOME, a frame for us) ends that connection
+        without reading what it still held unread, and the senders of our last messages wait for ever."""
+        deadline = time.monotonic() + within_s
+        while (left := deadline - time.monotonic()) > 0 and self.sock.poll(left * 1000, zmq.POLLIN):
+            parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            try:
+                if decode_frame(parts[0].buffer, b"").type == FrameType.BYE:
+                    return
+            except WireError:  # (a frame with a payload, still coming in for us: unread now)
+                continue
 
     def _loop(self) -> None:
         poller = zmq.Poller()

@@ -57,7 +57,7 @@ class FrameType(enum.IntEnum):
     CHECKPOINT = 9  # signed audit checkpoint of the sender's log
     PING = 10
     PONG = 11
-    BYE = 12  # worker -> switch: this connection is closing; its rank is free at once
+    BYE = 12  # worker -> switch: this connection is closing, its rank is free at once; the switch answers BYE
     SHM_RELEASE = 13  # worker <-> switch on one host: shared-memory regions the sender is done with (nebula.wire.shm)
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -63,8 +64,15 @@ def test_probe_recv_counts_each_sender_apart(procs, tmp_path):
                         "--timeout", "60")
     senders = [procs.python("-m", "switch_server.cli", "probe", "--config", str(cfg[c]), "--send", "--to", "C",
                             "--count", "200", "--bytes", "2000", "--timeout", "60") for c in ("A", "B")]
-    for s in senders:
-        out, _ = s.communicate(timeout=90)
+    for name, s in zip("AB", senders):
+        try:
+            out, _ = s.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            for p in (*senders, recv):
+                p.kill()
+            told = {n: p.communicate()[0][-3000:] for n, p in (("sender A", senders[0]), ("sender B", senders[1]),
+                                                               ("receiver C", recv))}
+            raise AssertionError(f"sender {name} still running after 90 s: {told}") from None
         assert s.returncode == 0, out
     out, _ = recv.communicate(timeout=90)
     result = json.loads(out.strip().splitlines()[-1])
