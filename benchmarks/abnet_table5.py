@@ -12,7 +12,7 @@ does not turn threaded LAPACK spinning into step time.
 `--paper-shape` prints the communication-only table at the paper's boundary shape [128, 64, 768] instead: codec
 time (pinned, median of --reps) plus the time the step's bytes take through the same two switch servers.
 
-    python benchmarks/abnet_table5.py [--steps 60] [--seeds 3] [--rows key|all] [--procs 2] [--work runs/table5]
+    python benchmarks/abnet_table5.py [--steps 60] [--seeds 3] [--rows key|all] [--procs 2] [--bleu] [--work runs/table5]
     python benchmarks/abnet_table5.py --paper-shape [--rows key|all]
 """
 from __future__ import annotations
@@ -96,17 +96,16 @@ def write_job(run: Path, work: Path, fed: Federation, row: Row, seed: int, steps
     return f
 
 
-def run_job(job: Path, timeout_s: float) -> None:
-    """Start both clusters with `nebula launch`, wait for both; on failure raise with the tail of their output."""
+def run_both(cmds: dict[str, list[str]], logs: dict[str, Path], cwd: Path, timeout_s: float, what: str) -> None:
+    """Run one command per cluster at once, each in its own process group with its output in `logs[c]`; wait up to
+    `timeout_s` for both, stop what is left, and raise with the tail of the output of any that failed."""
     ps = {}
-    for c in ("A", "B"):
-        log = open(job.parent / f"launch_{c}.log", "w")
-        ps[c] = subprocess.Popen([str(BIN / "nebula"), "launch", str(job), "--cluster", c], stdout=log,
-                                 stderr=subprocess.STDOUT, cwd=str(job.parent), start_new_session=True)
-        log.close()
+    for c, cmd in cmds.items():
+        with open(logs[c], "w") as log:
+            ps[c] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(cwd), start_new_session=True)
     deadline = time.time() + timeout_s
     try:
-        for c, p in ps.items():
+        for p in ps.values():
             p.wait(timeout=max(1.0, deadline - time.time()))
     except subprocess.TimeoutExpired:
         pass
@@ -117,25 +116,25 @@ def run_job(job: Path, timeout_s: float) -> None:
                 p.wait(timeout=30)
     bad = {c: p.returncode for c, p in ps.items() if p.returncode != 0}
     if bad:
-        tails = "\n".join(f"--- cluster {c} ---\n" + (job.parent / f"launch_{c}.log").read_text()[-3000:] for c in bad)
-        raise RuntimeError(f"{job}: clusters exited {bad}\n{tails}")
+        tails = "\n".join(f"--- cluster {c} ---\n" + logs[c].read_text()[-3000:] for c in bad)
+        raise RuntimeError(f"{what}: clusters exited {bad}\n{tails}")
+
+
+def run_job(job: Path, timeout_s: float) -> None:
+    """Start both clusters with `nebula launch`, wait for both; on failure raise with the tail of their output."""
+    run_both({c: [str(BIN / "nebula"), "launch", str(job), "--cluster", c] for c in ("A", "B")},
+             {c: job.parent / f"launch_{c}.log" for c in ("A", "B")}, job.parent, timeout_s, str(job))
 
 
 def eval_run(run: Path, work: Path, fed: Federation, timeout_s: float) -> dict:
     """BLEU of one trained run on the held-out test split, as the main job scores it: cluster A encodes the test
     sentences with its trained adapters and sends them through the switches, cluster B translates and scores."""
-    ps, logs = {}, {}
-    for c, side, peer in (("A", "encoder", "B"), ("B", "decoder", "A")):
-        cmd = [sys.executable, "-m", "recipes.abnet.remote", "eval", "--side", side, "--worker", str(fed.worker(c)),
-               "--peer", peer, "--data", str(work / "data" / c), "--work", str(work / c), "--ckpt", str(run / "ckpt"),
-               "--config", str(run / "train.yaml"), "--job", "table5", "--out", str(run / "eval.json"),
-               "--timeout", str(timeout_s)]
-        logs[c] = run / f"eval_{c}.log"
-        with open(logs[c], "w") as log:
-            ps[c] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO))
-    codes = {c: p.wait(timeout=timeout_s + 60) for c, p in ps.items()}
-    if any(codes.values()):
-        raise RuntimeError(f"{run}: evaluation exited {codes}\n" + "\n".join(logs[c].read_text()[-2000:] for c in ps))
+    cmds = {c: [sys.executable, "-m", "recipes.abnet.remote", "eval", "--side", side, "--worker", str(fed.worker(c)),
+                "--peer", peer, "--data", str(work / "data" / c), "--work", str(work / c), "--ckpt",
+                str(run / "ckpt"), "--config", str(run / "train.yaml"), "--job", "table5", "--out",
+                str(run / "eval.json"), "--timeout", str(timeout_s)]
+            for c, side, peer in (("A", "encoder", "B"), ("B", "decoder", "A"))}
+    run_both(cmds, {c: run / f"eval_{c}.log" for c in cmds}, REPO, timeout_s + 60, f"{run}: evaluation")
     ev = json.loads((run / "eval.json").read_text())
     return {"bleu": ev["bleu_after"], "bleu_before": ev["bleu_before"], "num_test": ev["num_test"]}
 

@@ -12,6 +12,8 @@ import zmq
 import zmq.auth
 
 from nebula.channel import ChannelError, Endpoint, SwitchRefused
+from nebula.channel.connection import connect
+from nebula.config import load_worker_config
 from nebula.wire import ChannelKey, FrameType, decode_frame, encode_frame
 from security.audit import peer_checkpoints_path, read_checkpoints, verify_checkpoint
 from security.curve import write_curve_keypair
@@ -209,3 +211,18 @@ def test_one_rank_one_process(two_switches):
         assert first.rank == 4
     with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=4, timeout_s=2) as again:
         assert again.rank == 4
+
+
+def test_the_switch_answers_a_workers_bye(two_switches, federation):
+    """A closing worker waits for this answer before it closes its socket: it says the switch has read everything
+    the worker sent before its BYE (its last acknowledgements among them)."""
+    ctx, s, mon, _, _ = connect(load_worker_config(worker_yaml(federation, "A")))
+    try:
+        assert mon.poll(20000) and mon.recv_multipart()  # the handshake
+        s.send(encode_frame(FrameType.BYE))
+        assert s.poll(10000), "no answer to BYE"
+        assert decode_frame(s.recv_multipart()[0], b"").type == FrameType.BYE
+    finally:
+        mon.close(0)
+        s.close(0)
+        ctx.term()
