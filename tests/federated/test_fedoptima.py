@@ -133,12 +133,61 @@ def test_profile_and_default_auxiliary_for_linear_and_conv():
     prof = profile_layers(cnn, img)
     assert prof[0].flops == 2 * 4 * 8 * 8 * 9 and prof[2].output_bytes == 4 * 4 * 4 * 4
     aux = default_auxiliary(cnn, img, num_classes=3)
-    assert [type(m).__name__ for m in aux] == ["Conv2D", "ReLU", "Flatten", "Linear"]
-    assert aux[0]._kernel_size == [3, 3]
+    # feature maps are averaged over positions before the classifier: 4 inputs to it, not 4 x 4 x 4
+    assert [type(m).__name__ for m in aux] == ["Conv2D", "ReLU", "AdaptiveAvgPool2D", "Flatten", "Linear"]
+    assert aux[0]._kernel_size == [3, 3] and aux[-1].weight.shape == [4, 3]
     h = cnn[2](cnn[1](cnn[0](img)))
     assert aux(h).shape == [2, 3]
     with pytest.raises(ValueError, match="no layer with weights"):
         default_auxiliary([nn.ReLU()], img, num_classes=3)
+
+
+class _Bottleneck:
+    """A residual bottleneck (expand 1x1, depthwise 3x3, project 1x1) with an optional stride and widening."""
+
+    @staticmethod
+    def make(cin: int, cout: int, stride: int):
+        import paddle.nn as nn
+
+        class Block(nn.Layer):
+            def __init__(self) -> None:
+                super().__init__()
+                self.expand = nn.Conv2D(cin, 4 * cin, 1)
+                self.depthwise = nn.Conv2D(4 * cin, 4 * cin, 3, stride=stride, padding=1, groups=4 * cin)
+                self.project = nn.Conv2D(4 * cin, cout, 1)
+                self.act = nn.ReLU()
+
+            def forward(self, x):
+                y = self.project(self.act(self.depthwise(self.act(self.expand(x)))))
+                return y + x if y.shape == x.shape else y
+
+        return Block()
+
+
+def test_composite_blocks_are_profiled_by_their_leaves_and_copied_as_auxiliary():
+    import paddle
+    import paddle.nn as nn
+
+    paddle.seed(0)
+    keep = _Bottleneck.make(8, 8, 1)
+    img = paddle.randn([2, 8, 6, 6])
+    (prof,) = profile_layers([keep], img)
+    # the three convolutions inside, at 6x6: 1x1 8->32, depthwise 3x3 on 32, 1x1 32->8 (plus the ReLUs' outputs)
+    convs = 2 * 36 * (32 * 8) + 2 * 36 * (32 * 9) + 2 * 36 * (8 * 32)
+    assert convs <= prof.flops <= convs + 2 * 32 * 36 and prof.output_bytes == 8 * 36 * 4
+    # a block that keeps its shape is copied as the auxiliary layer (its own parameters, not shared)
+    aux = default_auxiliary([keep], img, num_classes=5)
+    assert type(aux[0]).__name__ == "Block" and aux[0] is not keep
+    assert aux[0].expand.weight is not keep.expand.weight
+    assert aux(keep(img)).shape == [2, 5]
+    # a strided, widening block cannot read its own output: the kind of its last convolution stands in
+    down = _Bottleneck.make(8, 16, 2)
+    aux = default_auxiliary([down], img, num_classes=5)
+    assert [type(m).__name__ for m in aux] == ["Conv2D", "ReLU", "AdaptiveAvgPool2D", "Flatten", "Linear"]
+    assert aux[0]._kernel_size == [1, 1] and aux[0].weight.shape[:2] == [16, 16]
+    assert aux(down(img)).shape == [2, 5]
+    with pytest.raises(ValueError, match="no default auxiliary layer for a"):
+        default_auxiliary([nn.PReLU()], paddle.randn([2, 16]), num_classes=3)
 
 
 def test_async_aggregator_mixes_by_staleness_and_skips_past_max_delay():
@@ -200,6 +249,22 @@ def test_virtual_clock_fedoptima_against_baselines_on_slow_and_fast_devices():
     assert fo.device_idle_s < oafl.device_idle_s and fo.device_idle_s < avg.device_idle_s
     assert fo.peak_held <= 2 and min(fo.used) > 0  # the slow device's batches are used too
     assert fo.accuracy > 0.5  # it learns in 1.5 virtual seconds (chance: 0.25)
+
+
+def test_timing_without_training_gives_the_same_times_as_training():
+    from nebula.federated.fedoptima.simulate import SimSetting, simulate
+    from tests.federated.fedoptima_task import BlobsTask
+
+    kw = dict(slowdown=(3.0, 1.0), device_flops_per_s=2e6, server_flops_per_s=2e7, wall_s=0.6, local_iterations=3,
+              split=2, omega=2, latency_s=0.002)
+    for method in ("fedoptima", "oafl", "fedavg"):
+        real = simulate(method, BlobsTask(), SimSetting(**kw))
+        timed = simulate(method, BlobsTask(), SimSetting(**kw, train=False))
+        assert real.accuracy is not None and timed.accuracy is None
+        assert timed.samples == real.samples > 0, method
+        assert timed.server_busy_s == pytest.approx(real.server_busy_s), method
+        assert timed.device_busy_s == pytest.approx(real.device_busy_s), method
+        assert timed.used == real.used
 
 
 def test_measured_flops_scale_with_the_simulated_slowdown():

@@ -7,6 +7,10 @@ bytes / bandwidth for every transfer, one transfer at a time per link direction.
 spends not computing, out of the same virtual wall time for every method. This is how the benchmark gets
 heterogeneous devices (the paper's Raspberry Pi groups at different clock rates) on one shared machine; the
 integration tests run the same engines as real processes through switch servers.
+
+`SimSetting(train=False)` keeps the protocol, the messages and the cost model but leaves out the Paddle steps:
+the times are the cost model's either way, so idle time and throughput come out the same, and a model whose real
+training would take this machine hours (MobileNetV3 on 16 devices) can be timed. Accuracy is then not measured.
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ class SimSetting:
     lr: float = 0.05
     alpha: float = 0.6
     max_delay: int = 16
+    train: bool = True  # False: time the protocol without the Paddle steps (accuracy not measured)
 
 
 @dataclass
@@ -58,7 +63,7 @@ class SimResult:
     server_busy_s: float = 0.0
     device_busy_s: list = field(default_factory=list)
     samples: int = 0  # examples the devices trained on
-    accuracy: float = 0.0
+    accuracy: float | None = None  # None when the run did not train (SimSetting.train False)
     used: list = field(default_factory=list)  # activation batches per device used on the server
     peak_held: int = 0
 
@@ -199,11 +204,12 @@ def simulate(method: str, task: Any, s: SimSetting, seed: int = 0) -> SimResult:
                 load_state(m, dev_box[k].items.popleft())
                 for _ in range(s.local_iterations):
                     x, y = next(data[k])
-                    loss = paddle.nn.functional.cross_entropy(m(paddle.to_tensor(x)),
-                                                              paddle.to_tensor(y.reshape(-1, 1)))
-                    loss.backward()
-                    opt.step()
-                    opt.clear_grad()
+                    if s.train:
+                        loss = paddle.nn.functional.cross_entropy(m(paddle.to_tensor(x)),
+                                                                  paddle.to_tensor(y.reshape(-1, 1)))
+                        loss.backward()
+                        opt.step()
+                        opt.clear_grad()
                     samples[0] += len(y)
                     yield "compute", full_flops / dev_speed[k]
                 up[k].send(srv_box, (k, state_of(m)), model_bytes)
@@ -257,25 +263,26 @@ def simulate(method: str, task: Any, s: SimSetting, seed: int = 0) -> SimResult:
                         while dev_box[k].items and dev_box[k].items[0][0] == "grant":
                             dev_box[k].items.popleft()
                             granted = True
-                        h, _ = t.step(x, y)
+                        h = t.step(x, y)[0] if s.train else None
                         yield "compute", dev_fwd / dev_speed[k]  # Algorithm 1, line 5: the device-side forward
                         if granted:  # line 6: the activations go to the Sender, which uploads them meanwhile
                             up[k].send(srv_box, ActivationBatch(k, (h, y)), act_bytes)
                             granted = False
                         yield "compute", (dev_flops - dev_fwd + aux_flops) / dev_speed[k]  # lines 7-11
                     else:  # offloading: forward, wait for the server's gradient, backward
-                        xt = paddle.to_tensor(x)
-                        h = t.net(xt)
+                        h = t.net(paddle.to_tensor(x)) if s.train else None
                         yield "compute", dev_fwd / dev_speed[k]
-                        up[k].send(srv_box, ActivationBatch(k, (h.detach().numpy(), y)), act_bytes)
+                        up[k].send(srv_box, ActivationBatch(k, (h.detach().numpy() if s.train else None, y)),
+                                   act_bytes)
                         while True:
                             yield "wait", dev_box[k]
                             msg = dev_box[k].items.popleft()
                             if msg[0] == "grad":
                                 break
-                        h.backward(paddle.to_tensor(msg[1]))
-                        t.opt.step()
-                        t.opt.clear_grad()
+                        if s.train:
+                            h.backward(paddle.to_tensor(msg[1]))
+                            t.opt.step()
+                            t.opt.clear_grad()
                         yield "compute", (dev_flops - dev_fwd) / dev_speed[k]
                 d, a = t.models()
                 up[k].send(srv_box, ModelUpdate(k, (d, a), version), model_bytes)
@@ -332,7 +339,7 @@ def simulate(method: str, task: Any, s: SimSetting, seed: int = 0) -> SimResult:
                     send_grants()  # the dequeue freed a slot: its turn-on goes out now, not after this step
                 if isinstance(m, ActivationBatch):
                     h, y = m.content
-                    _, grad = srv_trainer.step(h, y, want_grad=(method == "oafl"))
+                    grad = srv_trainer.step(h, y, want_grad=(method == "oafl"))[1] if s.train else None
                     yield "compute", srv_flops / s.server_flops_per_s
                     if method == "oafl":
                         down[m.origin].send(dev_box[m.origin], ("grad", grad), act_bytes)
@@ -352,11 +359,12 @@ def simulate(method: str, task: Any, s: SimSetting, seed: int = 0) -> SimResult:
     res.server_busy_s = srv.busy
     res.device_busy_s = [a.busy for a in actors]
     res.samples = samples[0]
-    x, y = task.test_data()
-    with paddle.no_grad():
-        h = paddle.to_tensor(x)
-        for p in parts:
-            h = p(h)
-    res.accuracy = float((h.numpy().argmax(-1) == y).mean())
+    if s.train:
+        x, y = task.test_data()
+        with paddle.no_grad():
+            h = paddle.to_tensor(x)
+            for p in parts:
+                h = p(h)
+        res.accuracy = float((h.numpy().argmax(-1) == y).mean())
     return res
 

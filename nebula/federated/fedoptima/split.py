@@ -42,6 +42,7 @@ class DeviceInfo:
 
 
 def _layer_flops(layer, x, y) -> float:
+    """Forward FLOPs per sample of one leaf layer that read `x` and wrote `y`."""
     import paddle.nn as nn
 
     n = max(1, int(x.shape[0]))
@@ -54,6 +55,26 @@ def _layer_flops(layer, x, y) -> float:
     return float(np.prod(y.shape)) / n + 2.0 * params
 
 
+def _block_flops(layer, x):
+    """(forward FLOPs per sample, output) of `layer`: the sum over the leaf layers it runs, so that a composite
+    block (a bottleneck, an encoder layer) counts the convolutions and projections inside it."""
+    leaves = [m for m in layer.sublayers(include_self=True) if not list(m.children())]
+    total = [0.0]
+
+    def count(leaf, inputs, output):
+        if isinstance(output, (list, tuple)):
+            output = output[0]
+        total[0] += _layer_flops(leaf, inputs[0], output)
+
+    hooks = [leaf.register_forward_post_hook(count) for leaf in leaves]
+    try:
+        y = layer(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return total[0], y
+
+
 def profile_layers(layers: Sequence, sample) -> list[LayerProfile]:
     """Forward FLOPs and output bytes per sample of each layer, by running `sample` (a batch) through them."""
     import paddle
@@ -62,9 +83,8 @@ def profile_layers(layers: Sequence, sample) -> list[LayerProfile]:
     x = sample
     with paddle.no_grad():
         for layer in layers:
-            y = layer(x)
-            out.append(LayerProfile(flops=_layer_flops(layer, x, y),
-                                    output_bytes=int(np.prod(y.shape[1:])) * y.element_size()))
+            flops, y = _block_flops(layer, x)
+            out.append(LayerProfile(flops=flops, output_bytes=int(np.prod(y.shape[1:])) * y.element_size()))
             x = y
     return out
 
