@@ -39,15 +39,13 @@ def default_auxiliary(device_layers: Sequence, sample, num_classes: int):
         x = sample
         for layer in layers:
             x = layer(x)
+    composite = bool(list(last.children()))
+    leaf = last if not composite else next(
+        (m for m in reversed(last.sublayers()) if isinstance(m, (nn.Linear, nn.Conv1D, nn.Conv2D))), last)
+    block = _shape_keeping_copy(last, x) if composite else None
     parts: list = []
-    leaf = last
-    if list(last.children()):
-        leaf = next((m for m in reversed(last.sublayers()) if isinstance(m, (nn.Linear, nn.Conv1D, nn.Conv2D))), last)
-        block = _shape_keeping_copy(last, x)
-        if block is not None:
-            parts.append(block)
-    if parts:
-        pass
+    if block is not None:
+        parts.append(block)
     elif isinstance(leaf, nn.Linear):
         width = int(x.shape[-1])
         parts += [nn.Linear(width, width), nn.ReLU()]
