@@ -142,11 +142,22 @@ class MobileNetTask(_ImageTask):
         return [net.conv, *net.blocks, net.lastconv, net.avgpool, nn.Flatten(), *net.classifier]
 
 
-SETTINGS = {  # the paper's image-classification settings: task, devices, fastest device's FLOP/s, Mbit/s per device,
-    # and whether the run trains (MobileNetV3 for 16 devices would take this machine hours: it is timed only)
-    "a": ("Testbed A: VGG-5 on CIFAR-10-shaped images", Vgg5Task, TESTBED_A, PI4_FLOPS, 50.0, True),
-    "b": ("Testbed B: MobileNetV3-Large on Tiny-ImageNet-shaped images", MobileNetTask, TESTBED_B, NANO_FLOPS, 100.0,
-          False),
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One of the paper's image-classification settings as the simulator runs it."""
+
+    title: str
+    task: type
+    slowdown: tuple[float, ...]  # one per device, against the fastest
+    device_flops: float  # the fastest device's FLOP/s (an estimate: the paper gives clock rates)
+    mbit: float  # per device link
+    train: bool  # False: timed only (MobileNetV3 on 16 devices would take this machine hours)
+
+
+SETTINGS = {
+    "a": Setting("Testbed A: VGG-5 on CIFAR-10-shaped images", Vgg5Task, TESTBED_A, PI4_FLOPS, 50.0, True),
+    "b": Setting("Testbed B: MobileNetV3-Large on Tiny-ImageNet-shaped images", MobileNetTask, TESTBED_B, NANO_FLOPS,
+                 100.0, False),
 }
 
 
@@ -182,19 +193,16 @@ def _acc(x: float | None) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
-def fedoptima_part(setting: str, wall_s: float, omega: int | None, speeds: tuple[int, ...], h: int,
-                   device_flops: float | None = None) -> list[float]:
-    """Part 1: the three methods at each server speed on one of the paper's settings (the fastest device's FLOP/s
-    replaced by `device_flops` when given); measured values and ratios. Returns FedOptima's server idle cut
-    against the best baseline at each speed."""
+def fedoptima_part(st: Setting, wall_s: float, omega: int | None, speeds: tuple[int, ...], h: int) -> list[float]:
+    """Part 1: the three methods at each server speed on one of the paper's settings; measured values and ratios.
+    Returns FedOptima's server idle cut against the best baseline at each speed."""
     from nebula.federated.fedoptima.simulate import SimSetting, simulate
     from nebula.federated.fedoptima.split import DeviceInfo, profile_layers, split_point
 
     import paddle
 
-    title, task_cls, slowdown, flops, mbit, train = SETTINGS[setting]
-    flops = device_flops or flops
-    task = task_cls()
+    title, slowdown, flops, mbit, train = st.title, st.slowdown, st.device_flops, st.mbit, st.train
+    task = st.task()
     layers = task.layers()
     prof = profile_layers(layers, paddle.to_tensor(task.sample()))
     bw = mbit * 1e6 / 8
@@ -350,9 +358,11 @@ def main() -> int:
         for setting in a.settings.split(","):
             if setting not in SETTINGS:
                 ap.error(f"--settings: {setting!r} is not one of {', '.join(SETTINGS)}")
+            st = SETTINGS[setting]
+            if a.device_gflops:
+                st = dataclasses.replace(st, device_flops=a.device_gflops * 1e9)
             speeds = tuple(int(x) for x in getattr(a, f"speeds_{setting}").split(","))
-            best[setting] = max(fedoptima_part(setting, a.wall_s, a.omega, speeds, a.local_iterations,
-                                               a.device_gflops and a.device_gflops * 1e9))
+            best[setting] = max(fedoptima_part(st, a.wall_s, a.omega, speeds, a.local_iterations))
         top = max(best.values())
         print(f"server idle cut, best over settings and server speeds (the paper's 'up to' is over its settings): "
               f"{_pct(top)} against the paper's {_pct(PAPER['server_idle_cut'])}; target >= 47.0%: "
