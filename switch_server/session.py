@@ -25,6 +25,9 @@ MAX_IGNORED_CONTROL = 2000
 # answers (PONG, LINK_ACK) are not written while this much waits unread in the connection: a peer that never reads
 # cannot make us buffer without bound (acknowledgements are cumulative: a later one says it all)
 CONTROL_BACKLOG_BYTES = 64 * 1024
+# refusals by routing that only a broken or hostile peer draws: audited and told to the peer, never to the cluster
+# the frame names
+AUDITED_ROUTE_REFUSALS = frozenset({"ack_beyond_sent"})
 
 
 class InboundSession:
@@ -49,12 +52,14 @@ class InboundSession:
         self.last_checkpoint = -CHECKPOINT_MIN_S
         self.ignored_control = 0
         self.link_state: dict[str, int] = {}  # this peer's inbound link state (epoch, last link sequence)
+        self.peer_epoch = 0  # the peer switch's boot epoch (LINK_HELLO): bounds the incarnations it may name
         self.on_frame = Dispatcher(f"a session from {cluster}", {
             FrameType.DATA: self._on_routed,
             FrameType.ACK: self._on_routed,
             FrameType.ERROR: self._on_routed,
             FrameType.PING: self._on_ping,
             FrameType.CHECKPOINT: self._on_checkpoint,
+            FrameType.ENDED: self._on_routed,
         })
 
     def credit(self) -> int:
@@ -97,6 +102,7 @@ class InboundSession:
         """Serve the session after LINK_HELLO until the connection ends."""
         server = self.server
         st = server.link_in_state(self.cluster)
+        self.peer_epoch = epoch
         if st["epoch"] != epoch:
             # a restarted peer numbers from 1 again; anything it still needs it resends end to end
             st["epoch"], st["last"] = epoch, 0
@@ -129,15 +135,22 @@ class InboundSession:
         self.bytes_in += n
         server.metrics.count(self.cluster, frame.header.lane, "in", n)
         self.held_bytes += n
-        refusal = server.policy.check(self.cluster, frame)
+        refusal = server.policy.check(self.cluster, frame, self.peer_epoch)
         if refusal is not None:
             self.release(n)
             self.refused(frame, *refusal)
             return
+        if frame.type == FrameType.ENDED:
+            self.release(n)
+            server.peer_incarnation_ended(self.cluster, frame.meta)
+            return
         err = server.route(frame, head, payload, origin=self, from_peer=self.cluster)
         if err is not None:
             self.release(n)
-            server.refuse_remote(frame, err[0], err[1])
+            if err[0] in AUDITED_ROUTE_REFUSALS:
+                self.refused(frame, *err)
+            else:
+                server.refuse_remote(frame, err[0], err[1])
         self.schedule_ack()
 
     def refused(self, frame: Any, code: str, message: str) -> None:
@@ -148,7 +161,10 @@ class InboundSession:
         server.metrics.peer_refused.labels(peer=self.cluster, reason=code).inc()
         detail: dict[str, Any] = {"reason": code, "detail": message[:300], "type": frame.type.name}
         try:
-            detail["channel"] = frame.key().to_meta() if frame.type != FrameType.ERROR else frame.meta.get("channel")
+            if frame.type in (FrameType.DATA, FrameType.ACK):
+                detail["channel"] = frame.key().to_meta()
+            elif frame.type == FrameType.ERROR:
+                detail["channel"] = frame.meta.get("channel")
         except WireError:
             pass
         if server.audit_limited(("frame_refused", self.cluster, code), server.actor, "frame_refused", self.cluster,

@@ -53,9 +53,9 @@ def switch_status(server: Any, prev: dict[str, Any]) -> dict[str, Any]:
         "local": local.endpoint,
         "local_ipc": server.cfg.local.ipc_endpoint,
         "metrics": server.metrics_address,
-        "workers": len(local.by_ident),
+        "workers": len(local.registry),
         # workers whose payloads go through shared memory, and the bytes that did (nebula.wire.shm)
-        "shm_workers": sum(1 for r in local.by_ident.values() if r.shm is not None and r.shm.ready),
+        "shm_workers": sum(1 for r in local.registry if r.shm is not None and r.shm.ready),
         "shm_bytes": dict(server.metrics.shm_bytes),
         "queued_bytes": server.budget.used,
         "links": links,
