@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from security._files import atomic_write, read_file
+from security._text import safe_text
 from security.errors import AuditError
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "checkpoint_of_record",
     "CHECKPOINT_ACTION",
     "PEER_CHECKPOINT_ACTION",
+    "safe_text",
 ]
 
 GENESIS = "0" * 64

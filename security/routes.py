@@ -17,6 +17,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
+from security._text import safe_text
 from security._time import iso, lifecycle_status, utcnow
 from security.errors import AccountError
 from security.identity import check_name
@@ -101,8 +102,7 @@ class RoutePolicy:
         """Why `account`'s clients may not join federated job `job`, with the fix; None when they may."""
         allowed = self.allowed_jobs(account)
         if allowed is not None and ANY not in allowed and job not in allowed:
-            return (f"account {account!r} holds no grant for job {job!r}; an admin can run "
-                    f"`nebula-admin grant add --to {account} --resource job:{job}`")
+            return _no_grant(account, "job", job)
         return None
 
     def refusal(self, account: str, cluster: str | None, stages: Iterable[str] = ()) -> str | None:
@@ -115,9 +115,27 @@ class RoutePolicy:
                 continue
             for name in names:
                 if name not in allowed:
-                    return (f"account {account!r} holds no grant for {kind} {name!r}; an admin can run "
-                            f"`nebula-admin grant add --to {account} --resource {kind}:{name}`")
+                    return _no_grant(account, kind, name)
         return None
+
+
+def _no_grant(account: str, kind: str, name: str) -> str:
+    """The refusal for a missing grant, with the command that fixes it. The names may come from a worker or client
+    (a declared stage, a job): they are printed bounded and escaped, so the line stays one honest line wherever it
+    is logged or audited, and a name that is no valid name gets no command to copy."""
+    acc, shown = safe_text(account, 64), safe_text(name, 64)
+    why = f"account '{acc}' holds no grant for {kind} '{shown}'"
+    if not (_valid(account) and (name == ANY or _valid(name))):
+        return f"{why}; {kind} and account names are 1-63 letters, digits, '.', '_' or '-': fix the job or config"
+    return f"{why}; an admin can run `nebula-admin grant add --to {account} --resource {kind}:{name}`"
+
+
+def _valid(name: str) -> bool:
+    try:
+        check_name(name, "name")
+    except ValueError:
+        return False
+    return True
 
 
 def load_route_policy(home: str | os.PathLike) -> RoutePolicy:

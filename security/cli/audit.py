@@ -6,10 +6,13 @@ import json
 from pathlib import Path
 
 from security._time import iso, parse_time
-from security.audit import CHECKPOINT_ACTION, filter_records, generate_signing_key, read_checkpoints, read_records
+from security.audit import (CHECKPOINT_ACTION, filter_records, generate_signing_key, read_checkpoints, read_records,
+                            safe_text)
 from security.audit_evidence import Evidence, find_evidence
 from security.audit_verify import verify_log
 from security.cli._common import emit
+
+SHOW_LIMIT = 400  # characters of one cell of `audit show`'s table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -81,8 +84,11 @@ def show_records(args: argparse.Namespace) -> int:
         for r in recs:
             print(json.dumps(r, sort_keys=True))
         return 0
-    rows = [dict(r, time=iso(r["time"]), detail=json.dumps(r["detail"], sort_keys=True) if r["detail"] else None)
-            for r in recs]
+    # every cell may hold text a peer, worker or client chose: shown escaped and bounded, so no record can print
+    # as several lines or move the cursor (--json escapes it the JSON way)
+    rows = [{k: None if v is None else safe_text(v, SHOW_LIMIT) for k, v in dict(
+        r, time=iso(r["time"]), detail=json.dumps(r["detail"], sort_keys=True) if r["detail"] else None).items()}
+        for r in recs]
     emit(rows, ("seq", "time", "actor", "action", "target", "outcome", "detail"), False)
     return 0
 

@@ -349,3 +349,20 @@ def test_filter_records_and_bad_input(tmp_path, key):
             audit.append(None, "a", "t")  # type: ignore[arg-type]
     with pytest.raises(AuditError, match="does not exist"):
         verify_log(tmp_path / "nothing.log")
+
+
+def test_audit_show_prints_one_escaped_line_per_record_whatever_names_it_holds(tmp_path, key, capsys):
+    log = tmp_path / "audit.log"
+    forged = "mallory\n   7  2030-01-01T00:00:00Z  admin  grant.add  alice:data  ok\x1b[2K\u202e" + "m" * 2000
+    with AuditLog(log, key) as audit:
+        audit.append(forged, "login", forged, "failed", {"why": forged})
+        audit.append("alice", "login", "alice")
+    code = admin(["audit", "show", "--log", str(log)])
+    out = capsys.readouterr().out
+    rows = out.splitlines()
+    assert code == 0 and len(rows) == 3 and rows[0].startswith("SEQ")  # header + 2 records, no forged third row
+    assert "\x1b" not in out and "\u202e" not in out and all(r.isprintable() for r in rows)
+    assert r"mallory\n   7  2030" in rows[1] and "chars)" in rows[1] and len(rows[1]) < 1500
+    code = admin(["audit", "show", "--log", str(log), "--json"])
+    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 0 and [r["actor"] for r in recs] == [forged, "alice"]  # --json keeps the exact value, escaped
