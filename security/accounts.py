@@ -11,12 +11,12 @@ import logging
 import os
 import sqlite3
 from contextlib import closing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
 from security._text import safe_text
-from security._time import iso, lifecycle_status, utcnow
+from security._time import iso, utcnow
+from security.account_types import Account, Grant, namespace_resource
 from security.audit import AuditLog, default_actor, generate_signing_key
 from security.errors import AccessDenied, AccountError, AccountLocked, AuthenticationFailed, IdentityError
 from security.identity import check_name
@@ -62,50 +62,6 @@ CREATE TABLE IF NOT EXISTS grants (
     revoked TEXT
 );
 """
-
-
-@dataclass(frozen=True, slots=True)
-class Account:
-    """One account as listed: never carries the password hash."""
-
-    name: str
-    role: str
-    locked: bool
-    failed_attempts: int
-    created: str
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """Read access for `grantee` to `resource` (a path in `owner`'s namespace, or a directory prefix of it)."""
-
-    id: int
-    owner: str
-    grantee: str
-    resource: str
-    created: str
-    expires: str | None
-    revoked: str | None
-
-    @property
-    def status(self) -> str:
-        """active, expired or revoked (as of now)."""
-        return lifecycle_status(self.revoked, self.expires)
-
-    def covers(self, resource: str) -> bool:
-        """True if this grant's resource is `resource` or a directory that contains it."""
-        return resource == self.resource or resource.startswith(self.resource.rstrip("/") + "/")
-
-
-def _resource(resource: str) -> str:
-    """Normalised relative resource path; rejects absolute paths and `..` (no escape from a namespace)."""
-    if not isinstance(resource, str) or not resource.strip("/"):
-        raise AccountError(f"resource {resource!r} is empty; name a path inside the owner's namespace, e.g. data/x")
-    parts = [p for p in resource.split("/") if p not in ("", ".")]
-    if resource.startswith("/") or ".." in parts:
-        raise AccountError(f"resource {resource!r} must be a relative path inside the owner's namespace "
-                           "(no leading / and no ..), e.g. data/corpus.txt")
-    return "/".join(parts)
 
 
 class Accounts:
@@ -277,7 +233,7 @@ class Accounts:
                   actor: str | None = None) -> Grant:
         """Let `to` read `owner`'s `resource` (a path or directory in owner's namespace) until `expires`."""
         actor = actor or default_actor()
-        resource = _resource(resource)
+        resource = namespace_resource(resource)
         if owner == to:
             raise AccountError(f"{owner!r} already owns {resource!r}; a grant needs another user as --to")
         if expires is not None:
@@ -407,7 +363,7 @@ class Accounts:
             self._user(db, owner)
         if a["locked"]:
             raise AccountLocked(f"account {actor!r} is locked; an admin can run `nebula-admin user unlock {actor}`")
-        rel = _resource(resource)
+        rel = namespace_resource(resource)
         how = "owner"
         if actor != owner:
             if mode not in _READ_MODES:

@@ -14,7 +14,7 @@ from security.audit import AuditLog, checkpoints_path, generate_signing_key, rea
 from security.cli import main as admin
 from tests.security.test_audit import forge, lines, set_outcome
 
-OK, TAMPERED, USAGE, SUSPICIOUS, UNVERIFIABLE = 0, 1, 2, 3, 4
+OK, TAMPERED, UNVERIFIABLE = 0, 1, 4
 
 
 def _actor_log(workdir: Path) -> AuditLog:
