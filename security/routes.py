@@ -7,6 +7,13 @@ cluster).
 A kind of route grant is enforced once any grant of that kind exists in the store: from then on an account
 reaches only what it holds a live (unrevoked, unexpired) grant for. A store that never had a `cluster:` grant
 restricts no cluster, so federations that do not use route grants keep working unchanged.
+
+Stage grants are only as good as the stage map they are checked against, and today that is the map a worker
+declares in its HELLO (switch_server.local): a worker that declares no map, or moves or renames its job's stages,
+is checked against what it declared, and only cluster grants bound where it sends. Closing this needs a map the
+worker does not choose: the admin records each job's map in the account home (e.g. `stage:NAME@CLUSTER` grants, or
+a job's map registered from its job file), `RoutePolicy` checks a declared map against it, and the switch refuses a
+HELLO whose map differs or is missing while stage grants are in use.
 """
 from __future__ import annotations
 
