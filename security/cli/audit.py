@@ -73,9 +73,16 @@ def verify(args: argparse.Namespace) -> int:
     ev = find_evidence(args.log, args.peer_dir, discover=not args.no_discover).with_given(pins, witnesses, sources)
     for note in ev.notes:
         print(safe_text(f"note: {note}", LINE_LIMIT), file=sys.stderr)
-    verdict = judge(args.log, ev)
+    try:
+        verdict = judge(args.log, ev)
+    except (AuditError, OSError) as exc:  # e.g. the log vanished meanwhile: nothing was judged
+        print(safe_text(f"nebula-admin audit verify: error: {exc}", LINE_LIMIT), file=sys.stderr)
+        return USAGE_EXIT
     print(safe_text(verdict.line(args.log), LINE_LIMIT))
     return verdict.code
+
+
+_PEER_DIR_FIX = "pass a peer cluster's directory (or a federated controller's workdir) copied from its host"
 
 
 class _Usage(Exception):
@@ -113,11 +120,11 @@ def _given(args: argparse.Namespace) -> tuple[list[Pin], list[Checkpoint], list[
         pins += [Pin(s, f"the signer of --witness {w}", outside=True) for s in dict.fromkeys(c.signer for c in got)]
     for d in args.peer_dir:
         if not Path(d).is_dir():
-            raise _Usage(f"--peer-dir {d} {'is not a directory' if Path(d).exists() else 'does not exist'}; pass a "
-                         "peer cluster's directory (or a federated controller's workdir) copied from its host")
+            raise _Usage(f"--peer-dir {d} {'is not a directory' if Path(d).exists() else 'does not exist'}; "
+                         f"{_PEER_DIR_FIX}")
         if not cluster_dirs(d):
-            raise _Usage(f"--peer-dir {d} holds no audit.log or switch.yaml (nor do its sub-directories); pass a "
-                         "peer cluster's directory (or a federated controller's workdir) copied from its host")
+            raise _Usage(f"--peer-dir {d} holds no audit.log or switch.yaml (nor do its sub-directories); "
+                         f"{_PEER_DIR_FIX}")
     return pins, witnesses, sources
 
 
