@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from security.audit import (CHECKPOINT_ACTION, PEER_CHECKPOINT_ACTION, AuditLog, Checkpoint, checkpoint_of_record,
-                            checkpoints_path, filter_records, generate_signing_key, peer_checkpoints_path,
-                            public_key_pem, read_checkpoints, read_records, verify_checkpoint)
+from security.audit import (CHECKPOINT_ACTION, FIELD_LIMIT, PEER_CHECKPOINT_ACTION, AuditLog, Checkpoint,
+                            checkpoint_of_record, checkpoints_path, filter_records, generate_signing_key,
+                            peer_checkpoints_path, public_key_pem, read_checkpoints, read_records, safe_text,
+                            verify_checkpoint)
 from security.audit_verify import verify_log
 from security.cli import main as admin
 from security.errors import AuditError
@@ -365,6 +366,12 @@ def test_audit_show_prints_one_escaped_line_per_record_whatever_names_it_holds(t
     with AuditLog(log, key) as audit:
         audit.append(forged, "login", forged, "failed", {"why": forged})
         audit.append("alice", "login", "alice")
+    recs = list(read_records(log))  # stored bounded and printable; details keep the exact value (JSON escapes it)
+    assert recs[0]["actor"] == recs[0]["target"] == safe_text(forged, FIELD_LIMIT)
+    assert recs[0]["detail"]["why"] == forged
+    assert len(recs[0]["actor"]) <= FIELD_LIMIT and recs[0]["actor"].startswith(r"mallory\n   7  2030")
+    # a record holding the raw name (another writer's, or one from before names were bounded) shows escaped too
+    forge(log, lambda rs: [dict(r, actor=forged) if r["seq"] == 1 else r for r in rs])
     code = admin(["audit", "show", "--log", str(log)])
     out = capsys.readouterr().out
     rows = out.splitlines()
@@ -372,5 +379,5 @@ def test_audit_show_prints_one_escaped_line_per_record_whatever_names_it_holds(t
     assert "\x1b" not in out and "\u202e" not in out and all(r.isprintable() for r in rows)
     assert r"mallory\n   7  2030" in rows[1] and "chars)" in rows[1] and len(rows[1]) < 1500
     code = admin(["audit", "show", "--log", str(log), "--json"])
-    recs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert code == 0 and [r["actor"] for r in recs] == [forged, "alice"]  # --json keeps the exact value, escaped
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 0 and [r["actor"] for r in shown] == [forged, "alice"]  # --json: the exact value, JSON-escaped

@@ -110,6 +110,7 @@ def test_names_a_worker_or_client_chose_are_escaped_and_bounded_in_refusals(home
     assert why.isprintable() and len(why) < 300  # one line, nothing a terminal acts on, bounded
     assert r"dec\nOK nothing refused\x1b[2K\u202e" in why and "chars)" in why
     assert "grant add" not in why and "fix the job or config" in why  # no command to copy for an invalid name
-    assert policy.refusal("nebula", None, ("dec",)).endswith("`nebula-admin grant add --to nebula --resource stage:dec`")
+    fix = "`nebula-admin grant add --to nebula --resource stage:dec`"
+    assert policy.refusal("nebula", None, ("dec",)).endswith(fix)
     why = policy.job_refusal("nebula", "evil\r\nOK")
     assert why.isprintable() and r"job 'evil\r\nOK'" in why
