@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from security._text import safe_text
-from security._time import lifecycle_status
+from security._time import Lifecycle
 from security.errors import AccountError
 
 __all__ = ["Account", "Grant", "namespace_resource"]
@@ -22,7 +22,7 @@ class Account:
 
 
 @dataclass(frozen=True, slots=True)
-class Grant:
+class Grant(Lifecycle):
     """Read access for `grantee` to `resource` (a path in `owner`'s namespace, or a directory prefix of it)."""
 
     id: int
@@ -32,11 +32,6 @@ class Grant:
     created: str
     expires: str | None
     revoked: str | None
-
-    @property
-    def status(self) -> str:
-        """active, expired or revoked (as of now)."""
-        return lifecycle_status(self.revoked, self.expires)
 
     def covers(self, resource: str) -> bool:
         """True if this grant's resource is `resource` or a directory that contains it."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from security._text import safe_text
-from security._time import iso, lifecycle_status, utcnow
+from security._time import Lifecycle, iso, utcnow
 from security.errors import AccountError
 from security.identity import check_name
 
@@ -68,7 +68,7 @@ def parse_route_resource(resource: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
-class RouteGrant:
+class RouteGrant(Lifecycle):
     """Permission for `account`'s workers to address `resource` (`cluster:B`, `stage:encoder`, `cluster:*`)."""
 
     id: int
@@ -78,11 +78,6 @@ class RouteGrant:
     created: str
     expires: str | None
     revoked: str | None
-
-    @property
-    def status(self) -> str:
-        """active, expired or revoked (as of now)."""
-        return lifecycle_status(self.revoked, self.expires)
 
 
 @dataclass(frozen=True, slots=True)
