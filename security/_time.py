@@ -1,4 +1,4 @@
-"""Parsing of times given on the command line: ISO 8601 or a duration such as 30m, 12h, 7d."""
+"""Times: parsing those given on the command line (ISO 8601 or a duration such as 30m, 12h, 7d), and grant lifecycles."""
 from __future__ import annotations
 
 import datetime as dt
@@ -40,3 +40,16 @@ def lifecycle_status(revoked: str | None, expires: str | None) -> str:
     if expires is not None and expires <= iso(utcnow()):
         return "expired"
     return "active"
+
+
+class Lifecycle:
+    """Mixin for a grant record with ISO `revoked` and `expires` fields: its `status`."""
+
+    __slots__ = ()
+    revoked: str | None
+    expires: str | None
+
+    @property
+    def status(self) -> str:
+        """active, expired or revoked (as of now)."""
+        return lifecycle_status(self.revoked, self.expires)

@@ -6,23 +6,21 @@ checks for a live grant and writes an audit record either way.
 """
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import hashlib
-import hmac
 import logging
 import os
-import secrets
 import sqlite3
 from contextlib import closing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from security._time import iso, lifecycle_status, utcnow
+from security._text import safe_text
+from security._time import iso, utcnow
+from security.account_types import Account, Grant, namespace_resource
 from security.audit import AuditLog, default_actor, generate_signing_key
 from security.errors import AccessDenied, AccountError, AccountLocked, AuthenticationFailed, IdentityError
 from security.identity import check_name
+from security.passwords import SCRYPT_N, SCRYPT_P, SCRYPT_R, check_evenly, cost_of, hash_password, verify_password
 from security.routes import ROUTE_SCHEMA, RouteGrant, RoutePolicy, parse_route_resource, policy_from_rows
 
 __all__ = [
@@ -35,15 +33,13 @@ __all__ = [
     "hash_password",
     "verify_password",
     "default_actor",
+    "SCRYPT_N",
 ]
 
 log = logging.getLogger(__name__)
 
 ACCOUNT_ROLES = ("admin", "user")
 NAMESPACE_DIRS = ("data", "jobs", "checkpoints")
-SCRYPT_N = 2**17  # OWASP's recommended cost for scrypt (128 MiB with r=8)
-SCRYPT_R = 8
-SCRYPT_P = 1
 MIN_PASSWORD = 8
 _READ_MODES = ("r", "rb")
 _OWNER_MODES = ("r", "rb", "w", "wb", "a", "ab")
@@ -66,76 +62,6 @@ CREATE TABLE IF NOT EXISTS grants (
     revoked TEXT
 );
 """
-
-
-def hash_password(password: str, *, n: int = SCRYPT_N, r: int = SCRYPT_R, p: int = SCRYPT_P) -> str:
-    """scrypt hash of `password` with a random salt, as `scrypt$n$r$p$salt$hash` (base64)."""
-    salt = secrets.token_bytes(16)
-    digest = hashlib.scrypt(password.encode(), salt=salt, n=n, r=r, p=p, maxmem=_maxmem(n, r, p), dklen=32)
-    b64 = [base64.b64encode(v).decode() for v in (salt, digest)]
-    return "$".join(["scrypt", str(n), str(r), str(p), *b64])
-
-
-def _maxmem(n: int, r: int, p: int) -> int:
-    return 128 * r * (n + p + 2) + (1 << 20)
-
-
-def verify_password(password: str, stored: str) -> bool:
-    """True if `password` matches the stored scrypt hash (constant-time comparison)."""
-    try:
-        scheme, n, r, p, salt, digest = stored.split("$")
-        n, r, p = int(n), int(r), int(p)
-        salt_b, want = base64.b64decode(salt), base64.b64decode(digest)
-    except ValueError:
-        return False
-    if scheme != "scrypt":
-        return False
-    got = hashlib.scrypt(password.encode(), salt=salt_b, n=n, r=r, p=p, maxmem=_maxmem(n, r, p), dklen=len(want))
-    return hmac.compare_digest(got, want)
-
-
-@dataclass(frozen=True, slots=True)
-class Account:
-    """One account as listed: never carries the password hash."""
-
-    name: str
-    role: str
-    locked: bool
-    failed_attempts: int
-    created: str
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """Read access for `grantee` to `resource` (a path in `owner`'s namespace, or a directory prefix of it)."""
-
-    id: int
-    owner: str
-    grantee: str
-    resource: str
-    created: str
-    expires: str | None
-    revoked: str | None
-
-    @property
-    def status(self) -> str:
-        """active, expired or revoked (as of now)."""
-        return lifecycle_status(self.revoked, self.expires)
-
-    def covers(self, resource: str) -> bool:
-        """True if this grant's resource is `resource` or a directory that contains it."""
-        return resource == self.resource or resource.startswith(self.resource.rstrip("/") + "/")
-
-
-def _resource(resource: str) -> str:
-    """Normalised relative resource path; rejects absolute paths and `..` (no escape from a namespace)."""
-    if not isinstance(resource, str) or not resource.strip("/"):
-        raise AccountError(f"resource {resource!r} is empty; name a path inside the owner's namespace, e.g. data/x")
-    parts = [p for p in resource.split("/") if p not in ("", ".")]
-    if resource.startswith("/") or ".." in parts:
-        raise AccountError(f"resource {resource!r} must be a relative path inside the owner's namespace "
-                           "(no leading / and no ..), e.g. data/corpus.txt")
-    return "/".join(parts)
 
 
 class Accounts:
@@ -183,7 +109,8 @@ class Accounts:
     def _user(self, db: sqlite3.Connection, name: str) -> sqlite3.Row:
         row = db.execute("SELECT * FROM users WHERE name = ?", (name,)).fetchone()
         if row is None:
-            raise AccountError(f"unknown user {name!r}; see `nebula-admin user list` or add it with `user add`")
+            raise AccountError(f"unknown user '{safe_text(name, 80)}' in {self.home}; see `nebula-admin user list` "
+                               f"or create it with `nebula-admin user add --home {self.home} {safe_text(name, 80)}`")
         return row
 
     def _check_password(self, password: str) -> None:
@@ -254,29 +181,28 @@ class Accounts:
                        (int(locked), int(locked), name))
         self.audit.append(actor, "user.lock" if locked else "user.unlock", name)
 
-    def _dummy_hash(self) -> str:
-        """A hash with this store's scrypt cost that no password matches (random salt and digest, no KDF run)."""
-        salt, digest = (base64.b64encode(secrets.token_bytes(k)).decode() for k in (16, 32))
-        return "$".join(["scrypt", str(self.scrypt_n), str(SCRYPT_R), str(SCRYPT_P), salt, digest])
+    def _costs(self, db: sqlite3.Connection) -> set[tuple[int, int, int]]:
+        """Every scrypt cost this store's hashes use, and the one it creates with: what each login runs."""
+        costs = {cost_of(h) for (h,) in db.execute("SELECT pw_hash FROM users")}
+        return {c for c in costs if c is not None} | {(self.scrypt_n, SCRYPT_R, SCRYPT_P)}
 
     def authenticate(self, name: str, password: str) -> Account:
         """Check `name`'s password; after `max_failures` consecutive failures the account locks.
 
-        Every path runs the password KDF once, so an unknown or locked user costs the same time as a wrong
-        password and login timing does not reveal which user names exist.
+        Every path runs the password KDF once at each cost the store holds (`security.passwords.check_evenly`), so
+        an unknown or locked user, or one created with another scrypt cost, costs the same as a wrong password:
+        login timing does not reveal which user names exist.
         """
+        shown = safe_text(name, 80)  # the name is the caller's: records and messages get a bounded, printable copy
         with closing(self._db()) as db:
-            try:
-                row = self._user(db, name)
-            except AccountError:
-                verify_password(password, self._dummy_hash())
-                self.audit.append(name, "login", name, "failed", {"why": "unknown user"})
-                raise AuthenticationFailed(f"login failed for {name!r}: unknown user or wrong password") from None
+            row = db.execute("SELECT * FROM users WHERE name = ?", (name,)).fetchone()
+            ok = check_evenly(password, None if row is None else row["pw_hash"], self._costs(db))
+            if row is None:
+                self.audit.append(shown, "login", shown, "failed", {"why": "unknown user"})
+                raise AuthenticationFailed(f"login failed for '{shown}': unknown user or wrong password")
             if row["locked"]:
-                verify_password(password, row["pw_hash"])
                 self.audit.append(name, "login", name, "denied", {"why": "locked"})
                 raise AccountLocked(f"account {name!r} is locked; an admin can run `nebula-admin user unlock {name}`")
-            ok = verify_password(password, row["pw_hash"])
             db.execute("BEGIN IMMEDIATE")
             if ok:
                 db.execute("UPDATE users SET failed = 0 WHERE name = ?", (name,))
@@ -307,7 +233,7 @@ class Accounts:
                   actor: str | None = None) -> Grant:
         """Let `to` read `owner`'s `resource` (a path or directory in owner's namespace) until `expires`."""
         actor = actor or default_actor()
-        resource = _resource(resource)
+        resource = namespace_resource(resource)
         if owner == to:
             raise AccountError(f"{owner!r} already owns {resource!r}; a grant needs another user as --to")
         if expires is not None:
@@ -371,6 +297,7 @@ class Accounts:
             if expires <= utcnow():
                 raise AccountError(f"expiry {iso(expires)} is in the past; give a future time such as 7d")
         with closing(self._db()) as db:
+            self._user(db, account)  # a grant for a name no account has would be a typo that grants nothing
             cur = db.execute("INSERT INTO route_grants (account, kind, name, granted_by, created, expires) "
                              "VALUES (?,?,?,?,?,?)", (account, kind, name, actor, iso(utcnow()),
                                                       None if expires is None else iso(expires)))
@@ -436,7 +363,7 @@ class Accounts:
             self._user(db, owner)
         if a["locked"]:
             raise AccountLocked(f"account {actor!r} is locked; an admin can run `nebula-admin user unlock {actor}`")
-        rel = _resource(resource)
+        rel = namespace_resource(resource)
         how = "owner"
         if actor != owner:
             if mode not in _READ_MODES:

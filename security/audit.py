@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
 from security._files import atomic_write, read_file
+from security._text import safe_text
 from security.errors import AuditError
 
 __all__ = [
@@ -50,6 +51,8 @@ __all__ = [
     "checkpoint_of_record",
     "CHECKPOINT_ACTION",
     "PEER_CHECKPOINT_ACTION",
+    "safe_text",
+    "FIELD_LIMIT",
 ]
 
 GENESIS = "0" * 64
@@ -57,6 +60,7 @@ CHECKPOINT_ACTION = "audit.checkpoint"
 PEER_CHECKPOINT_ACTION = "audit.peer_checkpoint"
 _AUDIT_ACTOR = "audit"
 PEER_RECORD_MIN_S = 1.0  # at most one peer checkpoint kept per cluster in this interval
+FIELD_LIMIT = 256  # characters of a record's actor, action, target and outcome (longer ones are cut, marked)
 
 
 def default_actor() -> str:
@@ -269,7 +273,7 @@ class AuditLog:
     def append(self, actor: str, action: str, target: str, outcome: str = "ok",
                detail: dict | None = None) -> int:
         """Append one record and return its sequence number (a signed checkpoint record follows the first
-        record and every N-th)."""
+        record and every N-th). Actor, action, target and outcome are stored as `safe_text(v, FIELD_LIMIT)`."""
         for name, value in (("actor", actor), ("action", action), ("target", target), ("outcome", outcome)):
             if not isinstance(value, str):
                 raise AuditError(f"audit {name} must be a string, got {type(value).__name__}")
@@ -277,6 +281,9 @@ class AuditLog:
             raise AuditError(f"audit detail must be a dict or None, got {type(detail).__name__}")
         if action in (CHECKPOINT_ACTION, PEER_CHECKPOINT_ACTION):
             raise AuditError(f"action {action!r} is reserved for the audit log's own signed records")
+        # names often come from peers, workers or clients: kept as one bounded, printable line each
+        actor, action, target, outcome = (v if len(v) <= FIELD_LIMIT and v.isprintable()
+                                          else safe_text(v, FIELD_LIMIT) for v in (actor, action, target, outcome))
         with self._lock:
             if self._closed:
                 raise AuditError(f"audit log {self.path} is closed")

@@ -1,47 +1,120 @@
-"""Evidence about an audit log held outside it: the key pinned by its writer's config and by peers, peers' witnesses.
+"""Evidence about an audit log held outside it: keys pinned for it, peers' copies of its checkpoints (witnesses), and
+why its writer must have written something.
 
-`find_evidence(log)` looks where a provisioned federation keeps things: a `switch.yaml` beside the log whose
-`audit.log` is this log gives the signing key (its public half is the pin), the state directory (a boot epoch
-there means the switch has run) and the peers; each peer's directory beside it (`<federation>/<peer>/`, as
-`nebula-admin provision` lays them out on one host, or as copied from the peer's host) gives the checkpoints
-of this log the peer received (`<peer log>.peers/<cluster>.checkpoints` and the `audit.peer_checkpoint`
-records of the peer's own log) and the key the peer pinned for this cluster (`state/peer_audit_keys.json`).
-Without a switch.yaml, an `audit_signing.key` beside the log (account home, CA directory) gives the pin.
+Discovery is monotone: every source adds evidence and none can remove any, so deleting or editing a file beside
+the log (its `switch.yaml`, `peers: []`) hides nothing, and planting one can only add a conflict. Where it looks:
+- the log's names, under which others keep its checkpoints: the `cluster` of a `switch.yaml` beside it that names
+  it, its directory's name (`<federation>/<cluster>/` as `nebula-admin provision` lays them out, `combiner-<cluster>`
+  in a federated job's directory), and the writer its own records name (`switch:A`, `acct@A/0:combiner`);
+- peer directories: each one passed (a peer cluster's directory or a federated controller's workdir, e.g. copied
+  from its host, or a directory of several), and unless `discover=False` the directories beside the log's own that
+  hold a `switch.yaml`, are a federated job's `controller`/`combiner-*` workdir or are named as its peers, whatever
+  the log's config says. In each: its log (`switch.yaml`'s `audit.log`, else `audit.log`), the checkpoints
+  of this log it kept (`<its log>.peers/<name>.checkpoints` and its `audit.peer_checkpoint` records for `<name>`)
+  and the key it pinned for `<name>` (`state/peer_audit_keys.json`);
+- beside the log (unless `discover=False`): the signing key its config names (or `audit_signing.key`), and what says
+  its writer has run (`state/epoch`, `accounts.db`, `ca.pem`) or has peers (a switch's or federated actor's files).
+What lies beside the log, or in directories on the same host, is only as trustworthy as that host: evidence an
+attacker of the host cannot touch comes from `--peer-dir` copies taken from the peers' hosts, or `--key`.
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import yaml
 
 from security.audit import (PEER_CHECKPOINT_ACTION, Checkpoint, checkpoint_of_record, peer_checkpoints_path,
-                            public_key_pem, read_checkpoints, read_records, signer_of)
+                            public_key_pem, read_checkpoints, signer_of, verify_checkpoint)
 from security.errors import AuditError
 
-__all__ = ["Evidence", "find_evidence"]
+__all__ = ["Pin", "Evidence", "find_evidence", "cluster_dirs", "PINNED_KEYS_FILE"]
+
+PINNED_KEYS_FILE = "peer_audit_keys.json"  # in a switch's state directory: the audit key it pinned per peer
+MAX_DIRS = 256  # peer directories looked at (a hostile tree cannot make discovery unbounded)
+MAX_NAMES = 32  # names and peers taken from a log's records
+_HEAD_RECORDS = 64  # records read for the writer's identity
+_ACTOR = re.compile(r"[^@\s]{1,63}@([A-Za-z0-9][A-Za-z0-9._-]{0,62})/\d{1,9}:(combiner|controller)")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+_SWITCH_FILES = ("switch.pem", "switch_curve.key_secret", "worker.yaml")
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """A key the log's checkpoints must be signed with, and where that is said."""
+
+    signer: str  # base64 raw Ed25519 public key, as checkpoints carry it
+    source: str
+    outside: bool  # said outside the log's own directory (a peer, or the admin): not replaceable with the log
 
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
-    """What `find_evidence` found: the pinned signer and where from, witnesses, why the writer must have run."""
+    """What `find_evidence` found, plus what the admin gave (`with_given`)."""
 
-    signer: str | None = None  # base64 raw Ed25519 public key the log's checkpoints must carry
-    pin_source: str | None = None
-    conflict: str | None = None  # pins from different places disagree (the key was replaced)
+    names: tuple[str, ...] = ()
+    pins: tuple[Pin, ...] = ()
     witnesses: tuple[Checkpoint, ...] = ()
     witness_sources: tuple[str, ...] = ()
-    has_run: str | None = None
+    has_run: str | None = None  # why the log cannot rightly be empty
+    federated: str | None = None  # why its writer has peers, so that its own directory cannot vouch for its key
+    peers: tuple[str, ...] = ()  # peers its config or records name (for the fix)
+    peer_dirs: tuple[str, ...] = ()  # directories searched for peers' evidence
     notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def with_given(self, pins: Iterable[Pin] = (), witnesses: Iterable[Checkpoint] = (),
+                   sources: Iterable[str] = ()) -> "Evidence":
+        """This evidence with the admin's own (`--key`, `--witness`) put first."""
+        return replace(self, pins=(*pins, *self.pins), witnesses=(*witnesses, *self.witnesses),
+                       witness_sources=(*sources, *self.witness_sources))
+
+
+class _Found:
+    """Mutable collector behind `find_evidence`."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.pins: list[Pin] = []
+        self.witnesses: list[Checkpoint] = []
+        self.sources: list[str] = []
+        self.has_run: str | None = None
+        self.federated: str | None = None
+        self.peers: list[str] = []
+        self.dirs: list[str] = []
+        self.notes: list[str] = []
+
+    def name(self, value: Any, into: list[str] | None = None) -> None:
+        into = self.names if into is None else into
+        if isinstance(value, str) and _NAME.fullmatch(value) and value not in into and len(into) < MAX_NAMES:
+            into.append(value)
+
+    def why_federated(self, why: str) -> None:
+        self.federated = self.federated or why
+
+    def evidence(self) -> Evidence:
+        return Evidence(tuple(self.names), tuple(self.pins), tuple(self.witnesses), tuple(self.sources),
+                        self.has_run, self.federated, tuple(self.peers), tuple(self.dirs), tuple(self.notes))
+
+
+class _NoAliases(yaml.SafeLoader):
+    """A switch.yaml found on disk may be planted: no aliases (an alias bomb would expand without bound)."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.YAMLError("aliases are not accepted here")
+        return super().compose_node(parent, index)
 
 
 def _load_yaml(path: Path) -> dict[str, Any] | None:
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError, UnicodeDecodeError):
+        if path.stat().st_size > 1 << 20:
+            return None
+        data = yaml.load(path.read_text(), Loader=_NoAliases)  # noqa: S506 - a SafeLoader without aliases
+    except (OSError, yaml.YAMLError, UnicodeDecodeError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -53,121 +126,207 @@ def _at(base: Path, value: Any) -> Path | None:
     return (p if p.is_absolute() else base / p).resolve()
 
 
-def _switch_files(cfg_path: Path) -> tuple[dict[str, Any], Path | None, Path | None, Path] | None:
-    """(config, audit log, signing key, state dir) of a switch.yaml, or None if it is not one."""
-    cfg = _load_yaml(cfg_path)
+def _switch_files(directory: Path) -> tuple[dict[str, Any], Path | None, Path | None, Path] | None:
+    """(config, audit log, signing key, state dir) of the switch.yaml in `directory`, or None if there is none."""
+    cfg = _load_yaml(directory / "switch.yaml") if (directory / "switch.yaml").is_file() else None
     if cfg is None or not isinstance(cfg.get("audit"), dict):
         return None
-    base = cfg_path.resolve().parent
+    base = directory.resolve()
     log = _at(base, cfg["audit"].get("log"))
-    key = _at(base, cfg["audit"].get("signing_key"))
     state = _at(base, cfg.get("state_dir")) or ((log.parent if log else base) / "state")
-    return cfg, log, key, state
+    return cfg, log, _at(base, cfg["audit"].get("signing_key")), state
 
 
-def find_evidence(log: str | os.PathLike, peer_dirs: Iterable[str | os.PathLike] = ()) -> Evidence:
-    """Pins, witnesses and signs of use for the audit log at `log`, from the files around it (see the module doc).
+def cluster_dirs(path: str | os.PathLike) -> list[Path]:
+    """`path` if it holds an audit log or a switch.yaml, else those of its sub-directories that do (a directory of
+    several peers' copies); empty if neither."""
+    path = Path(path).resolve()
+    if _is_cluster_dir(path):
+        return [path]
+    return [d for d in _subdirs(path) if _is_cluster_dir(d)]
 
-    `peer_dirs` are further peer cluster directories (each with its switch.yaml, audit log and state, e.g. copied
-    from the peer's host) to take witnesses and pins from.
-    """
-    log = Path(log).resolve()
-    cfg_path = log.parent / "switch.yaml"
-    found = _switch_files(cfg_path) if cfg_path.exists() else None
-    if found is None or found[1] != log:
-        return _plain_evidence(log)
-    cfg, _, key, state = found
-    cluster = str(cfg.get("cluster", ""))
-    notes: list[str] = []
-    pins: list[tuple[str, str]] = []
-    if key is not None and key.exists():
+
+def _is_cluster_dir(d: Path) -> bool:
+    return (d / "switch.yaml").is_file() or (d / "audit.log").is_file()
+
+
+def _subdirs(path: Path) -> list[Path]:
+    try:
+        entries = sorted(e for e in path.iterdir() if not e.name.startswith("."))
+    except OSError:
+        return []
+    return [e.resolve() for e in entries[:MAX_DIRS] if e.is_dir()]
+
+
+def _lines(path: Path, needle: bytes) -> Iterator[dict]:
+    """The records of the log at `path` whose line contains `needle` (others are not parsed); bad lines skipped."""
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                if needle in line:
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        continue
+                    if isinstance(rec, dict):
+                        yield rec
+    except OSError:
+        return
+
+
+def _records_identity(log: Path, found: _Found) -> None:
+    """Names, peers and role of the writer, as the log's own records tell them (what a rewrite keeps or drops)."""
+    try:
+        with open(log, "rb") as f:
+            head = [f.readline() for _ in range(_HEAD_RECORDS)]
+    except OSError:
+        return
+    for line in head:
         try:
-            pins.append((signer_of(public_key_pem(key)), f"{cfg_path} audit.signing_key {key}"))
-        except AuditError as exc:
-            notes.append(f"cannot read the signing key named by {cfg_path}: {exc}")
-    has_run = None
-    epoch_file = state / "epoch"
-    if epoch_file.exists():
-        has_run = f"switch {cluster} has started ({epoch_file} holds boot epoch {epoch_file.read_text().strip()})"
-    witnesses: list[Checkpoint] = []
-    sources: list[str] = []
-    peers = cfg.get("peers") if isinstance(cfg.get("peers"), list) else []
-    names = [p.get("cluster") for p in peers if isinstance(p, dict) and isinstance(p.get("cluster"), str)]
-    dirs = [log.parent.parent / name for name in names] + [Path(d).resolve() for d in peer_dirs]
-    seen: set[Path] = set()
-    for peer_dir in dirs:
-        peer_cfg = peer_dir / "switch.yaml"
-        pf = _switch_files(peer_cfg) if peer_cfg.exists() and peer_dir not in seen else None
-        seen.add(peer_dir)
-        if pf is None or pf[1] is None:
+            actor = json.loads(line).get("actor") if line.strip() else None
+        except (ValueError, AttributeError):
             continue
-        peer_conf, peer_log, _, peer_state = pf
-        name = str(peer_conf.get("cluster", peer_dir.name))
-        got = _peer_witnesses(peer_log, cluster, notes)
-        if got:
-            witnesses += got
-            sources.append(f"{len(got)} from peer {name} ({peer_log.parent})")
-        pinned = _peer_pin(peer_state / "peer_audit_keys.json", cluster, notes)
-        if pinned is not None:
-            pins.append((pinned, f"the key peer {name} pinned for cluster {cluster} "
-                                 f"({peer_state / 'peer_audit_keys.json'})"))
-            has_run = has_run or f"peer {name} has seen checkpoints of it"
-    return _settle(pins, witnesses, sources, has_run, notes)
+        if not isinstance(actor, str):
+            continue
+        if actor.startswith("switch:"):
+            found.name(actor[len("switch:"):])
+            found.why_federated(f"its records are switch {actor[len('switch:'):][:63]}'s")
+        elif (m := _ACTOR.fullmatch(actor)) is not None:
+            found.name(f"combiner-{m[1]}" if m[2] == "combiner" else "controller")
+            found.why_federated(f"its records are federated {m[2]} {actor}'s")
+    for rec in _lines(log, b'"switch_started"'):
+        detail = rec.get("detail") if rec.get("action") == "switch_started" else None
+        peers = detail.get("peers") if isinstance(detail, dict) else None
+        for peer in peers if isinstance(peers, list) else []:
+            found.name(peer, found.peers)
+    for rec in _lines(log, PEER_CHECKPOINT_ACTION.encode()):
+        if rec.get("action") == PEER_CHECKPOINT_ACTION:
+            found.name(rec.get("target"), found.peers)
+    if found.peers:
+        found.why_federated(f"its records name peers {', '.join(found.peers)}")
 
 
-def _plain_evidence(log: Path) -> Evidence:
-    """Evidence for a log that no switch.yaml names: its directory's signing key (account home, CA directory)."""
-    notes: list[str] = []
-    pins = []
-    key = log.parent / "audit_signing.key"
-    if key.exists():
+def _beside(log: Path, found: _Found) -> None:
+    """The writer's files beside the log: config, key (a pin only as good as this directory), signs of use."""
+    d = log.parent
+    sw = _switch_files(d)
+    key = None
+    if sw is not None and sw[1] == log:
+        cfg, _, key, state = sw
+        cluster = cfg.get("cluster")
+        found.name(cluster)
+        found.why_federated(f"{d / 'switch.yaml'} names it as switch {str(cluster)[:63]}'s log")
+        peers = cfg.get("peers")
+        for p in peers if isinstance(peers, list) else []:
+            found.name(p.get("cluster") if isinstance(p, dict) else None, found.peers)
+        source = f"{d / 'switch.yaml'} audit.signing_key {key}"
+        epoch = state / "epoch"
+        if epoch.is_file():
+            found.has_run = f"switch {str(cluster)[:63]} has started ({epoch} holds boot epoch " \
+                            f"{epoch.read_text(errors='replace').strip()[:20]})"
+    elif (d / "switch.yaml").exists():
+        found.notes.append(f"{d / 'switch.yaml'} does not name this log (or is no switch config); ignored")
+    if key is None:
+        key, source = d / "audit_signing.key", str(d / "audit_signing.key")
+    if key.is_file():
         try:
-            pins.append((signer_of(public_key_pem(key)), str(key)))
+            found.pins.append(Pin(signer_of(public_key_pem(key)), source, outside=False))
         except AuditError as exc:
-            notes.append(f"cannot read {key}: {exc}")
-    has_run = None
+            found.notes.append(f"cannot read the signing key {key}: {exc}")
+    for marker in _SWITCH_FILES:
+        if (d / marker).exists():
+            found.why_federated(f"{d} holds a switch's files ({marker})")
+    if (d / "state" / "epoch").is_file():
+        found.why_federated(f"{d} holds a switch's state (state/epoch)")
+        found.has_run = found.has_run or f"{d / 'state' / 'epoch'} says its switch has started"
+    if d.name.startswith("combiner-"):
+        found.why_federated(f"it is in a federated combiner's directory ({d.name})")
     for marker, what in (("accounts.db", "an account store"), ("ca.pem", "a certificate authority")):
-        if (log.parent / marker).exists():
-            has_run = f"{log.parent} holds {what} ({marker}), whose every change is audited"
-    return _settle(pins, [], [], has_run, notes)
+        if (d / marker).exists():
+            found.has_run = found.has_run or f"{d} holds {what} ({marker}), whose every change is audited"
 
 
-def _settle(pins: list[tuple[str, str]], witnesses: list[Checkpoint], sources: list[str], has_run: str | None,
-            notes: list[str]) -> Evidence:
-    conflict = None
-    if pins and any(s != pins[0][0] for s, _ in pins):
-        conflict = "; ".join(f"{src}: {s[:12]}..." for s, src in pins)
-        conflict = f"the pinned keys disagree (the signing key was replaced): {conflict}"
-    return Evidence(signer=pins[0][0] if pins else None, pin_source=pins[0][1] if pins else None,
-                    conflict=conflict, witnesses=tuple(witnesses), witness_sources=tuple(sources),
-                    has_run=has_run, notes=tuple(notes))
+def find_evidence(log: str | os.PathLike, peer_dirs: Iterable[str | os.PathLike] = (), *,
+                  discover: bool = True) -> Evidence:
+    """Pins, witnesses and signs of use for the audit log at `log` (see the module doc). `peer_dirs` are always
+    searched; with `discover` also the log's own directory and every directory beside it."""
+    log = Path(log).resolve()
+    found = _Found()
+    if discover:
+        _beside(log, found)
+        found.name(log.parent.name)
+    _records_identity(log, found)
+    dirs: list[Path] = []
+    for given in peer_dirs:
+        dirs += cluster_dirs(given)
+    if discover:  # the directories next to the log's own that a federation lays out, whatever its config says
+        parent = log.parent.parent
+        dirs += [parent / p for p in found.peers if _is_cluster_dir(parent / p)]
+        dirs += [d for d in _subdirs(parent) if (d / "switch.yaml").is_file() or (
+            (d / "audit.log").is_file() and (d.name == "controller" or d.name.startswith("combiner-")))]
+    seen = {log.parent}
+    for d in dirs:
+        if d not in seen and len(seen) <= MAX_DIRS:
+            seen.add(d)
+            _from_peer(d, log, found)
+    return found.evidence()
 
 
-def _peer_witnesses(peer_log: Path, cluster: str, notes: list[str]) -> list[Checkpoint]:
-    """Checkpoints of `cluster`'s log a peer kept: its `.peers` copy and the records in its own log."""
-    out: list[Checkpoint] = []
-    try:
-        out += read_checkpoints(peer_checkpoints_path(peer_log, cluster))
-    except AuditError as exc:
-        notes.append(f"{peer_checkpoints_path(peer_log, cluster)}: {exc}")
-    if peer_log.exists():
+def _from_peer(d: Path, log: Path, found: _Found) -> None:
+    """What the peer in directory `d` kept about this log under any of its names."""
+    sw = _switch_files(d)
+    peer_log = sw[1] if sw is not None and sw[1] is not None else d / "audit.log"
+    state = sw[3] if sw is not None else d / "state"
+    peer = str(sw[0].get("cluster", d.name)) if sw is not None else d.name
+    if peer_log == log:
+        return
+    found.dirs.append(str(d))
+    names = set(found.names)
+    pinned = _peer_pins(state / PINNED_KEYS_FILE, found)
+    for name in found.names:
+        if name in pinned:
+            found.pins.append(Pin(pinned[name], f"the key peer {peer[:63]} pinned for {name} "
+                                                f"({state / PINNED_KEYS_FILE})", outside=True))
+            found.has_run = found.has_run or f"peer {peer[:63]} has seen checkpoints of it"
+    got: list[Checkpoint] = []
+    for name in found.names:
         try:
-            for rec in read_records(peer_log):
-                if rec.get("action") == PEER_CHECKPOINT_ACTION and rec.get("target") == cluster:
-                    cp = checkpoint_of_record(rec)
-                    if cp is not None and cp not in out:
-                        out.append(cp)
-        except (AuditError, OSError) as exc:
-            notes.append(f"{peer_log}: {exc}")
-    return out
+            got += read_checkpoints(peer_checkpoints_path(peer_log, name))
+        except AuditError as exc:
+            found.notes.append(f"{peer_checkpoints_path(peer_log, name)}: {exc}")
+    for rec in _lines(peer_log, PEER_CHECKPOINT_ACTION.encode()):
+        if rec.get("action") == PEER_CHECKPOINT_ACTION and rec.get("target") in names:
+            try:
+                cp = checkpoint_of_record(rec)
+            except AuditError as exc:
+                found.notes.append(f"{peer_log} record {rec.get('seq')}: {exc}")
+                continue
+            if cp is not None and cp not in got:
+                got.append(cp)
+    if got:
+        found.witnesses += got
+        found.sources.append(f"{len(got)} from peer {peer[:63]} ({d})")
+        signers = []
+        for cp in got:
+            try:
+                verify_checkpoint(cp)
+            except AuditError:
+                continue  # verify_log names it; an unsigned claim pins nothing
+            if cp.signer not in signers:
+                signers.append(cp.signer)
+        found.pins += [Pin(s, f"the signer of the checkpoints peer {peer[:63]} kept ({d})", outside=True)
+                       for s in signers]
 
 
-def _peer_pin(path: Path, cluster: str, notes: list[str]) -> str | None:
-    if not path.exists():
-        return None
+def _peer_pins(path: Path, found: _Found) -> dict[str, str]:
+    if not path.is_file():
+        return {}
     try:
-        entry = json.loads(path.read_text()).get(cluster)
-    except (OSError, ValueError, AttributeError) as exc:
-        notes.append(f"{path}: unreadable ({exc})")
-        return None
-    return entry.get("signer") if isinstance(entry, dict) and isinstance(entry.get("signer"), str) else None
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        found.notes.append(f"{path}: unreadable ({exc})")
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v["signer"] for k, v in data.items()
+            if isinstance(v, dict) and isinstance(v.get("signer"), str)}

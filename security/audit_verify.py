@@ -3,7 +3,9 @@
 A log is `tampered` when a record or a checkpoint is provably wrong (first bad record named), and
 `suspicious` when nothing in it is provably wrong but evidence that must be there is missing: an empty log of a
 writer that has run, a log without any signed checkpoint, or more unsigned records at its end than its writer
-leaves (what a rewrite that dropped the checkpoints it could not re-sign looks like).
+leaves (what a rewrite that dropped the checkpoints it could not re-sign looks like). An empty log that nothing
+outside it speaks for is `unverifiable`: emptied or never written, no one can tell. Which key and which evidence
+to trust is `security.audit_verdict`'s part.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ _RECORD_KEYS = frozenset({"seq", "time", "actor", "action", "target", "outcome",
 class VerifyReport:
     """Result of `verify_log`: ok, intact records, first bad sequence number (None if none), why, and the verdict.
 
-    `kind` is `ok`, `tampered` (a record or checkpoint is provably wrong) or `suspicious` (evidence missing).
+    `kind` is `ok`, `tampered` (a record or checkpoint is provably wrong), `suspicious` (evidence missing) or
+    `unverifiable` (an empty log that nothing outside it speaks for).
     """
 
     ok: bool
@@ -54,7 +57,8 @@ def verify_log(path: str | os.PathLike, public_key_pem: bytes | None = None,
     checkpoints signed by another key than the pinned one (`public_key_pem`, or `signer` as base64 raw key;
     without a pin, by another key than the log's own first checkpoint); truncation back past a checkpoint
     held outside the log (`<log>.checkpoints`, and `witnesses`, e.g. a peer cluster's copies); and an empty
-    log when `has_run` says why its writer must have written something (the reason is quoted).
+    log when `has_run` says why its writer must have written something (the reason is quoted). An empty log is
+    never ok: without witnesses or `has_run` it is `unverifiable`.
     """
     path = Path(path)
     data = read_file(path, "audit log", AuditError, "pass the path of an existing audit log")
@@ -138,7 +142,9 @@ def verify_log(path: str | os.PathLike, public_key_pem: bytes | None = None,
         if has_run or outside:
             why = has_run or f"{len(outside)} checkpoints of it are held outside the log"
             return bad(None, f"the log is empty although {why}: its records were deleted", "suspicious")
-        return VerifyReport(True, 0, None, "0 records: nothing recorded yet")
+        return VerifyReport(False, 0, None, "0 records, and no witness holds a checkpoint of it and nothing says "
+                                            "its writer has run: emptied or never written, no one can tell",
+                            kind="unverifiable")
     if inside == 0:
         return bad(1, f"{n} records and no signed checkpoint record among them; the audit log signs one right after "
                       f"its first record, so the log was rewritten (or not written by an audit log)", "suspicious")

@@ -6,20 +6,22 @@ from dataclasses import dataclass
 
 from cryptography import x509
 
+from security._text import safe_text
 from security.errors import IdentityError
 
 __all__ = ["ROLES", "NO_CLUSTER", "Identity", "identity_of", "check_name"]
 
 ROLES = ("switch", "worker", "admin", "user")
 NO_CLUSTER = "-"  # path segment for identities that belong to no cluster (admins, users)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # fullmatch: `$` would let a trailing newline through
 
 
 def check_name(value: str, what: str) -> str:
     """Return `value` if it is a valid name (letters, digits, `.`, `_`, `-`; 1-63 chars), else raise IdentityError."""
-    if not isinstance(value, str) or not _NAME.match(value):
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        shown = f"'{safe_text(value, 80)}'" if isinstance(value, str) else safe_text(repr(value), 80)
         raise IdentityError(
-            f"{what} {value!r} is not a valid name; use 1-63 letters, digits, '.', '_' or '-', "
+            f"{what} {shown} is not a valid name; use 1-63 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit"
         )
     return value

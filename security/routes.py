@@ -7,6 +7,13 @@ cluster).
 A kind of route grant is enforced once any grant of that kind exists in the store: from then on an account
 reaches only what it holds a live (unrevoked, unexpired) grant for. A store that never had a `cluster:` grant
 restricts no cluster, so federations that do not use route grants keep working unchanged.
+
+Stage grants are only as good as the stage map they are checked against, and today that is the map a worker
+declares in its HELLO (switch_server.local): a worker that declares no map, or moves or renames its job's stages,
+is checked against what it declared, and only cluster grants bound where it sends. Closing this needs a map the
+worker does not choose: the admin records each job's map in the account home (e.g. `stage:NAME@CLUSTER` grants, or
+a job's map registered from its job file), `RoutePolicy` checks a declared map against it, and the switch refuses a
+HELLO whose map differs or is missing while stage grants are in use.
 """
 from __future__ import annotations
 
@@ -17,7 +24,8 @@ from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from security._time import iso, lifecycle_status, utcnow
+from security._text import safe_text
+from security._time import Lifecycle, iso, utcnow
 from security.errors import AccountError
 from security.identity import check_name
 
@@ -60,7 +68,7 @@ def parse_route_resource(resource: str) -> tuple[str, str]:
 
 
 @dataclass(frozen=True, slots=True)
-class RouteGrant:
+class RouteGrant(Lifecycle):
     """Permission for `account`'s workers to address `resource` (`cluster:B`, `stage:encoder`, `cluster:*`)."""
 
     id: int
@@ -70,11 +78,6 @@ class RouteGrant:
     created: str
     expires: str | None
     revoked: str | None
-
-    @property
-    def status(self) -> str:
-        """active, expired or revoked (as of now)."""
-        return lifecycle_status(self.revoked, self.expires)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +104,7 @@ class RoutePolicy:
         """Why `account`'s clients may not join federated job `job`, with the fix; None when they may."""
         allowed = self.allowed_jobs(account)
         if allowed is not None and ANY not in allowed and job not in allowed:
-            return (f"account {account!r} holds no grant for job {job!r}; an admin can run "
-                    f"`nebula-admin grant add --to {account} --resource job:{job}`")
+            return _no_grant(account, "job", job)
         return None
 
     def refusal(self, account: str, cluster: str | None, stages: Iterable[str] = ()) -> str | None:
@@ -115,9 +117,27 @@ class RoutePolicy:
                 continue
             for name in names:
                 if name not in allowed:
-                    return (f"account {account!r} holds no grant for {kind} {name!r}; an admin can run "
-                            f"`nebula-admin grant add --to {account} --resource {kind}:{name}`")
+                    return _no_grant(account, kind, name)
         return None
+
+
+def _no_grant(account: str, kind: str, name: str) -> str:
+    """The refusal for a missing grant, with the command that fixes it. The names may come from a worker or client
+    (a declared stage, a job): they are printed bounded and escaped, so the line stays one honest line wherever it
+    is logged or audited, and a name that is no valid name gets no command to copy."""
+    acc, shown = safe_text(account, 64), safe_text(name, 64)
+    why = f"account '{acc}' holds no grant for {kind} '{shown}'"
+    if not (_valid(account) and (name == ANY or _valid(name))):
+        return f"{why}; {kind} and account names are 1-63 letters, digits, '.', '_' or '-': fix the job or config"
+    return f"{why}; an admin can run `nebula-admin grant add --to {account} --resource {kind}:{name}`"
+
+
+def _valid(name: str) -> bool:
+    try:
+        check_name(name, "name")
+    except ValueError:
+        return False
+    return True
 
 
 def load_route_policy(home: str | os.PathLike) -> RoutePolicy:

@@ -115,3 +115,55 @@ def test_paths_in_every_config_file_resolve_by_one_rule(tmp_path):
     job = load_job_config(sub / "job.yaml")
     assert job.cluster("A").worker == str(sub / "worker.yaml") and job.checkpoint.dir == "/abs/ckpt"
     assert job.checkpoint.init_from == str(tmp_path / "ck" / "step_1") and job.metrics.dir == str(sub / "metrics")
+
+
+def _read(tmp_path, text: str):
+    from nebula.config import read_yaml
+
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    return read_yaml(f)
+
+
+def test_small_aliases_and_merge_keys_still_load(tmp_path):
+    data = _read(tmp_path, "base: &b {rate_mbit: 60, delay_ms: 30}\nA: *b\nB: {<<: *b, delay_ms: 5}\n")
+    assert data["A"] == {"rate_mbit": 60, "delay_ms": 30} and data["B"] == {"rate_mbit": 60, "delay_ms": 5}
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("a: &r {b: [1, *r]}\n", r"c.yaml: a.b\[1\] \(line 1\): alias \*r refers to a collection that contains it"),
+    ("peers: {B: 1, C: 2, B: 3}\n", r"c.yaml: peers.B \(line 1\): this key is given twice"),
+    ("link:\n  delay_ms: 1.0e+999\n", r"c.yaml: link.delay_ms \(line 2\): '1.0e\+999' is not a finite number"),
+    ("x: [1, .nan]\n", r"x\[1\] \(line 1\): '.nan' is not a finite number"),
+    ("port: 0x" + "f" * 17 + "\n", r"port \(line 1\): integer '0xf+' \(19 digits\) is out of range"),
+    ("a: [1,\n  2\n", r"c.yaml: not valid YAML at line 3, column 1 \(in a\): .*fix the syntax there"),
+    ("a: 1\n# \x07 bell\n", r"c.yaml: <top> \(line 2\): binary or non-UTF-8 bytes"),
+])
+def test_refusals_are_one_line_with_file_and_key_path(tmp_path, text, needle):
+    with pytest.raises(ConfigError, match=needle) as e:
+        _read(tmp_path, text)
+    assert "\n" not in str(e.value)
+
+
+def test_file_size_is_bounded(tmp_path):
+    from nebula.config._safeyaml import MAX_FILE_BYTES
+
+    with pytest.raises(ConfigError, match=r"c.yaml: over 1,048,576 bytes, the limit for a config file"):
+        _read(tmp_path, "a: 1\n" + "#" * MAX_FILE_BYTES)
+    assert _read(tmp_path, "a: 1\n#" + "x" * (MAX_FILE_BYTES - 8) + "\n") == {"a": 1}
+
+
+def test_quoted_values_are_cut_short():
+    """A value built in memory (or expanded from aliases) is quoted by its start, never whole."""
+    shared = ["x" * 1000] * 1000
+    with pytest.raises(ConfigError) as e:
+        from_dict(SwitchConfig, {**MINIMAL, "cluster": [shared] * 1000})
+    assert str(e.value).startswith("cluster: expected a string, got [[") and len(str(e.value)) < 200
+
+
+def test_unknown_key_names_the_closest_allowed_one():
+    with pytest.raises(ConfigError, match=r"unknown key link.shape.rate_mbits \(did you mean link.shape.rate_mbit\?\)"):
+        from_dict(SwitchConfig, {**MINIMAL, "link": {"shape": {"rate_mbits": 60}}})
+    many = {f"k{i}": 1 for i in range(50)}
+    with pytest.raises(ConfigError, match=r"unknown key k0, k1, k10, k11, k12 and 45 more; allowed keys here"):
+        from_dict(SwitchConfig, {**MINIMAL, **many})

@@ -1,7 +1,9 @@
 """Configuration: YAML files loaded into frozen, validated dataclasses.
 
-Unknown keys are errors that name their full key path; every default is documented on its dataclass.
+Unknown keys are errors that name their full key path; every default is documented on its dataclass. Every
+config file is read by `read_yaml` (size, nesting, aliases and numbers bounded; see nebula.config._safeyaml).
 """
+from nebula.config._safeyaml import read_yaml
 from nebula.config._schema import ConfigError, from_dict, load_yaml, to_dict
 from nebula.config.switch import (
     AuditConfig,
@@ -24,6 +26,7 @@ __all__ = [
     "ConfigError",
     "from_dict",
     "load_yaml",
+    "read_yaml",
     "to_dict",
     "AuditConfig",
     "LinkConfig",

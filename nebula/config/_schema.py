@@ -2,18 +2,18 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
+from nebula.config._errors import ConfigError, one_line, show
+from nebula.config._safeyaml import read_yaml
 
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A configuration file or value is invalid; the message names the key path and the fix."""
+_NAMED = 5  # unknown keys named in one message
 
 
 def from_dict(cls: type[T], data: Any, path: str = "") -> T:
@@ -27,8 +27,7 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(map(str, data)) - set(fields))
     if unknown:
-        where = ", ".join(_join(path, k) for k in unknown)
-        raise ConfigError(f"unknown key {where}; allowed keys here: {', '.join(sorted(fields))}")
+        raise ConfigError(_unknown(unknown, path, sorted(fields)))
     kwargs = {}
     for name, field in fields.items():
         key_path = _join(path, name)
@@ -41,26 +40,19 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     except ConfigError:
         raise
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{path or '<top>'}: {exc}") from exc
+        raise ConfigError(one_line(f"{path or '<top>'}: {exc}")) from exc
 
 
 def load_yaml(cls: type[T], file: str | Path) -> T:
-    """Load YAML `file` into dataclass `cls`; errors name the file and the key."""
-    file = Path(file)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{file}: cannot read config ({exc.strerror}); check the path") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+    """Load YAML `file` into dataclass `cls` (within `read_yaml`'s limits); errors are one line naming the file,
+    the key path and the fix."""
+    data = read_yaml(file)
     if data is None:
         data = {}
     try:
         return from_dict(cls, data)
     except ConfigError as exc:
-        raise ConfigError(f"{file}: {exc}") from exc
+        raise ConfigError(one_line(f"{file}: {exc}")) from None
 
 
 def resolve_path(p: str | None, base: Path) -> str | None:
@@ -84,6 +76,15 @@ def _join(path: str, key: Any) -> str:
     return f"{path}.{key}" if path else str(key)
 
 
+def _unknown(unknown: list[str], path: str, allowed: list[str]) -> str:
+    """The message for keys `unknown` under `path`: the first few, the closest allowed key, the allowed keys."""
+    named = ", ".join(_join(path, k if len(k) <= 40 else show(k)) for k in unknown[:_NAMED])
+    more = f" and {len(unknown) - _NAMED} more" if len(unknown) > _NAMED else ""
+    close = difflib.get_close_matches(unknown[0], allowed, n=1) if len(unknown[0]) <= 40 else []
+    hint = f" (did you mean {_join(path, close[0])}?)" if close else ""
+    return f"unknown key {named}{more}{hint}; allowed keys here: {', '.join(allowed)}"
+
+
 def _convert(tp: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -100,40 +101,43 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
                 return _convert(arg, value, path)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {value!r} matches none of {tp}")
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{path}: {show(value)} matches none of {tp}")
     if origin is typing.Literal:
         if value not in args:
-            raise ConfigError(f"{path}: {value!r} is not one of {', '.join(map(repr, args))}")
+            raise ConfigError(f"{path}: {show(value)} is not one of {', '.join(map(repr, args))}")
         return value
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, path)
     if origin in (list, tuple) or tp in (list, tuple):
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{path}: expected a list, got {type(value).__name__} {show(value)}")
         item_tp = args[0] if args else Any
         items = [_convert(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
         return tuple(items)  # tuples keep frozen configs hashable and immutable
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
+            raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {show(value)}")
         kt, vt = (args or (Any, Any))
         return {_convert(kt, k, path): _convert(vt, v, _join(path, k)) for k, v in value.items()}
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{path}: expected a number, got {value!r}")
+            raise ConfigError(f"{path}: expected a number, got {show(value)}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{path}: {value} is not a finite number; write a finite number (or leave the key "
+                              "out for its default)")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+            raise ConfigError(f"{path}: expected an integer, got {show(value)}")
         return value
     if tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+            raise ConfigError(f"{path}: expected true or false, got {show(value)}")
         return value
     if tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{path}: expected a string, got {value!r}")
+            raise ConfigError(f"{path}: expected a string, got {show(value)}")
         return value
     if isinstance(tp, type) and not isinstance(value, tp):
-        raise ConfigError(f"{path}: expected {tp.__name__}, got {value!r}")
+        raise ConfigError(f"{path}: expected {tp.__name__}, got {show(value)}")
     return value

@@ -25,7 +25,7 @@ _WHERE = {
     "ensure_base": "pretrain", "load_base": "pretrain", "mlm_pretrain": "pretrain", "PretrainedError": "pretrain",
     "load_paddlenlp_base": "checkpoint",
     "mask_predict": "decode", "bleu": "evaluate", "plot_losses": "evaluate",
-    "TrainConfig": "sides", "train_single": "train", "ABNetRecipe": "stages",
+    "TrainConfig": "trainconfig", "train_single": "train", "ABNetRecipe": "stages",
 }
 
 

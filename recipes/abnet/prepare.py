@@ -43,13 +43,21 @@ def main(argv: list[str] | None = None) -> int:
         for pair, c in counts.items():
             print(f"{pair}: train {c['train']}, dev {c['dev']}, test {c['test']}")
         return 0
+    from nebula.config import ConfigError
+
+    from .trainconfig import TrainConfig, load_train_config
+
+    try:  # before Paddle is imported: a bad train.yaml is one line, at once
+        cfg = load_train_config(args.config) if args.config else TrainConfig()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     from tqdm import tqdm
 
     from .pretrain import PretrainedError
-    from .sides import DecoderSide, EncoderSide, TrainConfig, load_train_config
+    from .sides import DecoderSide, EncoderSide
     from .model import preset
 
-    cfg = load_train_config(args.config) if args.config else TrainConfig()
     bar = tqdm(total=cfg.pretrain_steps, desc=f"pretrain {args.side} base", unit="step", file=sys.stderr)
 
     def progress(step: int, loss: float) -> None:

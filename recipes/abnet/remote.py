@@ -180,9 +180,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
-    from .sides import TrainConfig, load_train_config
+    from nebula.config import ConfigError
 
-    cfg = load_train_config(args.config) if args.config else TrainConfig()
+    from .trainconfig import TrainConfig, load_train_config
+
+    try:  # before Paddle is imported: a bad train.yaml is one line, at once
+        cfg = load_train_config(args.config) if args.config else TrainConfig()
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     data = Path(args.data)
     lang = "en" if args.side == "encoder" else cfg.target_lang
     try:

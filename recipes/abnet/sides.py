@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -16,60 +15,11 @@ from .evaluate import bleu
 from .model import AbnetConfig, AbnetDecoder, AbnetEncoder, CmlmObjective, preset
 from .pretrain import ensure_base
 from .tokenizer import Tokenizer
+from .trainconfig import TrainConfig, load_train_config
 
 __all__ = ["TrainConfig", "EncoderSide", "DecoderSide", "epoch_batches", "step_batch", "load_train_config", "eval_ids"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrainConfig:
-    """One ABNet fine-tuning run (defaults: the tiny preset, en-es, a few minutes on 2 CPU cores)."""
-
-    preset: str = "tiny"
-    pair: str = "en-es"
-    steps: int = 1200
-    batch_size: int = 64  # global batch; split over the data-parallel ranks of each cluster
-    lr: float = 2e-3
-    warmup_steps: int = 100
-    max_len: int = 24  # tokens per side; longer sentences are truncated
-    pretrain_steps: int = 400
-    pretrain_vocab: int = 1000
-    source_pretrained: str = ""  # directory with config.json/model.pdparams/spm.model; empty: pretrain here
-    target_pretrained: str = ""
-    seed: int = 0
-    length_beam: int = 3
-    iterations: int = 4
-    eval_batch: int = 200
-    eval_limit: int = 0  # 0: the whole test split
-
-    def __post_init__(self) -> None:
-        preset(self.preset)  # raises with the list of presets
-        if not self.pair.startswith("en-") or len(self.pair) < 5:
-            raise ValueError(f"pair={self.pair!r}: expected 'en-<lang>', e.g. 'en-es' or 'en-zh'")
-        for name in ("steps", "batch_size", "max_len", "length_beam", "iterations", "eval_batch", "pretrain_vocab"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TrainConfig.{name}={getattr(self, name)}: must be >= 1")
-        if self.lr <= 0 or self.warmup_steps < 0 or self.pretrain_steps < 0 or self.eval_limit < 0:
-            raise ValueError(f"lr={self.lr}, warmup_steps={self.warmup_steps}, pretrain_steps={self.pretrain_steps}, "
-                             f"eval_limit={self.eval_limit}: lr must be > 0 and the others >= 0")
-
-    @property
-    def target_lang(self) -> str:
-        """Target language code, e.g. 'es'."""
-        return self.pair.split("-", 1)[1]
-
-    def replace(self, **kw) -> "TrainConfig":
-        """Copy with some fields changed."""
-        return dataclasses.replace(self, **kw)
-
-
-def load_train_config(path: str | Path, **overrides) -> TrainConfig:
-    """TrainConfig from a YAML file (unknown keys rejected with their path), then `overrides` applied."""
-    from nebula.config import load_yaml
-
-    cfg = load_yaml(TrainConfig, path)
-    return cfg.replace(**{k: v for k, v in overrides.items() if v is not None})
 
 
 def epoch_batches(ids: Sequence[str], batch_size: int, seed: int, epoch: int) -> list[list[str]]:

@@ -17,7 +17,7 @@ def raw_boundary_bytes(run: Path, steps: int) -> float:
     from nebula.pipeline import rank_micro_batches, step_ids
 
     from .data import read_side
-    from .sides import load_train_config
+    from .trainconfig import load_train_config
     from .tokenizer import Tokenizer
 
     job = load_job_config(run / "job.yaml")
@@ -49,7 +49,7 @@ def summarize(run: str | Path, samples: int = 8) -> dict:
     """Write <run>/loss.png and <run>/summary.md; return the numbers."""
     from .data import read_side
     from .evaluate import plot_losses
-    from .sides import load_train_config
+    from .trainconfig import load_train_config
 
     run = Path(run)
     cfg = load_train_config(run / "train.yaml")
@@ -102,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run")
     p.add_argument("--samples", type=int, default=8)
     args = p.parse_args(argv)
+    from nebula.config import ConfigError
+
     try:
         out = summarize(args.run, args.samples)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(out["text"])

@@ -81,8 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair", default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    cfg = load_train_config(args.config, steps=args.steps, pair=args.pair) if args.config else \
-        TrainConfig().replace(**{k: v for k, v in (("steps", args.steps), ("pair", args.pair)) if v is not None})
+    try:
+        cfg = load_train_config(args.config, steps=args.steps, pair=args.pair) if args.config else \
+            TrainConfig().replace(**{k: v for k, v in (("steps", args.steps), ("pair", args.pair)) if v is not None})
+    except ValueError as exc:  # ConfigError (the file's line) or a bad --steps/--pair
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     s = train_single(cfg, args.encoder_data, args.decoder_data, args.work)
     print(f"BLEU before {s['bleu_before']:.2f} after {s['bleu_after']:.2f}; {s['steps_per_s']:.1f} steps/s")
     for x in s["samples"]:

@@ -12,7 +12,8 @@ from tests.federated.harness import federation, run_job, write_job
 
 
 def _home(path, *resources: str):
-    with Accounts(path) as acc:
+    with Accounts(path, scrypt_n=1024) as acc:
+        acc.add_user("nebula", "nebula-password", actor="root")  # the clients' account: grants need it to exist
         for r in resources:
             acc.add_route_grant("nebula", r, actor="admin")
     return path

@@ -18,6 +18,7 @@ def test_launch_without_the_stage_grant_is_refused_naming_the_grant_and_runs_onc
     home = tmp_path / "home"
     with Accounts(home, scrypt_n=1024) as acc:
         acc.add_user("admin", "admin-password", "admin", actor="root")
+        acc.add_user("nebula", "nebula-password", actor="root")  # the workers' account: grants need it to exist
     # account nebula may run and address head (on B) only: not embed, which the job places on A
     assert admin_main(["--actor", "ops-admin", "grant", "add", "--home", str(home), "--to", "nebula",
                        "--resource", "stage:head"]) == 0

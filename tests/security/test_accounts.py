@@ -173,17 +173,23 @@ def test_audit_log_of_the_store_verifies(acc):
     assert report.ok and report.records == len(actions(acc)) >= 5
 
 
-def test_login_runs_the_password_kdf_for_unknown_and_locked_users_too(acc, monkeypatch):
+def kdf_spy(monkeypatch) -> list[tuple[int, int, int, int]]:
+    """Record the scrypt parameters of every KDF run (the real KDF still runs)."""
     import hashlib
-    import security.accounts as accounts_module
-    calls = []
+    import security.passwords
+    calls: list[tuple[int, int, int, int]] = []
     real = hashlib.scrypt
 
     def counting_scrypt(password, **kw):
         calls.append((kw["n"], kw["r"], kw["p"], kw["dklen"]))
         return real(password, **kw)
 
-    monkeypatch.setattr(accounts_module.hashlib, "scrypt", counting_scrypt)
+    monkeypatch.setattr(security.passwords.hashlib, "scrypt", counting_scrypt)
+    return calls
+
+
+def test_login_runs_the_password_kdf_for_unknown_and_locked_users_too(acc, monkeypatch):
+    calls = kdf_spy(monkeypatch)
     kdf_runs = {}
     for name in ("alice", "nobody"):  # an existing user with a wrong password, and one that does not exist
         calls.clear()
@@ -197,3 +203,37 @@ def test_login_runs_the_password_kdf_for_unknown_and_locked_users_too(acc, monke
         acc.authenticate("bob", "bob-password")
     assert calls == [(N, 8, 1, 32)]
     assert ("nobody", "login", "nobody", "failed") in actions(acc)
+
+
+def test_login_work_is_the_same_whatever_cost_a_user_was_created_with(acc, monkeypatch):
+    with Accounts(acc.home, scrypt_n=4 * N) as other:  # e.g. `user add --scrypt-n 4096`
+        other.add_user("dave", "dave-password", actor="root")
+    calls = kdf_spy(monkeypatch)
+    work = {}
+    for name in ("alice", "dave", "nobody"):  # cost N, cost 4N, no such user
+        calls.clear()
+        with pytest.raises(AuthenticationFailed):
+            acc.authenticate(name, "wrong-password")
+        work[name] = list(calls)
+    assert work["alice"] == work["dave"] == work["nobody"] == [(N, 8, 1, 32), (4 * N, 8, 1, 32)]
+    acc.lock("dave")
+    for name, password in (("dave", "dave-password"), ("alice", "alice-password")):  # locked; right password
+        calls.clear()
+        try:
+            acc.authenticate(name, password)
+        except AccountLocked:
+            pass
+        assert calls == work["nobody"]
+    assert acc.user("alice").failed_attempts == 0  # the right password still logs in
+    assert ("nobody", "login", "nobody", "failed") in actions(acc)
+
+
+def test_a_login_name_is_recorded_bounded_and_printable(acc):
+    name = "eve\nOK login alice ok\x1b[31m" + "e" * 10_000
+    name = name.encode().decode("unicode_escape")
+    with pytest.raises(AuthenticationFailed) as info:
+        acc.authenticate(name, "whatever-pw")
+    assert str(info.value).isprintable() and len(str(info.value)) < 200
+    rec = [r for r in read_records(acc.audit.path) if r["action"] == "login"][-1]
+    assert rec["actor"] == rec["target"] and rec["actor"].isprintable() and len(rec["actor"]) <= 80
+    assert rec["actor"].startswith("eve\\nOK login alice ok\\x1b[31m")

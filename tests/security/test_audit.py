@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from security.audit import (CHECKPOINT_ACTION, PEER_CHECKPOINT_ACTION, AuditLog, Checkpoint, checkpoint_of_record,
-                            checkpoints_path, filter_records, generate_signing_key, peer_checkpoints_path,
-                            public_key_pem, read_checkpoints, read_records, verify_checkpoint)
+from security.audit import (CHECKPOINT_ACTION, FIELD_LIMIT, PEER_CHECKPOINT_ACTION, AuditLog, Checkpoint,
+                            checkpoint_of_record, checkpoints_path, filter_records, generate_signing_key,
+                            peer_checkpoints_path, public_key_pem, read_checkpoints, read_records, safe_text,
+                            verify_checkpoint)
 from security.audit_verify import verify_log
 from security.cli import main as admin
 from security.errors import AuditError
@@ -187,7 +188,7 @@ def test_rewrite_that_drops_every_checkpoint_and_their_copies_is_suspicious(tmp_
     report = verify_log(log, public_key_pem(key))
     assert not report.ok and report.kind == "suspicious" and "no signed checkpoint record" in report.reason
     code, out = verify_cli(capsys, log, "--key", str(key))
-    assert code == 1 and out.startswith("SUSPICIOUS") and "was rewritten" in out
+    assert code == 3 and out.startswith("SUSPICIOUS") and "was rewritten" in out
 
 
 def test_rewrite_cut_back_to_an_early_checkpoint_leaves_a_long_unsigned_tail(tmp_path, key, capsys):
@@ -199,7 +200,7 @@ def test_rewrite_cut_back_to_an_early_checkpoint_leaves_a_long_unsigned_tail(tmp
     assert not report.ok and report.kind == "suspicious" and report.first_bad == 7
     assert "records 7..14 (8) follow the last signed checkpoint" in report.reason
     code, out = verify_cli(capsys, log)
-    assert code == 1 and "SUSPICIOUS" in out and "checkpoints were dropped" in out
+    assert code == 3 and "SUSPICIOUS" in out and "checkpoints were dropped" in out
 
 
 def test_resigned_with_another_key_is_caught_by_the_key_beside_the_log(tmp_path, key, capsys):
@@ -211,8 +212,10 @@ def test_resigned_with_another_key_is_caught_by_the_key_beside_the_log(tmp_path,
     code, out = verify_cli(capsys, log)  # the pin comes from audit_signing.key beside the log, by default
     assert code == 1 and out.startswith("TAMPERED") and "different key than the one pinned" in out
     assert "audit_signing.key" in out
-    code, out = verify_cli(capsys, log, "--key", str(mallory))
-    assert code == 0 and "OK" in out
+    code, out = verify_cli(capsys, log, "--key", str(mallory))  # the admin's pin, but the key beside disagrees
+    assert code == 3 and out.startswith("SUSPICIOUS") and "pinned keys disagree" in out
+    code, out = verify_cli(capsys, log, "--key", str(mallory), "--no-discover")  # the admin's pin alone
+    assert code == 0 and out.startswith("OK") and f"key pinned from --key {mallory}" in out
 
 
 def test_empty_log_is_suspicious_when_its_writer_has_run(tmp_path, key, capsys):
@@ -221,16 +224,20 @@ def test_empty_log_is_suspicious_when_its_writer_has_run(tmp_path, key, capsys):
     report = verify_log(log)  # the checkpoints beside it still cover seq 3
     assert not report.ok and "deleted" in report.reason
     checkpoints_path(log).unlink()
-    assert verify_log(log).ok  # nothing left that says anything was ever written ...
+    report = verify_log(log)  # nothing left that says anything was ever written: emptied or fresh, no one can tell
+    assert not report.ok and report.kind == "unverifiable"
+    code, out = verify_cli(capsys, log)  # the key beside pins it, but an emptied log is never OK on its own
+    assert code == 4 and out.startswith("UNVERIFIABLE") and "fix: pass --peer-dir" in out
     report = verify_log(log, has_run="switch A has started (state/epoch holds boot epoch 2)")
-    assert not report.ok and "switch A has started" in report.reason  # ... unless its writer's state says so
+    assert not report.ok and "switch A has started" in report.reason  # ... and its writer's state says it ran
     (tmp_path / "accounts.db").write_bytes(b"")  # an account store beside the log has audited every change
     code, out = verify_cli(capsys, log)
-    assert code == 1 and out.startswith("SUSPICIOUS") and "account store" in out
+    assert code == 3 and out.startswith("SUSPICIOUS") and "account store" in out
     fresh = tmp_path / "fresh" / "audit.log"
     fresh.parent.mkdir()
     fresh.write_bytes(b"")
-    assert verify_cli(capsys, fresh)[0] == 0
+    code, out = verify_cli(capsys, fresh)
+    assert code == 4 and out.startswith("UNVERIFIABLE") and len(out.splitlines()) == 1
 
 
 def test_honest_log_verifies_from_the_cli_with_the_key_pinned_by_default(tmp_path, key, capsys):
@@ -239,8 +246,10 @@ def test_honest_log_verifies_from_the_cli_with_the_key_pinned_by_default(tmp_pat
         audit.append("alice", "login", "alice")
     code, out = verify_cli(capsys, log)
     assert code == 0 and out.startswith("OK") and "key pinned from" in out and "audit_signing.key" in out
-    code, out = verify_cli(capsys, log, "--no-discover")
-    assert code == 0 and "no pinned key" in out
+    code, out = verify_cli(capsys, log, "--no-discover")  # nothing pins its key: intact, but not OK
+    assert code == 4 and out.startswith("UNVERIFIABLE") and "no pinned key" in out and "fix: pass" in out
+    code, out = verify_cli(capsys, log, "--no-discover", "--key", str(key))
+    assert code == 0 and out.startswith("OK")
 
 
 def test_unsigned_tail_of_a_crashed_writer_is_signed_by_the_next_writer(tmp_path, key):
@@ -349,3 +358,26 @@ def test_filter_records_and_bad_input(tmp_path, key):
             audit.append(None, "a", "t")  # type: ignore[arg-type]
     with pytest.raises(AuditError, match="does not exist"):
         verify_log(tmp_path / "nothing.log")
+
+
+def test_audit_show_prints_one_escaped_line_per_record_whatever_names_it_holds(tmp_path, key, capsys):
+    log = tmp_path / "audit.log"
+    forged = "mallory\n   7  2030-01-01T00:00:00Z  admin  grant.add  alice:data  ok\x1b[2K\u202e" + "m" * 2000
+    with AuditLog(log, key) as audit:
+        audit.append(forged, "login", forged, "failed", {"why": forged})
+        audit.append("alice", "login", "alice")
+    recs = list(read_records(log))  # stored bounded and printable; details keep the exact value (JSON escapes it)
+    assert recs[0]["actor"] == recs[0]["target"] == safe_text(forged, FIELD_LIMIT)
+    assert recs[0]["detail"]["why"] == forged
+    assert len(recs[0]["actor"]) <= FIELD_LIMIT and recs[0]["actor"].startswith(r"mallory\n   7  2030")
+    # a record holding the raw name (another writer's, or one from before names were bounded) shows escaped too
+    forge(log, lambda rs: [dict(r, actor=forged) if r["seq"] == 1 else r for r in rs])
+    code = admin(["audit", "show", "--log", str(log)])
+    out = capsys.readouterr().out
+    rows = out.splitlines()
+    assert code == 0 and len(rows) == 3 and rows[0].startswith("SEQ")  # header + 2 records, no forged third row
+    assert "\x1b" not in out and "\u202e" not in out and all(r.isprintable() for r in rows)
+    assert r"mallory\n   7  2030" in rows[1] and "chars)" in rows[1] and len(rows[1]) < 1500
+    code = admin(["audit", "show", "--log", str(log), "--json"])
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 0 and [r["actor"] for r in shown] == [forged, "alice"]  # --json: the exact value, JSON-escaped

@@ -17,6 +17,7 @@ from security.routes import load_route_policy, policy_from_rows
 def home(tmp_path):
     with Accounts(tmp_path / "home", scrypt_n=1024) as acc:
         acc.add_user("admin", "admin-password", "admin", actor="root")
+        acc.add_user("nebula", "worker-account-pw", actor="root")  # the workers' account: grants need it to exist
     return tmp_path / "home"
 
 
@@ -84,3 +85,32 @@ def test_route_grant_bad_input_names_the_fix(home, capsys, tmp_path):
     assert code == 1 and "in the past" in err
     with pytest.raises(AccountError, match="no account database"):
         load_route_policy(tmp_path / "nowhere")
+
+
+def test_a_grant_for_an_account_that_does_not_exist_is_refused_with_the_fix(home, capsys):
+    code, out, err = admin(capsys, home, "add", "--to", "nebulla", "--resource", "cluster:B")  # a typo
+    assert code == 1 and out == "" and len(err.splitlines()) == 1
+    assert "unknown user 'nebulla'" in err and f"nebula-admin user add --home {home} nebulla" in err
+    with Accounts(home, create=False) as acc:
+        assert acc.list_route_grants() == []
+        with pytest.raises(AccountError, match="unknown user 'ghost'"):
+            acc.add_route_grant("ghost", "job:langid", actor="ops")
+        assert acc.list_route_grants() == []
+    code, _, err = main(["grant", "add", "--home", str(home), "--owner", "admin", "--to", "ghost",
+                         "--resource", "data/x"]), *capsys.readouterr()
+    assert code == 1 and "nebula-admin user add --home" in err  # namespace grants name the same fix
+
+
+def test_names_a_worker_or_client_chose_are_escaped_and_bounded_in_refusals(home, capsys):
+    assert admin(capsys, home, "add", "--to", "nebula", "--resource", "stage:enc")[0] == 0
+    assert admin(capsys, home, "add", "--to", "nebula", "--resource", "job:langid")[0] == 0
+    policy = load_route_policy(home)
+    forged = "dec\nOK nothing refused\x1b[2K\u202e" + "x" * 5000  # a newline, an ANSI erase-line, a bidi override
+    why = policy.refusal("nebula", None, ("enc", forged))
+    assert why.isprintable() and len(why) < 300  # one line, nothing a terminal acts on, bounded
+    assert r"dec\nOK nothing refused\x1b[2K\u202e" in why and "chars)" in why
+    assert "grant add" not in why and "fix the job or config" in why  # no command to copy for an invalid name
+    fix = "`nebula-admin grant add --to nebula --resource stage:dec`"
+    assert policy.refusal("nebula", None, ("dec",)).endswith(fix)
+    why = policy.job_refusal("nebula", "evil\r\nOK")
+    assert why.isprintable() and r"job 'evil\r\nOK'" in why

@@ -47,6 +47,8 @@ def granted(procs, federation, tmp_path, capsys, monkeypatch):
     home = tmp_path / "home"
     with Accounts(home, scrypt_n=1024) as acc:
         acc.add_user("admin", "admin-password", "admin", actor="root")
+        for account in ("nebula", "ops"):  # the workers' accounts: grants are only for accounts that exist
+            acc.add_user(account, f"{account}-password", actor="root")
     out = grant(capsys, home, "add", "--to", "nebula", "--resource", "cluster:B")
     assert out.startswith("grant r1:")
     ops_a, ops_b = add_worker(federation, "A", "opsw", "ops"), add_worker(federation, "B", "opsw", "ops")
@@ -119,6 +121,8 @@ def test_sighup_starts_enforcing_and_refuses_an_unreadable_home(procs, federatio
     home = tmp_path / "home"
     with Accounts(home, scrypt_n=1024) as acc:
         acc.add_user("admin", "admin-password", "admin", actor="root")
+        for account in ("nebula", "ops"):  # the workers' accounts: grants are only for accounts that exist
+            acc.add_user(account, f"{account}-password", actor="root")
     grant(capsys, home, "add", "--to", "ops", "--resource", "cluster:B")
     a_yaml = Path(federation["clusters"]["A"]["switch_yaml"])
     a = start_switch(procs, a_yaml)

@@ -27,6 +27,8 @@ def staged(procs, federation, tmp_path, capsys, monkeypatch):
     home = tmp_path / "home"
     with Accounts(home, scrypt_n=1024) as acc:
         acc.add_user("admin", "admin-password", "admin", actor="root")
+        for account in ("nebula", "ops"):  # the workers' accounts: grants are only for accounts that exist
+            acc.add_user(account, f"{account}-password", actor="root")
     for account, stage in (("nebula", "enc"), ("nebula", "dec"), ("ops", "enc")):
         grant(capsys, home, "add", "--to", account, "--resource", f"stage:{stage}")
     ops_a, ops_b = add_worker(federation, "A", "opsw", "ops"), add_worker(federation, "B", "opsw", "ops")
