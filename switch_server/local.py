@@ -18,7 +18,8 @@ import zmq
 import zmq.asyncio
 
 from nebula.config import LocalConfig
-from nebula.wire import (HEADER_BYTES, MAX_META_BYTES, Dispatcher, Frame, FrameType, Lane, WireError, decode_frame,
+from nebula.wire import (HEADER_BYTES, MAX_META_BYTES, ChannelKey, Dispatcher, Frame, FrameType, Lane, WireError,
+                         decode_frame,
                          decode_head)
 from nebula.wire.shm import SHM_TAG
 from switch_server.answers import AnswerLimiter
@@ -39,7 +40,6 @@ SNDHWM = 8  # frames queued per worker inside ZeroMQ; the rest waits in our lane
 # link writer runs
 PUMP_BATCH = 16
 SILENT_S = 120.0  # a registration with no frame for this long is forgotten
-DROPPED_CREDIT_HOLD_S = 10.0  # a peer's frames dropped here keep using its credit this long
 # refusals audited: a worker trying to speak for another account, job, rank or start of its rank, or acknowledging
 # what was never sent to it
 AUDITED_REFUSALS = frozenset({"not_attributed", "bad_incarnation", "ack_beyond_sent", "too_many_channels"})
@@ -401,21 +401,18 @@ class LocalSide:
                                              "(ANSWERS_PER_S a second): the rest are read and dropped unanswered"})
         return False
 
-    def deliver(self, account: str, job: str, rank: int, lane: Lane, head: bytes, payload: Any,
-                origin: Origin | None, party: Party | None = None, src: Source | None = None) -> None:
-        """Queue a frame for local rank `rank` of (account, job); held briefly if that rank has not said hello
-        (within the account's limits.pending_bytes: beyond, dropped, and its sender sends it again later).
-        `src`: the sending start of a DATA frame (cluster, rank, incarnation): a frame held for a rank expires
-        when that start has ended."""
-        addr = (account, job, rank)
+    def deliver(self, key: ChannelKey, rank: int, lane: Lane, head: bytes, payload: Any, origin: Origin | None,
+                party: Party | None = None, src: Source | None = None) -> None:
+        """Queue a frame of channel `key` for local rank `rank` of its (account, job); held briefly if that rank has
+        not said hello (within the account's limits.pending_bytes: beyond, dropped, and its sender sends it again
+        later; a peer that sent it is asked to hold that account's frames back a while). `src`: the sending start
+        of a DATA frame (cluster, rank, incarnation): a frame held for a rank expires when that start has ended."""
+        addr = (key.account, key.job, rank)
         if not self.delivery.deliver(addr, self.registry.by_addr.get(addr), lane, head, payload, origin, party, src):
-            n = len(head) + len(payload)
             if origin is not None:
-                # a peer's credit for it comes back only later: a peer cannot stream at line rate into frames
-                # this switch drops (its own senders resend such frames later anyway)
-                asyncio.get_running_loop().call_later(DROPPED_CREDIT_HOLD_S, origin.release, n)
-            self.dropped(account, "pending_over_budget", f"frames held for ranks of account {account!r} that have "
-                         f"not connected exceed limits.pending_bytes={self.delivery.pending_cap()}")
+                origin.dropped(key, len(head) + len(payload))
+            self.dropped(key.account, "pending_over_budget", f"frames held for ranks of account {key.account!r} "
+                         f"that have not connected exceed limits.pending_bytes={self.delivery.pending_cap()}")
         return None
 
     def dropped(self, account: str, code: str, message: str) -> None:

@@ -15,7 +15,7 @@ import zmq.auth
 from nebula.config import ConfigError, PeerConfig, SwitchConfig, split_host_port
 from nebula.config.switch import load_switch_config
 from nebula.wire import ChannelKey, FrameType, Lane, encode_frame
-from security.audit import AuditLog
+from security.audit import AuditLog, safe_text
 from security.errors import AuditError
 from switch_server.auditlimit import AuditThrottle
 from switch_server.authz import PeerPolicy
@@ -51,6 +51,18 @@ def load_curve_keys(path: str) -> tuple[bytes, bytes]:
     if not secret:
         raise SwitchError(f"{path}: has no secret-key; use the *.key_secret file written by provisioning")
     return public, secret
+
+
+def _safe_detail(value: Any) -> Any:
+    """An audit detail with every string in it one printable, bounded line: names in it (accounts, jobs, stages,
+    channels) are chosen by workers and peers, and an admin reads and copies what the log shows."""
+    if isinstance(value, str):
+        return safe_text(value, 400)
+    if isinstance(value, dict):
+        return {safe_text(k, 80): _safe_detail(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_safe_detail(v) for v in value]
+    return value
 
 
 class SwitchServer:
@@ -168,7 +180,7 @@ class SwitchServer:
         if self.audit_log is None:
             return
         try:
-            self.audit_log.append(actor, action, target, outcome, detail)
+            self.audit_log.append(actor, action, target, outcome, _safe_detail(detail))
         except Exception:
             log.exception("cannot write audit record %s %s", action, target)
 
@@ -211,7 +223,7 @@ class SwitchServer:
                     if origin is not None:
                         origin.release(len(head) + len(payload))
                     return None
-            return self.local.deliver(key.account, key.job, rank, lane, head, payload, origin, party, src)
+            return self.local.deliver(key, rank, lane, head, payload, origin, party, src)
         if from_peer is not None:
             return "unknown_destination", f"switch {self.cfg.cluster} does not relay to cluster {cluster!r}"
         if t in (FrameType.DATA, FrameType.ACK):  # (every frame a worker sends to another cluster)
