@@ -89,41 +89,39 @@ class SecAggClient:
         if mine is None or (mine.cipher_pk, mine.mask_pk) != (self._cipher_pk, self._mask_pk):
             raise self._refuse("the roster does not carry this client's own keys unchanged")
         pks = [p for k in keys.values() for p in (k.cipher_pk, k.mask_pk)]
-        if len(set(pks)) != len(pks) or any(len(p) != crypto.KEY_BYTES for p in pks):
-            raise self._refuse("the roster repeats a public key or holds one that is not 32 bytes")
+        if len(set(pks)) != len(pks) or not all(map(crypto.usable_public_key, pks)):
+            raise self._refuse("the roster repeats a public key or holds one that is not a usable X25519 key")
         holders = sorted(keys)
         if len(holders) < self.params.threshold:
             raise self._refuse(f"only {len(holders) - 1} of its {len(self.neighbours)} neighbours advertised keys; "
                                f"its secrets need {self.params.threshold} holders")
-        self._roster = keys
-        self._seed = self._rand(shamir.SECRET_BYTES)
+        seed = self._rand(shamir.SECRET_BYTES)
         xs = [self.params.point(h) for h in holders]
         t = self.params.threshold
-        seed_sh = shamir.split(self._seed, t, xs, self._rand)
+        seed_sh = shamir.split(seed, t, xs, self._rand)
         key_sh = shamir.split(self._mask_sk, t, xs, self._rand)
         sealed = []
         for h, s, k in zip(holders, seed_sh, key_sh):
             if h == self.client:
-                self._held[h] = (s, k)
+                own = (s, k)
                 continue
-            try:
-                key = crypto.agree(self._cipher_sk, keys[h].cipher_pk,
-                                   crypto.pair_info(SHARE_PURPOSE, self.tag, self.client, h))
-            except ValueError:
-                raise self._refuse(f"the cipher key of {h!r} is not a usable X25519 key") from None
+            key = crypto.agree(self._cipher_sk, keys[h].cipher_pk, crypto.pair_info(SHARE_PURPOSE, self.tag,
+                                                                                    self.client, h))
             sealed.append(EncryptedShare(self.client, h, crypto.seal(key, s + k, share_aad(self.tag, self.client, h),
                                                                      self._rand)))
+        self._roster, self._seed, self._held = keys, seed, {self.client: own}
         self.stage = "mask"
-        return ShareKeys(self.client, self.params.round, seed_commitment(self.tag, self._seed), tuple(sealed))
+        return ShareKeys(self.client, self.params.round, seed_commitment(self.tag, seed), tuple(sealed))
 
     def mask(self, delivery: ShareDelivery, vector: np.ndarray, num_examples: int) -> MaskedInput:
         """Stage 3: open the neighbours' shares, then quantise `vector` (the flat update) and mask it."""
         self._expect("mask", delivery.round)
+        held = dict(self._held)  # only kept when the whole stage succeeds: a refusal changes nothing
         for e in delivery.shares:
             if e.receiver != self.client or e.sender == self.client or e.sender not in self._roster:
                 raise self._refuse(f"a share from {e.sender!r} to {e.receiver!r} is not for this client from a "
                                    "neighbour on its roster")
-            if e.sender in self._held:
+            if e.sender in held:
                 raise self._refuse(f"two shares from {e.sender!r}")
             key = crypto.agree(self._cipher_sk, self._roster[e.sender].cipher_pk,
                                crypto.pair_info(SHARE_PURPOSE, self.tag, e.sender, self.client))
@@ -134,9 +132,9 @@ class SecAggClient:
                                    ) from None
             if len(plain) != PLAINTEXT_BYTES:
                 raise self._refuse(f"the share from {e.sender!r} is {len(plain)} bytes, not {PLAINTEXT_BYTES}")
-            self._held[e.sender] = (plain[:shamir.SHARE_BYTES], plain[shamir.SHARE_BYTES:])
-        if len(self._held) < self.params.threshold:
-            raise self._refuse(f"holds shares of only {len(self._held) - 1} neighbours; the threshold is "
+            held[e.sender] = (plain[:shamir.SHARE_BYTES], plain[shamir.SHARE_BYTES:])
+        if len(held) < self.params.threshold:
+            raise self._refuse(f"holds shares of only {len(held) - 1} neighbours; the threshold is "
                                f"{self.params.threshold} holders (itself included)")
         vec = np.asarray(vector)
         if vec.shape != (self.params.vector_length,) or not np.issubdtype(vec.dtype, np.floating):
@@ -149,7 +147,7 @@ class SecAggClient:
         q = self.params.quantizer
         words = q.encode(vec, int(num_examples))
         words += crypto.prg(self._seed, words.size, q.dtype)
-        for peer in self._held:
+        for peer in held:
             if peer == self.client:
                 continue
             s = crypto.agree(self._mask_sk, self._roster[peer].mask_pk,
@@ -158,7 +156,7 @@ class SecAggClient:
                 words += crypto.prg(s, words.size, q.dtype)
             else:
                 words -= crypto.prg(s, words.size, q.dtype)
-        self.stage = "unmask"
+        self._held, self.stage = held, "unmask"
         return MaskedInput(self.client, self.params.round, words)
 
     def unmask(self, request: UnmaskRequest) -> UnmaskResponse:

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["KEY_BYTES", "NONCE_BYTES", "TAG_BYTES", "keypair", "public_key", "agree", "pair_info", "seal", "unseal",
+__all__ = ["KEY_BYTES", "NONCE_BYTES", "TAG_BYTES", "keypair", "public_key", "usable_public_key", "agree", "pair_info", "seal", "unseal",
            "prg", "AuthenticationError"]
 
 KEY_BYTES = 32
@@ -41,6 +41,17 @@ def public_key(private: bytes) -> bytes:
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
     return X25519PrivateKey.from_private_bytes(private).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def usable_public_key(key: bytes) -> bool:
+    """Whether `key` is 32 bytes and not a low-order point (whose shared secret is all zeros for every peer)."""
+    if len(key) != KEY_BYTES:
+        return False
+    try:
+        X25519PrivateKey.from_private_bytes(bytes(range(1, 33))).exchange(X25519PublicKey.from_public_bytes(key))
+    except ValueError:
+        return False
+    return True
 
 
 def pair_info(purpose: bytes, tag: bytes, a: str, b: str) -> bytes:

@@ -64,8 +64,8 @@ class SecAggServer:
         self._check(msg.client, msg.round, "advertise", self.params.clients)
         if msg.client in self.keys:
             raise self._refuse(msg.client, "advertised keys twice")
-        if len(msg.cipher_pk) != crypto.KEY_BYTES or len(msg.mask_pk) != crypto.KEY_BYTES:
-            raise self._refuse(msg.client, f"public keys must be {crypto.KEY_BYTES} bytes each")
+        if not (crypto.usable_public_key(msg.cipher_pk) and crypto.usable_public_key(msg.mask_pk)):
+            raise self._refuse(msg.client, f"public keys must be {crypto.KEY_BYTES}-byte X25519 keys of full order")
         seen = {p for k in self.keys.values() for p in (k.cipher_pk, k.mask_pk)}
         if msg.cipher_pk == msg.mask_pk or {msg.cipher_pk, msg.mask_pk} & seen:
             raise self._refuse(msg.client, "reuses a public key; every key of a round is fresh")
