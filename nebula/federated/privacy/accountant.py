@@ -54,6 +54,7 @@ class PrivacyAccountant:
             raise ValueError(f"rounds={rounds} must be >= 0")
         self.noise_multiplier, self.sampling_rate, self.delta = float(noise_multiplier), float(sampling_rate), delta
         self.kind, self.rounds = kind, int(rounds)
+        self._memo: dict[int, float] = {0: 0.0}  # rounds -> ε: each query costs 0.1 s (RDP) to 0.8 s (PLD)
 
     def event(self) -> dp_accounting.DpEvent:
         """One round as a DpEvent."""
@@ -62,11 +63,12 @@ class PrivacyAccountant:
 
     def epsilon_after(self, rounds: int) -> float:
         """ε at δ after `rounds` rounds (0 for none)."""
-        if rounds <= 0:
-            return 0.0
-        acc = rdp.RdpAccountant() if self.kind == "rdp" else pld.PLDAccountant()
-        acc.compose(self.event(), rounds)
-        return float(acc.get_epsilon(self.delta))
+        rounds = max(0, rounds)
+        if rounds not in self._memo:
+            acc = rdp.RdpAccountant() if self.kind == "rdp" else pld.PLDAccountant()
+            acc.compose(self.event(), rounds)
+            self._memo[rounds] = float(acc.get_epsilon(self.delta))
+        return self._memo[rounds]
 
     def epsilon(self) -> float:
         """ε at δ spent so far."""
