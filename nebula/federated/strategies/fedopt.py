@@ -8,8 +8,8 @@ FedAdam's `bias_correction: true` is the server Adam that Flower ships instead: 
 is scaled as in Kingma & Ba (2015, Alg. 1), η_t = η·√(1 − β2^t) / (1 − β1^t) with t the server steps taken
 (kept in the trail as `step`). Flower computes the same factor with exponent server_round + 1, its rounds
 counting from 1, so its round r uses the factor of Nebula's t = r + 1. The default (false) is the paper's
-Algorithm 2 as above. Their first steps: corrected η·Δ/(|Δ| + τ) ≈ η·sign(Δ); the paper's
-η·(1 − β1)·Δ/(√(β2τ² + (1 − β2)Δ²) + τ), the same for |Δ| ≫ τ only when 1 − β1 = √(1 − β2) (0.9 and 0.99).
+Algorithm 2 as above. Their first steps: corrected η·Δ/(|Δ| + τ/√(1 − β2)), about η·sign(Δ) for |Δ| ≫ τ; the
+paper's η·(1 − β1)·Δ/(√(β2τ² + (1 − β2)Δ²) + τ), the same size for |Δ| ≫ τ only when 1 − β1 = √(1 − β2).
 FedAdagrad (v ← v + Δ²) lives in `fedadagrad`.
 """
 from __future__ import annotations
