@@ -106,3 +106,25 @@ def test_bad_settings_are_named_with_their_key_path(kwargs, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(")) as e:
         DPConfig(**kwargs)
     assert "\n" not in str(e.value)
+
+
+def test_distributed_noise_survives_the_masked_path_with_at_least_the_central_std():
+    from nebula.federated.secagg import SecAggConfig, flatten
+    from tests.federated.test_secagg import run_round
+
+    z, c, d = 1.0, 0.01, 20000
+    cfg = DPConfig(clip_norm=c, noise_multiplier=z, mode="distributed")
+    names = [f"c{i}" for i in range(6)]
+    params = SecAggConfig(clip_range=0.05, max_weight=1).round_params(1, names, d, b"n" * 16)
+    rng, noise_rng = np.random.default_rng(0), np.random.default_rng(1)
+    raw = {n: {"w": rng.normal(0, 1, d)} for n in names}
+    clipped = {n: clip_update(raw[n], c)[0] for n in names}
+    sent = {n: flatten(privatize_update(raw[n], cfg, noise_rng, min_clients=params.threshold)[0], ["w"])
+            for n in names}
+    srv, _, _ = run_round(params, sent, {n: 1 for n in names}, after_shares=names[:1], seed=2)
+    s = srv.result()
+    noise = s.vector - sum(clipped[n]["w"] for n in s.survivors)  # what protects the sum
+    want = z * c * math.sqrt(len(s.survivors) / params.threshold)  # >= zC: sized for the threshold's t clients
+    assert len(s.survivors) > params.threshold and want > z * c
+    lo, hi = stats.chi2.ppf([1e-6, 1 - 1e-6], d)
+    assert lo / d < np.var(noise) / want ** 2 < hi / d
