@@ -20,6 +20,7 @@ setup(
         "tqdm",
         "prometheus-client",
         "matplotlib",
+        "dp-accounting>=0.6",
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout"],
