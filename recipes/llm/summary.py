@@ -73,6 +73,7 @@ def summarize(run: str | Path) -> dict:
         comp = "-" if r["compression"] is None else f"{r['compression']:.2f}x"
         head.append(f"| {mode} | {r['steps']} | {np.mean(ls[:10]):.3f} -> {np.mean(ls[-10:]):.3f} | "
                     f"{r['wan_bytes_per_step']:,.0f} | {comp} | {r['steps_per_s']:.2f} |")
+    head += ["", *_curve(rows)]
     text = "\n".join(head)
     (run / "summary.md").write_text(text + "\n")
     notes = [scalars_note(run / "pipeline" / "metrics", run / "vdl" / "pipeline")] if "pipeline" in rows else []
@@ -80,6 +81,16 @@ def summarize(run: str | Path) -> dict:
         notes.append(scalars_note(run / "diloco" / "metrics", run / "vdl" / "diloco",
                                   raw_bytes=lambda r: model_bytes if r.get("synced") else None))
     return {"rows": rows, "text": text, "notes": notes}
+
+
+def _curve(rows: dict, windows: int = 8) -> list[str]:
+    """The loss curves as a table: mean loss over consecutive windows of steps, one column per mode."""
+    n = min(len(r["losses"]) for r in rows.values())
+    edges = np.linspace(0, n, min(windows, n) + 1).astype(int)
+    out = ["| steps | " + " | ".join(f"{m} loss" for m in rows) + " |", "| --- |" + " ---: |" * len(rows)]
+    for a, b in zip(edges, edges[1:]):
+        out.append(f"| {a}-{b - 1} | " + " | ".join(f"{np.mean(r['losses'][a:b]):.3f}" for r in rows.values()) + " |")
+    return out
 
 
 def _plot(rows: dict, out: Path) -> Path:
