@@ -5,6 +5,8 @@ process of a `paddle.distributed` job (world size > 1), synchronises the ranks w
 initialises the default process group itself when it is not yet). Nebula's ranks set up their groups in a fixed
 order and build different layers at different times, so there the checkpoint is read by a short child process
 outside the job (`python -m nebula.formers.loading`), which hands the converted weights back as a Paddle state dict.
+Every load reads the checkpoint through a private directory of links to its files (`_mirror`): the loader writes
+into the directory it reads, which would break concurrent loads of one checkpoint and read-only checkpoints.
 """
 from __future__ import annotations
 
@@ -69,8 +71,8 @@ def _load(path: str, kernels: str, distributed: bool) -> Any:
     config = load_config(info, kernels)
     cls = getattr(pft, family_of(info.model_type).causal_lm)
     if not distributed:
-        with _quiet():
-            return cls.from_pretrained(str(info.path), config=config)
+        with _mirror(info.path) as d, _quiet():
+            return cls.from_pretrained(d, config=config)
     with tempfile.TemporaryDirectory(prefix="nebula-formers-") as tmp:
         out = Path(tmp) / "model.pdparams"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PADDLE_", "FLAGS_selected_"))}
@@ -96,6 +98,18 @@ def load_causal_lm(path: str | Path, kernels: str = "plain") -> Any:
     if kernels not in KERNEL_CHOICES:
         raise FormersError(f"kernels={kernels!r} must be one of {', '.join(KERNEL_CHOICES)}")
     return _load(str(Path(path).resolve()), kernels, _distributed())
+
+
+@contextlib.contextmanager
+def _mirror(path: Path):
+    """A private directory of links to the checkpoint's files: the library's loader deletes and rewrites an index
+    file (flex-ckpt.auto_generated.metadata) in the directory it reads, so two processes reading one checkpoint at
+    once break each other's load, and a read-only checkpoint cannot be read. Each load gets its own."""
+    with tempfile.TemporaryDirectory(prefix="nebula-ckpt-") as tmp:
+        for f in path.iterdir():
+            if f.is_file() and not f.name.endswith(".metadata"):
+                os.symlink(f.resolve(), Path(tmp) / f.name)
+        yield tmp
 
 
 @contextlib.contextmanager

@@ -150,3 +150,25 @@ def test_one_process_pipeline_learns_and_any_cut_trains_like_the_whole(tmp_path,
     np.testing.assert_allclose([even[s] for s in range(8)], [other[s] for s in range(8)], rtol=1e-5)
     np.testing.assert_allclose([even[s] for s in range(8)], [whole[s] for s in range(8)], rtol=1e-5)
     assert np.mean([even[s] for s in range(6, 8)]) < np.mean([even[s] for s in range(2)]) - 0.3
+
+
+def test_clusters_reading_one_checkpoint_at_once_all_load_and_leave_it_untouched(tmp_path, llama_dir):
+    """The library's loader deletes and rewrites an index file in the directory it reads: processes reading one
+    checkpoint at once (the ranks and clusters of a job on a shared file system) broke each other's load."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    d = tmp_path / "shared"
+    shutil.copytree(llama_dir, d)
+    before = {f.name: f.stat().st_mtime_ns for f in d.iterdir()}
+    code = ("import sys; from nebula.formers.loading import _load\n"
+            "for _ in range(2):\n    _load.cache_clear(); _load(sys.argv[1], 'plain', False)\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    ps = [subprocess.Popen([sys.executable, "-c", code, str(d)], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=180)[0] for p in ps]
+    assert [p.returncode for p in ps] == [0, 0, 0], [o[-2000:] for o in outs]
+    assert {f.name: f.stat().st_mtime_ns for f in d.iterdir()} == before
