@@ -42,7 +42,7 @@ def layer_names(num_hidden_layers: int) -> list[str]:
     return ["embed", *(f"decoder{i}" for i in range(num_hidden_layers)), "norm", "head"]
 
 
-def _layer_classes() -> tuple[type, type, type, type]:
+def _layer_classes() -> tuple[type, type, type]:
     import paddle
 
     class Embed(paddle.nn.Layer):
@@ -75,27 +75,18 @@ def _layer_classes() -> tuple[type, type, type, type]:
                              position_embeddings=self.rotary(h, pos))
             return out[0] if isinstance(out, (tuple, list)) else out
 
-    class Norm(paddle.nn.Layer):
-        """The final norm."""
+    class Wrapped(paddle.nn.Layer):
+        """One library module applied to the hidden states (the final norm, the head), under its own name."""
 
-        def __init__(self, norm: Any) -> None:
+        def __init__(self, name: str, module: Any) -> None:
             super().__init__()
-            self.norm = norm
+            self._name = name
+            self.add_sublayer(name, module)
 
         def forward(self, h: Any) -> Any:
-            return self.norm(h)
+            return getattr(self, self._name)(h)
 
-    class Head(paddle.nn.Layer):
-        """Hidden states -> logits over the vocabulary."""
-
-        def __init__(self, lm_head: Any) -> None:
-            super().__init__()
-            self.lm_head = lm_head
-
-        def forward(self, h: Any) -> Any:
-            return self.lm_head(h)
-
-    return Embed, Decoder, Norm, Head
+    return Embed, Decoder, Wrapped
 
 
 class CausalLMLayers(LayeredModel):
@@ -137,7 +128,7 @@ class CausalLMLayers(LayeredModel):
 
     def build_layer(self, index: int) -> Any:
         """A fresh copy of layer `index` with the checkpoint's weights."""
-        embed_cls, decoder_cls, norm_cls, head_cls = _layer_classes()
+        embed_cls, decoder_cls, wrapped_cls = _layer_classes()
         lm = self._lm()
         base = lm.model
         if index == 0:
@@ -146,9 +137,9 @@ class CausalLMLayers(LayeredModel):
             return decoder_cls(copy.deepcopy(base.layers[index - 1]), copy.deepcopy(base.rotary_emb), lm.config,
                                type(base)._prepare_decoder_attention_mask)
         if index == self.num_hidden_layers + 1:
-            return norm_cls(copy.deepcopy(base.norm))
+            return wrapped_cls("norm", copy.deepcopy(base.norm))
         if index == self.num_layers - 1:
-            return head_cls(copy.deepcopy(lm.lm_head))
+            return wrapped_cls("lm_head", copy.deepcopy(lm.lm_head))
         raise IndexError(f"layer {index} out of range 0..{self.num_layers - 1}")
 
     def inputs(self, ids: np.ndarray) -> Any:
