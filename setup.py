@@ -20,9 +20,19 @@ setup(
         "tqdm",
         "prometheus-client",
         "matplotlib",
+        "dp-accounting>=0.6",
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout"],
+        # VisualDL scalars beside every recipe's loss.png (nebula.logbook)
+        "visualdl": ["visualdl>=2.5"],
+        # library models (nebula.formers): PaddleFormers' causal LMs from local checkpoints; its fast_dataindex
+        # dependency pins numpy<=1.26.4
+        "formers": ["paddleformers==1.2.0", "visualdl>=2.5"],
+        # PaddleNLP 2.8.1 (BERT / ERNIE-M bases); it imports with Paddle 3.3.1 only with these older neighbours, which
+        # PaddleFormers 1.2.0 excludes (transformers 5 needs huggingface_hub>=1.3, PaddleFormers datasets>=3): install
+        # it in an environment without the formers extra
+        "nlp": ["paddlenlp==2.8.1", "huggingface_hub<1", "datasets<3", "pyarrow<18", "aistudio-sdk<0.3"],
     },
     entry_points={
         "console_scripts": [

@@ -3,7 +3,8 @@
 `profile_layers` runs the layers in model order on an example input (each layer gets the previous one's output),
 with forward hooks on every sublayer that record shapes. FLOPs are counted analytically per sublayer type (Linear
 2 x inputs x out_features, Embedding and LayerNorm per element, the attention core of MultiHeadAttention
-4 x batch x q_len x k_len x embed_dim); a layer with parameters but no known sublayer falls back to `paddle.flops`
+4 x batch x q_len x k_len x embed_dim; any other leaf with a 2-D weight matching its input, such as a model
+library's LM head, as a Linear); a layer with parameters but no known sublayer falls back to `paddle.flops`
 (recorded in `flops_source`). A training iteration counts 3x the forward FLOPs. Time is the median of `repeat`
 forward+backward passes after `warmup` passes (synchronised on GPU). Bytes, for the dtype of the parameters:
 parameters, gradients (same dtype), optimizer state (`optimizer_states` fp32 values per parameter), activations
@@ -80,6 +81,15 @@ def _tensors(obj: Any) -> list:
     return []
 
 
+def _projection(sub, ins: list) -> bool:
+    """A leaf of another type whose 2-D `weight` has the input's last dimension on one side (a matrix product)."""
+    import paddle
+
+    w = getattr(sub, "weight", None)
+    return (bool(ins) and isinstance(w, paddle.Tensor) and len(w.shape) == 2 and paddle.is_floating_point(ins[0])
+            and int(ins[0].shape[-1]) in (int(w.shape[0]), int(w.shape[1])))
+
+
 def _forward_counts(layer, x) -> tuple[float, int, bool]:
     """(forward FLOPs, saved activation bytes, whether any sublayer type was known) from one hooked forward pass."""
     from paddle import nn
@@ -107,6 +117,10 @@ def _forward_counts(layer, x) -> tuple[float, int, bool]:
             known = True
         elif isinstance(sub, nn.LayerNorm) and outs:
             flops += 5.0 * _numel(outs[0].shape)
+            known = True
+        elif _projection(sub, ins):  # a library's own linear (an LM head): inputs x the weight's other side
+            w = sub.weight.shape
+            flops += 2.0 * _numel(ins[0].shape) * (int(w[0]) * int(w[1]) // int(ins[0].shape[-1]))
             known = True
         saved += sum(_numel(o.shape) * _elsize(o) for o in outs)
 

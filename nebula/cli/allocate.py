@@ -13,7 +13,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     p = subparsers.add_parser("allocate", help="allocate a model's layers to devices", description=__doc__)
     p.add_argument("--model", required=True,
-                   help=f"a preset ({', '.join(PRESETS)}) or a profile YAML file (nebula.balance.profile)")
+                   help=f"a preset ({', '.join(PRESETS)}), a profile YAML file (nebula.balance.profile), or a job "
+                        "file whose recipe exposes its layers (profiled here on one micro-batch)")
     p.add_argument("--devices", required=True, help="devices.yaml (see nebula.balance.devices)")
     p.add_argument("--method", default="optimal", choices=method_names(), help="allocator (default: optimal)")
     p.add_argument("--batch", type=int, default=None, help="preset models: sequences per iteration")
@@ -30,7 +31,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         changes = {k: v for k, v in (("batch", args.batch), ("seq_len", args.seq_len)) if v is not None}
-        alloc, names = allocate_model(args.model, args.devices, args.method, **changes)
+        if _is_job_file(args.model):
+            alloc, names = _allocate_job(args.model, args.devices, args.method)
+        else:
+            alloc, names = allocate_model(args.model, args.devices, args.method, **changes)
         print(format_table(alloc, names))
         if args.write_job:
             write_job(Path(args.write_job), alloc)
@@ -39,3 +43,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"nebula allocate: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _is_job_file(path: str) -> bool:
+    """True for a YAML file with a top-level `recipe:` (a job file, not a layer profile)."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file() or p.suffix not in (".yaml", ".yml"):
+        return False
+    try:
+        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(doc, dict) and "recipe" in doc
+
+
+def _allocate_job(job: str, devices: str, method: str):
+    """Profile the job's recipe layers and allocate them onto the devices."""
+    from nebula.balance import allocate
+    from nebula.balance.devices import load_devices
+    from nebula.hybrid.costs import job_layer_profiles
+
+    profiles = job_layer_profiles(job)
+    return allocate([p.cost() for p in profiles], load_devices(devices), method), [p.name for p in profiles]

@@ -23,7 +23,8 @@ import numpy as np
 
 from nebula.hybrid.layered import LayeredModel, build_layers
 
-__all__ = ["LayerTiming", "LayerTimer", "time_layers", "costs_from_timings", "analytic_layer_costs", "PARAM_COPIES"]
+__all__ = ["LayerTiming", "LayerTimer", "time_layers", "costs_from_timings", "analytic_layer_costs", "PARAM_COPIES",
+           "job_layer_profiles"]
 
 PARAM_COPIES = 4  # weight, gradient, Adam's two moments
 
@@ -162,3 +163,22 @@ def analytic_layer_costs(model: LayeredModel, batch: int, *, micro_batches: int 
                                  f"layer{i}"))
             x = y
     return out
+
+
+def job_layer_profiles(job: Any) -> list:
+    """`nebula.balance.profile_layers` of a job file's recipe layers (its `layered()` model), on one micro-batch of
+    the job's size (train.global_batch over the smallest cluster's ranks and micro_batches), named by the model's
+    `names()` when it has one; ValueError naming what is missing."""
+    from nebula.balance.profile import profile_layers
+    from nebula.config.job import load_job_config
+    from nebula.hybrid.layered import layered_model
+    from nebula.pipeline.stage import load_recipe
+
+    cfg = load_job_config(job)
+    model = layered_model(load_recipe(cfg.recipe))
+    t = cfg.train
+    world = min(c.world_size for c in cfg.clusters)
+    batch = max(t.global_batch // (world * t.micro_batches), 1)
+    names = model.names() if callable(getattr(model, "names", None)) else None
+    layers = build_layers(model, 0, model.num_layers, t.seed)
+    return profile_layers(layers, model.inputs(np.arange(batch)), names=names)

@@ -118,11 +118,13 @@ class LinkStats:
     messages_sent: int = 0
     messages_recv: int = 0
     codec_s: float = 0.0  # encode + decode time, spent in background threads
+    raw_bytes_sent: int = 0  # what was sent before its codec: bytes_sent over this is the compression achieved
 
     def take(self) -> "LinkStats":
         """Return a copy and reset the counters."""
-        out = LinkStats(self.bytes_sent, self.bytes_recv, self.messages_sent, self.messages_recv, self.codec_s)
-        self.bytes_sent = self.bytes_recv = self.messages_sent = self.messages_recv = 0
+        out = LinkStats(self.bytes_sent, self.bytes_recv, self.messages_sent, self.messages_recv, self.codec_s,
+                        self.raw_bytes_sent)
+        self.bytes_sent = self.bytes_recv = self.messages_sent = self.messages_recv = self.raw_bytes_sent = 0
         self.codec_s = 0.0
         return out
 
@@ -164,6 +166,7 @@ class Outbox:
         nbytes = len(header) + sum(len(memoryview(f).cast("B")) for f in frames)
         self.link.send([header, *frames], self.lane).result()
         self.stats.bytes_sent += nbytes
+        self.stats.raw_bytes_sent += len(header) + _raw_nbytes(array)
         self.stats.messages_sent += 1
 
     def flush(self) -> None:
@@ -176,6 +179,13 @@ class Outbox:
     def close(self) -> None:
         """Stop the sender thread (after what is queued)."""
         self._pool.shutdown(wait=True, cancel_futures=False)
+
+
+def _raw_nbytes(array: Any) -> int:
+    """Bytes of a numpy array or paddle.Tensor as it is, before any codec."""
+    if isinstance(array, np.ndarray):
+        return int(array.nbytes)
+    return int(np.prod(array.shape)) * int(array.element_size())
 
 
 def _transient(exc: BaseException) -> bool:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from nebula.logbook import scalars_note
+
 __all__ = ["summarize", "raw_boundary_bytes", "main"]
 
 
@@ -111,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(out["text"])
     print(f"loss curve: {Path(args.run) / 'loss.png'}; table: {Path(args.run) / 'summary.md'}")
+    print(scalars_note(Path(args.run) / "metrics", Path(args.run) / "vdl"))
     return 0
 
 

@@ -11,6 +11,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from nebula.logbook import scalars_note
+
 __all__ = ["summarise", "per_language", "progress", "wan_bytes_per_step", "plot", "main"]
 
 
@@ -146,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     gens = (argv[1] if len(argv) > 1 else "G1,G2").split(",")
     s = summarise(run, gens, argv[2] if len(argv) > 2 else "D")
     (run / "summary.json").write_text(json.dumps(s, indent=1))
+    print(scalars_note(run / "metrics", run / "vdl"))
     a, b = s["steps"]
     print(f"steps {a}..{b} (k={s['k']})")
     if s["intra_loss_from_scratch"]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from nebula.federated.config import load_federated_job
 from nebula.federated.trail import ModelTrail
@@ -63,6 +64,24 @@ def main() -> None:
         fig.tight_layout()
         fig.savefig(args.plot, dpi=100)
         print(f"plot written to {args.plot}")
+        print(_scalars(args.job, rows, central, Path(args.plot).parent / "vdl"))
+
+
+def _scalars(job_file: str, rows: list, central: list, logdir: Path) -> str:
+    """VisualDL scalars beside the plot: held-out accuracy per round (and the central baseline's per epoch), the
+    WAN bytes of each round; one line saying where, or why not."""
+    from nebula.logbook import LogbookUnavailable, Scalar, write_scalars
+
+    with ModelTrail(f"{load_federated_job(job_file).controller.dir}/trail") as t:
+        wan = [Scalar("wan_bytes", r.round, float(r.detail.get("wan_bytes") or 0)) for r in t.rounds()]
+    series = {"federated": [Scalar("accuracy", r, a) for r, _, a in rows] + wan}
+    if central:
+        series["central"] = [Scalar("accuracy", e + 1, a) for e, a in enumerate(central)]
+    try:
+        write_scalars(logdir, series)
+    except LogbookUnavailable as exc:
+        return f"VisualDL scalars not written: {exc}"
+    return f"VisualDL scalars of {', '.join(series)}: {logdir} (visualdl --logdir {logdir})"
 
 
 if __name__ == "__main__":

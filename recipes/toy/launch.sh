@@ -7,3 +7,4 @@ nebula-switch serve --config "fed/$cluster/switch.yaml" > "switch_$cluster.log" 
 trap 'kill $!' EXIT
 sleep 2
 nebula launch job.yaml --cluster "$cluster" "$@"
+python -m nebula.logbook metrics vdl   # VisualDL scalars of the clusters whose metrics are here

@@ -1,4 +1,5 @@
 """Built-in aggregation strategies, one module per paper; importing this package registers them."""
-from nebula.federated.strategies import fedasync, fedavg, fedbuff, fedopt, fedprox, krum, trimmed_mean  # noqa: F401
+from nebula.federated.strategies import (fedadagrad, fedasync, fedavg, fedbuff, fedopt, fedprox, krum,  # noqa: F401
+                                         trimmed_mean)
 
 __all__: list[str] = []

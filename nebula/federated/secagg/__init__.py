@@ -1,0 +1,24 @@
+"""Secure aggregation (SecAgg+, Bell et al., CCS 2020) as pure protocol state: a combiner learns only the sum of
+its clients' updates, the reducer only sums of sums.
+
+Parties: `SecAggClient` (one per client per round) and `SecAggServer` (the combiner); the typed messages of
+`messages` pass between them through whatever transport the caller has. The math lives beside them: `crypto`
+(X25519, AES-GCM, AES-CTR masks), `shamir` (GF(2^521 − 1)), `graph` (Harary graph, degree, threshold),
+`quantize` (fixed point mod 2^32), `compose` (strategies, codecs, the reducer) and `config` (the job-file section).
+"""
+from nebula.federated.secagg.client import SecAggClient
+from nebula.federated.secagg.compose import (PROTOCOLS, check_codec_precision, check_strategy, flatten, partial_mean,
+                                             reduce_sums, unflatten, word_bits_for_codec)
+from nebula.federated.secagg.config import SecAggConfig
+from nebula.federated.secagg.graph import default_degree, harary_graph, majority_threshold
+from nebula.federated.secagg.messages import (AdvertiseKeys, EncryptedShare, KeyRoster, MaskedInput, SecAggParams,
+                                              SecAggRefused, SecureSum, ShareDelivery, ShareKeys, UnmaskRequest,
+                                              UnmaskResponse)
+from nebula.federated.secagg.quantize import Quantizer
+from nebula.federated.secagg.server import SecAggServer
+
+__all__ = ["SecAggClient", "SecAggServer", "SecAggConfig", "SecAggParams", "SecAggRefused", "Quantizer",
+           "AdvertiseKeys", "KeyRoster", "EncryptedShare", "ShareKeys", "ShareDelivery", "MaskedInput",
+           "UnmaskRequest", "UnmaskResponse", "SecureSum", "PROTOCOLS", "check_strategy", "word_bits_for_codec",
+           "check_codec_precision", "flatten", "unflatten", "reduce_sums", "partial_mean", "default_degree",
+           "harary_graph", "majority_threshold"]
