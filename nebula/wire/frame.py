@@ -422,7 +422,7 @@ def _check_meta(h: Header, meta: dict[str, Any]) -> None:
     if extra:
         names = ", ".join(repr(k[:40]) for k in sorted(extra)[:5])
         raise WireError("bad_meta", f"{t.name} meta carries field(s) {names} that the protocol does not define; "
-                                    f"a {t.name} frame has only {', '.join(sorted(META_FIELDS[t])) or 'no fields'}")
+                                    f"{t.name} meta may carry only {', '.join(sorted(META_FIELDS[t])) or 'nothing'}")
     if t == FrameType.HELLO:
         _name(meta, "job"), _name(meta, "account"), _name(meta, "name"), _int(meta, "rank", 0, (1 << 31) - 1)
         if "stages" in meta:
