@@ -5,6 +5,13 @@ each to its own cluster's combiner (or, when that one is gone, to the live combi
 global model once to each combiner (WAN-once), wait for the partials until the deadline (a combiner that has not
 reported `REPORT_GRACE_S` after it is given up for this round), check the validity policy, reduce the partials
 (example-weighted, streamed piece by piece), apply the strategy's server step, and commit to the trail.
+
+Every message to a combiner names the run (`run`: this controller start's epoch and a random session) and its
+commands name the combiner process (`to`: the nonce of its latest status answer), so no command of an earlier run
+reaches a later one; answers of another run are dropped. Job grants hold across the federation: each combiner
+reports whether its cluster's account home grants the job (`grant` in its status answer), and no client of a
+cluster whose combiner refused, or has not said, is assigned to any combiner. The combiners' signed audit
+checkpoints that come with their answers are kept as witnesses (`nebula.federated.witness`).
 """
 from __future__ import annotations
 
@@ -17,12 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from nebula.channel import Endpoint
+import numpy as np
+
 from nebula.federated._actor import ActorAudit
 from nebula.federated.aggregate import RunningMean
 from nebula.federated.config import FederatedJob
+from nebula.federated.initial import fetch_initial, load_initial_model
 from nebula.federated.strategy import get_strategy
 from nebula.federated.trail import ModelTrail, RoundRecord
 from nebula.federated.transport import COMBINER_RANK, CONTROLLER_RANK, Mailbox, Peer
+from nebula.federated.witness import CombinerWitness
 
 __all__ = ["Controller", "STOP_FILE", "STATUS_FILE", "REPORT_GRACE_S"]
 
@@ -31,6 +42,7 @@ STOP_FILE = "STOP"
 STATUS_FILE = "status.json"
 STATUS_WAIT_S = 2.0  # a combiner that does not answer a status request this fast sits the round out
 REPORT_GRACE_S = 3.0  # partials later than deadline + this are not waited for (the round ends within deadline + 5 s)
+BYE_WAIT_S = 5.0  # how long the end of a run waits for the combiners' last checkpoints
 
 
 class Controller:
@@ -46,19 +58,27 @@ class Controller:
         self.mb: Mailbox | None = None
         self.trail: ModelTrail | None = None
         self.audit: ActorAudit | None = None
+        self.witness: CombinerWitness | None = None
         self._seq = 0
         self._started = False
-        self.session = os.urandom(6).hex()  # partials of a round an earlier controller process started are not ours
+        self.run_id = ""  # "<epoch>.<session>": what every message of this run names (set by run())
         self.wan_bytes: list[int] = []  # bytes this controller sent to other clusters, per round
         self.accepted_by: dict[Peer, set[Peer]] = {}  # client -> the combiners that have it in their roster
+        self.nonces: dict[Peer, str] = {}  # combiner -> the nonce of its process, from its latest status answer
+        # cluster -> why its account home refuses the job (None: granted); only clusters with an accounts_home
+        self.grant_of: dict[str, str | None] = {}
+        self.guarded = {c.id for c in job.clusters if c.accounts_home}
 
     def run(self) -> int:
         """Run rounds from the trail's head to `job.rounds`; the head version at the end."""
         cl = self.job.cluster(self.job.controller.cluster)
         ep = Endpoint.connect(cl.worker, job=self.job.job, rank=CONTROLLER_RANK, timeout_s=self.job.startup_timeout_s)
-        self.mb = Mailbox(ep, self.job.piece_bytes, Peer(cl.id, CONTROLLER_RANK), self._next_epoch())
+        epoch = self._next_epoch()
+        self.run_id = f"{epoch}.{os.urandom(6).hex()}"
+        self.mb = Mailbox(ep, self.job.piece_bytes, Peer(cl.id, CONTROLLER_RANK), epoch)
         self.trail = ModelTrail(self.dir / "trail")
         self.audit = ActorAudit(self.dir / "controller", cl.worker, "controller", cl.id, CONTROLLER_RANK)
+        self.witness = CombinerWitness(self.dir / "controller", self.audit.log, self.audit.record)
         try:
             head = self.trail.head()
             if head is None:
@@ -67,7 +87,9 @@ class Controller:
             self.audit.record("fl.start", self.job.job, "ok", {"head": head.version, "next_round": done + 1})
             self._write_status("running", done, head.version)
             if not self.strategy.synchronous:
-                self._run_async()
+                from nebula.federated.controller_async import run_async
+
+                run_async(self)
             else:
                 for r in range(done + 1, self.job.rounds + 1):
                     if (self.dir / STOP_FILE).exists():
@@ -76,8 +98,7 @@ class Controller:
                     self._round(r)
                 else:
                     self._write_status("finished", self.job.rounds, self.trail.head().version)
-            for c in self.combiners:
-                self.mb.send(c, {"type": "stop"})
+            self._finish()
             return self.trail.head().version
         finally:
             self.audit.close()
@@ -91,12 +112,28 @@ class Controller:
         f.write_text(str(epoch))
         return epoch
 
+    def _finish(self) -> None:
+        """Stop the combiners of this run (a last status learns the nonce of any that came late) and keep their
+        last audit checkpoints."""
+        live, _ = self._status()
+        for c in live:
+            self.mb.send(c, {"type": "stop", "run": self.run_id, "to": self.nonces[c]})
+        waiting, deadline = set(live), time.monotonic() + BYE_WAIT_S
+        while waiting and time.monotonic() < deadline:
+            got = self.mb.poll(sorted(waiting), deadline - time.monotonic())
+            if got is None:
+                break
+            peer, head, _ = got
+            if head.get("type") == "bye" and head.get("run") == self.run_id:
+                waiting.discard(peer)
+                self.witness.receive(peer.cluster, head.get("checkpoint"), final=True)
+
     # participation
     def _status(self) -> tuple[list[Peer], dict[Peer, int]]:
         """(combiners that answered, the union of their rosters: client -> examples)."""
         self._seq += 1
         for c in self.combiners:
-            self.mb.send(c, {"type": "status", "seq": self._seq})
+            self.mb.send(c, {"type": "status", "seq": self._seq, "run": self.run_id})
         live, roster, missed = [], {}, set()
         self.accepted_by = {}
         deadline = time.monotonic() + STATUS_WAIT_S
@@ -106,23 +143,56 @@ class Controller:
             if got is None:
                 break
             peer, head, _ = got
-            if head.get("type") == "status" and head.get("seq") == self._seq:
-                waiting.discard(peer)
-                live.append(peer)
-                for c, n in (head.get("roster") or {}).items():
-                    roster[Peer.parse(c)] = int(n)
-                    self.accepted_by.setdefault(Peer.parse(c), set()).add(peer)
-                missed.update(head.get("missed") or [])
-            else:
+            if head.get("type") != "status" or head.get("seq") != self._seq or head.get("run") != self.run_id:
                 self._discard(peer, head)
+                continue
+            waiting.discard(peer)
+            try:
+                got_roster = {Peer.parse(c): int(n) for c, n in (head.get("roster") or {}).items()}
+                missed.update(str(m) for m in head.get("missed") or [])
+                nonce = head["nonce"]
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                log.warning("controller: malformed status answer from %s (%s); it sits this round out", peer, exc)
+                continue
+            live.append(peer)
+            self.nonces[peer] = str(nonce)
+            self._grant(peer.cluster, head.get("grant"))
+            self.witness.receive(peer.cluster, head.get("checkpoint"))
+            for c, n in got_roster.items():
+                roster[c] = n
+                self.accepted_by.setdefault(c, set()).add(peer)
         # a client that let its combiner down is not asked again until that combiner hears from it
         return sorted(live), {c: n for c, n in roster.items() if str(c) not in missed}
 
+    def _grant(self, cluster: str, refusal: object) -> None:
+        """Note what `cluster`'s combiner says of its account home's job grant (audited when it changes)."""
+        if cluster not in self.guarded:
+            return
+        why = None if refusal is None else str(refusal)[:400]
+        if cluster in self.grant_of and self.grant_of[cluster] == why:
+            return
+        self.grant_of[cluster] = why
+        self.audit.record("fl.grant", cluster, "granted" if why is None else "refused", {"reason": why})
+        if why is not None:
+            log.warning("controller: cluster %s's clients take no part in the job: %s", cluster, why)
+
+    def _client_refusal(self, p: Peer) -> str | None:
+        """Why client `p` may not train through any combiner (its own cluster's grant), or None."""
+        if p.cluster not in self.guarded:
+            return None
+        if p.cluster not in self.grant_of:
+            return f"cluster {p.cluster}'s combiner has not said whether its account home grants the job"
+        return self.grant_of[p.cluster]
+
     def _discard(self, peer: Peer, head: dict) -> None:
-        """Drop a message of an earlier round (consuming the model pieces that follow it)."""
-        log.info("controller: dropping a late %s from %s (round %s)", head.get("type"), peer, head.get("round"))
+        """Drop a message of an earlier round or run (consuming the model pieces that follow it)."""
+        log.info("controller: dropping a late %s from %s (round %s)", str(head.get("type"))[:32], peer,
+                 str(head.get("round"))[:32])
         if "piece_bytes" in head and not head.get("inline"):  # (inline pieces came with it)
-            self.mb.recv_model(peer, head, self.job.deadline_s, on_piece=lambda *a: None)
+            try:
+                self.mb.recv_model(peer, head, self.job.deadline_s, on_piece=lambda *a: None)
+            except (TimeoutError, ValueError) as exc:
+                log.warning("controller: pieces of a dropped %s from %s: %s", str(head.get("type"))[:32], peer, exc)
 
     def _wait_roster(self, need: int, want: int | None = None) -> tuple[list[Peer], dict[Peer, int]]:
         """Live combiners and roster once `need` clients are connected; up to `startup_timeout_s` for `want`."""
@@ -141,14 +211,21 @@ class Controller:
             time.sleep(0.5)
 
     def _initialise(self) -> int:
-        """An empty trail: take the initial model from one client (as Flower does) and commit it as version 1."""
-        _, roster = self._wait_roster(1)
-        first = sorted(roster)[0]
-        self.mb.send(first, {"type": "get_parameters"})
-        head, _ = self.mb.recv(first, self.job.startup_timeout_s)
-        weights = self.mb.recv_model(first, head, self.job.startup_timeout_s)
-        return self.trail.commit(weights, parent=None, round=0, strategy=self.strategy.describe(), clients=[str(first)],
-                                 metrics={"initialised_by": str(first)})
+        """An empty trail: the job's initial_model file, or the model most of the asked clients agree on
+        (nebula.federated.initial), committed as version 1."""
+        job = self.job
+        if job.initial_model is not None:
+            weights, who, clients = load_initial_model(job), f"file {job.initial_model}", []
+        else:
+            self._wait_roster(1, min(job.initial_clients, sum(c.num_clients for c in job.clusters)))
+
+            def audit(client: str, outcome: str, detail: dict) -> None:
+                self.audit.record("fl.initial", client, outcome, detail)
+
+            weights, who = fetch_initial(self.mb, job, self.run_id, lambda: self._status()[1], audit)
+            clients = [who]
+        return self.trail.commit(weights, parent=None, round=0, strategy=self.strategy.describe(), clients=clients,
+                                 metrics={"initialised_by": who})
 
     def _assign(self, live: list[Peer], roster: dict[Peer, int], r: int) -> dict[Peer, list[Peer]]:
         clients = sorted(roster)
@@ -156,6 +233,8 @@ class Controller:
         chosen = sorted(random.Random(self.job.seed * 100003 + r).sample(clients, min(k, len(clients))))
         out: dict[Peer, list[Peer]] = {c: [] for c in live}
         for p in chosen:
+            if self._client_refusal(p) is not None:  # its own cluster grants it no part: through no combiner
+                continue
             home = Peer(p.cluster, COMBINER_RANK)
             # only a combiner that accepted the client (one whose cluster grants it the job) takes it
             took = [c for c in out if c in self.accepted_by.get(p, ())]
@@ -187,19 +266,19 @@ class Controller:
         sent_before = {c: self.mb.sent_bytes.get(c, 0) for c in self.mb.sent_bytes}
         for comb, cl in assignment.items():
             copies = 1 if job.wan_once else len(cl)
-            hdr = {"type": "round", "session": self.session, "round": r, "version": head.version,
+            hdr = {"type": "round", "run": self.run_id, "to": self.nonces[comb], "round": r, "version": head.version,
                    "deadline_s": job.deadline_s,
                    "clients": [str(p) for p in cl], "config": self.strategy.client_options(), "copies": copies}
             self.mb.send_model(comb, hdr, weights)
             for _ in range(copies - 1):
-                self.mb.send_model(comb, {"type": "copy", "round": r}, weights)
+                self.mb.send_model(comb, {"type": "copy", "round": r, "to": self.nonces[comb]}, weights)
         home = job.controller.cluster
         self.wan_bytes.append(sum(n - sent_before.get(c, 0) for c, n in self.mb.sent_bytes.items() if c != home))
         reducer = RunningMean(weights)
         coded = job.update_codec != "none"  # then combiners average the clients' changes, not their weights
         update_bytes = 0
         clients, rejected, missing, lost = [], [], [], []
-        num_updates = 0
+        num_updates, norm_max = 0, 0.0
         metric_sums: dict[str, float] = {}
         eval_examples = 0
         waiting = set(assignment)
@@ -210,10 +289,11 @@ class Controller:
             if got is None:
                 break
             peer, h, _ = got
-            if h.get("type") != "partial" or h.get("round") != r or h.get("session") != self.session:
+            if h.get("type") != "partial" or h.get("round") != r or h.get("run") != self.run_id:
                 self._discard(peer, h)
                 continue
             waiting.discard(peer)
+            self.witness.receive(peer.cluster, h.get("checkpoint"))
             try:
                 if bool(h.get("delta")) != coded:
                     raise ValueError(f"partial is {'a change' if h.get('delta') else 'weights'}, the job's "
@@ -228,6 +308,7 @@ class Controller:
                 continue
             num_updates += int(h["num_updates"])
             update_bytes += int(h.get("update_bytes", 0))
+            norm_max = max(norm_max, float(h.get("update_norm_max") or 0.0))
             clients += h.get("clients", [])
             rejected += h.get("rejected", [])
             missing += h.get("missing", [])
@@ -250,83 +331,25 @@ class Controller:
             if coded:
                 mean = {k: weights[k] + mean[k] for k in weights}
             new, state = self.strategy.server_step(weights, mean, state)
-            version = self.trail.commit(new, parent=head.version, round=r, strategy=self.strategy.describe(),
-                                        clients=sorted(clients), metrics={**metrics, "num_examples": num_examples},
-                                        state=state)
+            bad = next((k for k, v in new.items() if not np.isfinite(v).all()), None)
+            if bad is not None:  # finite updates can still overflow together: never commit such a model
+                why = f"the new model's {bad!r} holds NaN or Inf (the updates overflowed); lower max_update_norm"
+            else:
+                version = self.trail.commit(new, parent=head.version, round=r, strategy=self.strategy.describe(),
+                                            clients=sorted(clients), metrics={**metrics, "num_examples": num_examples},
+                                            state=state)
         duration = time.monotonic() - t0
         self.trail.record_round(RoundRecord(
             round=r, status="valid" if why is None else "invalid", version=version, num_updates=num_updates,
             num_examples=num_examples, rejected=rejected, started=started, duration_s=duration,
             detail={"why": why, "missing": missing, "lost_combiners": lost, "expected_examples": expected_examples,
                     "assignment": {str(c): [str(p) for p in v] for c, v in assignment.items()}, **metrics,
-                    "wan_bytes": self.wan_bytes[-1], "update_bytes": update_bytes}))
+                    "wan_bytes": self.wan_bytes[-1], "update_bytes": update_bytes, "update_norm_max": norm_max}))
         self.audit.record("fl.round", str(r), "valid" if why is None else "invalid",
                           {"version": version, "num_updates": num_updates, "why": why})
         log.info("round %d: %s, %d updates, %d examples, %.2f s %s", r, "valid" if why is None else f"invalid ({why})",
                  num_updates, num_examples, duration, json.dumps(metrics))
         self._write_status("running", r, self.trail.head().version)
-
-    # asynchronous strategies (FedAsync, FedBuff)
-    def _run_async(self) -> None:
-        """Every update is applied as it comes, weighted by its staleness; each new model goes to the combiners
-        (once per cluster) and from them to the clients that are idle. Ends after `rounds` model versions."""
-        job = self.job
-        head = self.trail.head()
-        weights, state = self.trail.load(head.version)
-        cache = {head.version: weights}
-        want = job.clients_per_round or sum(c.num_clients for c in job.clusters)
-        live, roster = self._wait_roster(job.validity.min_updates, want)
-        assignment = self._assign(live, roster, head.round + 1)
-        for comb, cl in assignment.items():
-            self.mb.send_model(comb, {"type": "async", "session": self.session, "round": head.round + 1,
-                                      "version": head.version, "deadline_s": job.deadline_s,
-                                      "clients": [str(p) for p in cl], "config": self.strategy.client_options()},
-                               weights)
-        combiners = sorted(assignment)
-        step_clients: list[str] = []
-        step_staleness: list[int] = []
-        quiet_since = time.monotonic()
-        t_step = time.monotonic()
-        while head.round < job.rounds and not (self.dir / STOP_FILE).exists():
-            got = self.mb.poll(combiners, 1.0)
-            if got is None:
-                if time.monotonic() - quiet_since > 3 * job.deadline_s:
-                    raise TimeoutError(f"no update for {3 * job.deadline_s:.0f} s (3 x deadline_s); are the clients "
-                                       "running?")
-                continue
-            peer, h, _ = got
-            if h.get("type") != "async_update" or h.get("session") != self.session:
-                self._discard(peer, h)
-                continue
-            quiet_since = time.monotonic()
-            upd = self.mb.recv_model(peer, h, job.deadline_s)
-            v = int(h["version"])
-            base = cache.get(v)
-            if base is None:
-                base = self.trail.load(v)[0]
-            staleness = head.version - v
-            new, state = self.strategy.on_update(weights, base, upd, int(h["num_examples"]), staleness, state)
-            step_clients.append(str(h["client"]))
-            step_staleness.append(staleness)
-            if new is None:
-                continue
-            version = self.trail.commit(new, parent=head.version, round=head.round + 1,
-                                        strategy=self.strategy.describe(), clients=step_clients, state=state,
-                                        metrics={"staleness": step_staleness, "max_staleness": max(step_staleness)})
-            self.trail.record_round(RoundRecord(
-                round=head.round + 1, status="valid", version=version, num_updates=len(step_clients),
-                num_examples=0, rejected=[], started=time.time(), duration_s=time.monotonic() - t_step,
-                detail={"staleness": step_staleness, "mode": "async"}))
-            head, weights = self.trail.get(version), new
-            cache[version] = new
-            for old in sorted(cache)[:-8]:  # the last few versions stay at hand for computing deltas
-                del cache[old]
-            for comb in combiners:
-                self.mb.send_model(comb, {"type": "model", "session": self.session, "version": version}, new)
-            log.info("async: version %d from %s (staleness %s)", version, step_clients, step_staleness)
-            step_clients, step_staleness, t_step = [], [], time.monotonic()
-            self._write_status("running", head.round, version)
-        self._write_status("finished" if head.round >= job.rounds else "stopped", head.round, head.version)
 
     def _invalid(self, num_updates: int, num_examples: int, expected: int) -> str | None:
         v = self.job.validity

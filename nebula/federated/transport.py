@@ -177,16 +177,6 @@ class Mailbox:
         self._count(peer, len(head) + (0 if payload is None else len(payload)))
         return self.channel(peer, epoch).send(parts, lane=lane)
 
-    def send_to_every_start(self, peer: Peer, header: Mapping[str, Any]) -> None:
-        """A combiner's last word to a client (e.g. stop): on the channels of the client's current incarnation and
-        of the next, so that a client restarted a moment ago, whose hello has not come in yet, hears it too (its
-        channel layer drops what is sent on the old channel, addressed to its predecessor)."""
-        inc = self.incarnations.get(peer, 0)
-        # the next incarnation's first: a client that is not restarted acknowledges it (unread) before the current
-        # one's makes it close, so the combiner's own close does not wait out its flush for it
-        for e in reversed(range(inc, inc + CLIENT_WINDOW)):
-            self.send(peer, header, epoch=e)
-
     def send_parts(self, peer: Peer, parts: list, lane: str = "bulk") -> Any:
         """Send one message of several parts (e.g. a compressed piece's frames); the channel's future."""
         self._count(peer, sum(len(memoryview(p).cast("B")) for p in parts))
