@@ -134,6 +134,9 @@ def check_update_header(head: Mapping[str, Any], *, job: str, round: int, versio
                         max_examples: int) -> Refusal | None:
     """Why this update must be refused, or None. `known_version` is the newest model version the actor knows,
     `max_examples` the job's max_examples_per_client."""
+    if head.get("pushed") and not head.get("inline"):
+        return Refusal("malformed", "a pushed update must carry its pieces inside the header's message (inline); "
+                       "update the client")
     if head.get("job") != job:
         return Refusal("job", f"update belongs to job {_show(head.get('job'))}, not {job!r}; start the client "
                        "with this job's file")

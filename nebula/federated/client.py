@@ -8,6 +8,7 @@ model it was sent, train it (`fit`), announce the update, and stream it once the
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import time
@@ -18,7 +19,8 @@ import numpy as np
 from nebula.channel import Endpoint
 from nebula.federated.config import FederatedJob
 from nebula.federated.intake import NONE_CODEC, UpdateEncoder
-from nebula.federated.transport import COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer
+from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer,
+                                        fits_inline, manifest)
 
 ANY_START = "*"  # (nebula.federated.combiner.ANY_START) a stop for whichever process of this incarnation is there
 
@@ -207,11 +209,19 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
               "num_examples": n, "metrics": {"eval_loss": loss, "eval_examples": n_eval, **em, **fm}}
     if encoder is not None:
         header["codec"] = encoder.spec
-    push = sum(w.nbytes for w in weights.values()) <= int(head.get("push_bytes", 0))
-    if push and encoder is None:  # small and raw: one message, the pieces inside it
-        mb.send_model(peer, {**header, "pushed": True}, weights, inline=True)
+    # small: one message, the pieces (raw, or each piece's change encoded, error feedback kept per piece) inside
+    # it, no pull round trip; a combiner refuses pushed pieces that do not come with their header
+    if sum(w.nbytes for w in weights.values()) <= int(head.get("push_bytes", 0)) \
+            and fits_inline(manifest(weights), job.piece_bytes):
+        if encoder is None:
+            mb.send_model(peer, {**header, "pushed": True}, weights, inline=True)
+        else:
+            frames = list(encoder.frames(weights, params))
+            head = mb.model_header({**header, "pushed": True, "inline": True, "frames": [len(f) for f in frames]},
+                                   weights)
+            mb.send_parts(peer, [json.dumps(head, separators=(",", ":")).encode(), *(p for f in frames for p in f)])
         return True, None
-    mb.send(peer, mb.model_header({**header, "pushed": push}, weights))
+    mb.send(peer, mb.model_header({**header, "pushed": False}, weights))
 
     def send() -> None:
         if encoder is None:
@@ -220,9 +230,6 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
             for frames in encoder.frames(weights, params):
                 mb.send_parts(peer, frames)
 
-    if push:  # small: the pieces follow at once, no pull round trip
-        send()
-        return True, None
     deadline = time.monotonic() + job.deadline_s + 10
     others = [p for p in mb_peers(job) if p != peer]
     while time.monotonic() < deadline:

@@ -26,8 +26,7 @@ from nebula.federated._actor import ActorAudit, JobGrants, Refusal, RefusalTally
 from nebula.federated.config import FederatedJob
 from nebula.federated.intake import spool_dir
 from nebula.federated.strategy import get_strategy
-from nebula.federated.transport import (CLIENT_WINDOW, COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, PUSH_BYTES,
-                                        Mailbox, Peer, model_nbytes)
+from nebula.federated.transport import CLIENT_WINDOW, COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer
 
 __all__ = ["Combiner", "client_peers", "ANY_START"]
 
@@ -115,8 +114,7 @@ class Combiner:
                              f"this combiner is {self.nonce}): an earlier controller's, ignored")
         log.info("combiner %s: %s", self.cluster, why)
         self.tally.add("fl.control", why, str(self.controller), trail=False)
-        self.discard_pieces(self.controller, head)
-        return False
+        return False  # (a model's pieces that follow are dropped as they come, being no header)
 
     def checkpoint(self) -> str | None:
         """This combiner's signed audit checkpoint (the controller keeps it as a witness of the log), as JSON."""
@@ -207,26 +205,10 @@ class Combiner:
         cluster's answer (from the status answers) and assigns no client of a refused cluster to any combiner."""
         return None if self.grants is None else self.grants.refusal(self.mb.ep.cfg.account, self.job.job)
 
-    def discard_pieces(self, peer: Peer, head: dict) -> None:
-        """Drop the pieces of a refused model that are already here, waiting for none: a header whose pieces are
-        not there yet costs nothing (they are dropped as they come, being no header)."""
-        if head.get("inline") or "piece_bytes" not in head:
-            return
-        try:
-            self.mb.skip_pieces(peer, head, 0.0)
-        except (TimeoutError, ValueError):
-            pass
-
-    def discard_pushed(self, peer: Peer, head: dict) -> None:
-        """Drop the pieces of a refused update that were pushed with its header (small ones only)."""
-        if head.get("pushed") and 0 < model_nbytes(head.get("tensors") or []) <= PUSH_BYTES:
-            self.discard_pieces(peer, head)
-
-    def refuse(self, peer: Peer, head: dict, why: Refusal, counted: bool = True, received: bool = False) -> None:
-        """Refuse an update: its pushed pieces dropped (unless `received` already), the client told; audited one
-        by one, or `counted`."""
-        if not received:
-            self.discard_pushed(peer, head)
+    def refuse(self, peer: Peer, head: dict, why: Refusal, counted: bool = True) -> None:
+        """Refuse an update and tell the client; audited one by one, or `counted`. Nothing is read or waited for:
+        pushed pieces come inside the header's message, and any other message that follows a refused header is
+        dropped as it comes, being no header."""
         if counted:
             log.info("combiner %s: refused update of %s: %s", self.cluster, peer, why)
             self.tally.add("fl.update", why, str(peer))

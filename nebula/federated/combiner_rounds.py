@@ -240,7 +240,7 @@ def serve_async(comb: Combiner, head: dict) -> str | None:
         except (TimeoutError, ValueError) as exc:
             why = Refusal("incomplete", f"incomplete update: {exc}")
         if why is not None:  # after a pull the client ignores the answer
-            comb.refuse(peer, h, why, received=True)
+            comb.refuse(peer, h, why)
         else:
             comb.audit.record("fl.update", who, "accepted", {"version": h["version"]})
             mb.send_model(comb.controller, {"type": "async_update", "run": head.get("run"), "client": who,

@@ -217,7 +217,9 @@ class Controller:
         if job.initial_model is not None:
             weights, who, clients = load_initial_model(job), f"file {job.initial_model}", []
         else:
-            self._wait_roster(1, min(job.initial_clients, sum(c.num_clients for c in job.clusters)))
+            # as many clients as will be asked, or as round 1 waits for
+            self._wait_roster(1, min(job.initial_clients, job.clients_per_round or sum(c.num_clients for c in
+                                                                                      job.clusters)))
 
             def audit(client: str, outcome: str, detail: dict) -> None:
                 self.audit.record("fl.initial", client, outcome, detail)

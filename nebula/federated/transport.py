@@ -353,10 +353,16 @@ class Mailbox:
         with an inline header, or the next messages on `peer`'s channel. ValueError for an inline header whose
         parts are missing, TimeoutError when the pieces stop coming."""
         n = ModelAssembler(header, f"{peer}").num_pieces
-        if header.get("inline"):
-            if inline is None or len(inline) != n:
-                raise ValueError(f"{peer}: inline model of {n} pieces came with {len(inline or [])} parts")
-            yield from ([p] for p in inline)
+        if header.get("inline"):  # one part per piece, or `frames` parts each (compressed pieces)
+            sizes = header.get("frames", [1] * n)
+            if not (isinstance(sizes, list) and len(sizes) == n and all(type(k) is int and k > 0 for k in sizes)
+                    and inline is not None and sum(sizes) == len(inline)):
+                raise ValueError(f"{peer}: inline model of {n} pieces came with {len(inline or [])} parts (frames "
+                                 f"{str(header.get('frames'))[:40]})")
+            at = 0
+            for k in sizes:
+                yield inline[at : at + k]
+                at += k
             return
         deadline = time.monotonic() + timeout_s
         ch = self.channel(peer)
