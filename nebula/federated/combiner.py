@@ -78,8 +78,10 @@ class Combiner:
         self.audit.record("fl.combiner", self.cluster, "started", {"job": self.job.job, "nonce": self.nonce})
         log.info("combiner %s/%d ready", self.cluster, COMBINER_RANK)
         try:
+            command = None  # a controller's command that ended a round, served next
             while True:
-                got = self.mb.poll(self.listen, 1.0)
+                got = (self.controller, command, None) if command else self.mb.poll(self.listen, 1.0)
+                command = None
                 self.flush_if_due()
                 if got is None:
                     continue
@@ -96,7 +98,7 @@ class Combiner:
                     self.stop(head)
                     return
                 elif kind == "round":
-                    SyncRound.serve(self, head)
+                    command = SyncRound.serve(self, head)
                 elif kind == "async":
                     if serve_async(self, head) == "stop":
                         return

@@ -25,8 +25,10 @@ class SyncRound:
     """One round at a combiner: the asked clients, the partial aggregate, the refusals."""
 
     @classmethod
-    def serve(cls, comb: Combiner, head: dict) -> None:
-        """Take the round's model from the controller, fan it out, take the updates until the deadline, report."""
+    def serve(cls, comb: Combiner, head: dict) -> dict | None:
+        """Take the round's model from the controller, fan it out, take the updates until the deadline, report.
+        A command of the controller that comes meanwhile (a restarted controller's round: it waits for no partial
+        of its predecessor's) ends the round unreported; it is returned, to be served next."""
         mb = comb.mb
         dl = float(head["deadline_s"])
         deadline = time.monotonic() + dl
@@ -44,12 +46,16 @@ class SyncRound:
                 if got is None:
                     continue
                 peer, h, parts = got
-                if peer == comb.controller:
-                    if h.get("type") == "status":
-                        comb.status(h)
-                    continue
-                comb.from_client(peer, h, rnd, parts)
+                if peer != comb.controller:
+                    comb.from_client(peer, h, rnd, parts)
+                elif h.get("type") == "status":
+                    comb.status(h)
+                elif comb.ours(h):
+                    log.warning("combiner %s: round %d given up: the controller sent a %s", comb.cluster, rnd.round,
+                                str(h.get("type"))[:32])
+                    return h
             rnd.report()
+            return None
         finally:
             if rnd.base is not None:
                 rnd.base.close()
