@@ -13,7 +13,7 @@ from nebula.federated.intake import NONE_CODEC, GlobalModel, Refused, change_sum
 from nebula.federated.transport import PUSH_BYTES, Peer, manifest
 
 if TYPE_CHECKING:
-    from nebula.federated.combiner import Combiner
+    from nebula.federated.combiner_base import CombinerBase as Combiner
 
 __all__ = ["SyncRound", "serve_async", "PULL_GRACE_S"]
 
@@ -48,9 +48,7 @@ class SyncRound:
                 peer, h, parts = got
                 if peer != comb.controller:
                     comb.from_client(peer, h, rnd, parts)
-                elif h.get("type") == "status":
-                    comb.status(h)
-                elif comb.ours(h):
+                elif comb.command(h) is not None:
                     log.warning("combiner %s: round %d given up: the controller sent a %s", comb.cluster, rnd.round,
                                 str(h.get("type"))[:32])
                     return h
@@ -214,14 +212,11 @@ def serve_async(comb: Combiner, head: dict) -> str | None:
         peer, h, parts = got
         kind = h.get("type")
         if peer == comb.controller:
-            if kind == "status":
-                comb.status(h)
-            elif not comb.ours(h):
-                continue
-            elif kind == "stop":
+            kind = comb.command(h)
+            if kind == "stop":
                 comb.stop(h)
                 return "stop"
-            elif kind == "model":
+            if kind == "model":
                 latest = mb.recv_model(comb.controller, h, dl)
                 version = comb.known_version = int(h["version"])
             continue

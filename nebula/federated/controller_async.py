@@ -10,7 +10,7 @@ import numpy as np
 from nebula.federated.trail import RoundRecord
 
 if TYPE_CHECKING:
-    from nebula.federated.controller import Controller
+    from nebula.federated.controller_base import ControllerBase
 
 __all__ = ["run_async", "KEEP_VERSIONS"]
 
@@ -18,18 +18,16 @@ log = logging.getLogger(__name__)
 KEEP_VERSIONS = 8  # the last few versions stay at hand for computing deltas
 
 
-def run_async(ctl: Controller) -> None:
+def run_async(ctl: ControllerBase) -> None:
     """Every update is applied as it comes, weighted by its staleness; each new model goes to the combiners
     (once per cluster) and from them to the clients that are idle. Ends after `rounds` model versions."""
-    from nebula.federated.controller import STOP_FILE
-
     job, mb, trail = ctl.job, ctl.mb, ctl.trail
     head = trail.head()
     weights, state = trail.load(head.version)
     cache = {head.version: weights}
     want = job.clients_per_round or sum(c.num_clients for c in job.clusters)
-    live, roster = ctl._wait_roster(job.validity.min_updates, want)
-    assignment = ctl._assign(live, roster, head.round + 1)
+    live, roster = ctl.wait_roster(job.validity.min_updates, want)
+    assignment = ctl.assign(live, roster, head.round + 1)
     for comb, cl in assignment.items():
         mb.send_model(comb, {"type": "async", "run": ctl.run_id, "to": ctl.nonces[comb], "round": head.round + 1,
                              "version": head.version, "deadline_s": job.deadline_s,
@@ -39,7 +37,7 @@ def run_async(ctl: Controller) -> None:
     step_staleness: list[int] = []
     quiet_since = time.monotonic()
     t_step = time.monotonic()
-    while head.round < job.rounds and not (ctl.dir / STOP_FILE).exists():
+    while head.round < job.rounds and not ctl.stop_requested():
         got = mb.poll(combiners, 1.0)
         if got is None:
             if time.monotonic() - quiet_since > 3 * job.deadline_s:
@@ -48,7 +46,7 @@ def run_async(ctl: Controller) -> None:
             continue
         peer, h, _ = got
         if h.get("type") != "async_update" or h.get("run") != ctl.run_id:
-            ctl._discard(peer, h)
+            ctl.discard(peer, h)
             continue
         quiet_since = time.monotonic()
         upd = mb.recv_model(peer, h, job.deadline_s)
@@ -90,5 +88,5 @@ def run_async(ctl: Controller) -> None:
                           new)
         log.info("async: version %d from %s (staleness %s)", version, step_clients, step_staleness)
         step_clients, step_staleness, t_step = [], [], time.monotonic()
-        ctl._write_status("running", head.round, version)
-    ctl._write_status("finished" if head.round >= job.rounds else "stopped", head.round, head.version)
+        ctl.write_status("running", head.round, version)
+    ctl.write_status("finished" if head.round >= job.rounds else "stopped", head.round, head.version)

@@ -8,11 +8,10 @@ piece messages of at most `piece_bytes` each, so neither side ever joins a whole
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable, Mapping
-
-import logging
 
 import numpy as np
 

@@ -68,7 +68,7 @@ def test_a_nan_a_float64_backdoor_and_a_silent_client_neither_poison_nor_stall_t
     job = write_job(tmp_path, workers, {"A": 2, "B": 2}, rounds=1, initial_clients=4, initial_wait_s=2,
                     validity={"min_updates": 4},
                     client={"factory": "tests.federated.toy_client:make_client",
-                            "args": {"behaviours": behaviours, "sleep_s": {"B/0": 4}}})
+                            "args": {"behaviours": behaviours, "sleep_s": {"B/0": 2.5}}})
     out = run_job(procs, job)
     with ModelTrail(tmp_path / "fl" / "trail") as t:
         models, rounds = t.models(), t.rounds()
