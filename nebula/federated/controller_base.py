@@ -110,7 +110,7 @@ class ControllerBase:
                 log.warning("controller: malformed status answer from %s (%s); it sits this round out", peer, exc)
                 continue
             live.append(peer)
-            self.nonces[peer] = str(nonce)
+            self.nonces[peer] = str(nonce)[:64]
             self._grant(peer.cluster, head.get("grant"))
             self.witness.receive(peer.cluster, head.get("checkpoint"))
             for c, n in got_roster.items():
