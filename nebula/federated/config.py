@@ -250,7 +250,8 @@ def load_federated_job(file: str | Path) -> FederatedJob:
         return p if Path(p).is_absolute() else str((base / p).resolve())
 
     return dataclasses.replace(
-        cfg, initial_model=None if cfg.initial_model is None else res(cfg.initial_model), controller=dataclasses.replace(cfg.controller, dir=res(cfg.controller.dir)),
+        cfg, initial_model=None if cfg.initial_model is None else res(cfg.initial_model),
+        controller=dataclasses.replace(cfg.controller, dir=res(cfg.controller.dir)),
         clusters=tuple(dataclasses.replace(c, worker=res(c.worker),
                                            accounts_home=None if c.accounts_home is None else res(c.accounts_home))
                        for c in cfg.clusters))

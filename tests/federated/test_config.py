@@ -48,7 +48,8 @@ def test_a_job_loads_with_paths_resolved_and_defaults(tmp_path):
     ({"max_examples_per_client": 0}, "max_examples_per_client=0 must be between 1"),
     ({"model_dtypes": ["int8"]}, "model_dtypes: 'int8' is not a numpy floating dtype name"),
     ({"initial_clients": 0}, "initial_clients=0 must be between 1 and 100"),
-    ({"strategy": {"name": "fedprox", "options": {"mu": float("inf")}}}, "strategy: options.mu=inf must be a finite number"),
+    ({"strategy": {"name": "fedprox", "options": {"mu": float("inf")}}},
+     "strategy: options.mu=inf must be a finite number"),
 ])
 def test_bad_job_files_are_refused_with_the_key_and_the_fix(tmp_path, over, needle):
     with pytest.raises(ConfigError) as e:
