@@ -22,9 +22,9 @@ from nebula.federated.intake import NONE_CODEC, UpdateEncoder
 from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer,
                                         fits_inline, manifest)
 
-ANY_START = "*"  # (nebula.federated.combiner.ANY_START) a stop for whichever process of this incarnation is there
+ANY_START = "*"  # a combiner's stop to whichever process of a client's next incarnation is there
 
-__all__ = ["Client", "PaddleClient", "run_client", "load_client"]
+__all__ = ["Client", "PaddleClient", "run_client", "load_client", "ANY_START"]
 
 log = logging.getLogger(__name__)
 UPDATE_WINDOW_PIECES = 4  # pieces of an update in flight between a client and its combiner
@@ -217,9 +217,9 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
             mb.send_model(peer, {**header, "pushed": True}, weights, inline=True)
         else:
             frames = list(encoder.frames(weights, params))
-            head = mb.model_header({**header, "pushed": True, "inline": True, "frames": [len(f) for f in frames]},
-                                   weights)
-            mb.send_parts(peer, [json.dumps(head, separators=(",", ":")).encode(), *(p for f in frames for p in f)])
+            announce = mb.model_header({**header, "pushed": True, "inline": True, "frames": [len(f) for f in frames]},
+                                       weights)
+            mb.send_parts(peer, [json.dumps(announce, separators=(",", ":")).encode(), *(p for f in frames for p in f)])
         return True, None
     mb.send(peer, mb.model_header({**header, "pushed": False}, weights))
 

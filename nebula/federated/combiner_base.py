@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from nebula.federated._actor import ActorAudit, JobGrants, Refusal, RefusalTally
+from nebula.federated.client import ANY_START
 from nebula.federated.config import FederatedJob
 from nebula.federated.strategy import get_strategy
 from nebula.federated.transport import CLIENT_WINDOW, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer
@@ -28,7 +29,6 @@ __all__ = ["CombinerBase", "client_peers", "ANY_START", "FLUSH_S"]
 
 log = logging.getLogger(__name__)
 FLUSH_S = 10.0  # counted refusals are written to the audit log at least this often (and with every round)
-ANY_START = "*"  # a stop addressed to whichever process of a client's next incarnation is there
 NONCE_CHARS = 64
 
 
