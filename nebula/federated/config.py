@@ -231,13 +231,10 @@ class FederatedJob:
 
 def load_federated_job(file: str | Path) -> FederatedJob:
     """Load a `mode: federated` job file; relative paths are taken against the file's directory."""
-    import yaml
+    from nebula.config import read_yaml
 
     file = Path(file)
-    try:
-        raw = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{file}: cannot read the job ({exc})") from None
+    raw = read_yaml(file) or {}  # (bounded: nebula.config._safeyaml; errors name the file and key)
     if isinstance(raw, dict) and raw.get("mode", "federated") != "federated":
         raise ConfigError(f"{file}: mode {raw.get('mode')!r} is not federated; start it with `nebula launch`")
     try:
