@@ -8,7 +8,9 @@ model it was sent, train it (`fit`), announce the update, and stream it once the
 from __future__ import annotations
 
 import importlib
+import json
 import logging
+import os
 import time
 from typing import Any, Mapping
 
@@ -17,9 +19,12 @@ import numpy as np
 from nebula.channel import Endpoint
 from nebula.federated.config import FederatedJob
 from nebula.federated.intake import NONE_CODEC, UpdateEncoder
-from nebula.federated.transport import COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer
+from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer,
+                                        fits_inline, manifest)
 
-__all__ = ["Client", "PaddleClient", "run_client", "load_client"]
+ANY_START = "*"  # a combiner's stop to whichever process of a client's next incarnation is there
+
+__all__ = ["Client", "PaddleClient", "run_client", "load_client", "ANY_START"]
 
 log = logging.getLogger(__name__)
 UPDATE_WINDOW_PIECES = 4  # pieces of an update in flight between a client and its combiner
@@ -141,9 +146,13 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     mb.watch()  # an idle client sleeps until a message comes
     encoder = UpdateEncoder(job.update_codec, job.piece_bytes) if job.update_codec != NONE_CODEC else None
     combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
+    controller = Peer(job.controller.cluster, CONTROLLER_RANK)
     listen = mb_peers(job)
     me = f"{cluster}/{rank}"
-    hello = {"type": "hello", "job": job.job, "num_examples": client.num_examples()}
+    # this process's nonce: combiners name it in every message to us, so that nothing sent to an earlier process
+    # of this rank (an earlier run's stop, say) is taken by this one
+    nonce = os.urandom(8).hex()
+    hello = {"type": "hello", "job": job.job, "num_examples": client.num_examples(), "nonce": nonce}
     for c in combiners:
         mb.send(c, hello)
     trained = 0
@@ -157,17 +166,19 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
                 continue
             peer, head, parts = got
             kind = head.get("type")
+            if kind == "get_parameters" and peer == controller:  # for the initial model: the answer names the run
+                mb.send_model(peer, {"type": "parameters", "job": job.job, "run": head.get("run")},
+                              client.get_parameters({}))
+                continue
+            if not _for_me(head, nonce, me, peer):
+                continue
             if kind == "stop":
                 break
-            if kind == "hello?":  # a combiner (re)started and asks who is there
-                mb.send(peer, hello)
-            elif kind == "get_parameters":
-                mb.send_model(peer, {"type": "parameters", "job": job.job}, client.get_parameters({}))
-            elif kind == "refused":  # this combiner's cluster grants our account no part in the job
+            if kind == "refused":  # this combiner's cluster grants our account no part in the job
                 log.warning("%s: combiner %s refused us: %s", me, peer, head.get("reason"))
             elif kind == "task":
                 last = peer
-                ok, pending = _train(mb, peer, head, client, job, me, encoder, parts)
+                ok, pending = _train(mb, peer, head, client, job, me, encoder, parts, nonce)
                 trained += ok
             else:  # an answer to an update we gave up on (the round moved on): nothing to do
                 log.debug("%s: ignoring %s from %s", me, kind, peer)
@@ -176,9 +187,18 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     return trained
 
 
+def _for_me(head: dict, nonce: str, me: str, peer: Peer) -> bool:
+    """Whether a message is addressed to this process (a stop may also be to any process of this incarnation)."""
+    to = head.get("to")
+    if to == nonce or (to == ANY_START and head.get("type") == "stop"):
+        return True
+    log.info("%s: ignoring a %s from %s addressed to another process (%s)", me, str(head.get("type"))[:32], peer,
+             str(to)[:32])
+    return False
+
 
 def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJob, me: str,
-           encoder: UpdateEncoder | None = None, parts: list | None = None) -> tuple[bool, Any]:
+           encoder: UpdateEncoder | None = None, parts: list | None = None, nonce: str = "") -> tuple[bool, Any]:
     """Run one task (`parts`: the model's pieces that came with it): evaluate, fit, announce, stream on request
     (compressed with `encoder`, if any). (trained?, a task that came meanwhile)."""
     params = mb.recv_model(peer, head, job.deadline_s, inline=parts)
@@ -189,11 +209,19 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
               "num_examples": n, "metrics": {"eval_loss": loss, "eval_examples": n_eval, **em, **fm}}
     if encoder is not None:
         header["codec"] = encoder.spec
-    push = sum(w.nbytes for w in weights.values()) <= int(head.get("push_bytes", 0))
-    if push and encoder is None:  # small and raw: one message, the pieces inside it
-        mb.send_model(peer, {**header, "pushed": True}, weights, inline=True)
+    # small: one message, the pieces (raw, or each piece's change encoded, error feedback kept per piece) inside
+    # it, no pull round trip; a combiner refuses pushed pieces that do not come with their header
+    if sum(w.nbytes for w in weights.values()) <= int(head.get("push_bytes", 0)) \
+            and fits_inline(manifest(weights), job.piece_bytes):
+        if encoder is None:
+            mb.send_model(peer, {**header, "pushed": True}, weights, inline=True)
+        else:
+            frames = list(encoder.frames(weights, params))
+            announce = mb.model_header({**header, "pushed": True, "inline": True, "frames": [len(f) for f in frames]},
+                                       weights)
+            mb.send_parts(peer, [json.dumps(announce, separators=(",", ":")).encode(), *(p for f in frames for p in f)])
         return True, None
-    mb.send(peer, mb.model_header({**header, "pushed": push}, weights))
+    mb.send(peer, mb.model_header({**header, "pushed": False}, weights))
 
     def send() -> None:
         if encoder is None:
@@ -202,9 +230,6 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
             for frames in encoder.frames(weights, params):
                 mb.send_parts(peer, frames)
 
-    if push:  # small: the pieces follow at once, no pull round trip
-        send()
-        return True, None
     deadline = time.monotonic() + job.deadline_s + 10
     others = [p for p in mb_peers(job) if p != peer]
     while time.monotonic() < deadline:
@@ -213,8 +238,12 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
             continue
         src, answer, _ = got
         kind = answer.get("type")
-        if src != peer:  # another combiner (ours is gone, we were reassigned) or the controller
-            if kind in ("task", "stop", "get_parameters", "hello?"):
+        if kind == "get_parameters":
+            return False, got
+        if not _for_me(answer, nonce, me, src):
+            continue
+        if src != peer:  # another combiner (ours is gone, we were reassigned)
+            if kind in ("task", "stop"):
                 return False, got
             continue
         if kind == "pull":
@@ -223,7 +252,7 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
         if kind == "drop":
             log.warning("%s: update of round %s refused: %s", me, head["round"], answer.get("reason"))
             return False, None
-        if kind in ("task", "stop", "hello?", "get_parameters"):  # the round moved on without our update
+        if kind in ("task", "stop"):  # the round moved on without our update
             return False, got
     log.warning("%s: combiner %s did not answer the update of round %s", me, peer, head["round"])
     return False, None

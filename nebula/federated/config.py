@@ -16,10 +16,21 @@ Example::
     strategy: {name: fedavg, options: {}}
     wan_once: true                             # the global model crosses each WAN link once per round
     update_codec: ef(int8_block)               # clients send their change compressed (nebula.compress specs)
+    max_examples_per_client: 1000000           # an update (or hello) claiming more examples is refused
+    max_update_norm: 1.0e6                     # L2 norm of an update's change from the global model; null: off
+    initial_model: null                        # .npz of the initial model; null: asked of initial_clients clients
+    initial_clients: 3                         # the model most of their valid answers agree on becomes version 1
+    initial_wait_s: 30                         # how long each asked client has to answer
+    max_model_bytes: 2147483648                # a model (initial or update) larger than this is refused
+    model_dtypes: [float32]                    # the tensors' allowed dtypes
+
+Every count that sizes memory is bounded (`MAX_CLIENTS` clients per cluster) and every number of seconds or norm
+must be finite: a bad value is one line naming its key path and the limit.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -27,7 +38,36 @@ from typing import Any, Literal
 from nebula.config._schema import ConfigError, from_dict
 
 __all__ = ["FederatedJob", "FederatedCluster", "ControllerSpec", "ClientSpec", "ValiditySpec", "StrategySpec",
-           "load_federated_job"]
+           "load_federated_job", "MAX_CLIENTS", "MAX_WAIT_S"]
+
+MAX_CLIENTS = 100_000  # client ranks per cluster: the combiner keeps a peer and its channels for each
+MAX_ROUNDS = 10_000_000
+MAX_WAIT_S = 7 * 86400.0  # any number of seconds in a job: at most a week
+MAX_PIECE_BYTES = 64 * 1024**2  # a piece must fit a switch's default queue
+MAX_INITIAL_CLIENTS = 100
+
+
+def _seconds(key: str, value: float) -> None:
+    """ValueError unless `value` is a finite number of seconds in (0, MAX_WAIT_S]."""
+    if not (math.isfinite(value) and 0 < value <= MAX_WAIT_S):
+        raise ValueError(f"{key}={value} must be a finite number of seconds in (0, {MAX_WAIT_S:.0f}]")
+
+
+def _at_most(key: str, value: int, lo: int, hi: int, why: str = "") -> None:
+    if not lo <= value <= hi:
+        raise ValueError(f"{key}={value} must be between {lo} and {hi}{why}")
+
+
+def _finite_options(prefix: str, value: Any) -> None:
+    """ValueError naming the key path of the first non-finite float under `value`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{prefix}={value} must be a finite number")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite_options(f"{prefix}.{k}", v)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _finite_options(f"{prefix}[{i}]", v)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,8 +83,8 @@ class FederatedCluster:
     def __post_init__(self) -> None:
         if not self.id or not self.id.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"cluster id {self.id!r} must be letters, digits, '-' or '_'")
-        if self.num_clients < 0:
-            raise ValueError(f"cluster {self.id}: num_clients={self.num_clients} must be >= 0")
+        _at_most("num_clients", self.num_clients, 0, MAX_CLIENTS,
+                 f" (cluster {self.id}); split the clients over more clusters")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -78,6 +118,7 @@ class ValiditySpec:
     def __post_init__(self) -> None:
         if self.min_updates < 1:
             raise ValueError(f"validity.min_updates={self.min_updates} must be >= 1")
+        _at_most("validity.min_updates", self.min_updates, 1, MAX_CLIENTS * 1000)
         if not 0 <= self.min_fraction_examples <= 1:
             raise ValueError(f"validity.min_fraction_examples={self.min_fraction_examples} must be in [0, 1]")
 
@@ -92,6 +133,7 @@ class StrategySpec:
     def __post_init__(self) -> None:
         from nebula.federated.strategy import get_strategy
 
+        _finite_options("options", self.options)
         get_strategy(self.name, self.options)  # unknown names and bad options fail on load
 
 
@@ -116,6 +158,17 @@ class FederatedJob:
     piece_bytes: int = 4 * 1024 * 1024
     seed: int = 0
     startup_timeout_s: float = 120.0  # how long actors wait for their switch and for the first clients
+    # what an update may claim and carry (refused and audited beyond): example count, L2 norm of its change from
+    # the global model (None: no bound), and what any model may be (initial or update): bytes and dtypes
+    max_examples_per_client: int = 1_000_000
+    max_update_norm: float | None = 1.0e6
+    max_model_bytes: int = 2 * 1024**3
+    model_dtypes: tuple[str, ...] = ("float32",)
+    # the initial model (an empty trail): this .npz file, or asked of `initial_clients` clients at once (each
+    # given `initial_wait_s`), of whose valid answers the one most agree on (tensor names, dtypes, shapes) is taken
+    initial_model: str | None = None
+    initial_clients: int = 3
+    initial_wait_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.job or "/" in self.job:
@@ -127,14 +180,19 @@ class FederatedJob:
             raise ValueError(f"a cluster is listed twice under clusters: {ids}")
         if self.controller.cluster not in ids:
             raise ValueError(f"controller.cluster {self.controller.cluster!r} is not under clusters ({', '.join(ids)})")
-        if self.rounds < 1:
-            raise ValueError(f"rounds={self.rounds} must be >= 1")
-        if self.clients_per_round < 0:
-            raise ValueError(f"clients_per_round={self.clients_per_round} must be >= 0 (0: every connected client)")
-        if not self.deadline_s > 0:
-            raise ValueError(f"deadline_s={self.deadline_s} must be > 0")
-        if self.piece_bytes < 4096:
-            raise ValueError(f"piece_bytes={self.piece_bytes} must be >= 4096")
+        _at_most("rounds", self.rounds, 1, MAX_ROUNDS)
+        _at_most("clients_per_round", self.clients_per_round, 0, MAX_CLIENTS * len(ids),
+                 " (0: every connected client)")
+        for key in ("deadline_s", "startup_timeout_s", "initial_wait_s"):
+            _seconds(key, getattr(self, key))
+        _at_most("piece_bytes", self.piece_bytes, 4096, MAX_PIECE_BYTES)
+        _at_most("max_examples_per_client", self.max_examples_per_client, 1, 2**53)
+        _at_most("max_model_bytes", self.max_model_bytes, 1, 2**40)
+        _at_most("initial_clients", self.initial_clients, 1, MAX_INITIAL_CLIENTS)
+        if self.max_update_norm is not None and not (math.isfinite(self.max_update_norm) and self.max_update_norm > 0):
+            raise ValueError(f"max_update_norm={self.max_update_norm} must be a finite number > 0, or null for no "
+                             "bound")
+        self._check_dtypes()
         if self.update_codec != "none":
             from nebula.compress import SpecError, get_codec
             from nebula.federated.strategy import get_strategy
@@ -148,6 +206,20 @@ class FederatedJob:
                                  f"of an asynchronous one keeps no base model to add changes to); drop it or use "
                                  f"fedavg")
 
+    def _check_dtypes(self) -> None:
+        import numpy as np
+
+        if not self.model_dtypes:
+            raise ValueError("model_dtypes is empty; list the model's dtypes, e.g. [float32]")
+        for d in self.model_dtypes:
+            try:
+                ok = np.issubdtype(np.dtype(d), np.floating) and np.dtype(d).name == d
+            except TypeError:
+                ok = False
+            if not ok:
+                raise ValueError(f"model_dtypes: {d!r} is not a numpy floating dtype name (float16, float32, "
+                                 "float64)")
+
     def cluster(self, cid: str) -> FederatedCluster:
         """The cluster named `cid`; ConfigError naming the known ones."""
         for c in self.clusters:
@@ -159,13 +231,10 @@ class FederatedJob:
 
 def load_federated_job(file: str | Path) -> FederatedJob:
     """Load a `mode: federated` job file; relative paths are taken against the file's directory."""
-    import yaml
+    from nebula.config import read_yaml
 
     file = Path(file)
-    try:
-        raw = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{file}: cannot read the job ({exc})") from None
+    raw = read_yaml(file) or {}  # (bounded: nebula.config._safeyaml; errors name the file and key)
     if isinstance(raw, dict) and raw.get("mode", "federated") != "federated":
         raise ConfigError(f"{file}: mode {raw.get('mode')!r} is not federated; start it with `nebula launch`")
     try:
@@ -178,7 +247,8 @@ def load_federated_job(file: str | Path) -> FederatedJob:
         return p if Path(p).is_absolute() else str((base / p).resolve())
 
     return dataclasses.replace(
-        cfg, controller=dataclasses.replace(cfg.controller, dir=res(cfg.controller.dir)),
+        cfg, initial_model=None if cfg.initial_model is None else res(cfg.initial_model),
+        controller=dataclasses.replace(cfg.controller, dir=res(cfg.controller.dir)),
         clusters=tuple(dataclasses.replace(c, worker=res(c.worker),
                                            accounts_home=None if c.accounts_home is None else res(c.accounts_home))
                        for c in cfg.clusters))

@@ -5,167 +5,70 @@ each to its own cluster's combiner (or, when that one is gone, to the live combi
 global model once to each combiner (WAN-once), wait for the partials until the deadline (a combiner that has not
 reported `REPORT_GRACE_S` after it is given up for this round), check the validity policy, reduce the partials
 (example-weighted, streamed piece by piece), apply the strategy's server step, and commit to the trail.
+
+Run identity, participation, grants, witnesses and the initial model: `nebula.federated.controller_base`;
+asynchronous strategies: `nebula.federated.controller_async`.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import random
 import time
-from pathlib import Path
-from typing import Any
+
+import numpy as np
 
 from nebula.channel import Endpoint
-from nebula.federated._actor import ActorAudit
 from nebula.federated.aggregate import RunningMean
-from nebula.federated.config import FederatedJob
-from nebula.federated.strategy import get_strategy
+from nebula.federated.controller_async import run_async
+from nebula.federated.controller_base import STATUS_FILE, STOP_FILE, ControllerBase
 from nebula.federated.trail import ModelTrail, RoundRecord
-from nebula.federated.transport import COMBINER_RANK, CONTROLLER_RANK, Mailbox, Peer
+from nebula.federated.transport import CONTROLLER_RANK, Mailbox, Peer
+from nebula.federated._actor import ActorAudit
+from nebula.federated.witness import CombinerWitness
 
 __all__ = ["Controller", "STOP_FILE", "STATUS_FILE", "REPORT_GRACE_S"]
 
 log = logging.getLogger(__name__)
-STOP_FILE = "STOP"
-STATUS_FILE = "status.json"
-STATUS_WAIT_S = 2.0  # a combiner that does not answer a status request this fast sits the round out
 REPORT_GRACE_S = 3.0  # partials later than deadline + this are not waited for (the round ends within deadline + 5 s)
 
 
-class Controller:
+class Controller(ControllerBase):
     """The controller of `job`; `run()` runs the remaining rounds and returns the trail's head version."""
-
-    def __init__(self, job: FederatedJob, workdir: str | Path | None = None) -> None:
-        self.job = job
-        self.dir = Path(workdir or job.controller.dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run is not this run's
-        self.strategy = get_strategy(job.strategy.name, job.strategy.options)
-        self.combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
-        self.mb: Mailbox | None = None
-        self.trail: ModelTrail | None = None
-        self.audit: ActorAudit | None = None
-        self._seq = 0
-        self._started = False
-        self.session = os.urandom(6).hex()  # partials of a round an earlier controller process started are not ours
-        self.wan_bytes: list[int] = []  # bytes this controller sent to other clusters, per round
-        self.accepted_by: dict[Peer, set[Peer]] = {}  # client -> the combiners that have it in their roster
 
     def run(self) -> int:
         """Run rounds from the trail's head to `job.rounds`; the head version at the end."""
         cl = self.job.cluster(self.job.controller.cluster)
         ep = Endpoint.connect(cl.worker, job=self.job.job, rank=CONTROLLER_RANK, timeout_s=self.job.startup_timeout_s)
-        self.mb = Mailbox(ep, self.job.piece_bytes, Peer(cl.id, CONTROLLER_RANK), self._next_epoch())
+        epoch = self._next_epoch()
+        self.run_id = f"{epoch}.{os.urandom(6).hex()}"
+        self.mb = Mailbox(ep, self.job.piece_bytes, Peer(cl.id, CONTROLLER_RANK), epoch)
         self.trail = ModelTrail(self.dir / "trail")
         self.audit = ActorAudit(self.dir / "controller", cl.worker, "controller", cl.id, CONTROLLER_RANK)
+        self.witness = CombinerWitness(self.dir / "controller", self.audit.log, self.audit.record)
         try:
             head = self.trail.head()
             if head is None:
-                head = self.trail.get(self._initialise())
+                head = self.trail.get(self.initialise())
             done = max([r.round for r in self.trail.rounds()] + [head.round])
             self.audit.record("fl.start", self.job.job, "ok", {"head": head.version, "next_round": done + 1})
-            self._write_status("running", done, head.version)
+            self.write_status("running", done, head.version)
             if not self.strategy.synchronous:
-                self._run_async()
+                run_async(self)
             else:
                 for r in range(done + 1, self.job.rounds + 1):
-                    if (self.dir / STOP_FILE).exists():
-                        self._write_status("stopped", r - 1, self.trail.head().version)
+                    if self.stop_requested():
+                        self.write_status("stopped", r - 1, self.trail.head().version)
                         break
                     self._round(r)
                 else:
-                    self._write_status("finished", self.job.rounds, self.trail.head().version)
-            for c in self.combiners:
-                self.mb.send(c, {"type": "stop"})
+                    self.write_status("finished", self.job.rounds, self.trail.head().version)
+            self.finish()
             return self.trail.head().version
         finally:
             self.audit.close()
             self.trail.close()
             ep.close(flush_s=5)
-
-    def _next_epoch(self) -> int:
-        """This start's epoch: one more than the last start's (kept beside the trail)."""
-        f = self.dir / "epoch"
-        epoch = int(f.read_text()) + 1 if f.exists() else 0
-        f.write_text(str(epoch))
-        return epoch
-
-    # participation
-    def _status(self) -> tuple[list[Peer], dict[Peer, int]]:
-        """(combiners that answered, the union of their rosters: client -> examples)."""
-        self._seq += 1
-        for c in self.combiners:
-            self.mb.send(c, {"type": "status", "seq": self._seq})
-        live, roster, missed = [], {}, set()
-        self.accepted_by = {}
-        deadline = time.monotonic() + STATUS_WAIT_S
-        waiting = set(self.combiners)
-        while waiting and time.monotonic() < deadline:
-            got = self.mb.poll(sorted(waiting), deadline - time.monotonic())
-            if got is None:
-                break
-            peer, head, _ = got
-            if head.get("type") == "status" and head.get("seq") == self._seq:
-                waiting.discard(peer)
-                live.append(peer)
-                for c, n in (head.get("roster") or {}).items():
-                    roster[Peer.parse(c)] = int(n)
-                    self.accepted_by.setdefault(Peer.parse(c), set()).add(peer)
-                missed.update(head.get("missed") or [])
-            else:
-                self._discard(peer, head)
-        # a client that let its combiner down is not asked again until that combiner hears from it
-        return sorted(live), {c: n for c, n in roster.items() if str(c) not in missed}
-
-    def _discard(self, peer: Peer, head: dict) -> None:
-        """Drop a message of an earlier round (consuming the model pieces that follow it)."""
-        log.info("controller: dropping a late %s from %s (round %s)", head.get("type"), peer, head.get("round"))
-        if "piece_bytes" in head and not head.get("inline"):  # (inline pieces came with it)
-            self.mb.recv_model(peer, head, self.job.deadline_s, on_piece=lambda *a: None)
-
-    def _wait_roster(self, need: int, want: int | None = None) -> tuple[list[Peer], dict[Peer, int]]:
-        """Live combiners and roster once `need` clients are connected; up to `startup_timeout_s` for `want`."""
-        t0 = time.monotonic()
-        deadline = t0 + self.job.startup_timeout_s
-        while True:
-            live, roster = self._status()
-            if live and len(roster) >= (want or need) and (not want or len(live) == len(self.combiners)):
-                return live, roster
-            if live and len(roster) >= need and want and time.monotonic() > t0 + self.job.startup_timeout_s / 2:
-                return live, roster
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(roster)} clients reached {len(live)} combiners within "
-                                   f"{self.job.startup_timeout_s} s, {need} needed; start more clients or lower "
-                                   "validity.min_updates")
-            time.sleep(0.5)
-
-    def _initialise(self) -> int:
-        """An empty trail: take the initial model from one client (as Flower does) and commit it as version 1."""
-        _, roster = self._wait_roster(1)
-        first = sorted(roster)[0]
-        self.mb.send(first, {"type": "get_parameters"})
-        head, _ = self.mb.recv(first, self.job.startup_timeout_s)
-        weights = self.mb.recv_model(first, head, self.job.startup_timeout_s)
-        return self.trail.commit(weights, parent=None, round=0, strategy=self.strategy.describe(), clients=[str(first)],
-                                 metrics={"initialised_by": str(first)})
-
-    def _assign(self, live: list[Peer], roster: dict[Peer, int], r: int) -> dict[Peer, list[Peer]]:
-        clients = sorted(roster)
-        k = self.job.clients_per_round or len(clients)
-        chosen = sorted(random.Random(self.job.seed * 100003 + r).sample(clients, min(k, len(clients))))
-        out: dict[Peer, list[Peer]] = {c: [] for c in live}
-        for p in chosen:
-            home = Peer(p.cluster, COMBINER_RANK)
-            # only a combiner that accepted the client (one whose cluster grants it the job) takes it
-            took = [c for c in out if c in self.accepted_by.get(p, ())]
-            if not took:
-                continue
-            target = home if home in took else min(took, key=lambda c: (len(out[c]), c))
-            if target != home:
-                log.info("controller: client %s reassigned to combiner %s (its own is gone)", p, target)
-            out[target].append(p)
-        return {c: v for c, v in out.items() if v}
 
     # one round
     def _round(self, r: int) -> None:
@@ -179,27 +82,27 @@ class Controller:
         if not self._started:
             want = job.clients_per_round or sum(c.num_clients for c in job.clusters)
             self._started = True
-        live, roster = self._wait_roster(job.validity.min_updates, want)
-        assignment = self._assign(live, roster, r)
+        live, roster = self.wait_roster(job.validity.min_updates, want)
+        assignment = self.assign(live, roster, r)
         log.info("round %d: live combiners %s, %d clients connected", r, [str(c) for c in live], len(roster))
         expected_examples = sum(roster[p] for cl in assignment.values() for p in cl)
         t0 = time.monotonic()
         sent_before = {c: self.mb.sent_bytes.get(c, 0) for c in self.mb.sent_bytes}
         for comb, cl in assignment.items():
             copies = 1 if job.wan_once else len(cl)
-            hdr = {"type": "round", "session": self.session, "round": r, "version": head.version,
+            hdr = {"type": "round", "run": self.run_id, "to": self.nonces[comb], "round": r, "version": head.version,
                    "deadline_s": job.deadline_s,
                    "clients": [str(p) for p in cl], "config": self.strategy.client_options(), "copies": copies}
             self.mb.send_model(comb, hdr, weights)
             for _ in range(copies - 1):
-                self.mb.send_model(comb, {"type": "copy", "round": r}, weights)
+                self.mb.send_model(comb, {"type": "copy", "round": r, "to": self.nonces[comb]}, weights)
         home = job.controller.cluster
         self.wan_bytes.append(sum(n - sent_before.get(c, 0) for c, n in self.mb.sent_bytes.items() if c != home))
         reducer = RunningMean(weights)
         coded = job.update_codec != "none"  # then combiners average the clients' changes, not their weights
         update_bytes = 0
         clients, rejected, missing, lost = [], [], [], []
-        num_updates = 0
+        num_updates, norm_max = 0, 0.0
         metric_sums: dict[str, float] = {}
         eval_examples = 0
         waiting = set(assignment)
@@ -210,10 +113,11 @@ class Controller:
             if got is None:
                 break
             peer, h, _ = got
-            if h.get("type") != "partial" or h.get("round") != r or h.get("session") != self.session:
-                self._discard(peer, h)
+            if h.get("type") != "partial" or h.get("round") != r or h.get("run") != self.run_id:
+                self.discard(peer, h)
                 continue
             waiting.discard(peer)
+            self.witness.receive(peer.cluster, h.get("checkpoint"))
             try:
                 if bool(h.get("delta")) != coded:
                     raise ValueError(f"partial is {'a change' if h.get('delta') else 'weights'}, the job's "
@@ -228,6 +132,7 @@ class Controller:
                 continue
             num_updates += int(h["num_updates"])
             update_bytes += int(h.get("update_bytes", 0))
+            norm_max = max(norm_max, float(h.get("update_norm_max") or 0.0))
             clients += h.get("clients", [])
             rejected += h.get("rejected", [])
             missing += h.get("missing", [])
@@ -250,83 +155,25 @@ class Controller:
             if coded:
                 mean = {k: weights[k] + mean[k] for k in weights}
             new, state = self.strategy.server_step(weights, mean, state)
-            version = self.trail.commit(new, parent=head.version, round=r, strategy=self.strategy.describe(),
-                                        clients=sorted(clients), metrics={**metrics, "num_examples": num_examples},
-                                        state=state)
+            bad = next((k for k, v in new.items() if not np.isfinite(v).all()), None)
+            if bad is not None:  # finite updates can still overflow together: never commit such a model
+                why = f"the new model's {bad!r} holds NaN or Inf (the updates overflowed); lower max_update_norm"
+            else:
+                version = self.trail.commit(new, parent=head.version, round=r, strategy=self.strategy.describe(),
+                                            clients=sorted(clients), metrics={**metrics, "num_examples": num_examples},
+                                            state=state)
         duration = time.monotonic() - t0
         self.trail.record_round(RoundRecord(
             round=r, status="valid" if why is None else "invalid", version=version, num_updates=num_updates,
             num_examples=num_examples, rejected=rejected, started=started, duration_s=duration,
             detail={"why": why, "missing": missing, "lost_combiners": lost, "expected_examples": expected_examples,
                     "assignment": {str(c): [str(p) for p in v] for c, v in assignment.items()}, **metrics,
-                    "wan_bytes": self.wan_bytes[-1], "update_bytes": update_bytes}))
+                    "wan_bytes": self.wan_bytes[-1], "update_bytes": update_bytes, "update_norm_max": norm_max}))
         self.audit.record("fl.round", str(r), "valid" if why is None else "invalid",
                           {"version": version, "num_updates": num_updates, "why": why})
         log.info("round %d: %s, %d updates, %d examples, %.2f s %s", r, "valid" if why is None else f"invalid ({why})",
                  num_updates, num_examples, duration, json.dumps(metrics))
-        self._write_status("running", r, self.trail.head().version)
-
-    # asynchronous strategies (FedAsync, FedBuff)
-    def _run_async(self) -> None:
-        """Every update is applied as it comes, weighted by its staleness; each new model goes to the combiners
-        (once per cluster) and from them to the clients that are idle. Ends after `rounds` model versions."""
-        job = self.job
-        head = self.trail.head()
-        weights, state = self.trail.load(head.version)
-        cache = {head.version: weights}
-        want = job.clients_per_round or sum(c.num_clients for c in job.clusters)
-        live, roster = self._wait_roster(job.validity.min_updates, want)
-        assignment = self._assign(live, roster, head.round + 1)
-        for comb, cl in assignment.items():
-            self.mb.send_model(comb, {"type": "async", "session": self.session, "round": head.round + 1,
-                                      "version": head.version, "deadline_s": job.deadline_s,
-                                      "clients": [str(p) for p in cl], "config": self.strategy.client_options()},
-                               weights)
-        combiners = sorted(assignment)
-        step_clients: list[str] = []
-        step_staleness: list[int] = []
-        quiet_since = time.monotonic()
-        t_step = time.monotonic()
-        while head.round < job.rounds and not (self.dir / STOP_FILE).exists():
-            got = self.mb.poll(combiners, 1.0)
-            if got is None:
-                if time.monotonic() - quiet_since > 3 * job.deadline_s:
-                    raise TimeoutError(f"no update for {3 * job.deadline_s:.0f} s (3 x deadline_s); are the clients "
-                                       "running?")
-                continue
-            peer, h, _ = got
-            if h.get("type") != "async_update" or h.get("session") != self.session:
-                self._discard(peer, h)
-                continue
-            quiet_since = time.monotonic()
-            upd = self.mb.recv_model(peer, h, job.deadline_s)
-            v = int(h["version"])
-            base = cache.get(v)
-            if base is None:
-                base = self.trail.load(v)[0]
-            staleness = head.version - v
-            new, state = self.strategy.on_update(weights, base, upd, int(h["num_examples"]), staleness, state)
-            step_clients.append(str(h["client"]))
-            step_staleness.append(staleness)
-            if new is None:
-                continue
-            version = self.trail.commit(new, parent=head.version, round=head.round + 1,
-                                        strategy=self.strategy.describe(), clients=step_clients, state=state,
-                                        metrics={"staleness": step_staleness, "max_staleness": max(step_staleness)})
-            self.trail.record_round(RoundRecord(
-                round=head.round + 1, status="valid", version=version, num_updates=len(step_clients),
-                num_examples=0, rejected=[], started=time.time(), duration_s=time.monotonic() - t_step,
-                detail={"staleness": step_staleness, "mode": "async"}))
-            head, weights = self.trail.get(version), new
-            cache[version] = new
-            for old in sorted(cache)[:-8]:  # the last few versions stay at hand for computing deltas
-                del cache[old]
-            for comb in combiners:
-                self.mb.send_model(comb, {"type": "model", "session": self.session, "version": version}, new)
-            log.info("async: version %d from %s (staleness %s)", version, step_clients, step_staleness)
-            step_clients, step_staleness, t_step = [], [], time.monotonic()
-            self._write_status("running", head.round, version)
-        self._write_status("finished" if head.round >= job.rounds else "stopped", head.round, head.version)
+        self.write_status("running", r, self.trail.head().version)
 
     def _invalid(self, num_updates: int, num_examples: int, expected: int) -> str | None:
         v = self.job.validity
@@ -336,11 +183,3 @@ class Controller:
             return (f"{num_examples} examples < validity.min_fraction_examples={v.min_fraction_examples} of "
                     f"{expected} expected")
         return None
-
-    def _write_status(self, state: str, r: int, version: int) -> None:
-        doc: dict[str, Any] = {"job": self.job.job, "state": state, "round": r, "rounds": self.job.rounds,
-                               "head_version": version, "pid": os.getpid(), "updated": time.time()}
-        tmp = self.dir / (STATUS_FILE + ".tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, self.dir / STATUS_FILE)
-

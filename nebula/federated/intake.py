@@ -3,7 +3,8 @@
 An update arrives as the pieces of a model (`transport`): raw values, or, with `update_codec` in the job file, each
 piece's change from the global model encoded with the project's codecs (`nebula.compress`; `ef(...)` keeps its
 error-feedback residual on the client across rounds). Each piece is decoded, checked (its size and dtype, finite
-values) and then either held (small updates) or written to a spool file (large ones) until the whole update has
+values, and the L2 norm of the whole update's change from the global model against the job's `max_update_norm`)
+and then either held (small updates) or written to a spool file (large ones) until the whole update has
 proved good; only then is it folded into the round's aggregate, piece by piece. So a refused update never touches
 the aggregate, and a combiner taking in a large model's updates holds the aggregate plus a few pieces: the spool
 lives in the page cache, not in the process.
@@ -19,7 +20,8 @@ import numpy as np
 
 from nebula.federated.transport import Mailbox, ModelAssembler, Peer, piece_plan, tensor_specs
 
-__all__ = ["Refused", "ReceivedUpdate", "receive_update", "UpdateEncoder", "SPOOL_BYTES", "NONE_CODEC"]
+__all__ = ["Refused", "ReceivedUpdate", "receive_update", "UpdateEncoder", "GlobalModel", "SPOOL_BYTES",
+           "NONE_CODEC"]
 
 SPOOL_BYTES = 64 * 1024**2  # updates larger than this wait in a spool file, not in memory, until checked
 NONE_CODEC = "none"
@@ -33,8 +35,9 @@ class ReceivedUpdate:
     """A checked update: its pieces again, from memory or from the spool file, one at a time."""
 
     def __init__(self, plan: list[tuple[str, int, int]], dtypes: Mapping[str, np.dtype], held: list | None,
-                 spool: Any, nbytes: int) -> None:
+                 spool: Any, nbytes: int, norm: float | None = None) -> None:
         self.plan, self.dtypes, self.held, self.spool, self.nbytes = plan, dtypes, held, spool, nbytes
+        self.norm = norm  # L2 norm of the change from the global model (None: not measured)
 
     def pieces(self) -> Iterator[tuple[str, int, np.ndarray]]:
         """(tensor, element offset, values) of every piece in order; each spooled piece is read into one reused
@@ -59,14 +62,58 @@ class ReceivedUpdate:
             self.spool = None
 
 
+class GlobalModel:
+    """The round's global model as a combiner keeps it to measure each update's change: in memory, or, for a model
+    over `spool_over` bytes, in a spool file read back slice by slice (so the page cache holds it, not the
+    combiner, which keeps its one model's worth of memory for the running mean)."""
+
+    def __init__(self, weights: Mapping[str, np.ndarray], spool_dir: str | Path, spool_over: int = SPOOL_BYTES
+                 ) -> None:
+        self.held: dict[str, np.ndarray] | None = None
+        self.spool: Any = None
+        self.where: dict[str, tuple[int, np.dtype]] = {}
+        if sum(w.nbytes for w in weights.values()) <= spool_over:
+            self.held = {k: np.ascontiguousarray(v).reshape(-1) for k, v in weights.items()}
+            return
+        self.spool = tempfile.TemporaryFile(dir=spool_dir)
+        at = 0
+        for k, v in weights.items():
+            self.where[k] = (at, v.dtype)
+            self.spool.write(memoryview(np.ascontiguousarray(v).reshape(-1)).cast("B"))
+            at += v.nbytes
+        self.spool.flush()
+
+    def slice(self, name: str, offset: int, count: int) -> np.ndarray:
+        """Elements [offset, offset + count) of tensor `name`, flattened."""
+        if self.held is not None:
+            return self.held[name][offset : offset + count]
+        at, dtype = self.where[name]
+        buf = os.pread(self.spool.fileno(), count * dtype.itemsize, at + offset * dtype.itemsize)
+        return np.frombuffer(buf, dtype)
+
+    def close(self) -> None:
+        """Drop the model (or its spool file)."""
+        self.held = None
+        if self.spool is not None:
+            self.spool.close()
+            self.spool = None
+
+
+def change_sumsq(vals: np.ndarray, base: np.ndarray | None) -> float:
+    """Squared L2 norm of `vals - base` (of `vals` when `base` is None: a change already), in float64."""
+    d = vals.astype(np.float64) if base is None else vals.astype(np.float64) - base
+    return float(np.dot(d, d))
+
+
 def receive_update(mb: Mailbox, peer: Peer, head: Mapping[str, Any], timeout_s: float, *, codec: str,
                    spool_dir: str | Path, spool_over: int = SPOOL_BYTES,
-                   inline: list | None = None) -> ReceivedUpdate:
+                   inline: list | None = None, base: GlobalModel | None = None,
+                   max_norm: float | None = None) -> ReceivedUpdate:
     """Receive and check the pieces that follow update header `head` from `peer` (decoding them when the job has
-    an update codec); Refused with the reason for a malformed, non-finite or incomplete update. Every piece is
-    read off the channel even after a bad one, so the channel stays in step (`inline`: the pieces that came
-    with the header instead). Updates over `spool_over` bytes
-    wait in a file in `spool_dir`."""
+    an update codec); Refused with the reason for a malformed, non-finite or incomplete update, or one whose
+    change from the global model (`base`; a coded update is a change itself) has an L2 norm over `max_norm`.
+    Every piece is read off the channel even after a bad one, so the channel stays in step (`inline`: the pieces
+    that came with the header instead). Updates over `spool_over` bytes wait in a file in `spool_dir`."""
     asm = ModelAssembler(head, str(peer))
     plan = asm.plan
     dtypes = {k: d for k, (d, _) in asm.specs.items()}
@@ -77,7 +124,8 @@ def receive_update(mb: Mailbox, peer: Peer, head: Mapping[str, Any], timeout_s: 
     total = sum(c * dtypes[n].itemsize for n, _, c in plan)
     spool = tempfile.TemporaryFile(dir=spool_dir) if total > spool_over else None
     held: list | None = None if spool is not None else []
-    why, nbytes = None, 0
+    why, nbytes, sumsq = None, 0, 0.0
+    measure = coded or base is not None
     incoming = iter(mb.pieces(peer, head, timeout_s, inline))
     try:
         for i, (name, off, count) in enumerate(plan):
@@ -95,7 +143,15 @@ def receive_update(mb: Mailbox, peer: Peer, head: Mapping[str, Any], timeout_s: 
                 continue
             if not np.isfinite(vals).all():
                 why = f"{name!r} holds NaN or Inf; lower the learning rate or clip gradients"
-            elif spool is not None:
+                continue
+            if measure:
+                sumsq += change_sumsq(vals, None if coded else base.slice(name, off, count))
+                if max_norm is not None and sumsq > max_norm * max_norm:
+                    why = (f"the update's change from the global model has an L2 norm over the job's "
+                           f"max_update_norm={max_norm:g} (at least {np.sqrt(sumsq):.4g}); lower the learning rate "
+                           "or clip the update")
+                    continue
+            if spool is not None:
                 spool.write(memoryview(vals).cast("B"))
             else:
                 held.append((name, off, vals))
@@ -107,7 +163,7 @@ def receive_update(mb: Mailbox, peer: Peer, head: Mapping[str, Any], timeout_s: 
         raise
     if spool is not None:
         spool.flush()
-    return ReceivedUpdate(plan, dtypes, held, spool, nbytes)
+    return ReceivedUpdate(plan, dtypes, held, spool, nbytes, float(np.sqrt(sumsq)) if measure else None)
 
 
 def _raw_piece(parts: list, asm: ModelAssembler, i: int) -> np.ndarray:

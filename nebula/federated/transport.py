@@ -8,11 +8,10 @@ piece messages of at most `piece_bytes` each, so neither side ever joins a whole
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Iterable, Mapping
-
-import logging
 
 import numpy as np
 
@@ -176,16 +175,6 @@ class Mailbox:
         parts = [head] if payload is None else [head, payload]
         self._count(peer, len(head) + (0 if payload is None else len(payload)))
         return self.channel(peer, epoch).send(parts, lane=lane)
-
-    def send_to_every_start(self, peer: Peer, header: Mapping[str, Any]) -> None:
-        """A combiner's last word to a client (e.g. stop): on the channels of the client's current incarnation and
-        of the next, so that a client restarted a moment ago, whose hello has not come in yet, hears it too (its
-        channel layer drops what is sent on the old channel, addressed to its predecessor)."""
-        inc = self.incarnations.get(peer, 0)
-        # the next incarnation's first: a client that is not restarted acknowledges it (unread) before the current
-        # one's makes it close, so the combiner's own close does not wait out its flush for it
-        for e in reversed(range(inc, inc + CLIENT_WINDOW)):
-            self.send(peer, header, epoch=e)
 
     def send_parts(self, peer: Peer, parts: list, lane: str = "bulk") -> Any:
         """Send one message of several parts (e.g. a compressed piece's frames); the channel's future."""
@@ -363,10 +352,16 @@ class Mailbox:
         with an inline header, or the next messages on `peer`'s channel. ValueError for an inline header whose
         parts are missing, TimeoutError when the pieces stop coming."""
         n = ModelAssembler(header, f"{peer}").num_pieces
-        if header.get("inline"):
-            if inline is None or len(inline) != n:
-                raise ValueError(f"{peer}: inline model of {n} pieces came with {len(inline or [])} parts")
-            yield from ([p] for p in inline)
+        if header.get("inline"):  # one part per piece, or `frames` parts each (compressed pieces)
+            sizes = header.get("frames", [1] * n)
+            if not (isinstance(sizes, list) and len(sizes) == n and all(type(k) is int and k > 0 for k in sizes)
+                    and inline is not None and sum(sizes) == len(inline)):
+                raise ValueError(f"{peer}: inline model of {n} pieces came with {len(inline or [])} parts (frames "
+                                 f"{str(header.get('frames'))[:40]})")
+            at = 0
+            for k in sizes:
+                yield inline[at : at + k]
+                at += k
             return
         deadline = time.monotonic() + timeout_s
         ch = self.channel(peer)

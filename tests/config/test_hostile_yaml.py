@@ -124,5 +124,5 @@ def test_federated_job_refuses_an_infinite_deadline(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text("job: j\nmode: federated\ncontroller: {cluster: A}\n"
                    "clusters: [{id: A, worker: w.yaml, num_clients: 2}]\ndeadline_s: .inf\n")
-    with pytest.raises(ConfigError, match=r"job.yaml: deadline_s: inf is not a finite number"):
+    with pytest.raises(ConfigError, match=r"job.yaml: deadline_s \(line 5\): '.inf' is not a finite number"):
         load_federated_job(job)

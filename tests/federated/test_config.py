@@ -23,6 +23,9 @@ def test_a_job_loads_with_paths_resolved_and_defaults(tmp_path):
     assert job.clusters[0].worker == str(tmp_path / "prov/A/worker.yaml")
     assert job.controller.dir == str(tmp_path / "fl")
     assert job.strategy.name == "fedadam" and job.wan_once and job.validity.min_updates == 1
+    assert (job.max_examples_per_client, job.max_update_norm, job.initial_model, job.initial_clients) == \
+        (1_000_000, 1e6, None, 3)
+    assert job.model_dtypes == ("float32",) and job.max_model_bytes == 2 * 1024**3
 
 
 @pytest.mark.parametrize("over,needle", [
@@ -34,8 +37,24 @@ def test_a_job_loads_with_paths_resolved_and_defaults(tmp_path):
     ({"controller": {"cluster": "Z"}}, "controller.cluster 'Z' is not under clusters"),
     ({"mode": "pipeline"}, "is not federated; start it with `nebula launch`"),
     ({"deadline_s": 0}, "deadline_s=0"),
+    # non-finite numbers: refused by the bounded loader, naming the key (nebula.config._safeyaml)
+    ({"deadline_s": float("inf")}, "deadline_s (line"),
+    ({"startup_timeout_s": float("nan")}, "startup_timeout_s (line"),
+    ({"clusters": [{"id": "A", "worker": "w.yaml", "num_clients": 300000000}]},
+     "clusters[0]: num_clients=300000000 must be between 0 and 100000"),
+    ({"clients_per_round": 10**12}, "clients_per_round=1000000000000 must be between 0 and 100000"),
+    ({"rounds": 10**12}, "rounds=1000000000000 must be between 1 and 10000000"),
+    ({"piece_bytes": 2**40}, "piece_bytes=1099511627776 must be between 4096 and 67108864"),
+    ({"max_update_norm": float("inf")}, "max_update_norm (line"),
+    ({"max_examples_per_client": 0}, "max_examples_per_client=0 must be between 1"),
+    ({"model_dtypes": ["int8"]}, "model_dtypes: 'int8' is not a numpy floating dtype name"),
+    ({"initial_clients": 0}, "initial_clients=0 must be between 1 and 100"),
+    ({"strategy": {"name": "fedprox", "options": {"mu": float("inf")}}},
+     "strategy.options.mu (line"),
 ])
 def test_bad_job_files_are_refused_with_the_key_and_the_fix(tmp_path, over, needle):
     with pytest.raises(ConfigError) as e:
         load_federated_job(_write(tmp_path, **over))
     assert needle in str(e.value) and "job.yaml" in str(e.value)
+    if "(line" in needle:
+        assert "is not a finite number" in str(e.value)

@@ -31,23 +31,32 @@ def test_job_grants_are_enforced_once_in_use():
     assert policy_from_rows([("eve", "job", "*", None, None)]).job_refusal("eve", "langid") is None
 
 
-def test_a_combiner_refuses_clients_without_a_job_grant_audited_and_the_rounds_go_on(procs, tmp_path):
+def _audit(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_job_grants_hold_across_the_federation_refused_clients_train_through_no_combiner(procs, tmp_path):
     workers = federation(procs, tmp_path)
     homes = {"A": _home(tmp_path / "home-A", "job:fltest"), "B": _home(tmp_path / "home-B", "job:other")}
-    job = write_job(tmp_path, workers, {"A": 1, "B": 1}, rounds=2, validity={"min_updates": 2})
+    job = write_job(tmp_path, workers, {"A": 1, "B": 1}, rounds=2, validity={"min_updates": 1})
     doc = yaml.safe_load(job.read_text())
     for c in doc["clusters"]:
         c["accounts_home"] = str(homes[c["id"]])
     job.write_text(yaml.safe_dump(doc))
     out = run_job(procs, job)
     with ModelTrail(tmp_path / "fl" / "trail") as t:
-        rounds = t.rounds()
-    # B's home grants the account only another job: B's combiner took no client; A's took both, and both trained
-    assert [(r.status, r.num_updates) for r in rounds] == [("valid", 2), ("valid", 2)], out
-    assert all(r.detail["assignment"] == {"A/1": ["A/2", "B/2"]} for r in rounds)
-    audit = [json.loads(line) for line in (tmp_path / "fl" / "combiner-B" / "audit.log").read_text().splitlines()]
-    refused = {r["target"]: r["detail"]["reason"] for r in audit if r["action"] == "fl.hello"}
-    assert set(refused) == {"A/2", "B/2"}
-    assert all("holds no grant for job 'fltest'" in why and str(homes["B"]) in why for why in refused.values())
+        rounds, models = t.rounds(), t.models()
+    # B's home grants the account only another job: B's combiner took no client, and A's, which grants it, takes
+    # A's client only: B's clients are refused by their own cluster, whichever combiner they reach
+    assert [(r.status, r.num_updates) for r in rounds] == [("valid", 1), ("valid", 1)], out
+    assert all(r.detail["assignment"] == {"A/1": ["A/2"]} for r in rounds)
+    assert all(m.clients == ["A/2"] for m in models[1:])
+    grant = [r for r in _audit(tmp_path / "fl" / "controller" / "audit.log") if r["action"] == "fl.grant"]
+    assert sorted((r["target"], r["outcome"]) for r in grant) == [("A", "granted"), ("B", "refused")]
+    assert "holds no grant for job 'fltest'" in next(r for r in grant if r["target"] == "B")["detail"]["reason"]
+    # B's combiner refused both hellos: counted, one record for the two
+    refused = [r for r in _audit(tmp_path / "fl" / "combiner-B" / "audit.log") if r["action"] == "fl.hello"]
+    assert len(refused) == 1 and sorted(refused[0]["detail"]["clients"]) == ["A/2", "B/2"]
+    assert refused[0]["detail"]["count"] == 2 and str(homes["B"]) in refused[0]["detail"]["reason"]
     audit_a = (tmp_path / "fl" / "combiner-A" / "audit.log").read_text()
     assert '"action":"fl.hello"' not in audit_a  # granted there: nothing refused

@@ -23,7 +23,15 @@ class ToyClient(Client):
         return len(self.y)
 
     def get_parameters(self, config):
-        return {"w": np.zeros((self.dim, 3), np.float32), "b": np.zeros(3, np.float32)}
+        p = {"w": np.zeros((self.dim, 3), np.float32), "b": np.zeros(3, np.float32)}
+        b = self.behaviour
+        if b == "init_nan":
+            p["w"][1, 1] = np.nan
+        elif b == "init_backdoor":  # float64 and a tensor of its own
+            p = {"w": p["w"].astype(np.float64), "b": p["b"].astype(np.float64), "backdoor": np.ones(7)}
+        elif b == "init_silent":  # answers long after the controller stopped waiting
+            time.sleep(self.sleep_s)
+        return p
 
     def _probs(self, p):
         z = self.x @ p["w"] + p["b"]
@@ -31,7 +39,8 @@ class ToyClient(Client):
         return z / z.sum(1, keepdims=True)
 
     def fit(self, parameters, config):
-        time.sleep(self.sleep_s)
+        if self.behaviour != "init_silent":
+            time.sleep(self.sleep_s)
         p = {k: v.copy() for k, v in parameters.items()}
         onehot = np.eye(3, dtype=np.float32)[self.y]
         for _ in range(20):
@@ -47,6 +56,11 @@ class ToyClient(Client):
             p["b"] = p["b"].astype(np.float64)
         elif b == "flip":
             p = {k: -10 * v for k, v in p.items()}
+        elif b in ("huge_n", "scale"):  # weights of -1000, claiming 10^15 examples (or its real count)
+            p = {k: np.full_like(v, -1000.0) for k, v in p.items()}
+            return p, 10**15 if b == "huge_n" else len(self.y), {}
+        elif b == "huge_values":  # finite, but near float32's largest
+            p = {k: np.full_like(v, 3e38) for k, v in p.items()}
         return p, len(self.y), {}
 
     def evaluate(self, parameters, config):

@@ -66,13 +66,11 @@ def load_federated_modes(file: str | Path):
     """(FederatedJob, ModeSpec) of a federated job file that may select FedOptima or OWL."""
     import yaml
 
+    from nebula.config import read_yaml
     from nebula.federated.config import load_federated_job
 
     file = Path(file)
-    try:
-        raw = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{file}: cannot read the job ({exc})") from None
+    raw = read_yaml(file) or {}  # (bounded: nebula.config._safeyaml; errors name the file and key)
     try:
         rest, mode = split_mode_keys(raw)
     except ConfigError as exc:

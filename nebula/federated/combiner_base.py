@@ -1,0 +1,183 @@
+"""What a combiner is and does between and around rounds.
+
+Updates are pulled one at a time: a client announces its update (a small header on the control lane); the
+combiner checks it (job, round, version, duplicate, example count, keys, shapes, dtypes) and only then asks for
+the tensors, so a refused or late update never costs memory or waiting. Every refusal is answered with its reason
+and audited: one record per asked client and round, and the ones a sender can repeat at will (late, uninvited,
+duplicate, messages of another run) counted, one record per round and kind.
+
+Run identity: each combiner process draws a nonce and tells it the controller in every status answer; the
+controller's commands (round, async, model, stop) must name it, so a command of an earlier run (an earlier
+controller, or a run of the same job whose state was wiped) is refused. Clients likewise say hello with their
+own nonce, and every message to a client names it. Status answers carry the combiner's signed audit checkpoint,
+which the controller keeps as a witness of the combiner's log.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from nebula.federated._actor import ActorAudit, JobGrants, Refusal, RefusalTally
+from nebula.federated.client import ANY_START
+from nebula.federated.config import FederatedJob
+from nebula.federated.strategy import get_strategy
+from nebula.federated.transport import CLIENT_WINDOW, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer
+
+__all__ = ["CombinerBase", "client_peers", "ANY_START", "FLUSH_S"]
+
+log = logging.getLogger(__name__)
+FLUSH_S = 10.0  # counted refusals are written to the audit log at least this often (and with every round)
+NONCE_CHARS = 64
+
+
+def client_peers(job: FederatedJob) -> list[Peer]:
+    """Every client rank the job names, in every cluster."""
+    return [Peer(c.id, FIRST_CLIENT_RANK + i) for c in job.clusters for i in range(c.num_clients)]
+
+
+class CombinerBase:
+    """A combiner's state and what it does outside a round: status, hellos, refusals, commands, stop
+    (`nebula.federated.combiner.Combiner` adds the serving loop)."""
+
+    def __init__(self, job: FederatedJob, cluster: str, workdir: str | Path | None = None) -> None:
+        self.job, self.cluster = job, cluster
+        self.workdir = Path(workdir or Path(job.controller.dir) / f"combiner-{cluster}")
+        self.strategy = get_strategy(job.strategy.name, job.strategy.options)
+        self.roster: dict[Peer, int] = {}  # client -> training examples it holds
+        self.nonces: dict[Peer, str] = {}  # client -> the nonce of its process (from its hello)
+        self.missed: set[Peer] = set()  # asked last round, never answered: not offered again until heard from
+        self.clients = client_peers(job)
+        self.controller = Peer(job.controller.cluster, CONTROLLER_RANK)
+        self.nonce = os.urandom(8).hex()  # this process: the controller's commands must name it
+        self.known_version = 0
+        self.tally = RefusalTally()
+        self._flushed = time.monotonic()
+        self.listen: frozenset[Peer] = frozenset()
+        self.spool: Path | None = None
+        self.mb: Mailbox | None = None
+        self.audit: ActorAudit | None = None
+        self.grants: JobGrants | None = None
+
+    # the controller
+    def command(self, head: dict) -> str | None:
+        """A message of the controller: a status request is answered here; the kind of a command of this run,
+        to be served by the caller; None for anything else (a command of another run: refused, counted)."""
+        if head.get("type") == "status":
+            self.status(head)
+            return None
+        return str(head.get("type")) if self.ours(head) else None
+
+    def ours(self, head: dict) -> bool:
+        """Whether a command of the controller is of this run (names this process); refusals counted."""
+        if head.get("to") == self.nonce:
+            return True
+        why = Refusal("run", f"{str(head.get('type'))[:32]} of another run (addressed to {str(head.get('to'))[:32]}, "
+                             f"this combiner is {self.nonce}): an earlier controller's, ignored")
+        log.info("combiner %s: %s", self.cluster, why)
+        self.tally.add("fl.control", why, str(self.controller), trail=False)
+        return False  # (a model's pieces that follow are dropped as they come, being no header)
+
+    def checkpoint(self) -> str | None:
+        """This combiner's signed audit checkpoint (the controller keeps it as a witness of the log), as JSON."""
+        from security.errors import AuditError
+
+        try:
+            return self.audit.log.checkpoint().to_json()
+        except AuditError as exc:
+            log.warning("combiner %s: no audit checkpoint to send (%s)", self.cluster, exc)
+            return None
+
+    def status(self, head: dict) -> None:
+        roster = {str(c): n for c, n in self.roster.items()}
+        self.mb.send(self.controller, {
+            "type": "status", "seq": head.get("seq"), "run": head.get("run"), "nonce": self.nonce, "roster": roster,
+            "missed": sorted(str(c) for c in self.missed), "grant": self.grant_refusal(),
+            "checkpoint": self.checkpoint()})
+
+    def stop(self, head: dict) -> None:
+        """End of the run: stop the clients, then send the controller the final signed head of the audit log."""
+        for c in self.roster:
+            self.stop_client(c)
+        self.tally.flush(self.audit)
+        self.audit.record("fl.stop", self.cluster, "ok", {"run": head.get("run")})
+        self.mb.send(self.controller, {"type": "bye", "run": head.get("run"), "checkpoint": self.checkpoint()})
+
+    def stop_client(self, peer: Peer) -> None:
+        """Stop on the channels of the client's current incarnation (naming its process) and of the next (a client
+        restarted a moment ago, whose hello has not come in: its channel layer drops what is sent on the old
+        channel, addressed to its predecessor). The next one's first: a client that is not restarted acknowledges
+        it (unread) before the current one's makes it close, so the combiner's close does not wait for it."""
+        inc = self.mb.incarnations.get(peer, 0)
+        for e in reversed(range(inc, inc + CLIENT_WINDOW)):
+            self.mb.send(peer, {"type": "stop", "to": self.nonces.get(peer) if e == inc else ANY_START}, epoch=e)
+
+    def flush_if_due(self) -> None:
+        if self.tally and time.monotonic() - self._flushed > FLUSH_S:
+            self.tally.flush(self.audit)
+            self._flushed = time.monotonic()
+
+    # clients
+    def to_client(self, peer: Peer, header: dict) -> None:
+        """A message to a client's process (naming its nonce, so no later process of the rank takes it)."""
+        self.mb.send(peer, {**header, "to": self.nonces.get(peer)})
+
+    def from_client(self, peer: Peer, head: dict, rnd=None, parts: list | None = None) -> None:
+        """A client's message (`parts`: the pieces that came inline with it); `rnd`: the round in progress."""
+        kind = head.get("type")
+        self.missed.discard(peer)  # heard from: offered again
+        if kind == "hello":
+            self.hello(peer, head, rnd)
+        elif kind == "update":
+            if rnd is None:
+                self.refuse(peer, head, Refusal("late", "late: no round in progress at this combiner; a "
+                                                "synchronous round never averages updates of another round"))
+            else:
+                rnd.on_update(peer, head, parts)
+
+    def hello(self, peer: Peer, head: dict, rnd=None) -> None:
+        n, nonce = head.get("num_examples"), head.get("nonce")
+        if not isinstance(nonce, str) or not 0 < len(nonce) <= NONCE_CHARS:
+            why = Refusal("hello", "hello without a nonce (a string of at most 64 characters); update the client")
+        elif head.get("job") != self.job.job:
+            why = Refusal("hello", f"hello for job {str(head.get('job'))[:64]!r}, this is {self.job.job!r}")
+        elif isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= self.job.max_examples_per_client:
+            why = Refusal("hello", f"num_examples={str(n)[:32]} must be a positive integer of at most the job's "
+                                   f"max_examples_per_client={self.job.max_examples_per_client}")
+        else:
+            grant = self.grant_refusal()
+            why = None if grant is None else Refusal("grant", grant)
+        if why is not None:
+            self.roster.pop(peer, None)
+            log.info("combiner %s: refused client %s: %s", self.cluster, peer, why)
+            self.tally.add("fl.hello", why, str(peer), trail=False)
+            if isinstance(nonce, str) and len(nonce) <= NONCE_CHARS:
+                self.nonces[peer] = nonce
+                self.to_client(peer, {"type": "refused", "reason": str(why)})
+            return
+        self.roster[peer], self.nonces[peer] = n, nonce
+        if rnd is not None:
+            rnd.rejoined.add(peer)  # a restarted client: it is back, whatever its old process left undone
+
+    def grant_refusal(self) -> str | None:
+        """Why clients may not take part here (this cluster's account home holds no job grant for them), or None.
+
+        The account is the one every rank of this job in this cluster speaks for: the switch routes by (account,
+        job, rank) and refuses a worker's frame naming any account but its key's. The controller holds every
+        cluster's answer (from the status answers) and assigns no client of a refused cluster to any combiner."""
+        return None if self.grants is None else self.grants.refusal(self.mb.ep.cfg.account, self.job.job)
+
+    def refuse(self, peer: Peer, head: dict, why: Refusal, counted: bool = True) -> None:
+        """Refuse an update and tell the client; audited one by one, or `counted`. Nothing is read or waited for:
+        pushed pieces come inside the header's message, and any other message that follows a refused header is
+        dropped as it comes, being no header."""
+        if counted:
+            log.info("combiner %s: refused update of %s: %s", self.cluster, peer, why)
+            self.tally.add("fl.update", why, str(peer))
+        else:
+            log.warning("combiner %s: refused update of %s: %s", self.cluster, peer, why)
+            self.audit.record("fl.update", str(peer), "refused",
+                              {"reason": str(why), "round": head.get("round"), "version": head.get("version")})
+        r = head.get("round")
+        self.to_client(peer, {"type": "drop", "round": r if isinstance(r, int) else None, "reason": str(why)})

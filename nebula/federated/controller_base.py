@@ -1,0 +1,215 @@
+"""What the controller is and does around the rounds: its run identity, the combiners' status (participation,
+grants, witnesses), the initial model, the assignment of clients to combiners, the end of a run.
+
+Every message to a combiner names the run (`run`: this controller start's epoch and a random session) and its
+commands name the combiner process (`to`: the nonce of its latest status answer), so no command of an earlier run
+reaches a later one; answers of another run are dropped. Job grants hold across the federation: each combiner
+reports whether its cluster's account home grants the job (`grant` in its status answer), and no client of a
+cluster whose combiner refused, or has not said, is assigned to any combiner. The combiners' signed audit
+checkpoints that come with their answers are kept as witnesses (`nebula.federated.witness`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+from nebula.federated._actor import ActorAudit
+from nebula.federated.config import FederatedJob
+from nebula.federated.initial import fetch_initial, load_initial_model
+from nebula.federated.strategy import get_strategy
+from nebula.federated.trail import ModelTrail
+from nebula.federated.transport import COMBINER_RANK, Mailbox, Peer
+from nebula.federated.witness import CombinerWitness
+
+__all__ = ["ControllerBase", "STOP_FILE", "STATUS_FILE", "STATUS_WAIT_S", "BYE_WAIT_S"]
+
+log = logging.getLogger(__name__)
+STOP_FILE = "STOP"
+STATUS_FILE = "status.json"
+STATUS_WAIT_S = 2.0  # a combiner that does not answer a status request this fast sits the round out
+BYE_WAIT_S = 5.0  # how long the end of a run waits for the combiners' last checkpoints
+
+
+class ControllerBase:
+    """The controller's state and its dealings with the combiners outside a round's reduce
+    (`nebula.federated.controller.Controller` runs the rounds)."""
+
+    def __init__(self, job: FederatedJob, workdir: str | Path | None = None) -> None:
+        self.job = job
+        self.dir = Path(workdir or job.controller.dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run is not this run's
+        self.strategy = get_strategy(job.strategy.name, job.strategy.options)
+        self.combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
+        self.mb: Mailbox | None = None
+        self.trail: ModelTrail | None = None
+        self.audit: ActorAudit | None = None
+        self.witness: CombinerWitness | None = None
+        self._seq = 0
+        self._started = False
+        self.run_id = ""  # "<epoch>.<session>": what every message of this run names (set by run())
+        self.wan_bytes: list[int] = []  # bytes this controller sent to other clusters, per round
+        self.accepted_by: dict[Peer, set[Peer]] = {}  # client -> the combiners that have it in their roster
+        self.nonces: dict[Peer, str] = {}  # combiner -> the nonce of its process, from its latest status answer
+        # cluster -> why its account home refuses the job (None: granted); only clusters with an accounts_home
+        self.grant_of: dict[str, str | None] = {}
+        self.guarded = {c.id for c in job.clusters if c.accounts_home}
+
+    def _next_epoch(self) -> int:
+        """This start's epoch: one more than the last start's (kept beside the trail)."""
+        f = self.dir / "epoch"
+        epoch = int(f.read_text()) + 1 if f.exists() else 0
+        f.write_text(str(epoch))
+        return epoch
+
+    def finish(self) -> None:
+        """Stop the combiners of this run (a last status learns the nonce of any that came late) and keep their
+        last audit checkpoints."""
+        live, _ = self.status()
+        for c in live:
+            self.mb.send(c, {"type": "stop", "run": self.run_id, "to": self.nonces[c]})
+        waiting, deadline = set(live), time.monotonic() + BYE_WAIT_S
+        while waiting and time.monotonic() < deadline:
+            got = self.mb.poll(sorted(waiting), deadline - time.monotonic())
+            if got is None:
+                break
+            peer, head, _ = got
+            if head.get("type") == "bye" and head.get("run") == self.run_id:
+                waiting.discard(peer)
+                self.witness.receive(peer.cluster, head.get("checkpoint"), final=True)
+
+    # participation
+    def status(self) -> tuple[list[Peer], dict[Peer, int]]:
+        """(combiners that answered, the union of their rosters: client -> examples)."""
+        self._seq += 1
+        for c in self.combiners:
+            self.mb.send(c, {"type": "status", "seq": self._seq, "run": self.run_id})
+        live, roster, missed = [], {}, set()
+        self.accepted_by = {}
+        deadline = time.monotonic() + STATUS_WAIT_S
+        waiting = set(self.combiners)
+        while waiting and time.monotonic() < deadline:
+            got = self.mb.poll(sorted(waiting), deadline - time.monotonic())
+            if got is None:
+                break
+            peer, head, _ = got
+            if head.get("type") != "status" or head.get("seq") != self._seq or head.get("run") != self.run_id:
+                self.discard(peer, head)
+                continue
+            waiting.discard(peer)
+            try:
+                got_roster = {Peer.parse(c): int(n) for c, n in (head.get("roster") or {}).items()}
+                missed.update(str(m) for m in head.get("missed") or [])
+                nonce = head["nonce"]
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                log.warning("controller: malformed status answer from %s (%s); it sits this round out", peer, exc)
+                continue
+            live.append(peer)
+            self.nonces[peer] = str(nonce)[:64]
+            self._grant(peer.cluster, head.get("grant"))
+            self.witness.receive(peer.cluster, head.get("checkpoint"))
+            for c, n in got_roster.items():
+                roster[c] = n
+                self.accepted_by.setdefault(c, set()).add(peer)
+        # a client that let its combiner down is not asked again until that combiner hears from it
+        return sorted(live), {c: n for c, n in roster.items() if str(c) not in missed}
+
+    def _grant(self, cluster: str, refusal: object) -> None:
+        """Note what `cluster`'s combiner says of its account home's job grant (audited when it changes)."""
+        if cluster not in self.guarded:
+            return
+        why = None if refusal is None else str(refusal)[:400]
+        if cluster in self.grant_of and self.grant_of[cluster] == why:
+            return
+        self.grant_of[cluster] = why
+        self.audit.record("fl.grant", cluster, "granted" if why is None else "refused", {"reason": why})
+        if why is not None:
+            log.warning("controller: cluster %s's clients take no part in the job: %s", cluster, why)
+
+    def _client_refusal(self, p: Peer) -> str | None:
+        """Why client `p` may not train through any combiner (its own cluster's grant), or None."""
+        if p.cluster not in self.guarded:
+            return None
+        if p.cluster not in self.grant_of:
+            return f"cluster {p.cluster}'s combiner has not said whether its account home grants the job"
+        return self.grant_of[p.cluster]
+
+    def discard(self, peer: Peer, head: dict) -> None:
+        """Drop a message of an earlier round or run (consuming the model pieces that follow it)."""
+        log.info("controller: dropping a late %s from %s (round %s)", str(head.get("type"))[:32], peer,
+                 str(head.get("round"))[:32])
+        if "piece_bytes" in head and not head.get("inline"):  # (inline pieces came with it)
+            try:
+                self.mb.recv_model(peer, head, self.job.deadline_s, on_piece=lambda *a: None)
+            except (TimeoutError, ValueError) as exc:
+                log.warning("controller: pieces of a dropped %s from %s: %s", str(head.get("type"))[:32], peer, exc)
+
+    def wait_roster(self, need: int, want: int | None = None) -> tuple[list[Peer], dict[Peer, int]]:
+        """Live combiners and roster once `need` clients are connected; up to `startup_timeout_s` for `want`."""
+        t0 = time.monotonic()
+        deadline = t0 + self.job.startup_timeout_s
+        while True:
+            live, roster = self.status()
+            if live and len(roster) >= (want or need) and (not want or len(live) == len(self.combiners)):
+                return live, roster
+            if live and len(roster) >= need and want and time.monotonic() > t0 + self.job.startup_timeout_s / 2:
+                return live, roster
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(roster)} clients reached {len(live)} combiners within "
+                                   f"{self.job.startup_timeout_s} s, {need} needed; start more clients or lower "
+                                   "validity.min_updates")
+            time.sleep(0.5)
+
+    def initialise(self) -> int:
+        """An empty trail: the job's initial_model file, or the model most of the asked clients agree on
+        (nebula.federated.initial), committed as version 1."""
+        job = self.job
+        if job.initial_model is not None:
+            weights, who, clients = load_initial_model(job), f"file {job.initial_model}", []
+        else:
+            # as many clients as will be asked, or as round 1 waits for
+            self.wait_roster(1, min(job.initial_clients, job.clients_per_round or sum(c.num_clients for c in
+                                                                                      job.clusters)))
+
+            def audit(client: str, outcome: str, detail: dict) -> None:
+                self.audit.record("fl.initial", client, outcome, detail)
+
+            weights, who = fetch_initial(self.mb, job, self.run_id, lambda: self.status()[1], audit)
+            clients = [who]
+        return self.trail.commit(weights, parent=None, round=0, strategy=self.strategy.describe(), clients=clients,
+                                 metrics={"initialised_by": who})
+
+    def assign(self, live: list[Peer], roster: dict[Peer, int], r: int) -> dict[Peer, list[Peer]]:
+        clients = sorted(roster)
+        k = self.job.clients_per_round or len(clients)
+        chosen = sorted(random.Random(self.job.seed * 100003 + r).sample(clients, min(k, len(clients))))
+        out: dict[Peer, list[Peer]] = {c: [] for c in live}
+        for p in chosen:
+            if self._client_refusal(p) is not None:  # its own cluster grants it no part: through no combiner
+                continue
+            home = Peer(p.cluster, COMBINER_RANK)
+            # only a combiner that accepted the client (one whose cluster grants it the job) takes it
+            took = [c for c in out if c in self.accepted_by.get(p, ())]
+            if not took:
+                continue
+            target = home if home in took else min(took, key=lambda c: (len(out[c]), c))
+            if target != home:
+                log.info("controller: client %s reassigned to combiner %s (its own is gone)", p, target)
+            out[target].append(p)
+        return {c: v for c, v in out.items() if v}
+
+    def write_status(self, state: str, r: int, version: int) -> None:
+        doc: dict[str, Any] = {"job": self.job.job, "state": state, "round": r, "rounds": self.job.rounds,
+                               "head_version": version, "pid": os.getpid(), "updated": time.time()}
+        tmp = self.dir / (STATUS_FILE + ".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, self.dir / STATUS_FILE)
+
+    def stop_requested(self) -> bool:
+        """Whether `nebula fl stop` asked this run to end."""
+        return (self.dir / STOP_FILE).exists()
