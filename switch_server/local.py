@@ -351,10 +351,12 @@ class LocalSide:
             self._forget(replaced.ident)
             if replaced.inc != reg.inc:  # a new start of the rank: what its predecessor sent expires
                 self.server.incarnation_ended(replaced.account, replaced.job, replaced.rank, replaced.inc)
+        # the WELCOME first: it names the worker's incarnation, and frames held for its rank may be on the control
+        # lane too (queued before it there, they would reach a worker that does not know who it is yet)
+        self.send_control(ident, FrameType.WELCOME, self.desk.welcome(reg, frame.meta.get("shm")))
         if new:
             self.server.metrics.workers.set(len(self.registry))
             self.delivery.adopt(reg.addr, ident)
-        self.send_control(ident, FrameType.WELCOME, self.desk.welcome(reg, frame.meta.get("shm")))
         self.flush(ident)
 
     def _ready_shm(self, ident: bytes) -> WorkerShm | None:
