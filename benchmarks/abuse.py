@@ -1,10 +1,11 @@
-"""Abuse benchmark: switch A's peak RSS growth and a legitimate transfer's throughput while each flood runs.
+"""Abuse benchmark: the switches' peak RSS growth and a legitimate transfer's throughput while each flood runs.
 
 Three clusters are provisioned on loopback; switches A and B run, and cluster C's certificate is the hostile peer
-(an ordinary TLS client speaking the wire format). A legitimate probe (account `ops`, B -> A, 64 KiB messages)
-is timed alone, then while each flood runs; every flood is bounded in count and time. Prints, side by side in one
-run: RSS growth of switch A against its configured memory cap, and the probe's throughput against its unloaded
-rate (targets: growth <= the cap, throughput >= 50%).
+(an ordinary TLS client speaking the wire format). A legitimate probe (account `ops`, 64 KiB messages, B -> A, or
+A -> B for the floods that share A's link to B) is timed alone, then while each flood runs; every flood is bounded
+in count and time. Prints, side by side in one run: the larger RSS growth of switches A and B against their
+memory cap, and the probe's throughput against its unloaded rate in the same direction (targets: growth <= the
+cap, throughput >= 50%).
 
     .venv/bin/python benchmarks/abuse.py                 # a minute or two
 """
@@ -75,15 +76,15 @@ def start(cfg: Path) -> tuple[subprocess.Popen, str]:
     return p, fields["wan"]
 
 
-def probe(oa: Endpoint, ob: Endpoint, n: int, size: int) -> float:
-    """MB/s of `n` messages of `size` bytes from B's ops worker to A's."""
-    tx, rx = ob.channel("A", 0, "probe"), oa.channel("B", 0, "probe")
+def probe(src: Endpoint, dst: Endpoint, n: int, size: int, way: str) -> float:
+    """MB/s of `n` messages of `size` bytes from one ops worker to the other (`way`: "BA" or "AB")."""
+    tx, rx = src.channel(way[1], 0, "probe"), dst.channel(way[0], 0, "probe")
     data = os.urandom(size)
     t0 = time.monotonic()
     for _ in range(n):
         tx.send(data)
     for _ in range(n):
-        rx.recv(timeout_s=120)
+        rx.recv(timeout_s=60)
     return n * size / (time.monotonic() - t0) / 1e6
 
 
@@ -178,6 +179,79 @@ def flood_pending(worker: str, stop: threading.Event) -> None:
         ep.close(flush_s=0)
 
 
+def flood_ack_bomb(wan: str, c_yaml: str, victim_inc: int, stop: threading.Event) -> None:
+    """10,000 ACKs of message 2^64-1 on the channel the probe's receiver at A sends on to C."""
+    key = ChannelKey("legit", "ops", "A", 0, "C", 0, "bomb")
+    c = RawPeer(wan, c_yaml)
+    try:
+        c.hello()
+        for _ in range(10_000):
+            if stop.is_set():
+                break
+            c.ack(key, 2**64 - 1, 0, inc=(1 << 32) | 1, to=victim_inc)
+        stop.wait(30)
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        c.close()
+
+
+def flood_poison(wan: str, c_yaml: str, stop: threading.Event) -> None:
+    """10,000 DATA frames to the probe's receiver at A naming incarnation 2^63-1 of C's rank 0."""
+    key = ChannelKey("legit", "ops", "C", 0, "A", 0, "poison")
+    c = RawPeer(wan, c_yaml)
+    try:
+        c.hello()
+        for i in range(10_000):
+            if stop.is_set():
+                break
+            c.data(key, b"p" * 1000, seq=i + 1, inc=2**63 - 1)
+        stop.wait(30)
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        c.close()
+
+
+def flood_bye(worker: str, stop: threading.Event) -> None:
+    """A worker connection of A sends 200,000 BYE frames."""
+    import zmq
+
+    wcfg = yaml.safe_load(Path(worker).read_text())
+    public, secret = zmq.auth.load_certificate(Path(worker).parent / wcfg["curve_key"])
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.linger = 0
+    s.curve_publickey, s.curve_secretkey = public, secret
+    s.curve_serverkey = wcfg["switch_curve_public_key"].encode()
+    s.connect(wcfg["endpoint"])
+    bye = encode_frame(FrameType.BYE)
+    try:
+        for _ in range(200):
+            if stop.is_set():
+                break
+            for _ in range(1000):
+                s.send(bye)
+            while s.poll(0):  # (answers read and thrown away)
+                s.recv_multipart()
+        stop.wait(30)
+    finally:
+        s.close(0)
+
+
+def flood_peer_unconnected(worker: str, stop: threading.Event) -> None:
+    """Account nebula on A sends 256 MiB to a rank of B that never connects (through A's link to B)."""
+    ep = Endpoint.connect(worker, job="j", rank=0)
+    try:
+        ch = ep.channel("B", 3, "flood")
+        for _ in range(256):
+            if stop.is_set():
+                break
+            ch.send(bytes(MIB), lane="bulk")
+        stop.wait(30)
+    finally:
+        ep.close(flush_s=0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=300, help="probe messages per measurement")
@@ -185,11 +259,13 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="nebula-abuse-"))
     fed = provision("abuse", ["A", "B", "C"], tmp / "fed")
+    for c in ("A", "B"):
+        y = Path(fed["clusters"][c]["switch_yaml"])
+        d = yaml.safe_load(y.read_text())
+        d.setdefault("link", {})["memory_cap_bytes"] = CAP
+        d["metrics"] = {"listen": None}
+        y.write_text(yaml.safe_dump(d, sort_keys=False))
     ya = Path(fed["clusters"]["A"]["switch_yaml"])
-    d = yaml.safe_load(ya.read_text())
-    d.setdefault("link", {})["memory_cap_bytes"] = CAP
-    d["metrics"] = {"listen": None}
-    ya.write_text(yaml.safe_dump(d, sort_keys=False))
     ops = {c: str(add_worker(fed, c, "opsworker", "ops")) for c in ("A", "B")}
     procs = []
     try:
@@ -197,30 +273,45 @@ def main() -> None:
         pb, _ = start(Path(fed["clusters"]["B"]["switch_yaml"]))
         procs += [pa, pb]
         c_yaml = fed["clusters"]["C"]["switch_yaml"]
-        floods = [
-            ("credit ignored (to an unconnected rank)", lambda s: flood_credit(wan, c_yaml, s)),
-            ("PING flood, PONGs never read", lambda s: flood_ping(wan, c_yaml, s)),
-            ("CHECKPOINT flood (20,000)", lambda s: flood_checkpoint(wan, c_yaml, s)),
-            ("300 connections without LINK_HELLO", lambda s: flood_unidentified(wan, c_yaml, s)),
-            ("account floods its unconnected ranks", lambda s: flood_pending(fed["clusters"]["A"]["worker_yaml"], s)),
-        ]
+        wa = fed["clusters"]["A"]["worker_yaml"]
         with Endpoint.connect(ops["A"], job="legit", rank=0) as oa, Endpoint.connect(ops["B"], job="legit", rank=0) as ob:
-            probe(oa, ob, 20, args.bytes)  # warm-up
-            base = probe(oa, ob, args.messages, args.bytes)
+            inc = oa._io.inc
+            bomb = oa.channel("C", 0, "bomb")  # (C runs no switch: these wait in A's link, and C may ACK them)
+            for _ in range(3):
+                bomb.send(b"x")
+            floods = [  # (name, flood, probe direction)
+                ("credit ignored (to an unconnected rank)", lambda s: flood_credit(wan, c_yaml, s), "BA"),
+                ("PING flood, PONGs never read", lambda s: flood_ping(wan, c_yaml, s), "BA"),
+                ("CHECKPOINT flood (20,000)", lambda s: flood_checkpoint(wan, c_yaml, s), "BA"),
+                ("300 connections without LINK_HELLO", lambda s: flood_unidentified(wan, c_yaml, s), "BA"),
+                ("account floods its unconnected ranks", lambda s: flood_pending(wa, s), "BA"),
+                ("ACK bomb (seq 2^64-1) on the probe's worker", lambda s: flood_ack_bomb(wan, c_yaml, inc, s), "BA"),
+                ("incarnation poison (inc 2^63-1)", lambda s: flood_poison(wan, c_yaml, s), "BA"),
+                ("BYE flood (200,000 frames)", lambda s: flood_bye(wa, s), "BA"),
+                ("account floods a peer's unconnected ranks", lambda s: flood_peer_unconnected(wa, s), "AB"),
+            ]
+            ends = {"BA": (ob, oa), "AB": (oa, ob)}
+            base = {}
+            for way, (tx, rx) in ends.items():
+                probe(tx, rx, 20, args.bytes, way)  # warm-up
+                base[way] = probe(tx, rx, args.messages, args.bytes, way)
             rows = []
-            for name, flood in floods:
+            for name, flood, way in floods:
                 stop = multiprocessing.Event()
-                sampler = Sampler(pa.pid)
+                samplers = [Sampler(pa.pid), Sampler(pb.pid)]
                 # the attacker is a process of its own, as it would be: it shares no interpreter with the probe
                 t = multiprocessing.Process(target=flood, args=(stop,), daemon=True)
                 t.start()
                 time.sleep(1.0)  # the flood is under way
-                rate = probe(oa, ob, args.messages, args.bytes)
+                try:
+                    rate = probe(*ends[way], args.messages, args.bytes, way)
+                except TimeoutError:
+                    rate = 0.0  # (the probe's worker stopped: what the attack was after)
                 stop.set()
                 t.join(60)
                 if t.is_alive():
                     t.kill()
-                rows.append((name, sampler.growth(), rate))
+                rows.append((name, max(smp.growth() for smp in samplers), rate, base[way], way))
                 time.sleep(2.0)  # the switch settles (and trims) before the next flood
                 while True:  # (a peer cut for a flood is kept out a while: the next flood starts after that)
                     c = RawPeer(wan, c_yaml)
@@ -231,17 +322,29 @@ def main() -> None:
                         time.sleep(1.0)
                     finally:
                         c.close()
+            # after the poison: C's rank 0 speaks with the incarnation its switch could have given, and is heard
+            c = RawPeer(wan, c_yaml)
+            try:
+                c.hello()
+                c.data(ChannelKey("legit", "ops", "C", 0, "A", 0, "poison"), b"after", seq=1, inc=(1 << 32) | 1)
+                heard = oa.channel("C", 0, "poison").recv(timeout_s=30) == b"after"
+            except TimeoutError:
+                heard = False
+            finally:
+                c.close()
     finally:
         for p in procs:
             os.killpg(p.pid, signal.SIGTERM)
         for p in procs:
             p.wait(20)
-    print(f"\nswitch A: link.memory_cap_bytes = {CAP // MIB} MiB; legitimate probe: {args.messages} x "
-          f"{args.bytes // 1024} KiB, account ops, B -> A; unloaded {base:.1f} MB/s")
-    print(f"{'flood':<42}{'RSS growth MiB':>16}{'/ cap':>8}{'probe MB/s':>12}{'/ unloaded':>12}  targets")
-    for name, growth, rate in rows:
-        ok = "ok" if growth <= CAP and rate >= 0.5 * base else "MISSED"
-        print(f"{name:<42}{growth / MIB:>16.1f}{growth / CAP:>8.2f}{rate:>12.1f}{rate / base:>12.2f}  {ok}")
+    print(f"\nswitches A and B: link.memory_cap_bytes = {CAP // MIB} MiB; legitimate probe: {args.messages} x "
+          f"{args.bytes // 1024} KiB, account ops; unloaded B -> A {base['BA']:.1f} MB/s, A -> B {base['AB']:.1f} MB/s")
+    print(f"{'flood':<46}{'probe':>6}{'RSS growth MiB':>16}{'/ cap':>8}{'probe MB/s':>12}{'/ unloaded':>12}  targets")
+    for name, growth, rate, unloaded, way in rows:
+        ok = "ok" if growth <= CAP and rate >= 0.5 * unloaded else "MISSED"
+        print(f"{name:<46}{way[0] + '->' + way[1]:>6}{growth / MIB:>16.1f}{growth / CAP:>8.2f}{rate:>12.1f}"
+              f"{rate / unloaded:>12.2f}  {ok}")
+    print(f"after the incarnation poison, C's next message with a real incarnation reached A: {'yes' if heard else 'NO'}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 and the hand-over to ZeroMQ by lane priority (payloads through the worker's shared-memory arena when it has one)."""
 from __future__ import annotations
 
-__all__ = ["PENDING_TTL_S", "Delivery", "Outbox", "Queued"]
+__all__ = ["ENDED_TTL_S", "PENDING_TTL_S", "Delivery", "Outbox", "Queued", "Source"]
 
 import asyncio
 import time
@@ -17,8 +17,11 @@ from switch_server.host import Host, Origin
 from switch_server.localshm import WorkerShm
 
 PENDING_TTL_S = 30.0
+ENDED_TTL_S = 2 * PENDING_TTL_S  # how long an ended start is remembered (frames of it still on their way expire)
+MAX_ENDED = 100_000
 
 Address = tuple[str, str, int]  # (account, job, rank)
+Source = tuple[str, int, int]  # the start a DATA frame comes from: (cluster, rank, incarnation)
 
 
 class Queued(NamedTuple):
@@ -29,6 +32,7 @@ class Queued(NamedTuple):
     origin: Origin | None  # told when the frame leaves (a peer session then grants credit)
     data: bool  # a relayed frame, charged to the memory budget (not a control frame of ours for one connection)
     party: Party | None = None  # whom its bytes are charged to (the local account that sent it)
+    src: Source | None = None  # the start that sent it (DATA frames): held frames expire when it ends
 
 
 class Outbox:
@@ -52,6 +56,8 @@ class Delivery:
         self.outboxes: dict[bytes, Outbox] = {}
         self.pending: dict[Address, Outbox] = {}
         self.pending_bytes: dict[str, int] = {}  # per account: bytes held for its ranks that have not connected
+        # starts of ranks that have ended, by (account, job, cluster, rank): (newest incarnation ended, when)
+        self.ended: dict[tuple[str, str, str, int], tuple[int, float]] = {}
         self._shm_of = shm_of  # the ready arena of a connection, if any
         self._gone = gone  # a connection turned out to be closed
         self._kick = kick  # a send may have eaten the socket's readable edge
@@ -79,18 +85,25 @@ class Delivery:
         return cfg.limits.pending_bytes or cfg.link.memory_cap_bytes // 8
 
     def deliver(self, addr: Address, ident: bytes | None, lane: Lane, head: bytes, payload: Any,
-                origin: Origin | None, party: Party | None = None) -> bool:
+                origin: Origin | None, party: Party | None = None, src: Source | None = None) -> bool:
         """Queue a frame for the worker at `addr` (connection `ident`, None if that rank has not said hello:
-        then it is held for it until PENDING_TTL_S, within the account's limits.pending_bytes); False if it was
-        dropped instead (the sender sends it again, end to end, as it does for any frame lost)."""
+        then it is held for it until PENDING_TTL_S, within the account's limits.pending_bytes, unless the start
+        that sent it has ended: a frame no one is waiting for, from a start that is gone, is meant for no later
+        start of the rank); False if it was dropped instead (the sender sends it again, end to end, as it does
+        for any frame lost, if it is still running)."""
         n = len(head) + len(payload)
+        if ident is None and src is not None and self._has_ended(addr, src):
+            if origin is not None:
+                origin.release(n)
+            self.host.metrics.refused.labels(reason="sender_ended").inc()
+            return True
         if ident is None:
             held = self.pending_bytes.get(addr[0], 0)
             if held + n > self.pending_cap():
                 return False
             self.pending_bytes[addr[0]] = held + n
         self.host.budget.charge(n, party, hold=False)  # (senders are held back by credit and the link's own queue)
-        entry = Queued(head, payload, origin, True, party)
+        entry = Queued(head, payload, origin, True, party, src)
         if ident is None:
             box = self.pending.get(addr)
             if box is None:
@@ -103,6 +116,32 @@ class Delivery:
         box.lanes.push(lane, entry, n)
         self.flush(ident)
         return True
+
+    def _has_ended(self, addr: Address, src: Source) -> bool:
+        ended = self.ended.get((addr[0], addr[1], src[0], src[1]))
+        return ended is not None and src[2] <= ended[0]
+
+    def sender_ended(self, account: str, job: str, cluster: str, rank: int, inc: int) -> int:
+        """Start `inc` of rank `rank` of (account, job) at `cluster` has ended: frames it sent that are held for
+        ranks not connected are dropped, and so are those still on their way (for ENDED_TTL_S); returns how many
+        were dropped."""
+        k = (account, job, cluster, rank)
+        prev = self.ended.pop(k, None)
+        self.ended[k] = (max(inc, prev[0] if prev else 0), time.monotonic())
+        while len(self.ended) > MAX_ENDED:
+            del self.ended[next(iter(self.ended))]
+        dropped = 0
+        for addr, box in list(self.pending.items()):
+            if addr[:2] != (account, job):
+                continue
+            gone = box.lanes.remove_if(lambda e: e.src is not None and e.src[:2] == (cluster, rank) and e.src[2] <= inc)
+            for entry in gone:
+                self._unhold(account, len(entry.head) + len(entry.payload))
+                self._release(entry)
+            dropped += len(gone)
+            if not box.lanes:
+                del self.pending[addr]
+        return dropped
 
     def _unhold(self, account: str, nbytes: int) -> None:
         left = self.pending_bytes.get(account, 0) - nbytes
@@ -143,8 +182,13 @@ class Delivery:
                 self._release(entry)
 
     def sweep(self) -> None:
-        """Drop frames held for ranks that never said hello."""
+        """Drop frames held for ranks that never said hello, and forget starts ended long ago."""
         now = time.monotonic()
+        while self.ended:
+            k = next(iter(self.ended))
+            if now - self.ended[k][1] <= ENDED_TTL_S:
+                break
+            del self.ended[k]
         for addr, box in list(self.pending.items()):
             if now - box.since > PENDING_TTL_S:
                 self._unhold(addr[0], box.lanes.bytes)

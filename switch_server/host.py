@@ -13,9 +13,13 @@ from switch_server.shaper import TokenBucket
 
 
 class Origin(Protocol):
-    """Where a queued frame came from: told when its bytes leave the switch (a peer session grants credit)."""
+    """Where a queued frame came from: told when its bytes leave the switch (a peer session then grants credit), or
+    when the switch dropped it for a rank of its account that is not connected (the peer is asked to hold that
+    account's frames back a while)."""
 
     def release(self, nbytes: int) -> None: ...
+
+    def dropped(self, key: Any, nbytes: int) -> None: ...
 
 
 class Host(Protocol):

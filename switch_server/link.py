@@ -17,8 +17,9 @@ from collections import deque
 from typing import Any, NamedTuple
 
 from nebula.config import PeerConfig, split_host_port
-from nebula.wire import Dispatcher, FrameType, Lane, LaneQueues, WireError, encode_frame, relink
+from nebula.wire import ChannelKey, Dispatcher, FrameType, Lane, WireError, encode_frame, relink
 from switch_server.budget import Party
+from switch_server.fairlanes import FairLanes
 from switch_server.framestream import FrameStream, write_frame
 from switch_server.host import LinkHost
 from switch_server.shaper import TokenBucket, min_rate
@@ -35,6 +36,7 @@ WRITE_HIGH_WATER = 256 * 1024
 BULK_INFLIGHT_BYTES = 1024**2
 SMALL_FRAME_BYTES = 64 * 1024  # bytes in the transport before we wait: keeps lane priorities meaningful
 CHECKPOINT_MIN_S = 1.0  # a peer's audit checkpoints are taken at most this often per connection
+HOLD_S = 2.0  # an account whose frames the peer drops (its ranks there are not connected) waits this long
 
 
 class Unacked(NamedTuple):
@@ -54,7 +56,7 @@ class OutboundLink:
         self.server = server
         self.cluster = peer.cluster
         self.address = peer.address
-        self.lanes = LaneQueues()
+        self.lanes = FairLanes()
         self.rtx: deque[Unacked] = deque()
         self.rtx_bytes = 0
         self.next_seq = 1
@@ -192,6 +194,7 @@ class OutboundLink:
             server.metrics.retransmits.labels(peer=self.cluster).inc(len(resend))
         self.up = True
         self.established = True
+        self.last_error = ""  # (what ended an earlier session is history once the link is up again)
         server.metrics.link_up.labels(peer=self.cluster).set(1)
         log.info("link to %s up (peer epoch %d, resume after %d, resending %d frames)",
                  self.cluster, self.peer_epoch, resume, len(resend))
@@ -219,6 +222,7 @@ class OutboundLink:
         transport = writer.transport
         reader_task.add_done_callback(lambda _t: self.wake.set())
         batch: list[Any] = []  # small frames go out in one TLS write: one record and one syscall for many
+        popped: Any = None
         batch_bytes = 0
         burst = 0
         try:
@@ -228,8 +232,9 @@ class OutboundLink:
                 if resend and self.sent_bytes < self.credit:  # (resent frames use credit like new ones)
                     seq, lane, head, payload, n = resend.popleft()
                 elif (not resend and self.lanes and self.rtx_bytes < cap and self.sent_bytes < self.credit
-                      and not (self.rtx_bytes >= bulk_cap and self.lanes.only_bulk())):
-                    lane, (head, payload, party), n = self.lanes.pop()
+                      and not (self.rtx_bytes >= bulk_cap and self.lanes.only_bulk())
+                      and (popped := self.lanes.pop()) is not None):
+                    lane, (head, payload, party), n = popped
                     seq = self.next_seq
                     self.next_seq += 1
                     head = relink(head, seq)
@@ -242,9 +247,14 @@ class OutboundLink:
                         batch, batch_bytes = [], 0
                     # a suspended coroutine's locals keep the last frame alive: drop it, so that a worker's
                     # shared-memory region goes back as soon as the peer has it (nebula.wire.shm)
-                    head = payload = None
+                    head = payload = popped = None
                     self.wake.clear()
-                    await self.wake.wait()
+                    release = self.lanes.next_release()  # (an account held back may go again then)
+                    try:
+                        await asyncio.wait_for(self.wake.wait(), None if release is None
+                                               else max(0.0, release - time.monotonic()) + 0.001)
+                    except asyncio.TimeoutError:
+                        pass
                     continue
                 self.sent_bytes += n
                 self.bytes_out += n
@@ -343,4 +353,13 @@ class OutboundLink:
         self.server.checkpoints.receive(self.cluster, frame.meta["checkpoint"])
 
     def _on_error(self, frame: Any) -> None:
-        log.warning("peer %s reports: %s: %s", self.cluster, frame.meta["code"], frame.meta["message"])
+        code, channel = frame.meta["code"], frame.meta.get("channel")
+        if code == "account_held" and channel is not None:
+            # the peer drops this account's frames for ranks of it that are not connected: its frames wait here
+            # a while (others' go on), instead of spending the link's credit on frames the peer cannot take
+            account = ChannelKey.from_meta(channel).account
+            self.lanes.hold(("account", account), HOLD_S)
+            log.info("peer %s holds back account %s for %.0f s: %s", self.cluster, account, HOLD_S,
+                     frame.meta["message"])
+            return
+        log.warning("peer %s reports: %s: %s", self.cluster, code, frame.meta["message"])

@@ -7,26 +7,30 @@ Such a worker may also take a shared-memory arena for its payloads (`switch_serv
 """
 from __future__ import annotations
 
-__all__ = ["LocalSide", "Registration", "bind_endpoint", "stage_routes"]
+__all__ = ["LocalSide", "bind_endpoint"]
 
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import zmq
 import zmq.asyncio
 
 from nebula.config import LocalConfig
-from nebula.wire import (HEADER_BYTES, MAX_META_BYTES, Dispatcher, Frame, FrameType, Lane, WireError, decode_frame,
+from nebula.wire import (HEADER_BYTES, MAX_META_BYTES, ChannelKey, Dispatcher, Frame, FrameType, Lane, WireError,
+                         decode_frame,
                          decode_head)
 from nebula.wire.shm import SHM_TAG
+from switch_server.answers import AnswerLimiter
 from switch_server.budget import Party
-from switch_server.delivery import Delivery
+from switch_server.delivery import Delivery, Source
 from switch_server.host import LocalHost, Origin
+from switch_server.hello import HelloDesk
+from switch_server.incarnations import Incarnations
 from switch_server.localshm import ShmReleases, WorkerShm
 from switch_server.localwatch import ConnectionWatch
+from switch_server.registry import Registration, Registry
 from switch_server.zap import ZAP_DOMAIN, ZapHandler
 
 log = logging.getLogger(__name__)
@@ -35,36 +39,10 @@ SNDHWM = 8  # frames queued per worker inside ZeroMQ; the rest waits in our lane
 # worker frames handled per wake-up: small, so a frame for a higher lane waits behind few bulk frames before the
 # link writer runs
 PUMP_BATCH = 16
-RANK_HELD_S = 3.0  # a rank whose connection sent a HELLO this recently is not handed to another connection
 SILENT_S = 120.0  # a registration with no frame for this long is forgotten
-DROPPED_CREDIT_HOLD_S = 10.0  # a peer's frames dropped here keep using its credit this long
-AUDITED_REFUSALS = frozenset({"not_attributed"})  # a worker trying to speak for another account, job or rank
-
-
-@dataclass(slots=True)
-class Registration:
-    """A worker connection that said hello: who it is and what it may address."""
-
-    ident: bytes
-    account: str
-    job: str
-    rank: int
-    name: str
-    last_seen: float
-    shm: WorkerShm | None = None
-    stages: dict[str, str] | None = None  # the job's stage -> cluster map, as its HELLO declared it
-    routes: dict[str, tuple[str, ...]] = field(default_factory=dict)  # stage_routes(stages)
-
-
-def stage_routes(stages: dict[str, str] | None, here: str) -> dict[str, tuple[str, ...]]:
-    """Per cluster, the stages a worker of a job with stage map `stages` addresses when it sends there from
-    cluster `here`: the job's stages here (which it runs) and those at that cluster; key `here`: its own only."""
-    if not stages:
-        return {}
-    own = tuple(s for s, c in stages.items() if c == here)
-    routes = {c: own + tuple(s for s, c2 in stages.items() if c2 == c) for c in set(stages.values()) if c != here}
-    routes[here] = own
-    return routes
+# refusals audited: a worker trying to speak for another account, job, rank or start of its rank, or acknowledging
+# what was never sent to it
+AUDITED_REFUSALS = frozenset({"not_attributed", "bad_incarnation", "ack_beyond_sent", "too_many_channels"})
 
 
 def bind_endpoint(endpoint: str) -> str:
@@ -77,7 +55,8 @@ def bind_endpoint(endpoint: str) -> str:
 class LocalSide:
     """ROUTER socket for the cluster's workers; attributes every frame to an account and a job."""
 
-    def __init__(self, server: LocalHost, cfg: LocalConfig, public_key: bytes, secret_key: bytes) -> None:
+    def __init__(self, server: LocalHost, cfg: LocalConfig, public_key: bytes, secret_key: bytes,
+                 incs: Incarnations) -> None:
         self.server = server
         self.cfg = cfg
         self.ctx = zmq.asyncio.Context()
@@ -85,8 +64,8 @@ class LocalSide:
         self.secret_key = secret_key
         self.zap = ZapHandler(secret_key, server.metrics, server.audit)
         self.zap.set_workers(cfg.workers)
-        self.by_ident: dict[bytes, Registration] = {}
-        self.by_addr: dict[tuple[str, str, int], bytes] = {}
+        self.registry = Registry()
+        self.answers = AnswerLimiter()
         self.delivery = Delivery(server, self._ready_shm, self._forget, self.kick)
         self.send_control = self.delivery.send_control
         self.flush = self.delivery.flush
@@ -99,6 +78,8 @@ class LocalSide:
         self.throttled = False
         self._kicked = False
         self.shm_releases = ShmReleases(lambda ident, meta: self.send_control(ident, FrameType.SHM_RELEASE, meta))
+        self.desk = HelloDesk(server, self.registry, incs, self.refuse, lambda: self.zap.keys, cfg.shm_bytes,
+                              self.shm_releases.released)
         self.on_frame = Dispatcher("the local side (workers may send HELLO, BYE, DATA, ACK and SHM_RELEASE)", {
             FrameType.HELLO: self._on_hello,
             FrameType.BYE: self._on_bye,
@@ -238,7 +219,7 @@ class LocalSide:
             self.refuse(ident, exc.code, exc.message, frame)
 
     def _registered(self, ident: bytes, frame: Frame) -> Registration | None:
-        reg = self.by_ident.get(ident)
+        reg = self.registry.get(ident)
         if reg is None:
             self.refuse(ident, "no_hello", "send HELLO (job, rank) before any other frame", frame)
             return None
@@ -246,9 +227,13 @@ class LocalSide:
         return reg
 
     def _on_bye(self, _frame: Frame, ident: bytes, *_: Any) -> None:
+        reg = self.registry.get(ident)
+        if reg is None and not self._may_answer(ident, "bye"):
+            return
         self.delivery.say_bye(ident)
-        if ident in self.by_ident:
+        if reg is not None:
             self._forget(ident)
+            self.server.incarnation_ended(reg.account, reg.job, reg.rank, reg.inc)
 
     def _on_shm_release(self, frame: Frame, ident: bytes, *_: Any) -> None:
         reg = self._registered(ident, frame)
@@ -257,7 +242,8 @@ class LocalSide:
                 reg.shm.down.free(off)  # (an unknown offset is a stale release: nothing to free)
 
     def _on_routed(self, frame: Frame, ident: bytes, _name: str, _account: str, head: zmq.Frame, payload: Any) -> None:
-        """A worker's DATA or ACK: attributed to its registration, then routed."""
+        """A worker's DATA or ACK: attributed to its registration (account, job, rank and incarnation), then
+        routed."""
         reg = self._registered(ident, frame)
         if reg is None:
             return
@@ -274,12 +260,21 @@ class LocalSide:
                 frame,
             )
             return
+        inc = frame.meta.get("inc", 0)
+        if inc != reg.inc:
+            self.refuse(ident, "bad_incarnation", f"frame names incarnation {inc}, but this connection is "
+                        f"incarnation {reg.inc} of rank {reg.rank} (given in its WELCOME)", frame)
+            return
+        if t == FrameType.DATA and not reg.note_sent(frame.header.channel_id, frame.header.seq):
+            self.refuse(ident, "too_many_channels", f"rank {reg.rank} has opened {len(reg.sent)} sending channels "
+                        "on this switch, the most one connection may; reuse channels", frame)
+            return
         party = ("account", reg.account)
         budget = self.server.budget
         share = budget.share(party)
         if share.cap_bytes is None:
             share.cap_bytes = self.account_cap()
-        if share.used > share.cap_bytes and self._others_active(reg.account):
+        if share.used > share.cap_bytes and self.registry.others_active(reg.account):
             # over its share while other accounts work here: this account's frames are dropped (its workers
             # send them again), rather than holding back the one socket all accounts' workers share
             self.dropped(reg.account, "account_over_budget", f"account {reg.account!r} has {share.used} bytes "
@@ -298,6 +293,21 @@ class LocalSide:
         if wait > 0:  # per-account rate limit: stop reading until the account's bucket has refilled
             self.throttled = True
             asyncio.get_running_loop().call_later(wait, self._unthrottle)
+
+    def ack_refusal(self, frame: Frame) -> tuple[str, str, bool] | None:
+        """For an ACK to one of our ranks (from a peer or a local worker): (code, reason, audited) if it must not
+        reach it: it names an earlier start of the rank (dropped quietly: the normal aftermath of a restart), or
+        acknowledges more than the rank sent on that channel (refused and audited); None if it may go on."""
+        key = frame.key()
+        reg = self.registry.at((key.account, key.job, key.src_rank))
+        if reg is None:
+            return None  # (held for the rank, if it comes back; a new start of it ignores it)
+        if frame.meta.get("to", 0) != reg.inc:
+            return "stale_ack", f"acknowledgement for incarnation {frame.meta.get('to', 0)} of rank {reg.rank}, " \
+                                f"which is now incarnation {reg.inc}", False
+        why = reg.ack_refusal(frame.header.channel_id, frame.header.seq)
+        return None if why is None else ("ack_beyond_sent", f"acknowledgement on channel {key.name!r} refused: "
+                                                            f"{why}; a receiver acknowledges only what it got", True)
 
     def _dropped_by_zmq(self, transport: str, peer: str) -> None:
         """ZeroMQ ended a worker connection with bytes of it unread (`ConnectionWatch`): counted, audited in
@@ -319,13 +329,10 @@ class LocalSide:
         cfg = self.server.cfg
         return cfg.limits.account_memory_bytes or cfg.link.memory_cap_bytes // 2
 
-    def _others_active(self, account: str) -> bool:
-        return any(r.account != account for r in self.by_ident.values())
-
     def _shm_payload(self, ident: bytes, desc: memoryview) -> memoryview | None:
         """The payload a worker placed in its arena; None if stale (sent before a switch restart, or into an arena
         since replaced: the worker sends those messages again); WireError if the descriptor is unsound."""
-        reg = self.by_ident.get(ident)
+        reg = self.registry.get(ident)
         payload = reg.shm.up_payload(desc) if reg is not None and reg.shm is not None else None
         if payload is None:
             self.server.metrics.refused.labels(reason="stale_shm").inc()
@@ -336,109 +343,47 @@ class LocalSide:
 
     # ---- registration ----
     def _on_hello(self, frame: Frame, ident: bytes, name: str, account: str, *_: Any) -> None:
-        meta = frame.meta
-        job, rank = meta["job"], meta["rank"]
-        worker = next((w for w in self.zap.keys.values() if w.name == name and w.account == account), None)
-        if meta["account"] != account:
-            self.refuse(ident, "not_attributed", f"HELLO names account {meta['account']!r} but this key belongs to {account!r}")
+        taken = self.desk.take(frame, ident, name, account)
+        if taken is None:
             return
-        if worker is None or ("*" not in worker.jobs and job not in worker.jobs):
-            self.server.audit(f"worker:{name}", "job_rejected", job, "denied", {"account": account, "rank": rank})
-            self.refuse(ident, "job_denied", f"credential {name!r} may not join job {job!r}; allowed: {list(worker.jobs) if worker else []}")
-            return
-        addr = (account, job, rank)
-        old = self.by_addr.get(addr)
-        if old is not None and old != ident and time.monotonic() - self.by_ident[old].last_seen < RANK_HELD_S:
-            # two live processes claiming one rank would steal each other's frames; a restarted worker's old
-            # connection falls silent, so the newcomer gets the rank after RANK_HELD_S
-            self.refuse(ident, "rank_taken", f"rank {rank} of job {job!r} (account {account!r}) is connected from "
-                        "another process; give every process its own rank, or close the other endpoint")
-            return
-        if old != ident:
-            refused = self._stage_refusal(name, account, job, meta.get("stages"), old)
-            if refused is not None:
-                self.refuse(ident, *refused)
-                return
-            if old is not None:
-                self._forget(old)
-            prev = self.by_ident.get(ident)
-            if prev is not None:
-                self.by_addr.pop((prev.account, prev.job, prev.rank), None)
-            self.by_addr[addr] = ident
-            stages = meta.get("stages")
-            self.by_ident[ident] = Registration(ident, account, job, rank, name, time.monotonic(), stages=stages,
-                                                routes=stage_routes(stages, self.server.cfg.cluster))
-            self.server.metrics.workers.set(len(self.by_ident))
-            log.info("worker %s account %s joined job %s as rank %d", name, account, job, rank)
-            self.delivery.adopt(addr, ident)
-        else:
-            self.by_ident[ident].last_seen = time.monotonic()
-        self.send_control(ident, FrameType.WELCOME, self._offer_shm(self.by_ident[ident], meta.get("shm")))
+        reg, new, replaced = taken
+        if replaced is not None:
+            self._forget(replaced.ident)
+            if replaced.inc != reg.inc:  # a new start of the rank: what its predecessor sent expires
+                self.server.incarnation_ended(replaced.account, replaced.job, replaced.rank, replaced.inc)
+        # the WELCOME first: it names the worker's incarnation, and frames held for its rank may be on the control
+        # lane too (queued before it there, they would reach a worker that does not know who it is yet)
+        self.send_control(ident, FrameType.WELCOME, self.desk.welcome(reg, frame.meta.get("shm")))
+        if new:
+            self.server.metrics.workers.set(len(self.registry))
+            self.delivery.adopt(reg.addr, ident)
         self.flush(ident)
 
-    def _stage_refusal(self, name: str, account: str, job: str, stages: dict[str, str] | None,
-                       replaced: bytes | None) -> tuple[str, str] | None:
-        """(code, reason) when stage grants are in use and a new registration of (account, job) declares a stage
-        map unlike the job's other workers here, or runs a stage here its account holds no grant for."""
-        grants = self.server.route_grants
-        if not grants.stages_in_use():
-            return None
-        for r in self.by_ident.values():  # (new registrations only: rare)
-            if r.account == account and r.job == job and r.ident != replaced and r.stages != stages:
-                why = (f"job {job!r} of account {account!r} runs here with stage map {r.stages}, but this worker "
-                       f"declares {stages}; start every worker of a job from the same job file")
-                self.server.audit_limited(("worker_refused", "stage_map_mismatch", account), self.server.actor,
-                                          "frame_refused", f"worker:{name}", "denied",
-                                          {"reason": "stage_map_mismatch", "detail": why[:300], "account": account,
-                                           "job": job})
-                return "stage_map_mismatch", why
-        here = self.server.cfg.cluster
-        own = stage_routes(stages, here).get(here, ())
-        why = grants.refusal(account, None, own)
-        return None if why is None else self.server.route_refused(account, here, why, own)
-
-    def _offer_shm(self, reg: Registration, mapped: Any) -> dict:
-        """WELCOME meta for a worker, with its arena when it asked for one (HELLO's `shm`: the token of the arena
-        it has mapped, 0 for none yet)."""
-        welcome = self.server.welcome_meta()
-        if not self.cfg.shm_bytes or not isinstance(mapped, int) or isinstance(mapped, bool):
-            return welcome
-        if reg.shm is None:
-            try:
-                reg.shm = WorkerShm(reg.ident, self.cfg.shm_bytes, self.shm_releases.released)
-            except OSError as exc:
-                log.warning("no shared-memory arena for worker %s (%s); its payloads go through the socket", reg.name, exc)
-                return welcome
-        reg.shm.ready = mapped == reg.shm.arena.token
-        return {**welcome, "shm": reg.shm.offer()}
-
     def _ready_shm(self, ident: bytes) -> WorkerShm | None:
-        reg = self.by_ident.get(ident)
+        reg = self.registry.get(ident)
         return reg.shm if reg is not None and reg.shm is not None and reg.shm.ready else None
 
     def _forget(self, ident: bytes) -> None:
-        reg = self.by_ident.pop(ident, None)
-        addr = None
-        if reg is not None:
-            addr = (reg.account, reg.job, reg.rank)
-            if self.by_addr.get(addr) == ident:
-                del self.by_addr[addr]
-            if reg.shm is not None:
-                reg.shm.close()
-        self.delivery.drop(ident, addr)
-        self.server.metrics.workers.set(len(self.by_ident))
+        reg = self.registry.remove(ident)
+        if reg is not None and reg.shm is not None:
+            reg.shm.close()
+        self.delivery.drop(ident, reg.addr if reg is not None else None)
+        self.server.metrics.workers.set(len(self.registry))
 
     # ---- sending ----
     def refuse(self, ident: bytes, code: str, message: str, frame: Any = None) -> None:
-        """Send an ERROR frame with `code` and `message` to the worker that sent `frame`."""
+        """Send an ERROR frame with `code` and `message` to the worker that sent `frame` (a connection that draws
+        refusals faster than ANSWERS_PER_S gets no more answers meanwhile: counted and audited in aggregate)."""
         self.server.metrics.refused.labels(reason=code).inc()
         log.info("refused frame from worker: %s: %s", code, message)
+        reg = self.registry.get(ident)
         if code in AUDITED_REFUSALS:
-            reg = self.by_ident.get(ident)
             self.server.audit_limited(("worker_refused", code, reg.account if reg else ""), self.server.actor,
                                       "frame_refused", f"worker:{reg.name}" if reg else "worker", "denied",
                                       {"reason": code, "detail": message[:300],
                                        "account": reg.account if reg else None})
+        if not self._may_answer(ident, code):
+            return
         meta: dict[str, Any] = {"code": code, "message": message}
         seq = 0
         if frame is not None and frame.type in (FrameType.DATA, FrameType.ACK):
@@ -446,19 +391,30 @@ class LocalSide:
             seq = frame.header.seq
         self.send_control(ident, FrameType.ERROR, meta, seq=seq)
 
-    def deliver(self, account: str, job: str, rank: int, lane: Lane, head: bytes, payload: Any,
-                origin: Origin | None, party: Party | None = None) -> None:
-        """Queue a frame for local rank `rank` of (account, job); held briefly if that rank has not said hello
-        (within the account's limits.pending_bytes: beyond, dropped, and its sender sends it again later)."""
-        addr = (account, job, rank)
-        if not self.delivery.deliver(addr, self.by_addr.get(addr), lane, head, payload, origin, party):
-            n = len(head) + len(payload)
+    def _may_answer(self, ident: bytes, why: str) -> bool:
+        if self.answers.take(ident, time.monotonic()):
+            return True
+        self.server.metrics.refused.labels(reason="answers_limited").inc()
+        reg = self.registry.get(ident)
+        self.server.audit_limited(("worker_flood", why, reg.account if reg else ""), self.server.actor,
+                                  "frame_refused", f"worker:{reg.name}" if reg else "worker", "denied",
+                                  {"reason": "answers_limited", "frames": why, "account": reg.account if reg else None,
+                                   "detail": f"a connection sent {why} frames faster than the switch answers them "
+                                             "(ANSWERS_PER_S a second): the rest are read and dropped unanswered"})
+        return False
+
+    def deliver(self, key: ChannelKey, rank: int, lane: Lane, head: bytes, payload: Any, origin: Origin | None,
+                party: Party | None = None, src: Source | None = None) -> None:
+        """Queue a frame of channel `key` for local rank `rank` of its (account, job); held briefly if that rank has
+        not said hello (within the account's limits.pending_bytes: beyond, dropped, and its sender sends it again
+        later; a peer that sent it is asked to hold that account's frames back a while). `src`: the sending start
+        of a DATA frame (cluster, rank, incarnation): a frame held for a rank expires when that start has ended."""
+        addr = (key.account, key.job, rank)
+        if not self.delivery.deliver(addr, self.registry.by_addr.get(addr), lane, head, payload, origin, party, src):
             if origin is not None:
-                # a peer's credit for it comes back only later: a peer cannot stream at line rate into frames
-                # this switch drops (its own senders resend such frames later anyway)
-                asyncio.get_running_loop().call_later(DROPPED_CREDIT_HOLD_S, origin.release, n)
-            self.dropped(account, "pending_over_budget", f"frames held for ranks of account {account!r} that have "
-                         f"not connected exceed limits.pending_bytes={self.delivery.pending_cap()}")
+                origin.dropped(key, len(head) + len(payload))
+            self.dropped(key.account, "pending_over_budget", f"frames held for ranks of account {key.account!r} "
+                         f"that have not connected exceed limits.pending_bytes={self.delivery.pending_cap()}")
         return None
 
     def dropped(self, account: str, code: str, message: str) -> None:
@@ -469,12 +425,14 @@ class LocalSide:
                                   "denied", {"reason": code, "detail": message})
 
     def sweep(self) -> None:
-        """Drop frames held for ranks that never said hello, and registrations of workers long silent."""
+        """Drop frames held for ranks that never said hello, and registrations of workers long silent (whose
+        start has then ended)."""
         self.delivery.sweep()
         now = time.monotonic()
-        for ident, reg in list(self.by_ident.items()):
+        for reg in self.registry:
             if now - reg.last_seen > SILENT_S:
-                self._forget(ident)
+                self._forget(reg.ident)
+                self.server.incarnation_ended(reg.account, reg.job, reg.rank, reg.inc)
 
     def hold_back(self, paused: bool) -> None:
         """Stop (or resume) reading worker frames while over the memory cap."""
@@ -485,5 +443,5 @@ class LocalSide:
     def broadcast(self, make: Callable[[], dict]) -> None:
         """Send a fresh WELCOME (link states) to every registered worker."""
         meta = make()
-        for ident in list(self.by_ident):
-            self.send_control(ident, FrameType.WELCOME, meta)
+        for reg in self.registry:
+            self.send_control(reg.ident, FrameType.WELCOME, {**meta, "inc": reg.inc})

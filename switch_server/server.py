@@ -15,13 +15,14 @@ import zmq.auth
 from nebula.config import ConfigError, PeerConfig, SwitchConfig, split_host_port
 from nebula.config.switch import load_switch_config
 from nebula.wire import ChannelKey, FrameType, Lane, encode_frame
-from security.audit import AuditLog
+from security.audit import AuditLog, safe_text
 from security.errors import AuditError
 from switch_server.auditlimit import AuditThrottle
 from switch_server.authz import PeerPolicy
 from switch_server.budget import ALL, MemoryBudget, Party
 from switch_server.checkpoints import CheckpointExchange
 from switch_server.host import Origin
+from switch_server.incarnations import Incarnations
 from switch_server.link import OutboundLink
 from switch_server.local import LocalSide
 from switch_server.metrics import SwitchMetrics
@@ -50,6 +51,18 @@ def load_curve_keys(path: str) -> tuple[bytes, bytes]:
     if not secret:
         raise SwitchError(f"{path}: has no secret-key; use the *.key_secret file written by provisioning")
     return public, secret
+
+
+def _safe_detail(value: Any) -> Any:
+    """An audit detail with every string in it one printable, bounded line: names in it (accounts, jobs, stages,
+    channels) are chosen by workers and peers, and an admin reads and copies what the log shows."""
+    if isinstance(value, str):
+        return safe_text(value, 400)
+    if isinstance(value, dict):
+        return {safe_text(k, 80): _safe_detail(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_safe_detail(v) for v in value]
+    return value
 
 
 class SwitchServer:
@@ -85,12 +98,14 @@ class SwitchServer:
         self._trim = MemoryTrim()
         self.route_grants = RouteGrants(cfg.accounts_home, self._route_grants_reloaded)  # fail closed if unreadable
         public, secret = load_curve_keys(cfg.local.curve_secret_key)
-        self.local = LocalSide(self, cfg.local, public, secret)
+        self.incs = Incarnations(self.state)
+        self.local = LocalSide(self, cfg.local, public, secret, self.incs)
 
     # ---- lifecycle ----
     async def start(self) -> tuple[str, str]:
         """Open the audit log, the metrics endpoint, the local side, the WAN listener and the peer links."""
         self.epoch = self.state.next_epoch()
+        self.incs.start(self.epoch)
         try:
             self.audit_log = AuditLog(self.cfg.audit.log, self.cfg.audit.signing_key,
                                       checkpoint_every=self.cfg.audit.checkpoint_every)
@@ -165,7 +180,7 @@ class SwitchServer:
         if self.audit_log is None:
             return
         try:
-            self.audit_log.append(actor, action, target, outcome, detail)
+            self.audit_log.append(actor, action, target, outcome, _safe_detail(detail))
         except Exception:
             log.exception("cannot write audit record %s %s", action, target)
 
@@ -192,15 +207,26 @@ class SwitchServer:
             key = ChannelKey.from_meta(ch)
         else:
             key = frame.key()
+        src = None
         if t == FrameType.DATA:
             cluster, rank, lane = key.dst_cluster, key.dst_rank, frame.header.lane
+            src = (key.src_cluster, key.src_rank, frame.meta.get("inc", 0))
         else:
             cluster, rank, lane = key.src_cluster, key.src_rank, Lane.CONTROL
         if cluster == self.cfg.cluster:
-            return self.local.deliver(key.account, key.job, rank, lane, head, payload, origin, party)
+            if t == FrameType.ACK:
+                refused = self.local.ack_refusal(frame)
+                if refused is not None:
+                    if refused[2]:
+                        return refused[0], refused[1]
+                    self.metrics.refused.labels(reason=refused[0]).inc()  # (quietly: an earlier start's ACK)
+                    if origin is not None:
+                        origin.release(len(head) + len(payload))
+                    return None
+            return self.local.deliver(key, rank, lane, head, payload, origin, party, src)
         if from_peer is not None:
             return "unknown_destination", f"switch {self.cfg.cluster} does not relay to cluster {cluster!r}"
-        if t == FrameType.DATA:
+        if t in (FrameType.DATA, FrameType.ACK):  # (every frame a worker sends to another cluster)
             why = self.route_grants.refusal(key.account, cluster, stages)
             if why is not None:
                 return self.route_refused(key.account, cluster, why, stages)
@@ -210,6 +236,21 @@ class SwitchServer:
             return "unknown_destination", f"no route to cluster {cluster!r}; this switch knows: {known}"
         link.enqueue(lane, head, payload, party)
         return None
+
+    def incarnation_ended(self, account: str, job: str, rank: int, inc: int) -> None:
+        """A start of one of our ranks ended (BYE, replaced by a later start, or long silent): what it sent that
+        waits for ranks not connected, here or at any peer, expires (it is meant for no later start of them)."""
+        self.local.delivery.sender_ended(account, job, self.cfg.cluster, rank, inc)
+        head = encode_frame(FrameType.ENDED, {"account": account, "job": job, "rank": rank, "inc": inc})
+        for link in self.links.values():
+            link.enqueue(Lane.CONTROL, head, b"")
+
+    def peer_incarnation_ended(self, peer: str, meta: dict[str, Any]) -> None:
+        """A peer says a start of one of its ranks ended."""
+        n = self.local.delivery.sender_ended(meta["account"], meta["job"], peer, meta["rank"], meta["inc"])
+        if n:
+            log.info("dropped %d frames held from ended start %d of %s/%d (job %s)", n, meta["inc"], peer,
+                     meta["rank"], meta["job"])
 
     def route_refused(self, account: str, cluster: str, why: str, stages: tuple[str, ...] = ()) -> tuple[str, str]:
         """Count and audit (rate-limited) a local worker's frame (or registration) to a cluster or stage its

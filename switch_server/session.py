@@ -25,6 +25,16 @@ MAX_IGNORED_CONTROL = 2000
 # answers (PONG, LINK_ACK) are not written while this much waits unread in the connection: a peer that never reads
 # cannot make us buffer without bound (acknowledgements are cumulative: a later one says it all)
 CONTROL_BACKLOG_BYTES = 64 * 1024
+# refusals by routing that only a broken or hostile peer draws: audited and told to the peer, never to the cluster
+# the frame names
+AUDITED_ROUTE_REFUSALS = frozenset({"ack_beyond_sent"})
+# A frame of the peer's dropped here for a rank not connected (its account's pending budget is spent) gives its
+# credit back at once, and the peer is told to hold that account's frames back (link.HOLD_S) so that the account
+# does not spend the link's credit, which every account shares, on frames this switch cannot take. A peer that
+# goes on sending them after it was told (more than twice its window within NOTICE_S) pays with its credit: those
+# bytes come back only DROPPED_CREDIT_HOLD_S later, so it cannot stream at line rate into frames dropped here.
+NOTICE_S = 2.0
+DROPPED_CREDIT_HOLD_S = 10.0
 
 
 class InboundSession:
@@ -49,12 +59,15 @@ class InboundSession:
         self.last_checkpoint = -CHECKPOINT_MIN_S
         self.ignored_control = 0
         self.link_state: dict[str, int] = {}  # this peer's inbound link state (epoch, last link sequence)
+        self.peer_epoch = 0  # the peer switch's boot epoch (LINK_HELLO): bounds the incarnations it may name
+        self.notices: dict[str, list[float]] = {}  # account -> [when told to hold it back, bytes dropped since]
         self.on_frame = Dispatcher(f"a session from {cluster}", {
             FrameType.DATA: self._on_routed,
             FrameType.ACK: self._on_routed,
             FrameType.ERROR: self._on_routed,
             FrameType.PING: self._on_ping,
             FrameType.CHECKPOINT: self._on_checkpoint,
+            FrameType.ENDED: self._on_routed,
         })
 
     def credit(self) -> int:
@@ -65,6 +78,31 @@ class InboundSession:
         """`nbytes` of this peer's frames left our queues: grant more credit."""
         self.held_bytes -= nbytes
         self.schedule_ack()
+
+    def dropped(self, key: Any, nbytes: int) -> None:
+        """Our switch dropped `nbytes` of the peer's for a rank of `key.account` that is not connected."""
+        now = time.monotonic()
+        st = self.notices.get(key.account)
+        if st is None or now - st[0] > NOTICE_S:
+            self.notices[key.account] = [now, 0]
+            if not self.closed and not self.writer.transport.is_closing():
+                write_frame(self.writer, encode_frame(FrameType.ERROR, {
+                    "code": "account_held", "channel": key.to_meta(),
+                    "message": f"account {key.account!r} has more held here for ranks not connected than "
+                               f"limits.pending_bytes allows; hold its frames back a while"}))
+            self.release(nbytes)
+            return
+        st[1] += nbytes
+        if st[1] <= 2 * self.window:  # (what was in flight when the peer was told)
+            self.release(nbytes)
+            return
+        asyncio.get_running_loop().call_later(DROPPED_CREDIT_HOLD_S, self.release, nbytes)
+        server = self.server
+        server.metrics.peer_refused.labels(peer=self.cluster, reason="hold_ignored").inc()
+        server.audit_limited(("control_ignored", self.cluster, "hold_ignored"), server.actor, "control_ignored",
+                             self.cluster, "denied", {"reason": "hold_ignored", "account": key.account,
+                                                      "detail": "the peer goes on sending an account's frames after "
+                                                                "it was told to hold them back: its credit pays"})
 
     def schedule_ack(self) -> None:
         """Send one LINK_ACK soon (coalesces many frames into one acknowledgement)."""
@@ -97,6 +135,7 @@ class InboundSession:
         """Serve the session after LINK_HELLO until the connection ends."""
         server = self.server
         st = server.link_in_state(self.cluster)
+        self.peer_epoch = epoch
         if st["epoch"] != epoch:
             # a restarted peer numbers from 1 again; anything it still needs it resends end to end
             st["epoch"], st["last"] = epoch, 0
@@ -129,15 +168,22 @@ class InboundSession:
         self.bytes_in += n
         server.metrics.count(self.cluster, frame.header.lane, "in", n)
         self.held_bytes += n
-        refusal = server.policy.check(self.cluster, frame)
+        refusal = server.policy.check(self.cluster, frame, self.peer_epoch)
         if refusal is not None:
             self.release(n)
             self.refused(frame, *refusal)
             return
+        if frame.type == FrameType.ENDED:
+            self.release(n)
+            server.peer_incarnation_ended(self.cluster, frame.meta)
+            return
         err = server.route(frame, head, payload, origin=self, from_peer=self.cluster)
         if err is not None:
             self.release(n)
-            server.refuse_remote(frame, err[0], err[1])
+            if err[0] in AUDITED_ROUTE_REFUSALS:
+                self.refused(frame, *err)
+            else:
+                server.refuse_remote(frame, err[0], err[1])
         self.schedule_ack()
 
     def refused(self, frame: Any, code: str, message: str) -> None:
@@ -148,7 +194,10 @@ class InboundSession:
         server.metrics.peer_refused.labels(peer=self.cluster, reason=code).inc()
         detail: dict[str, Any] = {"reason": code, "detail": message[:300], "type": frame.type.name}
         try:
-            detail["channel"] = frame.key().to_meta() if frame.type != FrameType.ERROR else frame.meta.get("channel")
+            if frame.type in (FrameType.DATA, FrameType.ACK):
+                detail["channel"] = frame.key().to_meta()
+            elif frame.type == FrameType.ERROR:
+                detail["channel"] = frame.meta.get("channel")
         except WireError:
             pass
         if server.audit_limited(("frame_refused", self.cluster, code), server.actor, "frame_refused", self.cluster,

@@ -38,6 +38,10 @@ def switch_status(server: Any, prev: dict[str, Any]) -> dict[str, Any]:
             "bytes_out": link.bytes_out,
             "mbit_out": round((link.bytes_out - before) * 8 / dt_s / 1e6, 3),
             "last_error": link.last_error,
+            # accounts the peer asked us to hold back (their ranks there are not connected), and queued bytes per
+            # local account: one account's flood waits here while the others' frames go on
+            "held_accounts": sorted(p[1] for p in link.lanes.holding() if isinstance(p, tuple)),
+            "queued_by_account": {p[1]: n for p, n in link.lanes.by_party().items() if isinstance(p, tuple)},
         }
     sessions = {}
     for c, s in server.sessions.items():
@@ -53,9 +57,9 @@ def switch_status(server: Any, prev: dict[str, Any]) -> dict[str, Any]:
         "local": local.endpoint,
         "local_ipc": server.cfg.local.ipc_endpoint,
         "metrics": server.metrics_address,
-        "workers": len(local.by_ident),
+        "workers": len(local.registry),
         # workers whose payloads go through shared memory, and the bytes that did (nebula.wire.shm)
-        "shm_workers": sum(1 for r in local.by_ident.values() if r.shm is not None and r.shm.ready),
+        "shm_workers": sum(1 for r in local.registry if r.shm is not None and r.shm.ready),
         "shm_bytes": dict(server.metrics.shm_bytes),
         "queued_bytes": server.budget.used,
         "links": links,

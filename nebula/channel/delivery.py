@@ -5,15 +5,21 @@ No sockets and no clocks: the I/O thread passes `now` in, sends the frames a `Se
 chunks it receives to a `Receiver`, which says what to acknowledge, deliver and release. What the receiver
 consumed opens the sender's window (credit-based flow control from end to end).
 
-Incarnations: every endpoint (one start of a worker process) has an incarnation number, its start time in
-nanoseconds, so a later start of the same rank has a larger one. A DATA frame carries its sender's (`inc`) and the
-receiver's incarnation it is addressed to (`to`, learnt from the receiver's acknowledgements; 0 until then); an ACK
-carries the receiver's (`inc`) and the sender's it acknowledges (`to`). Sequence numbers start again at 1 in every
-incarnation, and switches keep undelivered messages for a rank across its restarts, so without these a restarted
-rank would take messages meant for its predecessor (or acknowledgements its predecessor earned) as its own:
-a receiver drops messages addressed to an earlier incarnation of itself and from an earlier incarnation of its
-sender, and starts the stream afresh when a later incarnation of its sender speaks; a sender ignores
-acknowledgements meant for an earlier incarnation of itself.
+Incarnations: every endpoint (one start of a worker process) has an incarnation number, which its switch gives
+it (`switch_server.incarnations`: the switch's boot epoch and a counter, so a later start of the same rank has a
+larger one whatever the hosts' clocks say) and checks on every frame it sends. A DATA frame carries its sender's
+(`inc`) and the receiver's incarnation it is addressed to (`to`, learnt from the receiver's acknowledgements; 0
+until then); an ACK carries the receiver's (`inc`) and the sender's it acknowledges (`to`). Sequence numbers start
+again at 1 in every incarnation, and switches keep undelivered messages for a rank across its restarts, so
+without these a restarted rank would take messages meant for its predecessor (or acknowledgements its predecessor
+earned) as its own: a receiver drops messages from an earlier incarnation of its sender and starts the stream
+afresh when a later one speaks; a sender ignores acknowledgements meant for an earlier incarnation of itself.
+
+A receiver restarted alone announces itself: a message addressed to its predecessor is dropped and answered with
+an acknowledgement of nothing from the new incarnation, and the sender, learning it, sends again, numbered from 1,
+every message its predecessor had not consumed (a sender keeps each message until its receiver consumed it, which
+the window bounds). Every acknowledgement is bounded by what the sender knows: one that claims more than was sent
+is refused, and the channel goes on.
 """
 from __future__ import annotations
 
@@ -26,12 +32,15 @@ from typing import Any, NamedTuple
 from nebula.channel.errors import ChannelError
 from nebula.wire import ChannelKey, FrameType, Header, Lane, encode_frame, encode_meta
 
-__all__ = ["RTO_S", "RTO_MAX_S", "RTO_BYTES_PER_S", "OutMessage", "OutFrame", "Admitted", "Sender", "Delivered",
-           "Reassembly", "Outcome", "Receiver"]
+__all__ = ["MAX_AHEAD", "RTO_S", "RTO_MAX_S", "RTO_BYTES_PER_S", "OutMessage", "OutFrame", "Admitted", "Sender",
+           "Delivered", "Reassembly", "Outcome", "Receiver"]
 
 RTO_S = 10.0  # resend a message with no acknowledgement progress for this long (then doubling)
 RTO_MAX_S = 60.0
 RTO_BYTES_PER_S = 4e6  # the slowest link the fallback timer allows for before resending
+# messages a receiver keeps ahead of the next one it delivers (complete or partial): a sender's window keeps a
+# behaving sender far below this; a forged sequence number far ahead is dropped instead of held for ever
+MAX_AHEAD = 1 << 16
 
 
 @dataclass(eq=False, slots=True)
@@ -66,10 +75,11 @@ class OutFrame(NamedTuple):
 
 
 class Admitted(NamedTuple):
-    """A message the window let through and the receiver has not consumed yet."""
+    """A message the window let through and the receiver has not consumed yet (kept for a restarted receiver)."""
 
     seq: int
     nbytes: int
+    msg: OutMessage
 
 
 class Sender:
@@ -90,20 +100,41 @@ class Sender:
         self.ack_progress = 0.0  # when acknowledgements last moved `acked` on (progress of every message)
         self.consumed = 0  # highest seq the receiver's application has taken
         self.meter: Any = None  # a ThroughputMeter of the peer cluster's link, fed with every acknowledged message
+        self.relearn = False  # an ACK named a new incarnation of the receiver: the stream starts again for it
 
     def _meta(self) -> bytes:
         return encode_meta({**self.key.to_meta(), "inc": self.inc, "to": self.peer_inc})
 
     def ours(self, meta: dict[str, Any]) -> bool:
-        """Whether an ACK (its meta) acknowledges this incarnation's messages, not a predecessor's; a later
-        incarnation of the receiver is learnt from it, and the frames from now on are addressed to it."""
+        """Whether an ACK (its meta) acknowledges this incarnation's messages and comes from the receiver's newest
+        incarnation; a later incarnation of the receiver is learnt from it (see `restart_stream`)."""
         if meta.get("to", 0) != self.inc:
             return False
         inc = meta.get("inc", 0)
+        if inc < self.peer_inc:
+            return False  # a straggler of the receiver's predecessor
         if inc > self.peer_inc:
+            self.relearn = self.peer_inc != 0
             self.peer_inc = inc
             self.meta = self._meta()
         return True
+
+    def restart_stream(self) -> list[OutMessage]:
+        """A new incarnation of the receiver announced itself: every message its predecessor had not consumed is
+        numbered afresh from 1 (in order) and addressed to it; returns those the window lets through now."""
+        self.relearn = False
+        msgs = [a.msg for a in self.admitted] + list(self.waiting)
+        self.unacked.clear()
+        self.admitted.clear()
+        self.waiting.clear()
+        self.inflight = self.acked = self.consumed = 0
+        self.next_seq = 1
+        for msg in msgs:
+            msg.seq = self.next_seq
+            self.next_seq += 1
+            self.unacked[msg.seq] = msg
+            self.waiting.append(msg)
+        return self._admit()
 
     @property
     def idle(self) -> bool:
@@ -126,7 +157,7 @@ class Sender:
             if self.inflight and self.inflight + n > self.window_bytes:
                 break
             self.waiting.popleft()
-            self.admitted.append(Admitted(msg.seq, n))
+            self.admitted.append(Admitted(msg.seq, n, msg))
             self.inflight += n
             out.append(msg)
         return out
@@ -152,8 +183,21 @@ class Sender:
         msg.rto = max(msg.rto, RTO_S + total / RTO_BYTES_PER_S)
         return out
 
+    def ack_refusal(self, recv_seq: int, consumed: int) -> str | None:
+        """Why an acknowledgement cannot be true (it claims messages never sent, or more consumed than received),
+        or None: the sender's own count bounds what an ACK may say, so a forged one costs nothing."""
+        sent = self.next_seq - 1
+        if recv_seq > sent:
+            return f"it acknowledges message #{recv_seq}, but only {sent} were sent on this channel"
+        if consumed > recv_seq:
+            return f"it says {consumed} messages were consumed of the {recv_seq} received"
+        return None
+
     def on_ack(self, recv_seq: int, consumed: int, now: float) -> list[OutMessage]:
-        """The receiver has every message up to `recv_seq` and consumed up to `consumed`; returns newly admitted."""
+        """The receiver has every message up to `recv_seq` and consumed up to `consumed`; returns newly admitted.
+        Call `ack_refusal` first: an acknowledgement beyond what was sent is not taken."""
+        if self.ack_refusal(recv_seq, consumed) is not None:
+            return []
         progressed = False
         if recv_seq > self.acked:
             for seq in range(self.acked + 1, recv_seq + 1):
@@ -256,6 +300,8 @@ class Receiver:
         self.inc = inc  # this endpoint's incarnation
         self.peer_inc = 0  # the incarnation of the sender whose stream this is (0: none heard yet)
         self.stale = 0  # messages dropped as meant for or sent by an earlier incarnation
+        self.ahead = 0  # chunks dropped as numbered too far ahead of the stream (MAX_AHEAD)
+        self.announced: int | None = None  # the sender incarnation we told of ourselves (it addressed our predecessor)
         self.expected = 1  # next seq to deliver
         self.partial: dict[int, Reassembly] = {}
         self.complete: dict[int, Delivered] = {}  # complete, waiting for an earlier seq
@@ -271,20 +317,34 @@ class Receiver:
 
     def admits(self, meta: dict[str, Any], out: Outcome) -> bool:
         """Whether a DATA frame (its meta) belongs to this stream; a later incarnation of the sender starts the
-        stream afresh (what the earlier one left half-received is released into `out`)."""
+        stream afresh (what the earlier one left half-received is released into `out`).
+
+        A frame addressed to an earlier incarnation of ours comes from a sender that has not learnt of us: it is
+        dropped and answered with an acknowledgement of nothing (`out.ack`), which tells the sender who we are;
+        from then on only frames addressed to us are taken from that sender (its stream starts again at 1)."""
         to, inc = meta.get("to", 0), meta.get("inc", 0)
-        if (to and to != self.inc) or inc < self.peer_inc:
-            self.stale += 1
+        if inc < self.peer_inc or to > self.inc:
+            self.stale += 1  # sent by an earlier start of the sender, or meant for a later start of ours
             return False
         if inc > self.peer_inc:
             if self.peer_inc:
-                for entry in self.partial.values():
-                    out.release.extend(entry.regions)
-                self.partial.clear()
-                self.complete.clear()
-                self.expected, self.consumed = 1, 0
+                self._restart(out)
             self.peer_inc = inc
-        return True
+        if to == self.inc or (to == 0 and self.announced != inc):
+            return True
+        self.stale += 1
+        if self.announced != inc:
+            self.announced = inc
+            self._restart(out)
+        out.ack = True
+        return False
+
+    def _restart(self, out: Outcome) -> None:
+        for entry in self.partial.values():
+            out.release.extend(entry.regions)
+        self.partial.clear()
+        self.complete.clear()
+        self.expected, self.consumed = 1, 0
 
     def consume(self) -> None:
         """The application took the next delivered message."""
@@ -306,6 +366,11 @@ class Receiver:
         seq = h.seq
         if seq < self.expected or seq in self.complete:
             out.ack = True  # a duplicate: acknowledged again, delivered once
+            if region is not None:
+                out.release.append(region)
+            return out
+        if seq - self.expected >= MAX_AHEAD:
+            self.ahead += 1  # no window lets a sender this far ahead: not kept (a real one is sent again)
             if region is not None:
                 out.release.append(region)
             return out

@@ -58,8 +58,9 @@ class IOThread:
             raise ValueError(f"heartbeat_s={heartbeat_s} must be in (0, {MAX_HEARTBEAT_S}]: the switch hands a rank "
                              "silent for 3 s to another connection")
         self.cfg, self.job, self.rank, self.window_bytes = cfg, job, rank, window_bytes
-        # this start's incarnation (nebula.channel.delivery): a later start of the rank has a later clock
-        self.inc = time.time_ns()
+        # this start's incarnation (nebula.channel.delivery): our switch gives it in its first WELCOME and checks
+        # it on every frame we send; no channel carries a message before then
+        self.inc = 0
         self.stages = dict(stages) if stages is not None else None
         self.heartbeat_s = heartbeat_s
         self.ctx, self.sock, self.monitor, self.address, self.transport = connect(cfg)
@@ -86,6 +87,7 @@ class IOThread:
         self.max_message_bytes = 1 << 62
         self.fatal: BaseException | None = None
         self.refusal: BaseException | None = None
+        self.bad_acks = 0  # acknowledgements refused as claiming more than was sent (a forged or broken peer)
         self.running = True
         self.thread = threading.Thread(target=self._run, name=f"nebula-channel-{job}-{rank}", daemon=True)
         self.shm = ArenaClient(cfg.shared_memory and self.transport == "ipc")
@@ -99,6 +101,8 @@ class IOThread:
     def _hello(self) -> bytes:
         cfg = self.cfg
         meta = {"job": self.job, "rank": self.rank, "account": cfg.account, "name": cfg.name}
+        if self.inc:
+            meta["inc"] = self.inc
         if self.shm.wanted:
             meta["shm"] = self.shm.token
         if self.stages is not None:
@@ -395,6 +399,17 @@ class IOThread:
         meta = frame.meta
         first = not self.welcome.is_set()
         self.last_welcome = time.monotonic()
+        inc = meta.get("inc", 0)
+        if not self.inc:
+            if not inc:
+                self.fatal = ChannelError(f"our switch at {self.address} gave this worker no incarnation in its "
+                                          "WELCOME; it runs an older Nebula: upgrade it")
+                self.welcome.set()
+                return
+            self.inc = inc
+            self.hello_head = self._hello()
+        elif inc and inc != self.inc:
+            log.warning("our switch names incarnation %d for us, but we are %d; ignored", inc, self.inc)
         if self.shm.wanted and "shm" in meta and self.shm.take(meta["shm"]):
             self.hello_head = self._hello()
             self.out.send_now(self.hello_head, b"")  # tells the switch we mapped it, so it may send downwards through it
@@ -449,11 +464,33 @@ class IOThread:
 
     def _on_ack(self, frame: Any, *_: Any) -> None:
         tx = self.tx.get(frame.header.channel_id)
-        if tx is not None and tx.ours(frame.meta):  # (an acknowledgement a predecessor of ours earned is not)
-            self._queue(tx, tx.on_ack(frame.header.seq, frame.meta["consumed"], time.monotonic()))
+        if tx is None or not tx.ours(frame.meta):  # (an acknowledgement a predecessor of ours earned is not)
+            return
+        seq, consumed = frame.header.seq, frame.meta["consumed"]
+        if tx.relearn:
+            if seq or consumed:
+                log.warning("channel %r: an acknowledgement names a new start of %s/%d with messages it cannot "
+                            "have; ignored", tx.key.name, tx.key.dst_cluster, tx.key.dst_rank)
+                return
+            msgs = tx.restart_stream()
+            log.info("channel %r: %s/%d restarted; sending again, from #1, the %d messages it had not consumed",
+                     tx.key.name, tx.key.dst_cluster, tx.key.dst_rank, len(tx.unacked))
+            self._queue(tx, msgs)
+            return
+        why = tx.ack_refusal(seq, consumed)
+        if why is not None:
+            self.bad_acks += 1
+            if self.bad_acks in (1, 100, 10000):
+                log.warning("channel %r: refused %d acknowledgement(s) from %s/%d; the latest: %s", tx.key.name,
+                            self.bad_acks, tx.key.dst_cluster, tx.key.dst_rank, why)
+            return
+        self._queue(tx, tx.on_ack(seq, consumed, time.monotonic()))
 
     def _on_data(self, frame: Any, payload: Any, region: Region | None) -> None:
         h = frame.header
+        if not self.inc:  # (our switch welcomes us before it hands us any message)
+            self.shm.release(region)
+            return
         rx = self.rx.get(h.channel_id)
         if rx is None:
             key = frame.key()

@@ -32,6 +32,28 @@ MAX_PAYLOAD_BYTES = 64 * 1024**2  # hard ceiling for one chunk; links use a smal
 MAX_TOTAL_BYTES = 1 << 44
 MAX_NAME_CHARS = 256
 MAX_CHUNKS = 1 << 31
+MAX_PARTS = 512  # part lengths one DATA frame may list (Channel.send sends no part list beyond 500 parts)
+MAX_OFFSETS = 4096  # shared-memory regions one SHM_RELEASE may hand back
+INC_MAX = (1 << 63) - 1
+# The fields each frame type's meta may carry; any other is refused, so that no frame can carry bytes the protocol
+# does not define (an ACK's meta is not a side channel around route grants).
+_KEY_FIELDS = frozenset({"job", "account", "src", "dst", "name"})
+META_FIELDS: dict[int, frozenset[str]] = {
+    1: frozenset({"job", "account", "name", "rank", "stages", "shm", "inc"}),  # HELLO
+    2: frozenset({"boot", "cluster", "chunk_bytes", "max_message_bytes", "peers", "shm", "inc"}),  # WELCOME
+    3: _KEY_FIELDS | {"inc", "to", "parts"},  # DATA
+    4: _KEY_FIELDS | {"inc", "to", "consumed"},  # ACK
+    5: frozenset({"code", "message", "channel"}),  # ERROR
+    6: frozenset({"cluster", "epoch"}),  # LINK_HELLO
+    7: frozenset({"cluster", "epoch", "resume", "credit"}),  # LINK_WELCOME
+    8: frozenset({"credit"}),  # LINK_ACK
+    9: frozenset({"checkpoint"}),  # CHECKPOINT
+    10: frozenset({"t"}),  # PING
+    11: frozenset({"t"}),  # PONG
+    12: frozenset(),  # BYE
+    13: frozenset({"token", "offsets"}),  # SHM_RELEASE
+    14: frozenset({"job", "account", "rank", "inc"}),  # ENDED
+}
 
 
 class WireError(ValueError):
@@ -59,6 +81,7 @@ class FrameType(enum.IntEnum):
     PONG = 11
     BYE = 12  # worker -> switch: this connection is closing, its rank is free at once; the switch answers BYE
     SHM_RELEASE = 13  # worker <-> switch on one host: shared-memory regions the sender is done with (nebula.wire.shm)
+    ENDED = 14  # switch -> peer switch: an incarnation of one of its ranks has ended (its held messages expire)
 
 
 class Lane(enum.IntEnum):
@@ -395,28 +418,41 @@ def _stage_map(v: Any) -> None:
 
 def _check_meta(h: Header, meta: dict[str, Any]) -> None:
     t = h.type
+    extra = meta.keys() - META_FIELDS[t]
+    if extra:
+        names = ", ".join(repr(k[:40]) for k in sorted(extra)[:5])
+        raise WireError("bad_meta", f"{t.name} meta carries field(s) {names} that the protocol does not define; "
+                                    f"{t.name} meta may carry only {', '.join(sorted(META_FIELDS[t])) or 'nothing'}")
     if t == FrameType.HELLO:
         _name(meta, "job"), _name(meta, "account"), _name(meta, "name"), _int(meta, "rank", 0, (1 << 31) - 1)
         if "stages" in meta:
             _stage_map(meta["stages"])
+        if "inc" in meta:
+            _int(meta, "inc", 0, INC_MAX)
+        if "shm" in meta:
+            _int(meta, "shm", 0, INC_MAX)
     elif t in (FrameType.DATA, FrameType.ACK):
         key = ChannelKey.from_meta(meta)
         if h.channel_id != channel_id(key):
             raise WireError("bad_channel", f"header channel id {h.channel_id:#x} does not match the channel key in meta")
         for field in ("inc", "to"):  # incarnations (nebula.channel.delivery); absent = 0
             if field in meta:
-                _int(meta, field)
+                _int(meta, field, 0, INC_MAX)
         if t == FrameType.ACK:
-            _int(meta, "consumed")
+            if _int(meta, "consumed") > h.seq:
+                raise WireError("bad_meta", f"ACK says {meta['consumed']} messages were consumed of the {h.seq} "
+                                            "received: a receiver cannot consume more than it has")
         elif "parts" in meta:
             parts = meta["parts"]
             if (
                 h.chunk_index != 0
                 or not isinstance(parts, list)
+                or len(parts) > MAX_PARTS
                 or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in parts)
                 or sum(parts) != h.total_len
             ):
-                raise WireError("bad_meta", "meta 'parts' must be part lengths summing to the message length, on chunk 0")
+                raise WireError("bad_meta", f"meta 'parts' must be at most {MAX_PARTS} part lengths summing to the "
+                                            "message length, on chunk 0")
     elif t == FrameType.ERROR:
         _name(meta, "code")
         if not isinstance(meta.get("message"), str):
@@ -424,11 +460,14 @@ def _check_meta(h: Header, meta: dict[str, Any]) -> None:
         if meta.get("channel") is not None:
             if not isinstance(meta["channel"], dict):
                 raise WireError("bad_meta", "ERROR meta 'channel' must be an object")
+            extra = meta["channel"].keys() - _KEY_FIELDS
+            if extra:
+                raise WireError("bad_meta", "ERROR meta 'channel' may hold only job, account, src, dst and name")
             ChannelKey.from_meta(meta["channel"])
     elif t == FrameType.LINK_HELLO:
-        _name(meta, "cluster"), _int(meta, "epoch")
+        _name(meta, "cluster"), _int(meta, "epoch", 0, (1 << 31) - 1)
     elif t == FrameType.LINK_WELCOME:
-        _name(meta, "cluster"), _int(meta, "epoch"), _int(meta, "resume"), _int(meta, "credit")
+        _name(meta, "cluster"), _int(meta, "epoch", 0, (1 << 31) - 1), _int(meta, "resume"), _int(meta, "credit")
     elif t == FrameType.LINK_ACK:
         _int(meta, "credit")
     elif t == FrameType.CHECKPOINT:
@@ -440,10 +479,15 @@ def _check_meta(h: Header, meta: dict[str, Any]) -> None:
     elif t == FrameType.SHM_RELEASE:
         _int(meta, "token")
         offsets = meta.get("offsets")
-        if not isinstance(offsets, list) or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0
-                                                    for o in offsets):
-            raise WireError("bad_meta", "SHM_RELEASE meta needs 'offsets', a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) > MAX_OFFSETS
+                or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)):
+            raise WireError("bad_meta", f"SHM_RELEASE meta needs 'offsets', a list of at most {MAX_OFFSETS} "
+                                        "non-negative integers")
     elif t == FrameType.WELCOME:
         _int(meta, "boot"), _int(meta, "chunk_bytes", 1), _int(meta, "max_message_bytes", 1)
+        if "inc" in meta:
+            _int(meta, "inc", 1, INC_MAX)
         if not isinstance(meta.get("peers"), dict):
             raise WireError("bad_meta", "WELCOME meta needs an object 'peers'")
+    elif t == FrameType.ENDED:
+        _name(meta, "job"), _name(meta, "account"), _int(meta, "rank", 0, (1 << 31) - 1), _int(meta, "inc", 1, INC_MAX)

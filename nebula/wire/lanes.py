@@ -63,6 +63,23 @@ class LaneQueues:
         """Number of frames queued on `lane`."""
         return len(self._q[lane])
 
+    def remove_if(self, pred: Any) -> list[Any]:
+        """Remove and return the queued items for which `pred(item)` is true (order kept for the rest)."""
+        out = []
+        for q in self._q:
+            if not q:
+                continue
+            keep = deque()
+            for item, nbytes in q:
+                if pred(item):
+                    out.append(item)
+                    self.bytes -= nbytes
+                else:
+                    keep.append((item, nbytes))
+            q.clear()
+            q.extend(keep)
+        return out
+
     def clear(self) -> list[Any]:
         """Remove and return every queued item."""
         items = [it for q in self._q for it, _ in q]

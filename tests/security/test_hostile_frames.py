@@ -22,10 +22,11 @@ def test_nesting_beyond_the_limit_is_bad_meta_and_brackets_in_strings_are_not_ne
         with pytest.raises(WireError) as err:
             decode_head(encode_frame(FrameType.LINK_HELLO, meta))
         assert err.value.code == "bad_meta" and f"deeper than {MAX_META_DEPTH}" in err.value.message
-    levels = MAX_META_DEPTH - 1  # inside the top-level object: the limit exactly
-    fine = '{"code":"x","message":"' + "[{" * 2000 + '","v":' + "[" * levels + "]" * levels + "}"
-    _, meta = decode_head(encode_frame(FrameType.ERROR, fine.encode()))
-    assert meta["message"] == "[{" * 2000
+    levels = MAX_META_DEPTH - 2  # inside the top-level object and its 'peers' object: the limit exactly
+    fine = ('{"boot":1,"chunk_bytes":1,"max_message_bytes":1,"cluster":"' + "[{" * 2000 + '","peers":{"x":'
+            + "[" * levels + "]" * levels + "}}")
+    _, meta = decode_head(encode_frame(FrameType.WELCOME, fine.encode()))
+    assert meta["cluster"] == "[{" * 2000
 
 
 def test_switch_refuses_nested_meta_from_a_peer_and_keeps_serving(procs, tmp_path):

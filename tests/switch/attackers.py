@@ -42,11 +42,19 @@ class RawPeer:
     def send(self, head: bytes, payload: bytes = b"") -> None:
         self.sock.sendall(head + payload)
 
-    def data(self, key: ChannelKey, payload: bytes, seq: int = 1) -> None:
-        """One single-chunk DATA message on `key`, numbered as the next frame of this link."""
+    def data(self, key: ChannelKey, payload: bytes, seq: int = 1, **meta: int) -> None:
+        """One single-chunk DATA message on `key` (with meta fields such as `inc` and `to`), numbered as the next
+        frame of this link."""
         self.link_seq += 1
-        head = encode_frame(FrameType.DATA, key.to_meta(), payload, lane=Lane.ACTIVATION, channel_id=key.id, seq=seq)
+        head = encode_frame(FrameType.DATA, {**key.to_meta(), **meta}, payload, lane=Lane.ACTIVATION,
+                            channel_id=key.id, seq=seq)
         self.send(relink(head, self.link_seq), payload)
+
+    def ack(self, key: ChannelKey, seq: int, consumed: int = 0, **meta: int) -> None:
+        """An ACK on `key` (the channel the acknowledged sender sends on), as the next frame of this link."""
+        self.link_seq += 1
+        head = encode_frame(FrameType.ACK, {**key.to_meta(), "consumed": consumed, **meta}, channel_id=key.id, seq=seq)
+        self.send(relink(head, self.link_seq))
 
     def read(self) -> Frame:
         """The next frame the switch sends us."""

@@ -9,7 +9,7 @@ import pytest
 from nebula.channel import ChannelError, Endpoint
 from nebula.wire import ChannelKey, FrameType, encode_frame
 from tests.switch.conftest import edit_yaml, start_switch, worker_yaml
-from tests.switch.test_relay import _raw_worker
+from tests.switch.test_relay import _raw_worker, raw_hello
 
 B_MAX = 8 * 1024**2
 
@@ -25,13 +25,14 @@ def test_forged_chunk_count_is_refused_by_the_receiver_naming_channel_and_limit(
     try:
         with Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
             ch = eb.channel("A", 5, "raw")
-            s.send(encode_frame(FrameType.HELLO, {"job": "j", "rank": 5, "account": "nebula", "name": "worker"}))
+            inc = raw_hello(s)
             key = ChannelKey("j", "nebula", "A", 5, "B", 0, "raw")
+            meta = {**key.to_meta(), "inc": inc}
             # one 10-byte chunk claiming to be the first of 2^31 chunks of a 1 GiB message: a receiver that sized
             # its reassembly by the header would allocate 16 GiB of slots
-            s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"y" * 10, channel_id=key.id, seq=1,
+            s.send_multipart([encode_frame(FrameType.DATA, meta, b"y" * 10, channel_id=key.id, seq=1,
                                            chunk_count=1 << 31, total_len=1 << 30), b"y" * 10])
-            s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"after", channel_id=key.id, seq=2),
+            s.send_multipart([encode_frame(FrameType.DATA, meta, b"after", channel_id=key.id, seq=2),
                               b"after"])
             with pytest.raises(ChannelError, match=rf"message #1 on channel 'raw' from A/5 .*1073741824 bytes.*"
                                                    rf"link.max_message_bytes={B_MAX}.*split"):

@@ -68,9 +68,11 @@ def test_refusals_reach_the_sender_and_jobs_are_isolated(two_switches):
             ea.channel("B", 0, "x").recv(timeout_s=1.0)
 
 
-def _raw_worker(fed, cluster: str) -> zmq.Socket:
-    wcfg = yaml.safe_load(Path(worker_yaml(fed, cluster)).read_text())
-    public, secret = zmq.auth.load_certificate(Path(worker_yaml(fed, cluster)).parent / wcfg["curve_key"])
+def _raw_worker(fed, cluster: str, wy: str | Path | None = None) -> zmq.Socket:
+    """A DEALER socket speaking to `cluster`'s switch with the key of worker file `wy` (default: the cluster's)."""
+    wy = Path(wy or worker_yaml(fed, cluster))
+    wcfg = yaml.safe_load(wy.read_text())
+    public, secret = zmq.auth.load_certificate(wy.parent / wcfg["curve_key"])
     s = zmq.Context.instance().socket(zmq.DEALER)
     s.linger = 0
     s.curve_publickey, s.curve_secretkey = public, secret
@@ -78,6 +80,16 @@ def _raw_worker(fed, cluster: str) -> zmq.Socket:
     s.rcvtimeo = 10000
     s.connect(wcfg["endpoint"])
     return s
+
+
+def raw_hello(s: zmq.Socket, job: str = "j", rank: int = 5, account: str = "nebula", name: str = "worker") -> int:
+    """Say HELLO on a raw worker socket and wait for the WELCOME; the incarnation the switch gave us."""
+    s.send(encode_frame(FrameType.HELLO, {"job": job, "rank": rank, "account": account, "name": name}))
+    while True:
+        parts = s.recv_multipart()
+        f = decode_frame(parts[0], parts[1] if len(parts) > 1 else b"")
+        if f.type == FrameType.WELCOME:
+            return f.meta["inc"]
 
 
 def _next_error(s: zmq.Socket) -> dict:
@@ -97,19 +109,20 @@ def test_malformed_and_oversized_frames_refused_with_reason(two_switches):
         s.send(encode_frame(FrameType.DATA, key.to_meta(), b"x", channel_id=key.id), zmq.SNDMORE)
         s.send(b"x")
         assert _next_error(s)["code"] == "no_hello"
-        s.send(encode_frame(FrameType.HELLO, {"job": "j", "rank": 5, "account": "nebula", "name": "worker"}))
+        inc = raw_hello(s)
+        meta = {**key.to_meta(), "inc": inc}
         s.send(b"GET / HTTP/1.1\r\n\r\n" + b"\0" * 60)
         err = _next_error(s)
         assert err["code"] == "bad_magic" and "not a Nebula frame" in err["message"]
-        huge = encode_frame(FrameType.DATA, key.to_meta(), b"y" * 10, channel_id=key.id, chunk_count=1 << 20,
+        huge = encode_frame(FrameType.DATA, meta, b"y" * 10, channel_id=key.id, chunk_count=1 << 20,
                             total_len=1 << 40)
         s.send_multipart([huge, b"y" * 10])
         err = _next_error(s)
         assert err["code"] == "too_large" and "max_message_bytes" in err["message"] and err["channel"]["name"] == "raw"
         over = TEST_CHUNK_BYTES + 1
-        s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"z" * over, channel_id=key.id), b"z" * over])
+        s.send_multipart([encode_frame(FrameType.DATA, meta, b"z" * over, channel_id=key.id), b"z" * over])
         assert _next_error(s)["code"] == "chunk_too_large"
-        s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"abc", channel_id=key.id), b"ab"])
+        s.send_multipart([encode_frame(FrameType.DATA, meta, b"abc", channel_id=key.id), b"ab"])
         assert _next_error(s)["code"] == "truncated"
         other = ChannelKey("j", "nebula", "A", 6, "B", 0, "raw")  # pretends to be another rank
         s.send_multipart([encode_frame(FrameType.DATA, other.to_meta(), b"q", channel_id=other.id), b"q"])
@@ -119,7 +132,7 @@ def test_malformed_and_oversized_frames_refused_with_reason(two_switches):
         # a part far past the chunk size (ZMQ_MAXMSGSIZE) ends the connection before the switch holds it
         mon = s.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         huge = 8 * TEST_CHUNK_BYTES
-        s.send_multipart([encode_frame(FrameType.DATA, key.to_meta(), b"h" * huge, channel_id=key.id), b"h" * huge])
+        s.send_multipart([encode_frame(FrameType.DATA, meta, b"h" * huge, channel_id=key.id), b"h" * huge])
         assert mon.poll(10000), "the switch kept a connection that sent an oversized part"
         mon.close(0)
         # ... and leaves an audit record naming the transport, the peer and the reason

@@ -206,11 +206,19 @@ class _RawIPCWorker:
                 return f
 
     def hello(self, token: int) -> None:
-        self.sock.send(encode_frame(FrameType.HELLO, {"job": "j", "rank": 7, "account": self.account,
-                                                      "name": "worker", "shm": token}))
+        meta = {"job": "j", "rank": 7, "account": self.account, "name": "worker", "shm": token}
+        if getattr(self, "inc", 0):
+            meta["inc"] = self.inc
+        self.sock.send(encode_frame(FrameType.HELLO, meta))
+
+    def welcome(self):
+        """The next WELCOME; its incarnation is ours from now on."""
+        f = self.next(FrameType.WELCOME)
+        self.inc = f.meta["inc"]
+        return f
 
     def send_desc(self, key: ChannelKey, n: int, token: int, off: int, seq: int = 1) -> None:
-        head = encode_frame(FrameType.DATA, key.to_meta(), b"\0" * n, channel_id=key.id, seq=seq)
+        head = encode_frame(FrameType.DATA, {**key.to_meta(), "inc": self.inc}, b"\0" * n, channel_id=key.id, seq=seq)
         self.sock.send_multipart([head, SHM_TAG, pack_desc(token, off, n)])
 
 
@@ -219,10 +227,10 @@ def test_arena_misuse_is_refused_and_the_switch_keeps_serving(two_switches):
     w = _RawIPCWorker(fed)
     try:
         w.hello(0)
-        offer = w.next(FrameType.WELCOME).meta["shm"]
+        offer = w.welcome().meta["shm"]
         arena = Arena.open(offer["pid"], offer["fd"], offer["token"], offer["bytes"])
         w.hello(arena.token)
-        w.next(FrameType.WELCOME)
+        w.welcome()
         key = ChannelKey("j", w.account, "A", 7, "B", 0, "raw")
         # a region outside the arena: refused, naming the channel, so the sender's message fails
         w.send_desc(key, 100_000, arena.token, offer["bytes"] - 10)
