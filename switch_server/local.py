@@ -273,7 +273,7 @@ class LocalSide:
         budget = self.server.budget
         share = budget.share(party)
         if share.cap_bytes is None:
-            share.cap_bytes = self.account_cap()
+            share.cap_bytes = self.server.budgets.account
         if share.used > share.cap_bytes and self.registry.others_active(reg.account):
             # over its share while other accounts work here: this account's frames are dropped (its workers
             # send them again), rather than holding back the one socket all accounts' workers share
@@ -323,11 +323,6 @@ class LocalSide:
                                                 "(2 x link.chunk_bytes + frame head; workers split messages into "
                                                 "link.chunk_bytes frames), or bytes that are not ZeroMQ framing: "
                                                 "the connection was closed before the part was read"})
-
-    def account_cap(self) -> int:
-        """Bytes one account may have queued here while others work too (limits.account_memory_bytes)."""
-        cfg = self.server.cfg
-        return cfg.limits.account_memory_bytes or cfg.link.memory_cap_bytes // 2
 
     def _shm_payload(self, ident: bytes, desc: memoryview) -> memoryview | None:
         """The payload a worker placed in its arena; None if stale (sent before a switch restart, or into an arena
@@ -414,7 +409,7 @@ class LocalSide:
             if origin is not None:
                 origin.dropped(key, len(head) + len(payload))
             self.dropped(key.account, "pending_over_budget", f"frames held for ranks of account {key.account!r} "
-                         f"that have not connected exceed limits.pending_bytes={self.delivery.pending_cap()}")
+                         f"that have not connected exceed limits.pending_bytes={self.server.budgets.pending}")
         return None
 
     def dropped(self, account: str, code: str, message: str) -> None:

@@ -2,7 +2,7 @@
 nothing here refers to them, in batches; downward regions allocated for the worker."""
 from __future__ import annotations
 
-__all__ = ["ShmReleases", "WorkerShm"]
+__all__ = ["ArenaLedger", "ShmReleases", "WorkerShm"]
 
 import asyncio
 import os
@@ -14,11 +14,34 @@ import numpy as np
 from nebula.wire.shm import RELEASE_DELAY_S, Arena, ReleaseBatch, Ring, read_desc
 
 
+class ArenaLedger:
+    """Bytes of all live arenas (both halves), within the switch's budget for them (`Budgets.arenas`): a worker
+    that would pass it gets no arena, so arenas cannot grow with the number of workers."""
+
+    __slots__ = ("used",)
+
+    def __init__(self) -> None:
+        self.used = 0
+
+    def take(self, nbytes: int, budget: int) -> bool:
+        """Count an arena of `nbytes`; False (nothing counted) if it would pass `budget`."""
+        if self.used + nbytes > budget:
+            return False
+        self.used += nbytes
+        return True
+
+    def give(self, nbytes: int) -> None:
+        """An arena of `nbytes` is gone."""
+        self.used -= nbytes
+
+
 class WorkerShm:
     """One worker connection's arena: releases its upward regions, allocates downward regions for it."""
 
-    def __init__(self, ident: bytes, half: int, on_release: Callable[[WorkerShm, bool], None]) -> None:
+    def __init__(self, ident: bytes, half: int, on_release: Callable[[WorkerShm, bool], None],
+                 ledger: ArenaLedger | None = None) -> None:
         self.ident = ident  # the connection it belongs to
+        self.ledger = ledger  # counts this arena until `close`
         self.arena = Arena.create(half)
         self.down = Ring(half)
         self.ready = False  # the worker has mapped it: downward payloads may use it
@@ -47,6 +70,8 @@ class WorkerShm:
 
     def close(self) -> None:
         """The connection is gone: its arena goes with the last view of it."""
+        if not self.closed and self.ledger is not None:
+            self.ledger.give(2 * self.arena.half)
         self.closed = True
         self.arena.close_fd()
 

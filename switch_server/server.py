@@ -13,6 +13,7 @@ from typing import Any
 import zmq.auth
 
 from nebula.config import ConfigError, PeerConfig, SwitchConfig, split_host_port
+from nebula.config.budgets import Budgets, resolve
 from nebula.config.switch import load_switch_config
 from nebula.wire import ChannelKey, FrameType, Lane, encode_frame
 from security.audit import AuditLog, safe_text
@@ -74,7 +75,8 @@ class SwitchServer:
         self.state = SwitchState(state_dir(cfg))
         self.metrics = SwitchMetrics()
         self.epoch = 0
-        self.budget = MemoryBudget(cfg.link.memory_cap_bytes, self._hold)
+        self.budgets = resolve(cfg)
+        self.budget = MemoryBudget(self.budgets.memory_cap, self._hold)
         self.links: dict[str, OutboundLink] = {}
         self.sessions: dict[str, InboundSession] = {}
         self.accepting: set[asyncio.Task] = set()  # connections in their TLS handshake or session
@@ -288,9 +290,15 @@ class SwitchServer:
 
     def link_window(self) -> int:
         """Bytes one peer may have queued here before it runs out of credit."""
-        configured = self.cfg.limits.peer_memory_bytes
-        share = configured or self.cfg.link.memory_cap_bytes // max(1, len(self.cfg.peers))
-        return max(self.cfg.link.chunk_bytes * 4, share)
+        return self.budgets.peer_window
+
+    def set_budgets(self, budgets: Budgets) -> None:
+        """Enforce new budgets (hot reload): the total cap, and every local account's share."""
+        self.budgets = budgets
+        self.budget.set_cap(budgets.memory_cap)
+        for party, share in self.budget.shares.items():
+            if party[0] == "account":
+                share.cap_bytes = budgets.account
 
     def link_in_state(self, cluster: str) -> dict[str, int]:
         """Receive state of `cluster`'s link: its epoch and the last link sequence number received."""
@@ -330,7 +338,7 @@ class SwitchServer:
             log.error("reload refused, keeping the running configuration: %s", exc)
             self.audit(self.actor, "reload", str(self.config_path), "error", {"reason": str(exc)[:300]})
             return False
-        self.budget.set_cap(new.link.memory_cap_bytes)
+        self.set_budgets(resolve(new))
         self.policy = PeerPolicy(new)
         new_peers = {p.cluster: p for p in new.peers}
         for cluster in list(self.links):
