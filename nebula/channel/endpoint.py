@@ -200,7 +200,8 @@ class Channel:
             if inbox.errors:
                 raise inbox.errors.popleft()
             item = inbox.ready.popleft()
-        self.ep._io.consumed(self)
+            inbox.taken += 1
+        self.ep._io.consumed(inbox)
         if item.error is not None:  # a message refused on arrival, in its place in the stream
             raise item.error
         return item.data, item.parts
