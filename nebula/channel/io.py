@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any, Mapping
+from typing import Mapping
 
 import zmq
 from zmq.utils.monitor import recv_monitor_message
