@@ -22,8 +22,8 @@ from nebula.channel.outlet import Outlet
 from nebula.channel.streams import ChannelKeys, Inbox, Streams
 from nebula.channel.switchview import SWITCH_SILENT_S, SwitchView
 from nebula.config.worker import WorkerConfig
+from nebula.channel.inlet import receive_all
 from nebula.wire import ChannelKey, Dispatcher, FrameType, WireError, decode_frame, encode_frame
-from nebula.wire.shm import SHM_TAG
 
 __all__ = ["HEARTBEAT_S", "SWITCH_SILENT_S", "Inbox", "IOThread"]
 
@@ -112,17 +112,7 @@ class IOThread:
 
     def ready(self, timeout_s: float) -> list[ChannelKey]:
         """Receiving keys of the channels that got messages since the last call, oldest first; [] on timeout."""
-        deadline = time.monotonic() + timeout_s
-        streams = self.streams
-        with streams.watch_cond:
-            while not streams.watched:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self.running:
-                    return []
-                streams.watch_cond.wait(min(left, 1.0))
-            out = list(streams.watched.values())
-            streams.watched.clear()
-        return out
+        return self.streams.ready(timeout_s, lambda: self.running)
 
     def _command(self, cmd: Command) -> None:
         self.cmds.append(cmd)
@@ -259,7 +249,7 @@ class IOThread:
                 self._on_monitor()
             self.wake_pending = False  # before taking the commands: one queued after this wakes us again
             self._do_cmds()
-            self._recv_all()
+            receive_all(self.sock, self.shm, self.on_frame)
             if streams.acks.since is None:
                 streams.take_all_consumed()  # (woken for it: a consumption with no acknowledgement owed)
             if streams.acks.owed:
@@ -292,34 +282,3 @@ class IOThread:
                 streams.open(cmd.channel, cmd.inbox)
             elif isinstance(cmd, Watch):
                 streams.watch()
-
-    def _recv_all(self) -> None:
-        sock, shm = self.sock, self.shm
-        while True:
-            try:
-                parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            region = None
-            if len(parts) == 3 and parts[1].bytes == SHM_TAG:
-                try:
-                    payload, region = shm.payload(parts[2].buffer)
-                except WireError as exc:
-                    log.warning("switch sent a bad shared-memory descriptor (%s); ignored", exc)
-                    continue
-            elif len(parts) in (1, 2):
-                payload = parts[1].buffer if len(parts) == 2 else b""
-            else:
-                log.warning("switch sent a message of %d parts; ignored", len(parts))
-                continue
-            try:
-                frame = decode_frame(parts[0].buffer, payload)
-            except WireError as exc:
-                log.warning("switch sent a malformed frame (%s); ignored", exc)
-                shm.release(region)
-                continue
-            try:
-                self.on_frame(frame, payload, region)
-            except WireError as exc:  # a frame type workers do not take, or meta its handler cannot use
-                log.warning("switch sent a frame this worker cannot use (%s); ignored", exc)
-                shm.release(region)

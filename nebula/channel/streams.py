@@ -9,7 +9,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from nebula.channel.acks import AckSchedule
 from nebula.channel.arena import ArenaClient, Region
@@ -104,6 +104,19 @@ class Streams:
                 self.watched = {cid: self.rx[cid].key for cid, box in self.inboxes.items()
                                 if box.ready and cid in self.rx}
                 self.watch_cond.notify_all()
+
+    def ready(self, timeout_s: float, running: Callable[[], bool]) -> list[ChannelKey]:
+        """Receiving keys of the channels that got messages since the last call, oldest first; [] on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self.watch_cond:
+            while not self.watched:
+                left = deadline - time.monotonic()
+                if left <= 0 or not running():
+                    return []
+                self.watch_cond.wait(min(left, 1.0))
+            out = list(self.watched.values())
+            self.watched.clear()
+        return out
 
     # ---- sending ----
     def queue(self, tx: Sender, msgs: list[OutMessage]) -> None:
