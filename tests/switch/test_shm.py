@@ -290,3 +290,31 @@ def test_restarted_switch_offers_a_new_arena_and_nothing_is_lost(procs, federati
         assert _status(a, lambda s: s["shm_bytes"]["in"] > 0)["shm_workers"] >= 1
     with pytest.raises(ChannelError):
         ca.send(b"closed").result(timeout=5)
+
+
+def test_arenas_stay_within_the_switch_memory_budget_as_workers_grow(procs, federation):
+    """Switch A's arenas (2 MiB each here) may take link.memory_cap_bytes (5 MiB) together: two workers get one,
+    the third's payloads go through the socket, every message arrives, and a closed worker's arena is given back
+    for the next."""
+    edit_yaml(Path(federation["clusters"]["A"]["switch_yaml"]),
+              lambda d: (d["local"].update(shm_bytes=1 << 20), d["link"].update(memory_cap_bytes=5 << 20)))
+    a = start_switch(procs, Path(federation["clusters"]["A"]["switch_yaml"]))
+    start_switch(procs, Path(federation["clusters"]["B"]["switch_yaml"]))
+    msg = os.urandom(100_000)
+    with Endpoint.connect(worker_yaml(federation, "B"), job="j", rank=9) as eb:
+        eps = [Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=r) for r in range(3)]
+        try:
+            assert [ep._io.shm.arena is not None for ep in eps].count(True) == 2
+            for r, ep in enumerate(eps):
+                ep.channel("B", 9, f"c{r}").send(msg)
+            assert all(eb.channel("A", r, f"c{r}").recv(timeout_s=60) == msg for r in range(3))
+            assert _status(a, lambda s: s["shm_workers"] == 2)["shm_bytes"]["in"] == 2 * len(msg)
+            next(ep for ep in eps if ep._io.shm.arena is not None).close()
+            with Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=3) as late:
+                deadline = time.monotonic() + 30
+                while late._io.shm.arena is None and time.monotonic() < deadline:
+                    time.sleep(0.1)  # (offered with a WELCOME once the closed worker's BYE was taken)
+                assert late._io.shm.arena is not None
+        finally:
+            for ep in eps:
+                ep.close(flush_s=0)
