@@ -22,7 +22,7 @@ from switch_server.budget import Party
 from switch_server.fairlanes import FairLanes
 from switch_server.framestream import FrameStream, write_frame
 from switch_server.host import LinkHost
-from switch_server.linkwriter import Unacked, write_loop
+from switch_server.linkwriter import Unacked, write_loop, write_through
 from switch_server.shaper import TokenBucket, min_rate
 from switch_server.tlstransport import open_connection
 
@@ -56,6 +56,7 @@ class OutboundLink:
         self.task: asyncio.Task | None = None
         self.stopping = False
         self.writer: FrameStream | None = None
+        self.parked: FrameStream | None = None  # the connection whose write loop waits on an empty queue
         self.peer_serial: int | None = None
         self.peer_not_after = 0.0
         self.sent_bytes = 0  # this session, for credit
@@ -93,6 +94,8 @@ class OutboundLink:
     def enqueue(self, lane: Lane, head: bytes, payload: Any, party: Party | None = None) -> None:
         """Queue a frame for this peer (charged to `party`, e.g. the local account that sent it)."""
         n = len(head) + len(payload)
+        if self.parked is not None and write_through(self, lane, head, payload, party, n):
+            return
         self.lanes.push(lane, (head, payload, party), n)
         self.server.budget.charge(n, party)
         self.wake.set()

@@ -2,7 +2,7 @@
 connection, within the peer's credit."""
 from __future__ import annotations
 
-__all__ = ["BULK_INFLIGHT_BYTES", "SMALL_FRAME_BYTES", "WRITE_HIGH_WATER", "write_loop"]
+__all__ = ["BULK_INFLIGHT_BYTES", "SMALL_FRAME_BYTES", "WRITE_HIGH_WATER", "write_loop", "write_through"]
 
 import asyncio
 import time
@@ -71,11 +71,14 @@ async def write_loop(link: Any, writer: FrameStream, resend: deque, reader_task:
                 head = payload = popped = None
                 link.wake.clear()
                 release = link.lanes.next_release()  # (an account held back may go again then)
+                link.parked = writer if not resend and wire_task is None else None  # (see write_through)
                 try:
                     await asyncio.wait_for(link.wake.wait(), None if release is None
                                            else max(0.0, release - time.monotonic()) + 0.001)
                 except asyncio.TimeoutError:
                     pass
+                finally:
+                    link.parked = None
                 continue
             link.sent_bytes += n
             link.bytes_out += n
@@ -117,6 +120,31 @@ async def write_loop(link: Any, writer: FrameStream, resend: deque, reader_task:
         if wire_task is not None:
             wire_task.cancel()
             await asyncio.gather(wire_task, return_exceptions=True)
+
+def write_through(link: Any, lane: Lane, head: bytes, payload: Any, party: Any, n: int) -> bool:
+    """Write one large frame of `link` (an OutboundLink) at once, where its write loop would do only that: the loop
+    is parked on an empty queue (`link.parked`, its connection), the peer's credit, the retransmit buffer and the
+    bulk cap allow it, no shaper or delay applies, the party is not held back and the connection's buffer has room.
+    Saves the frame a turn of the event loop and a task wake-up on the way to the peer; False: queue it instead."""
+    writer, server = link.parked, link.server
+    if (writer is None or n < SMALL_FRAME_BYTES or len(link.lanes) or link.sent_bytes >= link.credit
+            or link.bucket.rate is not None or writer.transport.is_closing()
+            or link.rtx_bytes >= server.cfg.link.retransmit_buffer_bytes
+            or (lane == Lane.BULK and link.rtx_bytes >= max(BULK_INFLIGHT_BYTES, 2 * server.cfg.link.chunk_bytes))
+            or writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER
+            or (party is not None and link.lanes.held.get(party, 0.0) > time.monotonic())):
+        return False
+    seq = link.next_seq
+    link.next_seq += 1
+    head = relink(head, seq)
+    link.rtx.append(Unacked(seq, lane, head, payload, n))
+    link.rtx_bytes += n
+    link.sent_bytes += n
+    link.bytes_out += n
+    server.metrics.count(link.cluster, lane, "out", n)
+    write_frame(writer, head, payload)
+    return True
+
 
 async def _wire(link: Any, writer: FrameStream, line: deque, wake: asyncio.Event) -> None:
     """Emulated propagation delay: each frame leaves `delay_ms` after it was scheduled."""
