@@ -7,9 +7,7 @@ installed, and the benchmark skips those paths with that message.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
@@ -19,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["PlainRelayPair", "missing", "tls_files"]
+__all__ = ["Framed", "PlainRelayPair", "missing", "tls_files"]
 
 _LEN = struct.Struct("!Q")
 
@@ -59,7 +57,34 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str) -> None:
     raise RuntimeError(f"{what} did not listen on {port}")
 
 
-class PlainRelayPair:
+class Framed:
+    """Length-prefixed messages from socket `tx` to socket `rx` (one sender and one receiver thread)."""
+
+    tx: socket.socket
+    rx: socket.socket
+
+    def send(self, data: bytes) -> None:
+        self.tx.sendall(_LEN.pack(len(data)))
+        self.tx.sendall(data)
+
+    def _exact(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self.rx.recv_into(view[got:], n - got)
+            if not k:
+                raise ConnectionError("relay closed the connection")
+            got += k
+        return buf
+
+    def recv(self) -> bytes:
+        (n,) = _LEN.unpack(self._exact(8))
+        return self._exact(n)
+
+
+
+class PlainRelayPair(Framed):
     """sender -> relay A (plain TCP in, TLS out) -> relay B (TLS in, plain TCP out) -> receiver, on loopback.
 
     `kind` is "stunnel" or "socat". Both relays authenticate each other with the federation's switch certificates
@@ -113,34 +138,11 @@ class PlainRelayPair:
             f"cert = {f['cert']}", f"key = {f['key']}", f"CAfile = {f['ca']}", "verifyChain = yes", ""]))
         return [binary, str(conf)]
 
-    def send(self, data: bytes) -> None:
-        self.tx.sendall(_LEN.pack(len(data)))
-        self.tx.sendall(data)
-
-    def _exact(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = self.rx.recv_into(view[got:], n - got)
-            if not k:
-                raise ConnectionError("relay closed the connection")
-            got += k
-        return buf
-
-    def recv(self) -> bytes:
-        (n,) = _LEN.unpack(self._exact(8))
-        return self._exact(n)
-
     def close(self) -> None:
         self.tx.close()
         self.rx.close()
         for p in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in self.procs:
+            p.terminate()  # (each relay is one process of its own session)
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:

@@ -30,7 +30,6 @@ import selectors
 import signal
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -48,11 +47,10 @@ from nebula.channel import Endpoint  # noqa: E402
 from security.provision import provision  # noqa: E402
 from security.tls import client_context, server_context  # noqa: E402
 from switch_server.netns import NetnsError, WanNamespaces  # noqa: E402
-from _tunnels import PlainRelayPair, missing  # noqa: E402  (benchmarks/ is this script's directory)
+from _tunnels import Framed, PlainRelayPair, missing  # noqa: E402  (benchmarks/ is this script's directory)
 
 KIB, MIB = 1024, 1024**2
 SIZES = [KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
-_LEN = struct.Struct("!Q")
 
 
 def _plan(size: int, budget_bytes: int) -> tuple[int, int]:
@@ -73,7 +71,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 # ---- transports under test: each gives send(bytes) and recv() -> bytes, one sender and one receiver thread ----
 
-class TLSPair:
+class TLSPair(Framed):
     """One raw TLS stream on loopback with length-prefixed messages (the same certificates as the switches)."""
 
     def __init__(self, fed: dict) -> None:
@@ -100,25 +98,6 @@ class TLSPair:
         self.rx = box["s"]
         for s in (self.tx, self.rx):
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def send(self, data: bytes) -> None:
-        self.tx.sendall(_LEN.pack(len(data)))
-        self.tx.sendall(data)
-
-    def _exact(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = self.rx.recv_into(view[got:], n - got)
-            if not k:
-                raise ConnectionError("closed")
-            got += k
-        return buf
-
-    def recv(self) -> bytes:
-        (n,) = _LEN.unpack(self._exact(8))
-        return self._exact(n)
 
     def close(self) -> None:
         self.tx.close()
