@@ -374,7 +374,18 @@ def vs_tunnels(fed: dict, switches: Switches, reps: int, budget_mib: int) -> Non
                 n = max(8, min(4000, budget_mib * MIB // size))
                 for name in order:
                     cpu = {"pids": pids[name]}
-                    got[(name, size)]["mbs"].append(throughput(paths[name], size, n, cpu))
+                    try:
+                        mbs = throughput(paths[name], size, n, cpu)
+                    except OSError as exc:  # (a relay lost its connection: a fresh pair, the size measured again)
+                        if name not in ("stunnel", "socat"):
+                            raise
+                        print(f"  {name} relay failed ({exc}); starting it again", file=sys.stderr, flush=True)
+                        paths[name].close()
+                        paths[name] = PlainRelayPair(name, fed)
+                        pids[name] = [os.getpid()] + paths[name].pids
+                        cpu = {"pids": pids[name]}
+                        mbs = throughput(paths[name], size, n, cpu)
+                    got[(name, size)]["mbs"].append(mbs)
                     got[(name, size)]["cpu"].append(cpu["ms_per_mib"])
                     time.sleep(0.2)
             for name in order:
