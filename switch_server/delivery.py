@@ -221,7 +221,7 @@ class Delivery:
             head, payload = entry.head, entry.payload
             off = None
             if shm is not None and entry.data and len(payload) >= SHM_MIN_BYTES:
-                off = shm.down.alloc(len(payload))  # (None when the worker still holds too much: inline then)
+                off = shm.down_alloc(len(payload))  # (None when the worker still holds too much: inline then)
             if off is not None:
                 shm.arena.down[off : off + len(payload)] = payload
                 parts = [ident, head, SHM_TAG, pack_desc(shm.arena.token, off, len(payload))]

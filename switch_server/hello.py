@@ -29,8 +29,7 @@ class HelloDesk:
         self.keys = keys  # the accepted worker keys now (hot reload changes them)
         self.shm_bytes = shm_bytes
         self.on_release = on_release
-        self.arenas = ArenaLedger()
-        self.arenas_refused = 0  # HELLOs answered without an arena, the budget for them being spent
+        self.arenas = ArenaLedger(server.budgets.arenas)
 
     def take(self, frame: Frame, ident: bytes, name: str, account: str
              ) -> tuple[Registration, bool, Registration | None] | None:
@@ -85,18 +84,10 @@ class HelloDesk:
         if not self.shm_bytes or not isinstance(mapped, int) or isinstance(mapped, bool):
             return welcome
         if reg.shm is None:
-            budget = self.server.budgets.arenas
-            if not self.arenas.take(2 * self.shm_bytes, budget):
-                self.arenas_refused += 1
-                if self.arenas_refused in (1, 100, 10000):  # (asked again with every heartbeat)
-                    log.info("no shared-memory arena for worker %s: the arenas of %d MiB in use and its %d MiB would "
-                             "pass the switch's %d MiB for them (link.memory_cap_bytes); its payloads go through "
-                             "the socket", reg.name, self.arenas.used >> 20, 2 * self.shm_bytes >> 20, budget >> 20)
-                return welcome
+            self.arenas.budget = self.server.budgets.arenas  # (a reload may change it)
             try:
                 reg.shm = WorkerShm(reg.ident, self.shm_bytes, self.on_release, self.arenas)
             except OSError as exc:
-                self.arenas.give(2 * self.shm_bytes)
                 log.warning("no shared-memory arena for worker %s (%s); its payloads go through the socket", reg.name,
                             exc)
                 return welcome

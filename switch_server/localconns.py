@@ -50,7 +50,7 @@ class WorkerConnections:
         reg = self.registered(ident, frame)
         if reg is not None and reg.shm is not None and frame.meta["token"] == reg.shm.arena.token:
             for off in frame.meta["offsets"]:
-                reg.shm.down.free(off)  # (an unknown offset is a stale release: nothing to free)
+                reg.shm.down_free(off)
 
     def shm_payload(self, ident: bytes, desc: memoryview) -> memoryview | None:
         """The payload a worker placed in its arena; None if stale (sent before a switch restart, or into an arena

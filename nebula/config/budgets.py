@@ -4,8 +4,8 @@
 left out it is derived from the cap here (and nowhere else): a peer's credit window is the cap over the number of
 peers (at least four chunks, so a link never stalls on one frame), one local account may queue half of it while
 other accounts work, frames held for one account's ranks that have not connected may take an eighth, and the
-shared-memory arenas of same-host workers (2 x `local.shm_bytes` each) may take the whole cap together: a worker
-beyond that gets no arena, and its payloads go through the socket.
+shared-memory arenas of same-host workers (2 x `local.shm_bytes` each) may take the whole cap together: beyond
+that, the pages of every region handed back go back to the kernel at once (`switch_server.localshm.ArenaLedger`).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class Budgets:
     peer_window: int  # one peer's credit: its frames queued here
     account: int  # one local account's queued frames while other accounts work here
     pending: int  # frames held for one account's ranks that have not connected
-    arenas: int  # all same-host workers' shared-memory arenas together
+    arenas: int  # all same-host workers' shared-memory arenas together, before freed pages are given back
     arena: int  # one worker's arena, both directions (0: arenas off)
 
 
