@@ -201,7 +201,7 @@ class Channel:
                 raise inbox.errors.popleft()
             item = inbox.ready.popleft()
             inbox.taken += 1
-        self.ep._io.consumed(inbox)
+        self.ep._io.consumed(self.rx_key.id)
         if item.error is not None:  # a message refused on arrival, in its place in the stream
             raise item.error
         return item.data, item.parts

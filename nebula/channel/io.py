@@ -99,9 +99,11 @@ class IOThread:
         """Queue a message on the channel's sending stream."""
         self._command(Submit(ch.tx_key.id, msg))
 
-    def consumed(self, inbox: Inbox) -> None:
-        """The application took a message off `inbox` (its `taken` already counts it). The I/O thread is woken
-        only when no acknowledgement is owed: one that is owed goes within ACK_DELAY_S, and counts it then."""
+    def consumed(self, cid: int) -> None:
+        """The application took a message off the inbox of receiving channel `cid` (its `taken` already counts it).
+        The I/O thread is woken only when no acknowledgement is owed: one that is owed goes within ACK_DELAY_S,
+        and counts it then."""
+        self.streams.taken.append(cid)
         if self.streams.acks.since is None and not self.wake_pending:
             self.wake_pending = True
             self._wake()

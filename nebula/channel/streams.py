@@ -35,7 +35,6 @@ class Inbox:
     errors: deque[BaseException] = field(default_factory=deque)
     taken: int = 0  # messages the application took (written by it alone)
     seen: int = 0  # of those, the ones the I/O thread has counted as consumed (written by it alone)
-    delivered: int = 0  # messages the I/O thread put in `ready` (written by it alone)
 
 
 class ChannelKeys(Protocol):
@@ -60,7 +59,9 @@ class Streams:
         self.inboxes: dict[int, Inbox] = {}  # by rx channel id
         self.tx_inboxes: dict[int, Inbox] = {}  # by tx channel id
         self.acks = AckSchedule()
-        self.reading: set[int] = set()  # rx channels whose application has not taken every delivered message
+        # rx channels the application took messages from since the I/O thread last looked (appended by application
+        # threads, taken by the I/O thread: a look costs what was consumed, not what is open)
+        self.taken: deque[int] = deque()
         # Endpoint.watch: rx channels that received messages, oldest first (None: not recorded)
         self.watched: dict[int, ChannelKey] | None = None
         self.watch_cond = threading.Condition()
@@ -79,17 +80,13 @@ class Streams:
             self.rx[cid] = Receiver(ch.rx_key, self.inc)
         old = self.inboxes.get(cid)
         if old is not None:  # messages that arrived before the application opened the channel
-            self.take_consumed(cid)
             with old.cond:
                 moved = list(old.ready), list(old.errors)
             with inbox.cond:  # a reader may already wait on the new inbox: wake it
                 inbox.ready.extend(moved[0])
                 inbox.errors.extend(moved[1])
-                inbox.delivered += len(moved[0])
                 inbox.cond.notify_all()
         self.inboxes[cid] = inbox
-        if inbox.ready:
-            self.reading.add(cid)
 
     def submit(self, tx_id: int, msg: OutMessage) -> None:
         """Queue a message on a sending stream."""
@@ -219,9 +216,7 @@ class Streams:
             inbox = self.inboxes[h.channel_id]
             with inbox.cond:
                 inbox.ready.extend(out.ready)
-                inbox.delivered += len(out.ready)
                 inbox.cond.notify_all()
-            self.reading.add(h.channel_id)
             if self.watched is not None:
                 with self.watch_cond:
                     self.watched.setdefault(h.channel_id, rx.key)
@@ -231,20 +226,18 @@ class Streams:
         """Count what the application took from channel `cid` since the last look (its acknowledgement is owed)."""
         inbox, rx = self.inboxes.get(cid), self.rx.get(cid)
         if inbox is None or rx is None:
-            self.reading.discard(cid)
             return
         taken = inbox.taken
         if taken != inbox.seen:
             rx.consumed += taken - inbox.seen
             inbox.seen = taken
             self.acks.owe(cid, time.monotonic())
-        if taken >= inbox.delivered:
-            self.reading.discard(cid)
 
     def take_all_consumed(self) -> None:
-        """`take_consumed` for every channel whose application has messages it has not taken."""
-        for cid in list(self.reading):
-            self.take_consumed(cid)
+        """`take_consumed` for every channel the application took messages from since the last look."""
+        taken = self.taken
+        while taken:
+            self.take_consumed(taken.popleft())
 
     def flush_acks(self, force: bool = False) -> None:
         """Queue the acknowledgements that are due (all that are owed, with `force`)."""
