@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 
 __all__ = ["add_parser", "run"]
 

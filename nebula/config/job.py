@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from nebula.compress.config import CompressionConfig
-from nebula.config._schema import ConfigError, load_yaml
-from nebula.config._schema import resolve_path as _resolve
+from nebula.config.schema import ConfigError, load_yaml
+from nebula.config.schema import resolve_path as _resolve
 
 DEVICES = ("cpu", "gpu", "npu", "xpu")
 MODES = ("pipeline", "oneway", "data_parallel")
@@ -299,7 +299,7 @@ class JobConfig:
         if isinstance(self.allocation, str):
             object.__setattr__(self, "allocation", AllocationSpec(method=self.allocation))
         elif isinstance(self.allocation, dict):
-            from nebula.config._schema import from_dict
+            from nebula.config.schema import from_dict
 
             object.__setattr__(self, "allocation", from_dict(AllocationSpec, self.allocation, "allocation"))
         elif self.allocation is not None and not isinstance(self.allocation, AllocationSpec):

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from nebula.config._schema import ConfigError, from_dict
+from nebula.config.schema import ConfigError, from_dict
 
 __all__ = ["FederatedJob", "FederatedCluster", "ControllerSpec", "ClientSpec", "ValiditySpec", "StrategySpec",
            "load_federated_job", "MAX_CLIENTS", "MAX_WAIT_S"]

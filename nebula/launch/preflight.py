@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 from nebula.config.job import JobConfig
 from nebula.config.worker import load_worker_config
 

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     record_rank()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from nebula.channel import SwitchRefused
-    from nebula.config._schema import ConfigError
+    from nebula.config.schema import ConfigError
     from nebula.config.job import load_job_config
     from nebula.pipeline import PeerLost
     from nebula.pipeline.runtime import run

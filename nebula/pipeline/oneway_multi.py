@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 from nebula.pipeline.data import rank_micro_batches, step_ids
 from nebula.pipeline.oneway import choose_k
 

@@ -9,7 +9,7 @@ import pytest
 
 from nebula.compress import (CompressionConfig, FrameError, NonFiniteError, decode, decode_from_frames,
                              encode_to_frames, encoded_to_frames, get_codec, relative_error)
-from nebula.config._schema import ConfigError, from_dict
+from nebula.config.schema import ConfigError, from_dict
 
 
 PADDLE_CODECS = ["none", "fp16", "bf16", "int8", "int8_row", "int8_block(16)", "int4_block(16)", "svd(0.5)",

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import yaml
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 from nebula.config.job import load_job_config
 from nebula.federated.diloco import average_step, outer_step, pseudo_gradient
 

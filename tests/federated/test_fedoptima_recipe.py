@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 from nebula.federated.fedoptima.jobfile import load_federated_modes
 from tests.pipeline.federation import start_switches
 

@@ -7,7 +7,7 @@ import pytest
 
 from nebula.channel import Endpoint
 from nebula.compress import encode_to_frames
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 from nebula.federated.aggregate import RunningMean
 from nebula.federated.config import load_federated_job
 from nebula.federated.intake import Refused, UpdateEncoder, receive_update

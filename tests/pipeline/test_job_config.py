@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 
 from nebula.config.job import load_job_config
 from nebula.launch.preflight import validate_job

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 from nebula.config.job import JobConfig, StageSpec
 from nebula.federated.allmean import ClusterLost, ClusterMean, ModelMismatch
 from nebula.federated.diloco.outer import (OuterState, average_step, outer_step, pack_state, pseudo_gradient,

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nebula.config._schema import ConfigError, from_dict
+from nebula.config.schema import ConfigError, from_dict
 from nebula.federated.fedoptima.config import FedOptimaSpec
 from nebula.federated.owl.config import OwlSpec
 

@@ -1,4 +1,8 @@
-"""Turn parsed YAML into frozen dataclasses, rejecting unknown keys and wrong types with their full path."""
+"""The config schema: parsed YAML into frozen dataclasses, rejecting unknown keys and wrong types with their full path.
+
+Every config file of the project (switch, worker, job, federated job) is loaded through `from_dict` / `load_yaml`;
+`ConfigError` is the one error they raise (one line: the file, the key path, the value and the fix).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -11,6 +15,8 @@ from typing import Any, TypeVar
 
 from nebula.config._errors import ConfigError, one_line, show
 from nebula.config._safeyaml import read_yaml
+
+__all__ = ["ConfigError", "from_dict", "load_yaml", "resolve_path", "to_dict"]
 
 T = TypeVar("T")
 _NAMED = 5  # unknown keys named in one message
