@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from nebula.config.schema import ConfigError, from_dict
+from nebula.config.fields import CodecSpec
+from nebula.config.schema import ConfigError, check_fields, from_dict
 
 __all__ = ["FederatedJob", "FederatedCluster", "ControllerSpec", "ClientSpec", "ValiditySpec", "StrategySpec",
            "load_federated_job", "MAX_CLIENTS", "MAX_WAIT_S"]
@@ -154,7 +155,7 @@ class FederatedJob:
     wan_once: bool = True
     # clients send each piece of their change from the global model encoded with this codec (nebula.compress);
     # ef(...) keeps its residual on the client across rounds. "none": the weights themselves, raw.
-    update_codec: str = "none"
+    update_codec: CodecSpec = "none"
     piece_bytes: int = 4 * 1024 * 1024
     seed: int = 0
     startup_timeout_s: float = 120.0  # how long actors wait for their switch and for the first clients
@@ -193,14 +194,10 @@ class FederatedJob:
             raise ValueError(f"max_update_norm={self.max_update_norm} must be a finite number > 0, or null for no "
                              "bound")
         self._check_dtypes()
+        check_fields(self)
         if self.update_codec != "none":
-            from nebula.compress import SpecError, get_codec
             from nebula.federated.strategy import get_strategy
 
-            try:
-                get_codec(self.update_codec)
-            except SpecError as exc:
-                raise ValueError(f"update_codec: {exc}") from None
             if not get_strategy(self.strategy.name, self.strategy.options).synchronous:
                 raise ValueError(f"update_codec {self.update_codec!r} needs a synchronous strategy (the combiner "
                                  f"of an asynchronous one keeps no base model to add changes to); drop it or use "

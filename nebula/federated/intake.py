@@ -192,10 +192,7 @@ class UpdateEncoder:
     residual from round to round (its residuals are keyed by shape, which pieces of one tensor share)."""
 
     def __init__(self, codec: str, piece_bytes: int) -> None:
-        from nebula.compress import get_codec
-
-        self.spec, self.piece_bytes = codec, piece_bytes
-        get_codec(codec)  # a bad spec fails here, before any training
+        self.spec, self.piece_bytes = codec, piece_bytes  # (a job's update_codec is checked when it is loaded)
         self.codecs: dict[tuple[str, int], Any] = {}
 
     def frames(self, weights: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]

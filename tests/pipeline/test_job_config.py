@@ -96,7 +96,7 @@ def test_unknown_codec_is_refused(tmp_path):
     (tmp_path / "b.yaml").write_text("x: 1\n")
     f = toy_job(tmp_path, clusters=[{"id": "A", "worker": "a.yaml"}, {"id": "B", "worker": "b.yaml"}],
                 stages=TWO_STAGES, compression={"forward": "zstd9000", "backward": "none"})
-    with pytest.raises(ConfigError, match=r"compression.forward = 'zstd9000' is not a valid codec spec.*known"):
+    with pytest.raises(ConfigError, match=r"compression.forward='zstd9000' is not a valid codec spec.*known"):
         load_job_config(f)
 
 
@@ -129,7 +129,7 @@ def test_hot_start_checkpoint_must_exist(tmp_path):
 
 
 def test_compression_starts_at_its_start_step():
-    from nebula.compress import CompressionConfig
+    from nebula.config.job import CompressionConfig
 
     spec = CompressionConfig(forward="fp16(svd(0.6))", backward="int8", start_step=5)
     assert [spec.spec_at("forward", s) for s in (0, 4, 5, 9)] == ["none", "none", "fp16(svd(0.6))", "fp16(svd(0.6))"]
