@@ -1,6 +1,7 @@
-"""Bases from checkpoints: parameter-name mapping, shape checks against the preset, and PaddleNLP BERT / ERNIE-M
-checkpoints read from their on-disk format (config.json or model_config.json, model_state.pdparams, the tokenizer's
-vocab.txt and sentencepiece.bpe.model) without PaddleNLP itself."""
+"""Pretrained bases on disk, as every text recipe reads and writes them: the recipes' own directories (config.json,
+model.pdparams, spm.model: `save_base` / `load_base`), parameter-name mapping, shape checks against the preset, and
+PaddleNLP BERT / ERNIE-M checkpoints read from their on-disk format (config.json or model_config.json,
+model_state.pdparams, the tokenizer's vocab.txt and sentencepiece.bpe.model) without PaddleNLP itself."""
 from __future__ import annotations
 
 import json
@@ -11,11 +12,13 @@ from typing import Any
 import numpy as np
 import paddle
 
-from .foreign_tokenizer import ErnieMTokenizer, WordPieceTokenizer
-from .model import BertConfig, BertModel
+from recipes.text.bert import BertConfig, BertModel
+from recipes.text.foreign_tokenizer import ErnieMTokenizer, WordPieceTokenizer
+from recipes.text.tokenizer import Tokenizer, TokenizerBase
 
 __all__ = ["PretrainedError", "map_foreign_names", "check_preset", "fit_state", "is_paddlenlp_dir",
-           "load_paddlenlp_base", "PADDLENLP_WEIGHTS"]
+           "load_paddlenlp_base", "PADDLENLP_WEIGHTS", "CONFIG_FILE", "WEIGHTS_FILE", "TOKENIZER_FILE", "save_base",
+           "load_base"]
 
 log = logging.getLogger(__name__)
 
@@ -171,4 +174,43 @@ def load_paddlenlp_base(path: str | Path, expect: BertConfig | None = None) -> t
             state[name] = np.take(state[name], perm, axis=axis)
     model = BertModel(cfg)
     fit_state(model, state, d / PADDLENLP_WEIGHTS, optional=_HEAD)
+    return model, tok
+
+
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.pdparams", "spm.model"
+
+
+def save_base(model: BertModel, tok: Tokenizer, out_dir: str | Path) -> Path:
+    """Write config.json, model.pdparams and spm.model of one base into `out_dir`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paddle.save(model.state_dict(), str(out / (WEIGHTS_FILE + ".tmp")))
+    (out / (WEIGHTS_FILE + ".tmp")).replace(out / WEIGHTS_FILE)
+    (out / TOKENIZER_FILE).write_bytes(Path(tok.path).read_bytes())
+    (out / CONFIG_FILE).write_text(json.dumps(model.cfg.to_dict(), indent=1))
+    return out
+
+
+def load_base(path: str | Path, expect: BertConfig | None = None) -> tuple[BertModel, TokenizerBase]:
+    """Load one base from `path`: the recipe's own (config.json, model.pdparams, spm.model) or a PaddleNLP BERT /
+    ERNIE-M checkpoint with its own tokenizer; every tensor's shape is checked before anything trains."""
+    d = Path(path)
+    if is_paddlenlp_dir(d):
+        return load_paddlenlp_base(d, expect)
+    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) if not (d / f).is_file()]
+    if missing:
+        raise PretrainedError(f"pretrained directory {d} lacks {', '.join(missing)}; it needs config.json, "
+                              "model.pdparams and spm.model (as written by save_base / the recipe's pretraining), or "
+                              f"a PaddleNLP checkpoint ({PADDLENLP_WEIGHTS}, config.json and its tokenizer files)")
+    try:
+        cfg = BertConfig(**json.loads((d / CONFIG_FILE).read_text()))
+    except (TypeError, ValueError) as exc:
+        raise PretrainedError(f"{d / CONFIG_FILE}: not a BertConfig ({exc})") from exc
+    check_preset(cfg, expect, d)
+    tok = Tokenizer(d / TOKENIZER_FILE)
+    if tok.vocab_size != cfg.vocab_size:
+        raise PretrainedError(f"{d}: tokenizer has {tok.vocab_size} pieces but config.json says vocab_size="
+                              f"{cfg.vocab_size}; the tokenizer and weights come from different runs")
+    model = BertModel(cfg)
+    fit_state(model, map_foreign_names(paddle.load(str(d / WEIGHTS_FILE))), d / WEIGHTS_FILE)
     return model, tok
