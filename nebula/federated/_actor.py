@@ -170,7 +170,7 @@ def _tensor_refusal(got: Any, tensors: list) -> str | None:
     if not isinstance(got, list) or not all(
             isinstance(t, list) and len(t) == 3 and isinstance(t[0], str) and isinstance(t[1], str)
             and isinstance(t[2], list) for t in got):
-        return "malformed tensors list (each entry must be [name, dtype, shape]); send models with Mailbox.send_model"
+        return "malformed tensors list (each entry must be [name, dtype, shape]); send models with Messenger.send_model"
     have, theirs = {t[0]: t for t in tensors}, {t[0]: t for t in got}
     missing, extra = sorted(set(have) - set(theirs)), sorted(set(theirs) - set(have))
     if missing or extra:

@@ -2,7 +2,7 @@
 
 The spine's aggregation runs through a reducer (FEDn's rounds); cross-cluster data parallelism needs the symmetric
 primitive instead: each leader sends its tensors, encoded with the job's codec, to every other leader over its
-`nebula.federated.transport.Mailbox` and folds every cluster's decoded tensors, in job order, into a
+`nebula.federated.transport.Messenger` and folds every cluster's decoded tensors, in job order, into a
 `nebula.federated.aggregate.RunningMean`. Because every leader decodes the same bytes (its own included) in the same
 order, all of them hold bitwise the same mean without a second broadcast. With two clusters this is also the
 fewest bytes: each link carries one encoded model each way per mean.
@@ -23,7 +23,7 @@ import numpy as np
 from nebula.channel import ChannelError, Endpoint
 from nebula.compress import Codec, decode_from_frames, encode_to_frames, get_codec
 from nebula.federated.aggregate import RunningMean, check_update
-from nebula.federated.transport import Mailbox, Peer
+from nebula.federated.transport import Messenger, Peer
 
 __all__ = ["ClusterMean", "ClusterLost", "ModelMismatch"]
 
@@ -47,7 +47,7 @@ class ClusterMean:
 
     def __init__(self, ep: Endpoint, clusters: list[str], *, rank: int = 0, codec: str = "none",
                  timeout_s: float = 120.0, startup_timeout_s: float = 600.0) -> None:
-        self.mb = Mailbox(ep)
+        self.mb = Messenger(ep)
         self.me = ep.cluster
         self.order = list(clusters)
         if self.me not in self.order:

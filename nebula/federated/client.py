@@ -19,7 +19,7 @@ import numpy as np
 from nebula.channel import Endpoint
 from nebula.federated.config import FederatedJob
 from nebula.federated.intake import NONE_CODEC, UpdateEncoder
-from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer,
+from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Messenger, Peer,
                                         fits_inline, manifest)
 
 ANY_START = "*"  # a combiner's stop to whichever process of a client's next incarnation is there
@@ -141,7 +141,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     # not yet read), however large the model
     ep = Endpoint.connect(cl.worker, job=job.job, rank=rank, timeout_s=job.startup_timeout_s,
                           window_bytes=UPDATE_WINDOW_PIECES * job.piece_bytes, heartbeat_s=CLIENT_HEARTBEAT_S)
-    mb = Mailbox(ep, job.piece_bytes, Peer(job.controller.cluster, CONTROLLER_RANK),
+    mb = Messenger(ep, job.piece_bytes, Peer(job.controller.cluster, CONTROLLER_RANK),
                  incarnation=_next_incarnation(job, cluster, index))
     mb.watch()  # an idle client sleeps until a message comes
     encoder = UpdateEncoder(job.update_codec, job.piece_bytes) if job.update_codec != NONE_CODEC else None
@@ -197,7 +197,7 @@ def _for_me(head: dict, nonce: str, me: str, peer: Peer) -> bool:
     return False
 
 
-def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJob, me: str,
+def _train(mb: Messenger, peer: Peer, head: dict, client: Client, job: FederatedJob, me: str,
            encoder: UpdateEncoder | None = None, parts: list | None = None, nonce: str = "") -> tuple[bool, Any]:
     """Run one task (`parts`: the model's pieces that came with it): evaluate, fit, announce, stream on request
     (compressed with `encoder`, if any). (trained?, a task that came meanwhile)."""

@@ -14,7 +14,7 @@ from nebula.federated._actor import ActorAudit, JobGrants
 from nebula.federated.combiner_base import ANY_START, CombinerBase, client_peers
 from nebula.federated.combiner_rounds import SyncRound, serve_async
 from nebula.federated.intake import spool_dir
-from nebula.federated.transport import COMBINER_RANK, Mailbox
+from nebula.federated.transport import COMBINER_RANK, Messenger
 
 __all__ = ["Combiner", "client_peers", "ANY_START"]
 
@@ -28,7 +28,7 @@ class Combiner(CombinerBase):
         """Connect to the switch and serve rounds until told to stop."""
         cl = self.job.cluster(self.cluster)
         ep = Endpoint.connect(cl.worker, job=self.job.job, rank=COMBINER_RANK, timeout_s=self.job.startup_timeout_s)
-        self.mb = Mailbox(ep, self.job.piece_bytes, self.controller)
+        self.mb = Messenger(ep, self.job.piece_bytes, self.controller)
         self.mb.watch()  # look only at the channels that got something: a poll costs the same for 1000 clients
         self.listen = frozenset([*self.clients, self.controller])
         self.audit = ActorAudit(self.workdir, cl.worker, "combiner", self.cluster, COMBINER_RANK)

@@ -23,7 +23,7 @@ from nebula.federated._actor import ActorAudit, JobGrants, Refusal, RefusalTally
 from nebula.federated.client import ANY_START
 from nebula.federated.config import FederatedJob
 from nebula.federated.strategy import get_strategy
-from nebula.federated.transport import CLIENT_WINDOW, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer
+from nebula.federated.transport import CLIENT_WINDOW, CONTROLLER_RANK, FIRST_CLIENT_RANK, Messenger, Peer
 
 __all__ = ["CombinerBase", "client_peers", "ANY_START", "FLUSH_S"]
 
@@ -56,7 +56,7 @@ class CombinerBase:
         self._flushed = time.monotonic()
         self.listen: frozenset[Peer] = frozenset()
         self.spool: Path | None = None
-        self.mb: Mailbox | None = None
+        self.mb: Messenger | None = None
         self.audit: ActorAudit | None = None
         self.grants: JobGrants | None = None
 

@@ -23,7 +23,7 @@ from nebula.federated.aggregate import RunningMean
 from nebula.federated.controller_async import run_async
 from nebula.federated.controller_base import STATUS_FILE, STOP_FILE, ControllerBase
 from nebula.federated.trail import ModelTrail, RoundRecord
-from nebula.federated.transport import CONTROLLER_RANK, Mailbox, Peer
+from nebula.federated.transport import CONTROLLER_RANK, Messenger, Peer
 from nebula.federated._actor import ActorAudit
 from nebula.federated.witness import CombinerWitness
 
@@ -42,7 +42,7 @@ class Controller(ControllerBase):
         ep = Endpoint.connect(cl.worker, job=self.job.job, rank=CONTROLLER_RANK, timeout_s=self.job.startup_timeout_s)
         epoch = self._next_epoch()
         self.run_id = f"{epoch}.{os.urandom(6).hex()}"
-        self.mb = Mailbox(ep, self.job.piece_bytes, Peer(cl.id, CONTROLLER_RANK), epoch)
+        self.mb = Messenger(ep, self.job.piece_bytes, Peer(cl.id, CONTROLLER_RANK), epoch)
         self.trail = ModelTrail(self.dir / "trail")
         self.audit = ActorAudit(self.dir / "controller", cl.worker, "controller", cl.id, CONTROLLER_RANK)
         self.witness = CombinerWitness(self.dir / "controller", self.audit.log, self.audit.record)

@@ -23,7 +23,7 @@ from nebula.federated.config import FederatedJob
 from nebula.federated.initial import fetch_initial, load_initial_model
 from nebula.federated.strategy import get_strategy
 from nebula.federated.trail import ModelTrail
-from nebula.federated.transport import COMBINER_RANK, Mailbox, Peer
+from nebula.federated.transport import COMBINER_RANK, Messenger, Peer
 from nebula.federated.witness import CombinerWitness
 
 __all__ = ["ControllerBase", "STOP_FILE", "STATUS_FILE", "STATUS_WAIT_S", "BYE_WAIT_S"]
@@ -46,7 +46,7 @@ class ControllerBase:
         (self.dir / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run is not this run's
         self.strategy = get_strategy(job.strategy.name, job.strategy.options)
         self.combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
-        self.mb: Mailbox | None = None
+        self.mb: Messenger | None = None
         self.trail: ModelTrail | None = None
         self.audit: ActorAudit | None = None
         self.witness: CombinerWitness | None = None

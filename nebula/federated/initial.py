@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from nebula.federated.config import FederatedJob
-from nebula.federated.transport import Mailbox, Peer, manifest
+from nebula.federated.transport import Messenger, Peer, manifest
 
 __all__ = ["manifest_refusal", "values_refusal", "load_initial_model", "Answer", "majority", "fetch_initial"]
 
@@ -99,7 +99,7 @@ def _key(tensors: list) -> tuple:
     return tuple((n, d, tuple(s)) for n, d, s in tensors)
 
 
-def fetch_initial(mb: Mailbox, job: FederatedJob, run: str, roster: Callable[[], Mapping[Peer, int]],
+def fetch_initial(mb: Messenger, job: FederatedJob, run: str, roster: Callable[[], Mapping[Peer, int]],
                   audit: Callable[[str, str, dict], None]) -> tuple[dict[str, np.ndarray], str]:
     """(weights, the client they came from): ask clients as the module says; `roster()` gives the connected
     clients now, `audit(client, outcome, detail)` records an answer. RuntimeError when every connected client
@@ -130,7 +130,7 @@ def fetch_initial(mb: Mailbox, job: FederatedJob, run: str, roster: Callable[[],
         want = job.initial_clients if not any(a.key for a in answers) else 1  # none valid yet, or a tie to break
 
 
-def _ask(mb: Mailbox, job: FederatedJob, run: str, batch: list[Peer], audit: Callable[[str, str, dict], None]
+def _ask(mb: Messenger, job: FederatedJob, run: str, batch: list[Peer], audit: Callable[[str, str, dict], None]
          ) -> list[tuple[Answer, dict[str, np.ndarray] | None]]:
     """Ask `batch` at once; each answer checked (manifest first, then the values) within `initial_wait_s`."""
     for p in batch:

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from nebula.federated.transport import Mailbox, ModelAssembler, Peer, piece_plan, tensor_specs
+from nebula.federated.transport import Messenger, ModelAssembler, Peer, piece_plan, tensor_specs
 
 __all__ = ["Refused", "ReceivedUpdate", "receive_update", "UpdateEncoder", "GlobalModel", "SPOOL_BYTES",
            "NONE_CODEC"]
@@ -105,7 +105,7 @@ def change_sumsq(vals: np.ndarray, base: np.ndarray | None) -> float:
     return float(np.dot(d, d))
 
 
-def receive_update(mb: Mailbox, peer: Peer, head: Mapping[str, Any], timeout_s: float, *, codec: str,
+def receive_update(mb: Messenger, peer: Peer, head: Mapping[str, Any], timeout_s: float, *, codec: str,
                    spool_dir: str | Path, spool_over: int = SPOOL_BYTES,
                    inline: list | None = None, base: GlobalModel | None = None,
                    max_norm: float | None = None) -> ReceivedUpdate:

@@ -18,7 +18,7 @@ import numpy as np
 from nebula.channel import Channel, ChannelError, Endpoint
 from nebula.wire import ChannelKey
 
-__all__ = ["Peer", "Mailbox", "CONTROLLER_RANK", "COMBINER_RANK", "FIRST_CLIENT_RANK", "CHANNEL", "manifest",
+__all__ = ["Peer", "Messenger", "CONTROLLER_RANK", "COMBINER_RANK", "FIRST_CLIENT_RANK", "CHANNEL", "manifest",
            "ModelAssembler", "PUSH_BYTES", "model_nbytes", "piece_plan", "tensor_specs", "fits_inline"]
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ class ModelAssembler:
             if piece_bytes < 4096:
                 raise ValueError(f"piece_bytes={piece_bytes} < 4096")
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"{who}: malformed model header ({exc}); send models with Mailbox.send_model") from None
+            raise ValueError(f"{who}: malformed model header ({exc}); send models with Messenger.send_model") from None
         self.plan = list(piece_plan(((k, d, s) for k, (d, s) in self.specs.items()), piece_bytes))
         self.num_pieces = len(self.plan)
 
@@ -122,7 +122,7 @@ class ModelAssembler:
         return name, off, np.frombuffer(payload, dtype)
 
 
-class Mailbox:
+class Messenger:
     """This actor's channels (one per peer, all called `fl`) and the send/receive helpers on them."""
 
     def __init__(self, ep: Endpoint, piece_bytes: int = PIECE_BYTES, controller: Peer | None = None,

@@ -2,7 +2,7 @@
 
 `Link` is the small interface the runtime needs (send frames, receive one message). `ChannelLink` carries it over
 `nebula.channel` (through the switch servers); `QueueLink` is an in-process pair for unit tests of the schedule.
-`Outbox` encodes and sends in a background thread (so compute overlaps the link); `Mailbox` receives and decodes
+`LinkSender` encodes and sends in a background thread (so compute overlaps the link); `LinkReceiver` receives and decodes
 in a background thread and hands tensors out by key (step, micro-batch, index), so arrival order does not matter.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 
 from nebula.compress import TensorCoder
 
-__all__ = ["Link", "ChannelLink", "QueueLink", "queue_pair", "Outbox", "Mailbox", "PeerLost", "LinkStats"]
+__all__ = ["Link", "ChannelLink", "QueueLink", "queue_pair", "LinkSender", "LinkReceiver", "PeerLost", "LinkStats"]
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class LinkStats:
         return out
 
 
-class Outbox:
+class LinkSender:
     """Encodes tensors with a per-direction codec and sends them, in one background thread (order kept).
 
     A paddle.Tensor on an accelerator is encoded with paddle ops on its device and only the compressed bytes reach
@@ -195,7 +195,7 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionError, OSError, PeerUnavailable))
 
 
-class Mailbox:
+class LinkReceiver:
     """Receives and decodes messages of one link in a background thread; `get(key)` waits for a given key."""
 
     def __init__(self, link: Link, stats: LinkStats, *, peer_timeout_s: float, what: str, like: str = "numpy") -> None:

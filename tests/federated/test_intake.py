@@ -12,7 +12,7 @@ from nebula.federated.aggregate import RunningMean
 from nebula.federated.config import load_federated_job
 from nebula.federated.intake import Refused, UpdateEncoder, receive_update
 from nebula.federated.trail import ModelTrail
-from nebula.federated.transport import Mailbox, Peer, piece_plan, tensor_specs
+from nebula.federated.transport import Messenger, Peer, piece_plan, tensor_specs
 from tests.federated.harness import federation, run_job, write_job
 
 PIECE = 4096
@@ -23,12 +23,12 @@ def pair(procs, tmp_path):
     """A combiner-side and a client-side mailbox of one job on a real switch."""
     w = federation(procs, tmp_path, clusters=("A",))["A"]
     eps = [Endpoint.connect(w, job="intake", rank=r, timeout_s=30) for r in (1, 2)]
-    yield Mailbox(eps[0], PIECE), Mailbox(eps[1], PIECE)
+    yield Messenger(eps[0], PIECE), Messenger(eps[1], PIECE)
     for ep in eps:
         ep.close(flush_s=1)
 
 
-def _send(mb: Mailbox, weights: dict, **extra) -> dict:
+def _send(mb: Messenger, weights: dict, **extra) -> dict:
     head = mb.model_header({"type": "update", **extra}, weights)
     mb.send_pieces(Peer("A", 1), weights)
     return head

@@ -9,10 +9,10 @@ from nebula.federated.fedoptima.messages import MessageError, pack, unpack
 from nebula.federated.fedoptima.runtime import FedOptimaError, ServerResult, Task, run_device, serve
 from nebula.federated.fedoptima.scheduler import ActivationBatch, ModelUpdate, SchedulerError, TaskScheduler
 from nebula.federated.fedoptima.simulate import SimResult, SimSetting, simulate
-from nebula.federated.fedoptima.split import DeviceInfo, LayerProfile, check_split, profile_layers, split_point
+from nebula.federated.fedoptima.split import DeviceInfo, LayerCostPerSample, check_split, profile_layers, split_point
 
 __all__ = ["default_auxiliary", "FedOptimaSpec", "AsyncAggregator", "DeviceTrainer", "ServerTrainer", "split_model",
            "ModeSpec", "load_federated_modes", "MessageError", "pack", "unpack", "FedOptimaError", "ServerResult",
            "Task", "run_device", "serve", "ActivationBatch", "ModelUpdate", "SchedulerError", "TaskScheduler",
-           "SimResult", "SimSetting", "simulate", "DeviceInfo", "LayerProfile", "check_split", "profile_layers",
+           "SimResult", "SimSetting", "simulate", "DeviceInfo", "LayerCostPerSample", "check_split", "profile_layers",
            "split_point"]
