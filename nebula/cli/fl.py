@@ -82,14 +82,11 @@ def _trail(job_file: str):
 
 
 def _status(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from nebula.federated.controller import STATUS_FILE
+    from nebula.federated.runfiles import RunFiles
 
     job, trail, algorithm = _trail(args.job)
     with trail:
-        f = Path(job.controller.dir) / STATUS_FILE
-        doc = json.loads(f.read_text()) if f.exists() else {"job": job.job, "state": "not started"}
+        doc = RunFiles(job.controller.dir).read_status() or {"job": job.job, "state": "not started"}
         doc.setdefault("algorithm", algorithm)
         head = trail.head()
         doc["head"] = None if head is None else {"version": head.version, "round": head.round,
@@ -144,14 +141,11 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from nebula.federated.controller import STOP_FILE
     from nebula.federated.fedoptima.jobfile import load_federated_modes
+    from nebula.federated.runfiles import RunFiles
 
     job, _ = load_federated_modes(args.job)
-    Path(job.controller.dir).mkdir(parents=True, exist_ok=True)
-    (Path(job.controller.dir) / STOP_FILE).write_text(str(time.time()))
+    RunFiles(job.controller.dir).ask_stop()
     print(f"asked the controller of {job.job} to stop after the round in progress")
     return 0
 

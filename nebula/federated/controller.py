@@ -21,13 +21,13 @@ import numpy as np
 from nebula.channel import Endpoint
 from nebula.federated.aggregate import RunningMean
 from nebula.federated.controller_async import run_async
-from nebula.federated.controller_base import STATUS_FILE, STOP_FILE, ControllerBase
+from nebula.federated.controller_base import ControllerBase
 from nebula.federated.trail import ModelTrail, RoundRecord
 from nebula.federated.transport import CONTROLLER_RANK, Messenger, Peer
 from nebula.federated._actor import ActorAudit
 from nebula.federated.witness import CombinerWitness
 
-__all__ = ["Controller", "STOP_FILE", "STATUS_FILE", "REPORT_GRACE_S"]
+__all__ = ["Controller", "REPORT_GRACE_S"]
 
 log = logging.getLogger(__name__)
 REPORT_GRACE_S = 3.0  # partials later than deadline + this are not waited for (the round ends within deadline + 5 s)

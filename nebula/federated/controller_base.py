@@ -10,27 +10,24 @@ checkpoints that come with their answers are kept as witnesses (`nebula.federate
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 from nebula.federated._actor import ActorAudit
 from nebula.federated.config import FederatedJob
 from nebula.federated.initial import fetch_initial, load_initial_model
+from nebula.federated.runfiles import RunFiles
 from nebula.federated.strategy import get_strategy
 from nebula.federated.trail import ModelTrail
 from nebula.federated.transport import COMBINER_RANK, Messenger, Peer
 from nebula.federated.witness import CombinerWitness
 
-__all__ = ["ControllerBase", "STOP_FILE", "STATUS_FILE", "STATUS_WAIT_S", "BYE_WAIT_S"]
+__all__ = ["ControllerBase", "STATUS_WAIT_S", "BYE_WAIT_S"]
 
 log = logging.getLogger(__name__)
-STOP_FILE = "STOP"
-STATUS_FILE = "status.json"
 STATUS_WAIT_S = 2.0  # a combiner that does not answer a status request this fast sits the round out
 BYE_WAIT_S = 5.0  # how long the end of a run waits for the combiners' last checkpoints
 
@@ -43,7 +40,8 @@ class ControllerBase:
         self.job = job
         self.dir = Path(workdir or job.controller.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run is not this run's
+        self.files = RunFiles(self.dir)
+        self.files.clear_stop()  # a stop asked of an earlier run is not this run's
         self.strategy = get_strategy(job.strategy.name, job.strategy.options)
         self.combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
         self.mb: Messenger | None = None
@@ -204,12 +202,9 @@ class ControllerBase:
         return {c: v for c, v in out.items() if v}
 
     def write_status(self, state: str, r: int, version: int) -> None:
-        doc: dict[str, Any] = {"job": self.job.job, "state": state, "round": r, "rounds": self.job.rounds,
-                               "head_version": version, "pid": os.getpid(), "updated": time.time()}
-        tmp = self.dir / (STATUS_FILE + ".tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, self.dir / STATUS_FILE)
+        self.files.write_status({"job": self.job.job, "state": state, "round": r, "rounds": self.job.rounds,
+                                 "head_version": version, "pid": os.getpid()})
 
     def stop_requested(self) -> bool:
         """Whether `nebula fl stop` asked this run to end."""
-        return (self.dir / STOP_FILE).exists()
+        return self.files.stop_asked()

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import json
 import logging
-import os
 import threading
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from nebula.federated.controller import STATUS_FILE, STOP_FILE
+from nebula.federated.runfiles import RunFiles
 from nebula.federated.transport import CONTROLLER_RANK, FIRST_CLIENT_RANK
 
 __all__ = ["ROLES", "load_task", "run_mode"]
@@ -38,27 +35,7 @@ def load_task(job, mode) -> Any:
 
 
 def _write_status(job, state: str, algorithm: str, **extra: Any) -> None:
-    d = Path(job.controller.dir)
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / (STATUS_FILE + ".tmp")
-    tmp.write_text(json.dumps({"job": job.job, "algorithm": algorithm, "state": state, "updated": time.time(),
-                               **extra}))
-    os.replace(tmp, d / STATUS_FILE)
-
-
-def _stop_asked(job) -> Callable[[], bool]:
-    """True once `nebula fl stop` has written the stop file (looked at no more than twice a second)."""
-    f = Path(job.controller.dir) / STOP_FILE
-    f.unlink(missing_ok=True)  # a stop asked of an earlier run is not this run's
-    seen = {"at": 0.0, "stop": False}
-
-    def asked() -> bool:
-        now = time.monotonic()
-        if not seen["stop"] and now - seen["at"] >= 0.5:
-            seen["at"], seen["stop"] = now, f.exists()
-        return seen["stop"]
-
-    return asked
+    RunFiles(job.controller.dir).write_status({"job": job.job, "algorithm": algorithm, "state": state, **extra})
 
 
 def run_mode(job_file: str | Path, cluster: str, role: str = "cluster", index: int = 0) -> dict:
@@ -88,7 +65,7 @@ def run_mode(job_file: str | Path, cluster: str, role: str = "cluster", index: i
     errors: list = []
 
     def run_server(ep) -> dict:
-        stop = _stop_asked(job)
+        stop = RunFiles(job.controller.dir).stop_watch()
         _write_status(job, "running", mode.algorithm)
         try:
             if mode.algorithm == "fedoptima":
