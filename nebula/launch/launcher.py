@@ -7,9 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nebula.config.job import JobConfig, load_job_config
+from nebula.config.job import JobConfig
 from nebula.launch.departures import RANK_DIR_ENV
-from nebula.launch.preflight import validate_job
+from nebula.launch.preflight import load_for_cluster, validate_job
 
 __all__ = ["prepare", "build_command", "launch", "log_dir_of", "WORKER_SCRIPT"]
 
@@ -21,13 +21,7 @@ WORKER_SCRIPT = Path(__file__).resolve().parent / "worker.py"
 def prepare(job_file: str | Path, cluster: str, *, intra: bool = False, allocate: bool = True) -> JobConfig:
     """Load and fully validate the job for `cluster` (ConfigError before any process starts); `allocate=False`
     leaves `allocation:` unresolved (the device benchmark runs before the profiles it needs exist)."""
-    cfg = load_job_config(job_file)
-    if cfg.allocation is not None and allocate:  # preflight: the cut between clusters comes from their measured profiles
-        from nebula.hybrid.plan import resolve_allocation
-
-        cfg = resolve_allocation(cfg)
-    if intra:
-        cfg = cfg.intra(cluster)
+    cfg = load_for_cluster(job_file, cluster, intra=intra, allocate=allocate)
     validate_job(cfg, cluster)
     return cfg
 

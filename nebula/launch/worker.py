@@ -43,17 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from nebula.channel import SwitchRefused
     from nebula.config.schema import ConfigError
-    from nebula.config.job import load_job_config
+    from nebula.launch.preflight import load_for_cluster
     from nebula.pipeline import PeerLost
     from nebula.pipeline.runtime import run
 
-    cfg = load_job_config(args.job)
-    if cfg.allocation is not None:  # the same preflight as the launcher's: every rank gets the same cut
-        from nebula.hybrid.plan import resolve_allocation
-
-        cfg = resolve_allocation(cfg)
-    if args.intra:
-        cfg = cfg.intra(args.cluster)
+    cfg = load_for_cluster(args.job, args.cluster, intra=args.intra)  # as the launcher loaded it: the same cut
     if cfg.cluster(args.cluster).pipeline is not None:  # layer pipeline inside this cluster (hybrid DP x PP)
         from nebula.hybrid.runner import run_hybrid
 
