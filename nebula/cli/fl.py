@@ -49,9 +49,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace) -> int:
     from nebula.federated import run as fl_run
-    from nebula.federated.fedoptima.jobfile import load_federated_modes
+    from nebula.federated.config import load_federated_job
 
-    if load_federated_modes(args.job)[1].algorithm != "rounds":
+    if load_federated_job(args.job).algorithm != "rounds":
         from nebula.federated.modes import run_mode
 
         res = run_mode(args.job, args.cluster, args.role, args.index)
@@ -74,11 +74,11 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _trail(job_file: str):
-    from nebula.federated.fedoptima.jobfile import load_federated_modes
+    from nebula.federated.config import load_federated_job
     from nebula.federated.trail import ModelTrail
 
-    job, mode = load_federated_modes(job_file)
-    return job, ModelTrail(f"{job.controller.dir}/trail"), mode.algorithm
+    job = load_federated_job(job_file)
+    return job, ModelTrail(f"{job.controller.dir}/trail"), job.algorithm
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -141,10 +141,10 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from nebula.federated.fedoptima.jobfile import load_federated_modes
+    from nebula.federated.config import load_federated_job
     from nebula.federated.runfiles import RunFiles
 
-    job, _ = load_federated_modes(args.job)
+    job = load_federated_job(args.job)
     RunFiles(job.controller.dir).ask_stop()
     print(f"asked the controller of {job.job} to stop after the round in progress")
     return 0

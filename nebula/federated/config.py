@@ -1,4 +1,5 @@
-"""Federated job file (`mode: federated`): clusters and their clients, rounds, deadline, validity, strategy.
+"""Federated job file (`mode: federated`): clusters and their clients, rounds, deadline, validity, strategy, and
+the algorithm it runs (FEDn's rounds, FedOptima or OWL), read in one pass.
 
 Example::
 
@@ -23,6 +24,11 @@ Example::
     initial_wait_s: 30                         # how long each asked client has to answer
     max_model_bytes: 2147483648                # a model (initial or update) larger than this is refused
     model_dtypes: [float32]                    # the tensors' allowed dtypes
+    algorithm: rounds                          # rounds (FEDn's, above) | fedoptima | owl
+    task: "recipes.federated.modes:LangIdTask" # fedoptima/owl: "module:factory" of what they train, called with
+                                               # num_clients={cluster: n}, seed=<job seed> and client.args
+    fedoptima: {omega: 8, max_rounds: 10}      # FedOptima's options (nebula.federated.fedoptima.config)
+    owl: {distribution: owl, rounds: 5}        # OWL's options (nebula.federated.owl.config)
 
 Every count that sizes memory is bounded (`MAX_CLIENTS` clients per cluster) and every number of seconds or norm
 must be finite: a bad value is one line naming its key path and the limit.
@@ -37,9 +43,13 @@ from typing import Any, Literal
 
 from nebula.config.fields import CodecSpec
 from nebula.config.schema import ConfigError, check_fields, from_dict
+from nebula.federated.fedoptima.config import FedOptimaSpec
+from nebula.federated.owl.config import OwlSpec
 
 __all__ = ["FederatedJob", "FederatedCluster", "ControllerSpec", "ClientSpec", "ValiditySpec", "StrategySpec",
-           "load_federated_job", "MAX_CLIENTS", "MAX_WAIT_S"]
+           "load_federated_job", "MAX_CLIENTS", "MAX_WAIT_S", "ALGORITHMS"]
+
+ALGORITHMS = ("rounds", "fedoptima", "owl")
 
 MAX_CLIENTS = 100_000  # client ranks per cluster: the combiner keeps a peer and its channels for each
 MAX_ROUNDS = 10_000_000
@@ -170,8 +180,19 @@ class FederatedJob:
     initial_model: str | None = None
     initial_clients: int = 3
     initial_wait_s: float = 30.0
+    # what the job runs: FEDn's rounds (every key above), or FedOptima or OWL on `task` with their own section
+    algorithm: str = "rounds"
+    task: str = ""
+    fedoptima: FedOptimaSpec = field(default_factory=FedOptimaSpec)
+    owl: OwlSpec = field(default_factory=OwlSpec)
 
     def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm={self.algorithm!r} must be one of {', '.join(ALGORITHMS)} (rounds: FEDn's "
+                             "synchronous or asynchronous rounds)")
+        if self.algorithm != "rounds" and ":" not in self.task:
+            raise ValueError(f"task={self.task!r}: algorithm {self.algorithm} needs `task: module:factory` naming "
+                             "what it trains (e.g. recipes.federated.modes:LangIdTask)")
         if not self.job or "/" in self.job:
             raise ValueError(f"job {self.job!r} must be a non-empty name without '/'")
         ids = [c.id for c in self.clusters]

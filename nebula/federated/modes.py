@@ -43,12 +43,12 @@ def run_mode(job_file: str | Path, cluster: str, role: str = "cluster", index: i
     `errors` if any failed). role: cluster (server where the controller runs, and every client), controller
     (the server only), clients (every client), client (client `index`)."""
     from nebula.channel import Endpoint
-    from nebula.federated.fedoptima.jobfile import load_federated_modes
+    from nebula.federated.config import load_federated_job
     from nebula.federated.fedoptima.runtime import run_device, serve
     from nebula.federated.fedoptima.split import DeviceInfo, measure_flops_per_s
     from nebula.federated.owl.runtime import run_owl_worker, serve_owl
 
-    job, mode = load_federated_modes(job_file)
+    job = mode = load_federated_job(job_file)
     if mode.algorithm not in ("fedoptima", "owl"):
         raise ValueError(f"{job_file}: algorithm is {mode.algorithm!r}; FEDn rounds start with the combiner roles")
     if role not in ROLES:
