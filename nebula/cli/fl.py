@@ -21,9 +21,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("job", help="federated job YAML (mode: federated)")
     s.add_argument("--cluster", required=True, help="id of this cluster")
     s.add_argument("--role", default="cluster", choices=["cluster", "controller", "combiner", "clients", "client"],
-                   help="cluster: the combiner, plus the controller where the job puts it (default); clients: "
-                        "every client of the cluster in one process; client: one client (--index); under "
-                        "algorithm fedoptima|owl the controller role is the server and there is no combiner")
+                   help="cluster: the combiner, plus the controller where the job puts it (default); controller or "
+                        "combiner: that actor alone; clients: every client of the cluster in one process; client: "
+                        "one client (--index); under algorithm fedoptima|owl the controller role is the server "
+                        "and there is no combiner")
     s.add_argument("--index", type=int, default=0, help="client index inside the cluster (role client)")
     for name, text in (("status", "where the job stands"), ("rounds", "every round: valid or not, and why"),
                        ("stop", "ask the controller to stop after the round in progress")):
@@ -48,29 +49,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from nebula.federated import run as fl_run
-    from nebula.federated.config import load_federated_job
+    from nebula.modes import start
 
-    if load_federated_job(args.job).algorithm != "rounds":
-        from nebula.federated.modes import run_mode
-
-        res = run_mode(args.job, args.cluster, args.role, args.index)
-        print("RESULT " + json.dumps(res), flush=True)
-        return 1 if res.get("errors") else 0
-    if args.role == "cluster":
-        head = fl_run.run_cluster(args.job, args.cluster)
-        print(f"cluster {args.cluster} done" + (f", head version {head}" if head is not None else ""))
-    elif args.role == "controller":
-        print(f"head version {fl_run.run_cluster(args.job, args.cluster, controller=True)}")
-    elif args.role == "combiner":
-        fl_run.run_cluster(args.job, args.cluster, controller=False)
-    elif args.role == "clients":
-        done = fl_run.run_clients(args.job, args.cluster)
-        print(f"clients of {args.cluster} trained {sum(done.values())} rounds in all")
-    else:
-        print(f"client {args.cluster}/{args.index} trained {fl_run.run_one_client(args.job, args.cluster, args.index)} "
-              "rounds")
-    return 0
+    started = start(args.job, args.cluster, args.role, args.index)
+    print(started.line, flush=True)
+    return started.code
 
 
 def _trail(job_file: str):

@@ -21,7 +21,7 @@ Example::
     metrics: {dir: metrics}
 
 `mode: data_parallel` lists no stages: every cluster trains the whole model on its own share of the data and the
-clusters average every `data_parallel.sync_every` steps over the WAN (`DataParallelSpec`, nebula.federated.diloco).
+clusters average every `data_parallel.sync_every` steps over the WAN (`DataParallelSpec`, nebula.dataparallel).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Per-rank entry point that paddle.distributed.launch starts: runs `nebula.pipeline.run` for one cluster."""
+"""Per-rank entry point that paddle.distributed.launch starts: runs the job's mode (`nebula.modes.run`) for one cluster."""
 from __future__ import annotations
 
 import argparse
@@ -44,18 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     from nebula.channel import SwitchRefused
     from nebula.config.schema import ConfigError
     from nebula.launch.preflight import load_for_cluster
+    from nebula.modes import run
     from nebula.pipeline import PeerLost
-    from nebula.pipeline.runtime import run
 
     cfg = load_for_cluster(args.job, args.cluster, intra=args.intra)  # as the launcher loaded it: the same cut
-    if cfg.cluster(args.cluster).pipeline is not None:  # layer pipeline inside this cluster (hybrid DP x PP)
-        from nebula.hybrid.runner import run_hybrid
-
-        run = run_hybrid  # noqa: F811
-    elif cfg.mode == "data_parallel":  # a whole replica per cluster, averaged over the WAN every sync_every steps
-        from nebula.federated.diloco import run_data_parallel
-
-        run = run_data_parallel  # noqa: F811
     try:
         res = run(cfg, args.cluster, workdir=Path(args.job).resolve().parent)
     except PeerLost as exc:

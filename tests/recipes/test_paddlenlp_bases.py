@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from nebula.config.job import load_job_config
-from nebula.pipeline import run
+from nebula.modes import run
 from recipes.text.catalogs import DataConfig, prepare_data
 from recipes.abnet.model import padding_bias, preset
 from recipes.abnet.pretrain import PretrainedError, load_base

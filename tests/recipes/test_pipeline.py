@@ -19,7 +19,8 @@ import yaml
 
 from nebula.compress import codec_path
 from nebula.config.job import load_job_config
-from nebula.pipeline import read_metrics, run
+from nebula.pipeline import read_metrics
+from nebula.modes import run
 from nebula.pipeline.links import QueueLink
 from recipes.text.catalogs import DataConfig, prepare_data
 from recipes.abnet.model import BertConfig, BertModel
