@@ -11,28 +11,30 @@ gradient back at once. The one-way mode (`nebula.pipeline.oneway`) and cross-clu
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from nebula.pipeline.cluster_stages import mean_over_ranks
 from nebula.pipeline.data import rank_micro_batches, step_ids
+from nebula.pipeline.links import Link
 
-if TYPE_CHECKING:  # pragma: no cover
-    from nebula.pipeline.runner import StageRunner, Wiring
+__all__ = ["RunHooks", "PipelineHooks", "Wiring", "pad_steps"]
 
-__all__ = ["RunHooks", "PipelineHooks"]
+# links of one boundary side: {"act": Link, "grad": Link, "ctl": Link}
+Wiring = dict[str, dict[str, Link]]  # "prev" / "next" -> links
 
 _K_STEPS, _K_CHOSEN = (-1, 0, 0), (-2, 0, 0)  # control keys (step field < 0) of the start-up exchange
 _PAD = 64  # checkpoint steps exchanged at start-up (the newest)
 
 
 class RunHooks:
-    """A run mode's part of the stage runner; each hook has the runner (`self.r`) at hand once bound."""
+    """A run mode's part of the stage runner; each hook has the runner (`self.r`, a StageRunner) at hand once
+    bound. (The runner imports its hooks, not the other way round: hooks reach it through `self.r` only.)"""
 
-    r: StageRunner
+    r: Any
 
-    def bind(self, runner: StageRunner) -> None:
+    def bind(self, runner: Any) -> None:
         """Called once the stages are built, before any boundary is wired."""
         self.r = runner
 

@@ -19,7 +19,7 @@ from typing import Any
 from nebula.config.job import JobConfig
 from nebula.pipeline import checkpoint as ckpt
 from nebula.pipeline.cluster_stages import ClusterStages, join_cluster
-from nebula.pipeline.hooks import PipelineHooks, RunHooks
+from nebula.pipeline.hooks import PipelineHooks, RunHooks, Wiring
 from nebula.pipeline.links import ChannelLink, Link
 from nebula.pipeline.metrics import MetricsWriter
 from nebula.pipeline.stage import load_recipe
@@ -27,10 +27,6 @@ from nebula.pipeline.stage import load_recipe
 __all__ = ["StageRunner", "RunResult", "Wiring", "run_stages", "run_pipeline", "replace_steps"]
 
 log = logging.getLogger(__name__)
-
-# links of one boundary side: {"act": Link, "grad": Link, "ctl": Link}
-Wiring = dict[str, dict[str, Link]]  # "prev" / "next" -> links
-
 
 @dataclass(slots=True)
 class RunResult:
