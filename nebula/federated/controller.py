@@ -22,6 +22,7 @@ from nebula.channel import Endpoint
 from nebula.federated.aggregate import RunningMean
 from nebula.federated.controller_async import run_async
 from nebula.federated.controller_base import ControllerBase
+from nebula.federated.messages import ModelCopy, Partial, StartRound
 from nebula.federated.trail import ModelTrail, RoundRecord
 from nebula.federated.transport import CONTROLLER_RANK, Messenger, Peer
 from nebula.federated._actor import ActorAudit
@@ -90,12 +91,12 @@ class Controller(ControllerBase):
         sent_before = {c: self.mb.sent_bytes.get(c, 0) for c in self.mb.sent_bytes}
         for comb, cl in assignment.items():
             copies = 1 if job.wan_once else len(cl)
-            hdr = {"type": "round", "run": self.run_id, "to": self.nonces[comb], "round": r, "version": head.version,
-                   "deadline_s": job.deadline_s,
-                   "clients": [str(p) for p in cl], "config": self.strategy.client_options(), "copies": copies}
-            self.mb.send_model(comb, hdr, weights)
+            cmd = StartRound(run=self.run_id, to=self.nonces[comb], round=r, version=head.version,
+                             deadline_s=job.deadline_s, clients=tuple(str(p) for p in cl),
+                             config=self.strategy.client_options(), copies=copies)
+            self.mb.send_model(comb, cmd, weights)
             for _ in range(copies - 1):
-                self.mb.send_model(comb, {"type": "copy", "round": r, "to": self.nonces[comb]}, weights)
+                self.mb.send_model(comb, ModelCopy(round=r, to=self.nonces[comb]), weights)
         home = job.controller.cluster
         self.wan_bytes.append(sum(n - sent_before.get(c, 0) for c, n in self.mb.sent_bytes.items() if c != home))
         reducer = RunningMean(weights)
@@ -112,34 +113,33 @@ class Controller(ControllerBase):
             got = self.mb.poll(sorted(waiting), give_up - time.monotonic())
             if got is None:
                 break
-            peer, h, _ = got
-            if h.get("type") != "partial" or h.get("round") != r or h.get("run") != self.run_id:
-                self.discard(peer, h)
+            peer, p, _ = got
+            if not isinstance(p, Partial) or p.round != r or p.run != self.run_id:
+                self.discard(peer, p)
                 continue
             waiting.discard(peer)
-            self.witness.receive(peer.cluster, h.get("checkpoint"))
+            self.witness.receive(peer.cluster, p.checkpoint)
             try:
-                if bool(h.get("delta")) != coded:
-                    raise ValueError(f"partial is {'a change' if h.get('delta') else 'weights'}, the job's "
+                if p.delta != coded:
+                    raise ValueError(f"partial is {'a change' if p.delta else 'weights'}, the job's "
                                      f"update_codec={job.update_codec!r} makes it {'a change' if coded else 'weights'}")
-                if h["num_updates"]:
-                    reducer.begin(int(h["num_examples"]), f"combiner {peer}")
-                    self.mb.recv_model(peer, h, max(1.0, give_up - time.monotonic()), on_piece=reducer.add_part)
+                if p.num_updates:
+                    reducer.begin(p.num_examples, f"combiner {peer}")
+                    self.mb.recv_model(peer, p, max(1.0, give_up - time.monotonic()), on_piece=reducer.add_part)
             except (TimeoutError, ValueError) as exc:
                 lost.append(str(peer))
                 self.audit.record("fl.partial", str(peer), "refused", {"round": r, "reason": str(exc)})
                 broken = True  # a half-folded partial cannot be taken out again: the round is invalid
                 continue
-            num_updates += int(h["num_updates"])
-            update_bytes += int(h.get("update_bytes", 0))
-            norm_max = max(norm_max, float(h.get("update_norm_max") or 0.0))
-            clients += h.get("clients", [])
-            rejected += h.get("rejected", [])
-            missing += h.get("missing", [])
-            ne = int(h.get("eval_examples", 0))
-            for k, v in (h.get("metrics") or {}).items():
-                metric_sums[k] = metric_sums.get(k, 0.0) + float(v) * ne
-            eval_examples += ne
+            num_updates += p.num_updates
+            update_bytes += p.update_bytes
+            norm_max = max(norm_max, p.update_norm_max)
+            clients += p.clients
+            rejected += p.rejected
+            missing += p.missing
+            for k, v in p.metrics.items():
+                metric_sums[k] = metric_sums.get(k, 0.0) + float(v) * p.eval_examples
+            eval_examples += p.eval_examples
         for c in sorted(waiting):
             lost.append(str(c))
             missing += [str(p) for p in assignment[c]]

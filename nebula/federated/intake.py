@@ -18,6 +18,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from nebula.federated.messages import ClientUpdate
 from nebula.federated.transport import Messenger, ModelAssembler, Peer, piece_plan, tensor_specs
 
 __all__ = ["Refused", "ReceivedUpdate", "receive_update", "UpdateEncoder", "GlobalModel", "SPOOL_BYTES",
@@ -105,7 +106,7 @@ def change_sumsq(vals: np.ndarray, base: np.ndarray | None) -> float:
     return float(np.dot(d, d))
 
 
-def receive_update(mb: Messenger, peer: Peer, head: Mapping[str, Any], timeout_s: float, *, codec: str,
+def receive_update(mb: Messenger, peer: Peer, head: ClientUpdate, timeout_s: float, *, codec: str,
                    spool_dir: str | Path, spool_over: int = SPOOL_BYTES,
                    inline: list | None = None, base: GlobalModel | None = None,
                    max_norm: float | None = None) -> ReceivedUpdate:
@@ -118,8 +119,8 @@ def receive_update(mb: Messenger, peer: Peer, head: Mapping[str, Any], timeout_s
     plan = asm.plan
     dtypes = {k: d for k, (d, _) in asm.specs.items()}
     coded = codec != NONE_CODEC
-    if coded and head.get("codec") != codec:
-        raise Refused(f"update encoded with {head.get('codec')!r}, the job's update_codec is {codec!r}; start the "
+    if coded and head.codec != codec:
+        raise Refused(f"update encoded with {head.codec!r}, the job's update_codec is {codec!r}; start the "
                       "client with this job's file")
     total = sum(c * dtypes[n].itemsize for n, _, c in plan)
     spool = tempfile.TemporaryFile(dir=spool_dir) if total > spool_over else None

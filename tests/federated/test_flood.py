@@ -7,6 +7,7 @@ import time
 
 from nebula.channel import Endpoint
 from nebula.federated.trail import ModelTrail
+from nebula.federated.messages import UpdateDropped
 from nebula.federated.transport import Messenger, Peer
 from tests.federated.harness import federation, start_client, start_cluster, wait_exit, write_job
 
@@ -19,7 +20,7 @@ def _drops(mb: Messenger, combiner: Peer, n: int, timeout_s: float) -> int:
     got, deadline = 0, time.monotonic() + timeout_s
     while got < n and time.monotonic() < deadline:
         m = mb.poll([combiner], deadline - time.monotonic())
-        if m is not None and m[1].get("type") == "drop":
+        if m is not None and isinstance(m[1], UpdateDropped):
             got += 1
     return got
 

@@ -11,6 +11,7 @@ from nebula.config.schema import ConfigError
 from nebula.federated.aggregate import RunningMean
 from nebula.federated.config import load_federated_job
 from nebula.federated.intake import Refused, UpdateEncoder, receive_update
+from nebula.federated.messages import ClientUpdate
 from nebula.federated.trail import ModelTrail
 from nebula.federated.transport import Messenger, Peer, piece_plan, tensor_specs
 from tests.federated.harness import federation, run_job, write_job
@@ -29,7 +30,7 @@ def pair(procs, tmp_path):
 
 
 def _send(mb: Messenger, weights: dict, **extra) -> dict:
-    head = mb.model_header({"type": "update", **extra}, weights)
+    head = mb.model_header(ClientUpdate(**extra), weights)
     mb.send_pieces(Peer("A", 1), weights)
     return head
 
@@ -70,7 +71,7 @@ def test_compressed_pieces_decode_to_the_change_and_a_wrong_codec_is_refused(pai
     base = {"a": rng.normal(size=(3000,)).astype(np.float32)}
     new = {"a": base["a"] + rng.normal(size=(3000,)).astype(np.float32)}
     enc = UpdateEncoder("fp16", PIECE)
-    head = cli.model_header({"type": "update", "codec": "fp16"}, new)
+    head = cli.model_header(ClientUpdate(codec="fp16"), new)
     sent = 0
     for frames in enc.frames(new, base):
         cli.send_parts(Peer("A", 1), frames)
