@@ -145,6 +145,10 @@ class JobConfig:
         """Scenario I: every cluster but the last sends (one generator each, M3), the last receives; sender rank s
         feeds receiver ranks s*k..s*k+k-1 (receiver ranks beyond them idle); all on one cluster: local hand-off."""
         k, t = self.oneway.k, self.train
+        piped = [c.id for c in self.clusters if c.pipeline is not None]
+        if piped:
+            raise ValueError(f"cluster {piped[0]} has a pipeline: a layer pipeline inside a cluster runs in mode "
+                             f"pipeline; remove clusters[{piped[0]}].pipeline or set mode: pipeline")
         if len(segs) == 1:
             c = self.cluster(segs[0])
             if c.world_size != 1:

@@ -1,13 +1,18 @@
-"""Which ranks left a cluster: each rank writes its process id when it starts (`record_rank`), and a watch beside
-the launcher notes the ranks whose processes are gone first. paddle.distributed.launch stops a cluster's other
-ranks only after it has noticed the first one gone, so the first ranks seen gone are the ones that left."""
+"""Which ranks left a cluster, and why: each rank writes its process id when it starts (`record_rank`), and a watch
+beside the launcher notes the ranks whose processes are gone first. paddle.distributed.launch stops a cluster's
+other ranks only after it has noticed the first one gone, so the first ranks seen gone are the ones that left.
+
+A rank that stops for a reason it can name (a peer cluster lost or never come, its switch silent or refusing, a
+configuration the clusters disagree on) leaves that one line for the launcher (`record_failure`), which prints it
+once (`failures`): paddle.distributed.launch would otherwise show the rank's output twice, streamed and again as
+the failed rank's log."""
 from __future__ import annotations
 
 import os
 import threading
 from pathlib import Path
 
-__all__ = ["RANK_DIR_ENV", "DepartureWatch", "record_rank"]
+__all__ = ["RANK_DIR_ENV", "DepartureWatch", "record_rank", "record_failure", "failures", "clear_failures"]
 
 RANK_DIR_ENV = "NEBULA_RANK_DIR"  # set by the launcher for its ranks
 POLL_S = 0.05
@@ -25,6 +30,32 @@ def record_rank() -> Path | None:
     tmp.write_text(str(os.getpid()))
     tmp.replace(path)
     return path
+
+
+def record_failure(line: str) -> bool:
+    """Leave this rank's one-line reason for stopping to the launcher; False when not started by the launcher (then
+    the rank prints it itself)."""
+    where = os.environ.get(RANK_DIR_ENV)
+    if not where:
+        return False
+    rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+    path = Path(where) / f"rank{rank}.failed"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(line.replace("\n", " ") + "\n")
+    return True
+
+
+def failures(rank_dir: str | Path) -> list[str]:
+    """The reasons the ranks of the last launch left (rank order, each distinct line once)."""
+    files = sorted(Path(rank_dir).glob("rank*.failed"), key=lambda f: int(f.stem[4:]) if f.stem[4:].isdigit() else 0)
+    lines = [f.read_text().strip() for f in files]
+    return list(dict.fromkeys(line for line in lines if line))
+
+
+def clear_failures(rank_dir: str | Path) -> None:
+    """Forget the reasons of an earlier launch."""
+    for f in Path(rank_dir).glob("rank*.failed"):
+        f.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

@@ -136,3 +136,12 @@ def test_compression_starts_at_its_start_step():
     assert spec.spec_at("backward", 5) == "int8" and spec.spec_at("backward", 4) == "none"
     with pytest.raises(ValueError, match="start_step = -1 must be an integer >= 0"):
         CompressionConfig(start_step=-1)
+
+
+def test_a_layer_pipeline_inside_a_cluster_is_refused_in_mode_oneway(tmp_path):
+    """The mode is chosen in one place (nebula.modes): a cluster pipeline belongs to mode pipeline only."""
+    f = toy_job(tmp_path, clusters=[{"id": "A", "procs_per_node": 2, "pipeline": {"num_stages": 2}}, {"id": "B"}],
+                stages=TWO_STAGES, mode="oneway")
+    with pytest.raises(ConfigError, match=r"cluster A has a pipeline: .* runs in mode pipeline; remove "
+                                          r"clusters\[A\].pipeline"):
+        load_job_config(f)
