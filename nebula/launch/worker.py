@@ -1,4 +1,5 @@
-"""Per-rank entry point that paddle.distributed.launch starts: runs the job's mode (`nebula.modes.run`) for one cluster."""
+"""Per-rank entry point that paddle.distributed.launch starts: runs the job's mode (`nebula.modes.run`) for one
+cluster."""
 from __future__ import annotations
 
 import argparse

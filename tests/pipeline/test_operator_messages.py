@@ -67,8 +67,8 @@ def test_a_worker_started_before_its_switch_says_so_once_in_one_line(procs, tmp_
 
 def test_a_cluster_alone_names_the_cluster_that_never_came_once(procs, tmp_path):
     workers = start_switches(procs, tmp_path / "fed", ["A", "B"])  # B's switch runs, B's ranks do not
-    job = toy_job(tmp_path, clusters=[{"id": "A", "worker": str(workers["A"])}, {"id": "B", "worker": str(workers["B"])}],
-                  stages=TWO_STAGES, peer_timeout_s=60, startup_timeout_s=4)
+    clusters = [{"id": c, "worker": str(workers[c])} for c in ("A", "B")]
+    job = toy_job(tmp_path, clusters=clusters, stages=TWO_STAGES, peer_timeout_s=60, startup_timeout_s=4)
     code, out = finish(launch(procs, job, "A"), 120)
     lines = [line for line in out.splitlines() if line.startswith("nebula: ")]
     assert code == 3 and len(lines) == 1, out[-3000:]
