@@ -15,6 +15,7 @@ rules and refusal reasons (`nebula.federated.checks`), kept as sent.
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import types
@@ -201,11 +202,14 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def _plain(v: Any) -> Any:
+    if isinstance(v, bytes):
+        return base64.b64encode(v).decode("ascii")  # bytes fields (keys, sealed shares) travel as base64 text
     return list(_plain(x) for x in v) if isinstance(v, tuple) else v
 
 
 def _convert(tp: Any, v: Any, path: str, kind: str, head: Mapping[str, Any]) -> Any:
-    """`v` as type `tp` (str, int, float, bool, None, tuple[X, ...], dict, unions; Any keeps it as sent)."""
+    """`v` as type `tp` (str, int, float, bool, bytes as base64, None, tuple[X, ...], dict, unions; Any keeps it as
+    sent)."""
     if tp is Any:
         return v
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -225,6 +229,13 @@ def _convert(tp: Any, v: Any, path: str, kind: str, head: Mapping[str, Any]) -> 
         if len(each) != len(v):
             raise ProtocolError(f"{path}: expected {len(each)} items, got {_show(v)}", kind, head)
         return tuple(_convert(t, x, f"{path}[{i}]", kind, head) for i, (t, x) in enumerate(zip(each, v)))
+    if tp is bytes:
+        if isinstance(v, str):
+            try:
+                return base64.b64decode(v, validate=True)
+            except ValueError:
+                pass
+        raise ProtocolError(f"{path}: expected base64 bytes, got {_show(v)}", kind, head)
     base = origin or tp
     ok = (isinstance(v, base) and not (isinstance(v, bool) and base is not bool)) \
         or (base is float and isinstance(v, int) and not isinstance(v, bool))

@@ -56,10 +56,14 @@ def test_a_new_family_slots_in_beside_the_others():
     @dataclass(frozen=True, kw_only=True, slots=True)
     class Masked(Message):
         round: int
+        public_key: bytes
         shares: tuple[int, ...] = ()
 
-    msg = Masked(round=2, shares=(1, 2))
-    assert decode(json.loads(json.dumps(encode(msg))), secure) == msg
+    msg = Masked(round=2, public_key=b"\x00\xffkey", shares=(1, 2))
+    wire = json.loads(json.dumps(encode(msg)))
+    assert wire["public_key"] == "AP9rZXk=" and decode(wire, secure) == msg
+    with pytest.raises(ProtocolError, match="masked.public_key: expected base64 bytes"):
+        decode({**wire, "public_key": "not base64!"}, secure)
     with pytest.raises(ProtocolError, match="unknown combiner message type 'masked'"):
         decode(encode(msg), TO_COMBINER)
     with pytest.raises(ValueError, match="registered twice"):
