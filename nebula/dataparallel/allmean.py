@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -34,7 +33,6 @@ TO_LEADER = MessageFamily("data-parallel leader")  # what one cluster's leader s
 
 
 @TO_LEADER.message("hello")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class LeaderHello(Message):
     """The start-up handshake: the leader's cluster, the settings that must match, its checkpoint steps and run
     (its initial model follows)."""
@@ -46,7 +44,6 @@ class LeaderHello(Message):
 
 
 @TO_LEADER.message("mean")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class MeanShare(Message):
     """One leader's share of mean number `seq`: its example count and the byte size of each encoded tensor (the
     tensors follow as one payload)."""

@@ -8,7 +8,7 @@ to whichever process of the client's next incarnation is there).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from nebula.federated.protocol import MessageFamily, Message, Untrusted
@@ -25,7 +25,6 @@ ANY_START = "*"  # a combiner's stop to whichever process of a client's next inc
 
 # ---- the controller to a combiner --------------------------------------------------------------------------------
 @TO_COMBINER.message("status")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class StatusRequest(Message):
     """Who is there: the combiner answers with its roster, nonce, grant and audit checkpoint (`StatusAnswer`)."""
 
@@ -34,7 +33,6 @@ class StatusRequest(Message):
 
 
 @TO_COMBINER.message("round")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class StartRound(Message):
     """A synchronous round: the global model follows; fan it out to `clients`, report a `Partial`."""
 
@@ -49,7 +47,6 @@ class StartRound(Message):
 
 
 @TO_COMBINER.message("copy")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelCopy(Message):
     """One more copy of a round's model (WAN-once off)."""
 
@@ -58,7 +55,6 @@ class ModelCopy(Message):
 
 
 @TO_COMBINER.message("async")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class StartAsync(Message):
     """An asynchronous run: the model follows; every checked update goes straight on as an `AsyncUpdate`."""
 
@@ -72,7 +68,6 @@ class StartAsync(Message):
 
 
 @TO_COMBINER.message("model")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class NewModel(Message):
     """An asynchronous run's newest model (it follows)."""
 
@@ -83,7 +78,6 @@ class NewModel(Message):
 
 @TO_CLIENT.message("stop")
 @TO_COMBINER.message("stop")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Stop(Message):
     """End of the run (to a combiner: names the run and the combiner; to a client: names the client process)."""
 
@@ -93,7 +87,6 @@ class Stop(Message):
 
 # ---- a combiner to the controller --------------------------------------------------------------------------------
 @TO_CONTROLLER.message("status")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class StatusAnswer(Message):
     """A combiner's answer: its clients (client -> examples), those that let it down, its process nonce, why its
     account home refuses the job (None: granted) and its signed audit checkpoint (JSON)."""
@@ -108,7 +101,6 @@ class StatusAnswer(Message):
 
 
 @TO_CONTROLLER.message("partial")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Partial(Message):
     """A combiner's partial aggregate of a round (the model follows when `num_updates` > 0)."""
 
@@ -129,7 +121,6 @@ class Partial(Message):
 
 
 @TO_CONTROLLER.message("async_update")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class AsyncUpdate(Message):
     """One checked update of an asynchronous run, passed on (the model follows)."""
 
@@ -140,7 +131,6 @@ class AsyncUpdate(Message):
 
 
 @TO_CONTROLLER.message("bye")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Bye(Message):
     """A combiner's last word of a run: the final signed head of its audit log."""
 
@@ -150,7 +140,6 @@ class Bye(Message):
 
 # ---- a client to a combiner, and to the controller ---------------------------------------------------------------
 @TO_COMBINER.message("hello")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class ClientHello(Message):
     """A client process says hello: its job, the examples it holds and its nonce (all checked by the combiner)."""
 
@@ -160,7 +149,6 @@ class ClientHello(Message):
 
 
 @TO_COMBINER.message("update")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class ClientUpdate(Message):
     """A client's update of a round: its header announces the model (pieces pushed inline, or pulled); every value
     is checked by the combiner before a byte of the model is taken (nebula.federated.checks)."""
@@ -175,7 +163,6 @@ class ClientUpdate(Message):
 
 
 @TO_CONTROLLER.message("parameters")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Parameters(Message):
     """A client's model, asked for the initial model of an empty trail (it follows, or comes inline)."""
 
@@ -185,7 +172,6 @@ class Parameters(Message):
 
 # ---- a combiner or the controller to a client --------------------------------------------------------------------
 @TO_CLIENT.message("task")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class TrainTask(Message):
     """Train the model that follows (or comes inline) and send an update within `deadline_s`."""
 
@@ -198,7 +184,6 @@ class TrainTask(Message):
 
 
 @TO_CLIENT.message("refused")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class HelloRefused(Message):
     """The combiner refuses the client (its cluster's account home grants it no part in the job, say)."""
 
@@ -207,7 +192,6 @@ class HelloRefused(Message):
 
 
 @TO_CLIENT.message("drop")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class UpdateDropped(Message):
     """The combiner refused an update; the reason says why and what to fix."""
 
@@ -217,7 +201,6 @@ class UpdateDropped(Message):
 
 
 @TO_CLIENT.message("pull")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class PullUpdate(Message):
     """The combiner takes the announced update: send its pieces."""
 
@@ -226,7 +209,6 @@ class PullUpdate(Message):
 
 
 @TO_CLIENT.message("get_parameters")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class GetParameters(Message):
     """The controller asks for the client's model (the initial model of an empty trail); the answer names `run`."""
 

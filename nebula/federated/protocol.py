@@ -82,9 +82,13 @@ class MessageFamily:
         self.name = name
         self.types: Registry[type[Message]] = Registry(f"{name} message type", known="types", error=ProtocolError)
 
+    @typing.dataclass_transform(kw_only_default=True, frozen_default=True)
     def message(self, type_name: str) -> Callable[[type[M]], type[M]]:
-        """Class decorator: `cls` is this family's message `type_name` (a class may serve several families)."""
+        """Class decorator: `cls` (made a frozen, keyword-only dataclass) is this family's message `type_name`; a
+        class may serve several families."""
         def deco(cls: type[M]) -> type[M]:
+            if "__dataclass_fields__" not in cls.__dict__:
+                cls = dataclass(frozen=True, kw_only=True, slots=True)(cls)
             if cls.TYPE and cls.TYPE != type_name:
                 raise ValueError(f"{cls.__name__} is message type {cls.TYPE!r}, not {type_name!r}")
             cls.TYPE = type_name

@@ -18,31 +18,38 @@ RANK_DIR_ENV = "NEBULA_RANK_DIR"  # set by the launcher for its ranks
 POLL_S = 0.05
 
 
-def record_rank() -> Path | None:
-    """Write this rank's process id where the launcher's watch looks (nothing when not started by the launcher)."""
+def _rank_file(suffix: str) -> Path | None:
+    """This rank's file `rank<N>.<suffix>` where the launcher looks (None when not started by the launcher)."""
     where = os.environ.get(RANK_DIR_ENV)
     if not where:
         return None
-    rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
-    path = Path(where) / f"rank{rank}.pid"
+    path = Path(where) / f"rank{int(os.environ.get('PADDLE_TRAINER_ID', '0'))}.{suffix}"
     path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace `path` at once (written beside it, then renamed): the launcher never reads half a file."""
     tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(str(os.getpid()))
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def record_rank() -> Path | None:
+    """Write this rank's process id where the launcher's watch looks (nothing when not started by the launcher)."""
+    path = _rank_file("pid")
+    if path is not None:
+        _write(path, str(os.getpid()))
     return path
 
 
 def record_failure(line: str) -> bool:
     """Leave this rank's one-line reason for stopping to the launcher; False when not started by the launcher (then
     the rank prints it itself)."""
-    where = os.environ.get(RANK_DIR_ENV)
-    if not where:
-        return False
-    rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
-    path = Path(where) / f"rank{rank}.failed"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(line.replace("\n", " ") + "\n")
-    return True
+    path = _rank_file("failed")
+    if path is not None:
+        _write(path, line.replace("\n", " ") + "\n")
+    return path is not None
 
 
 def failures(rank_dir: str | Path) -> list[str]:

@@ -48,12 +48,9 @@ def test_a_header_that_does_not_decode_is_named_with_its_field(head, family, nee
 
 
 def test_a_new_family_slots_in_beside_the_others():
-    from dataclasses import dataclass
-
     secure = MessageFamily("secure-sum")
 
     @secure.message("masked")
-    @dataclass(frozen=True, kw_only=True, slots=True)
     class Masked(Message):
         round: int
         public_key: bytes

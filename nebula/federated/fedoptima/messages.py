@@ -3,7 +3,7 @@ one JSON header part, then one raw part per array). `TO_SERVER`: what a device s
 server sends."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from nebula.federated.messages import Stop
 from nebula.federated.protocol import MessageFamily, Message
@@ -16,7 +16,6 @@ TO_DEVICE = MessageFamily("fedoptima device")
 
 
 @TO_SERVER.message("hello")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class DeviceHello(Message):
     """What a device says at initialisation: its FLOP/s and its upload bandwidth (the pre-processor's inputs)."""
 
@@ -25,13 +24,11 @@ class DeviceHello(Message):
 
 
 @TO_SERVER.message("act")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Activations(Message):
     """A batch of the device's activations and labels (arrays h, y), sent only under a grant."""
 
 
 @TO_SERVER.message("model")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class DeviceModel(Message):
     """The device's model every H iterations (arrays d.*, a.*), trained from global model `version`."""
 
@@ -39,7 +36,6 @@ class DeviceModel(Message):
 
 
 @TO_SERVER.message("bye")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class DeviceBye(Message):
     """A device's answer to STOP: what it measured (idle and busy seconds, iterations, batches sent, rounds)."""
 
@@ -47,7 +43,6 @@ class DeviceBye(Message):
 
 
 @TO_DEVICE.message("init")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Init(Message):
     """The split point and the initial device and auxiliary models (arrays d.*, a.*)."""
 
@@ -56,13 +51,11 @@ class Init(Message):
 
 
 @TO_DEVICE.message("grant")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Grant(Message):
     """A slot under ω: the device may send one batch of activations."""
 
 
 @TO_DEVICE.message("global")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class AggregatedModel(Message):
     """The aggregated device and auxiliary models (arrays d.*, a.*), version `version`."""
 

@@ -3,7 +3,6 @@ then one raw part per array). `TO_WORKER`: what the server and peers send a work
 the server."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 from nebula.federated.messages import Stop
 from nebula.federated.protocol import MessageFamily, Message
@@ -15,7 +14,6 @@ TO_SERVER = MessageFamily("owl server")
 
 
 @TO_WORKER.message("plan")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Plan(Message):
     """The deploy setting, once: the workers (cluster/rank, in order), how updates are combined, the groups of
     branches and, per worker, which groups it pulls from where (the server, or a worker's index)."""
@@ -28,7 +26,6 @@ class Plan(Message):
 
 
 @TO_WORKER.message("group")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class Group(Message):
     """One group of the round's model (its tensors follow as arrays), from the server or forwarded by a peer."""
 
@@ -38,7 +35,6 @@ class Group(Message):
 
 @TO_SERVER.message("update")
 @TO_WORKER.message("update")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class OwlUpdate(Message):
     """A worker's model after its local steps (arrays), or a cluster's average of `num_updates` of them."""
 
@@ -48,7 +44,6 @@ class OwlUpdate(Message):
 
 
 @TO_SERVER.message("pull")
-@dataclass(frozen=True, kw_only=True, slots=True)
 class GroupPull(Message):
     """A peer has not forwarded these groups within peer_timeout_s: the server sends them itself."""
 
