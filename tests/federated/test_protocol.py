@@ -134,3 +134,27 @@ def test_an_update_that_fails_while_its_pieces_come_is_taken_out_of_the_accepted
     partial, weights = st.partial(run=None, counted=[], checkpoint=None, delta=False)
     assert partial.clients == () and weights is None
     assert partial.rejected == ({"client": "A/2", "reason": "incomplete update: pieces stopped"},)
+
+
+def test_the_controllers_reduce_is_pure_state_too():
+    from nebula.federated.config import ValiditySpec
+    from nebula.federated.reduction import Reduction
+
+    red = Reduction(W, coded=False, update_codec="none", validity=ValiditySpec(min_updates=3),
+                    expected_examples=40)
+    assert "is a change, the job's update_codec='none' makes it weights" in red.refusal(
+        Partial(round=1, version=1, num_updates=1, num_examples=10, delta=True))
+    for n, value, metrics in ((10, 1.0, {"accuracy": 0.5}), (30, 3.0, {"accuracy": 1.0})):
+        p = Partial(round=1, version=1, num_updates=1, num_examples=n, clients=(f"A/{n}",), metrics=metrics,
+                    eval_examples=n)
+        assert red.refusal(p) is None
+        red.begin(p, "combiner A/1")
+        for k, off, v in _pieces(value):
+            red.mean.add_part(k, v, off)
+        red.take(p)
+    red.lose("B/1", clients=["B/2"])
+    assert red.invalid() == "2 updates < validity.min_updates=3" and red.missing == ["B/2"] and red.lost == ["B/1"]
+    np.testing.assert_allclose(red.result()["b"], 2.5)  # (10 x 1 + 30 x 3) / 40
+    assert red.metrics() == {"parent_accuracy": pytest.approx(0.875)}
+    red.lose("C/1", broken=True)
+    assert red.invalid() == "a partial model broke off mid-transfer"
