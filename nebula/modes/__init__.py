@@ -1,13 +1,11 @@
 """Run modes: one registry, each mode one entry point, the mode of a job chosen in one place (`mode_of`).
 
-| mode | job file | started by | entry point |
-| --- | --- | --- | --- |
-| `pipeline` | `mode: pipeline` (default) | `nebula launch` | the stage runner with `PipelineHooks` (Scenario II), or, for a cluster with a layer pipeline, `nebula.hybrid.run_hybrid` |
-| `oneway` | `mode: oneway` | `nebula launch` | the stage runner with `OneWayHooks` (Scenario I) |
-| `data_parallel` | `mode: data_parallel` | `nebula launch` | the stage runner with `DataParallelHooks` (periodic averaging, DiLoCo) |
-| `federated` | `mode: federated` (`algorithm: rounds`) | `nebula fl start` | `nebula.federated.run.start_rounds` (FEDn's controller, combiners, clients) |
-| `fedoptima` | `algorithm: fedoptima` | `nebula fl start` | `nebula.federated.actors.run_actors` with `FEDOPTIMA` |
-| `owl` | `algorithm: owl` | `nebula fl start` | `nebula.federated.actors.run_actors` with `OWL` |
+- `pipeline` (`mode: pipeline`, the default; `nebula launch`): the stage runner with `PipelineHooks` (Scenario II),
+  or, for a cluster with a layer pipeline, `nebula.hybrid.run_hybrid`;
+- `oneway` (`mode: oneway`; `nebula launch`): the stage runner with `OneWayHooks` (Scenario I);
+- `data_parallel` (`mode: data_parallel`; `nebula launch`): the stage runner with `DataParallelHooks`;
+- `federated` (`mode: federated`, `algorithm: rounds`; `nebula fl start`): `nebula.federated.run.start_rounds`;
+- `fedoptima`, `owl` (`algorithm: fedoptima | owl`; `nebula fl start`): `nebula.federated.actors.run_actors`.
 
 A launched mode's entry point is `(cfg, cluster, *, wiring, workdir) -> RunResult` (one rank; `nebula launch` runs
 it on every rank); a federated mode's is `(job, job_file, cluster, role, index) -> Started` (one cluster's actors).

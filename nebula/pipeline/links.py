@@ -3,7 +3,8 @@
 `Link` is the small interface the runtime needs (send frames, receive one message). `ChannelLink` carries it over
 `nebula.channel` (through the switch servers); `QueueLink` is an in-process pair for unit tests of the schedule.
 `LinkSender` encodes and sends in a background thread (so compute overlaps the link); `LinkReceiver` receives and
-decodes in a background thread and hands tensors out by key (step, micro-batch, index), so arrival order does not matter.
+decodes in a background thread and hands tensors out by key (step, micro-batch, index), so arrival order does not
+matter.
 """
 from __future__ import annotations
 
