@@ -158,3 +158,15 @@ def test_the_controllers_reduce_is_pure_state_too():
     assert red.metrics() == {"parent_accuracy": pytest.approx(0.875)}
     red.lose("C/1", broken=True)
     assert red.invalid() == "a partial model broke off mid-transfer"
+
+
+def test_the_federated_actors_and_their_job_file_load_without_paddle():
+    """A combiner or a controller holds no Paddle (its resident size was 5x larger when the job file's owl: section
+    pulled OWL's model code in)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, nebula.federated.run, nebula.federated.config, nebula.cli.fl; "
+            "print(sorted(m for m in sys.modules if m == 'paddle' or m.startswith('paddle.'))[:3])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
