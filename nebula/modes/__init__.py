@@ -8,7 +8,7 @@
 - `fedoptima`, `owl` (`algorithm: fedoptima | owl`; `nebula fl start`): `nebula.federated.actors.run_actors`.
 
 A launched mode's entry point is `(cfg, cluster, *, wiring, workdir) -> RunResult` (one rank; `nebula launch` runs
-it on every rank); a federated mode's is `(job, job_file, cluster, role, index) -> Started` (one cluster's actors).
+it on every rank); a federated mode's is `(job, job_file, cluster, role, index) -> StartResult` (one cluster's actors).
 Entry points import their mode's code when called, so choosing a mode costs nothing. See docs/architecture.md.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from nebula.registry import Registry
 
-__all__ = ["Mode", "MODES", "Started", "mode_of", "run", "start"]
+__all__ = ["Mode", "MODES", "StartResult", "mode_of", "run", "start"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ class Mode:
 
 
 @dataclass(frozen=True, slots=True)
-class Started:
+class StartResult:
     """What one cluster's actors of a federated mode did: the line `nebula fl start` prints, its exit code, and the
     result itself (rounds trained, head version, or each actor's result)."""
 
@@ -64,7 +64,7 @@ def run(cfg: Any, cluster: str, *, wiring: Any = None, workdir: str | Path | Non
     return mode.entry(cfg, cluster, wiring=wiring, workdir=workdir)
 
 
-def start(job_file: str | Path, cluster: str, role: str = "cluster", index: int = 0) -> Started:
+def start(job_file: str | Path, cluster: str, role: str = "cluster", index: int = 0) -> StartResult:
     """Run `cluster`'s actors (`role`, client `index`) of the federated job in `job_file` until its run ends."""
     from nebula.federated.config import load_federated_job
 
@@ -96,20 +96,20 @@ def _data_parallel(cfg: Any, cluster: str, *, wiring: Any = None, workdir: Any =
     return run_data_parallel(cfg, cluster, wiring=wiring, workdir=workdir)
 
 
-def _federated(job: Any, job_file: str | Path, cluster: str, role: str, index: int) -> Started:
+def _federated(job: Any, job_file: str | Path, cluster: str, role: str, index: int) -> StartResult:
     from nebula.federated.run import start_rounds
 
     line = start_rounds(job_file, cluster, role, index)
-    return Started(line, 0, line)
+    return StartResult(line, 0, line)
 
 
-def _actors(algorithm: str) -> Callable[..., Started]:
+def _actors(algorithm: str) -> Callable[..., StartResult]:
     """The entry point of FedOptima or OWL: `algorithm` names its ActorAlgorithm in nebula.federated.actors."""
-    def entry(job: Any, job_file: str | Path, cluster: str, role: str, index: int) -> Started:
+    def entry(job: Any, job_file: str | Path, cluster: str, role: str, index: int) -> StartResult:
         from nebula.federated import actors
 
         res = actors.run_actors(job, cluster, getattr(actors, algorithm), role, index)
-        return Started("RESULT " + json.dumps(res), 1 if res.get("errors") else 0, res)
+        return StartResult("RESULT " + json.dumps(res), 1 if res.get("errors") else 0, res)
     return entry
 
 
