@@ -15,7 +15,8 @@ from nebula.wire import ChannelKey, FrameType, encode_frame
 from security.ca import CertificateAuthority
 from security.provision import provision
 from tests.switch.attackers import RawPeer
-from tests.switch.conftest import (TEST_CHUNK_BYTES, edit_yaml, legit_transfer, start_switch, wait_audit,
+from tests.harness.federation import edit_yaml, start_switch, wait_audit
+from tests.switch.conftest import TEST_CHUNK_BYTES, legit_transfer
                                    worker_yaml)
 
 
