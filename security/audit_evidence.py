@@ -28,6 +28,7 @@ from typing import Any, Iterable, Iterator
 
 import yaml
 
+from security._yaml import NoAliases
 from security.audit import (PEER_CHECKPOINT_ACTION, Checkpoint, checkpoint_of_record, peer_checkpoints_path,
                             public_key_pem, read_checkpoints, signer_of, verify_checkpoint)
 from security.errors import AuditError
@@ -100,20 +101,11 @@ class _Found:
                         self.has_run, self.federated, tuple(self.peers), tuple(self.dirs), tuple(self.notes))
 
 
-class _NoAliases(yaml.SafeLoader):
-    """A switch.yaml found on disk may be planted: no aliases (an alias bomb would expand without bound)."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            raise yaml.YAMLError("aliases are not accepted here")
-        return super().compose_node(parent, index)
-
-
 def _load_yaml(path: Path) -> dict[str, Any] | None:
     try:
         if path.stat().st_size > 1 << 20:
             return None
-        data = yaml.load(path.read_text(), Loader=_NoAliases)  # noqa: S506 - a SafeLoader without aliases
+        data = yaml.load(path.read_text(), Loader=NoAliases)  # noqa: S506 - a SafeLoader without aliases
     except (OSError, yaml.YAMLError, UnicodeDecodeError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
