@@ -12,7 +12,8 @@ REPO=$(cd "$HERE/../.." && pwd)
 PY=${PY:-$REPO/.venv/bin/python}
 [ -x "$PY" ] || { echo "error: $PY not found; run 'make venv' first" >&2; exit 2; }
 BIN=$(dirname "$PY")
-RUN=${1:-$REPO/runs/abnet-$(date +%Y%m%d-%H%M%S)}
+# a fresh run directory each time (two runs started in the same second get their own)
+if [ -n "${1:-}" ]; then RUN=$1; else mkdir -p "$REPO/runs"; RUN=$(mktemp -d "$REPO/runs/abnet-$(date +%Y%m%d-%H%M%S)-XXXX"); fi
 STEPS=${STEPS:-2000}
 FORWARD=${FORWARD:-int8}
 BACKWARD=${BACKWARD:-int8}
