@@ -83,7 +83,8 @@ def _reload(args: argparse.Namespace) -> int:
     try:
         cfg = load_switch_config(args.config)
     except ConfigError as exc:
-        print(f"nebula-switch reload: {exc}", file=sys.stderr)
+        print(f"nebula-switch reload: {exc} (the running switch was not asked and keeps its configuration)",
+              file=sys.stderr)
         return 2
     if args.update:
         try:
@@ -106,12 +107,13 @@ def _reload(args: argparse.Namespace) -> int:
     while time.monotonic() < deadline:
         count = _reload_count(path, pid)
         if count > before:
-            st = json.loads(path.read_text())["reload"]
+            status = json.loads(path.read_text())
+            st, name = status["reload"], status.get("cluster", cfg.cluster)  # (the running switch's own name)
             if st["outcome"] == "ok":
-                print(f"switch {cfg.cluster} (pid {pid}) reloaded {args.config}: peers "
+                print(f"switch {name} (pid {pid}) reloaded {args.config}: peers "
                       f"{', '.join(st['peers']) or 'none'}; the CRL revokes {st['revoked']} certificate(s)")
                 return 0
-            print(f"nebula-switch reload: switch {cfg.cluster} (pid {pid}) refused the reload and keeps its running "
+            print(f"nebula-switch reload: switch {name} (pid {pid}) refused the reload and keeps its running "
                   f"configuration: {st['reason']}", file=sys.stderr)
             return 1
         time.sleep(0.1)
