@@ -59,7 +59,7 @@ say "extracting English->Spanish pairs from the gettext catalogs; cluster A gets
     --locale-dir "${LOCALE_DIR:-/usr/share/locale}"
 sed -e "s/^steps: .*/steps: $STEPS/" -e "s/^pretrain_steps: .*/pretrain_steps: ${PRETRAIN_STEPS:-300}/" \
     "$HERE/configs/tiny.yaml" > "$RUN/train.yaml"
-sed -e "s#@RUN@#$RUN#g" -e "s#@STEPS@#$STEPS#g" -e "s#@FORWARD@#$FORWARD#g" -e "s#@BACKWARD@#$BACKWARD#g" \
+sed -e "s#@FED@#$RUN/fed#g" -e "s#@RUN@#$RUN#g" -e "s#@STEPS@#$STEPS#g" -e "s#@FORWARD@#$FORWARD#g" -e "s#@BACKWARD@#$BACKWARD#g" \
     "$HERE/configs/job.yaml.in" > "$RUN/job.yaml"
 
 say "starting cluster A (encoder, 2 ranks) and cluster B (decoder, 2 ranks)"

@@ -5,9 +5,10 @@ A section's ```yaml block whose first line is `# NAME: ...` is written to the ad
 network), `# on A` (site A: its namespace, its directory), with `(B and C likewise)` for the same commands run on
 those sites too, the site's name substituted. A command ending in `&` runs in the background: a `start` script or
 `nebula-switch serve` is waited for until it listens, anything else must have exited 0 by the end of its block.
-Before a site command runs, the archives it names (`A.tar.gz`, `A-r2.tar.gz`) are shipped from the admin's `fed/`
-to the site: the only files that cross between hosts. Every site directory gets `recipes` (the checkout's), as a
-site's own checkout of Nebula would have. Commands run as the README tells a user to, with the environment's bin
+A header's `with X, Y and Z shipped there` copies those paths from the admin's directory to the site before its
+commands run (an archive `A.tar.gz` or `A-r2.tar.gz` from the admin's `fed/kits` or `fed/updates`): the only files
+that cross between hosts. The admin's and every site's directory get `recipes` (the checkout's), as a Nebula
+checkout there would have. Commands run as the README tells a user to, with the environment's bin
 directory first on PATH (what activating it does).
 """
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import time
@@ -29,7 +29,8 @@ __all__ = ["SiteRunner", "blocks", "section"]
 
 _HEADER = re.compile(r"^# (admin|on (\w+))\b(.*)$")
 _LIKEWISE = re.compile(r"\(([\w, ]+?) likewise\)")
-_SHIPPED = re.compile(r"^(\w+?)(-r\d+)?\.tar\.gz$")
+_SHIP = re.compile(r"with (.+?) shipped there")
+_AND = re.compile(r",\s*|\s+and\s+")
 
 
 def section(path: Path, title: str) -> str:
@@ -44,6 +45,12 @@ def section(path: Path, title: str) -> str:
 def blocks(text: str) -> list[tuple[str, str]]:
     """(language, code) of every fenced block of `text`, in order."""
     return re.findall(r"```(\w+)\n(.*?)```", text, re.S)
+
+
+def _rename(text: str, cluster: str, other: str) -> str:
+    """`text` about cluster `other` instead of `cluster`: its name replaced wherever it stands alone (`fed/A/`,
+    `A.tar.gz`, `launch_A.sh`, `A-r2`)."""
+    return re.sub(rf"(?<![A-Za-z0-9]){cluster}(?![A-Za-z0-9])", other, text)
 
 
 def _strip_comment(line: str) -> str:
@@ -66,6 +73,7 @@ class SiteRunner:
         self.procs, self.root, self.sites = procs, Path(root), sites
         self.admin = self.root / "admin"
         self.admin.mkdir(parents=True, exist_ok=True)
+        (self.admin / "recipes").symlink_to(REPO / "recipes")
         self.env = {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO), **(env or {})}
         self.servers: dict[str, list[subprocess.Popen]] = {}
         self.background: list[tuple[str, str, subprocess.Popen, Path]] = []
@@ -97,13 +105,18 @@ class SiteRunner:
         return None
 
     def ship(self, name: str, cluster: str) -> None:
-        """Copy archive `name` from the admin's fed/kits or fed/updates to the site (as a courier would)."""
-        for folder in ("kits", "updates"):
-            src = self.admin / "fed" / folder / name
-            if src.exists():
-                shutil.copy2(src, self.site_dir(cluster) / name)
+        """Copy `name` from the admin to the site (as a courier would): an archive from the admin's fed/kits or
+        fed/updates, any other path from the admin's directory to the same place in the site's."""
+        dest = self.site_dir(cluster) / name
+        for src in (self.admin / "fed" / "kits" / name, self.admin / "fed" / "updates" / name, self.admin / name):
+            if src.is_dir():
+                shutil.copytree(src, dest, dirs_exist_ok=True)
                 return
-        raise AssertionError(f"{name} is neither a kit nor an update the admin has: {self.ran[-3:]}")
+            if src.is_file():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest)
+                return
+        raise AssertionError(f"{name} is nothing the admin has to ship: {self.ran[-3:]}")
 
     # ---- running ----
     def run_block(self, code: str, timeout_s: float = 300.0) -> None:
@@ -116,9 +129,12 @@ class SiteRunner:
                 continue
             m = _HEADER.match(line)
             if m:
-                likewise = _LIKEWISE.search(m.group(3))
-                others = re.split(r",\s*|\s+and\s+", likewise.group(1)) if likewise else []
+                likewise, ship = _LIKEWISE.search(m.group(3)), _SHIP.search(m.group(3))
+                others = _AND.split(likewise.group(1)) if likewise else []
                 self._targets = (m.group(2), others, m.group(1) == "admin")
+                for site in [m.group(2), *others] if m.group(2) and ship else []:
+                    for name in _AND.split(ship.group(1)):
+                        self.ship(_rename(name, m.group(2), site), site)
                 continue
             if line.startswith("#"):
                 continue
@@ -131,7 +147,7 @@ class SiteRunner:
         first = primary or next((n for n in names if n in self._clusters()), None)
         runs = [(primary or "admin", line)]
         for other in others:
-            runs.append((other if not admin else "admin", re.sub(rf"\b{first}\b", other, line) if first else line))
+            runs.append((other if not admin else "admin", _rename(line, first, other) if first else line))
         for place, text in runs:
             self.run(place, text, timeout_s)
 
@@ -149,10 +165,6 @@ class SiteRunner:
         background = command.endswith("&")
         command = command.rstrip("&").strip()
         cwd = self.admin if place == "admin" else self.site_dir(place)
-        if place != "admin":
-            for word in shlex.split(command):
-                if _SHIPPED.match(word) and not (cwd / word).exists():
-                    self.ship(word, place)
         prefix = [] if place == "admin" else self.sites.argv(place, [])
         argv = [*prefix, "bash", "-c", command]
         if background:
@@ -183,11 +195,19 @@ class SiteRunner:
         raise AssertionError(f"{command} did not start: {log.read_text(errors='replace')[-3000:]}")
 
     def wait_background(self, timeout_s: float) -> None:
-        """Wait for the block's background jobs; each must exit 0."""
+        """Wait for the block's background jobs; each must exit 0 (the first that does not fails the block at once:
+        its partners would only wait for it)."""
         jobs, self.background = self.background, []
-        for place, command, p, log in jobs:
-            code = p.wait(timeout_s)
-            assert code == 0, f"[{place}] {command} &: exit {code}\n{log.read_text(errors='replace')[-3000:]}"
+        deadline = time.monotonic() + timeout_s
+        while jobs:
+            for job in list(jobs):
+                place, command, p, log = job
+                code = p.poll()
+                if code is not None:
+                    assert code == 0, f"[{place}] {command} &: exit {code}\n{log.read_text(errors='replace')[-3000:]}"
+                    jobs.remove(job)
+            assert time.monotonic() < deadline, f"still running after {timeout_s} s: {[j[1] for j in jobs]}"
+            time.sleep(0.2)
 
     def output(self, place: str, fragment: str) -> str:
         """What the last command at `place` containing `fragment` printed (its log, when in the background)."""
