@@ -1,6 +1,6 @@
 """What an operator sees: every message one line naming the address, key or path and the fix, against real switch
 processes: a second start, taken ports, a worker started before its switch, a revoked switch, a reload's outcome,
-and a probe that reports what its receiver took."""
+and a probe that reports what its receiver took (the tests with several clusters put each in its own namespace)."""
 from __future__ import annotations
 
 import json
@@ -11,12 +11,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
-from nebula.channel import Endpoint
 from security.provision import provision, remove_cluster
-from switch_server.probe import PROBE_CHANNEL, _HEAD, _Source, receipt
-from tests.harness.federation import edit_yaml, start_switch, wait_audit
+from tests.harness.federation import LocalFederation, edit_yaml, start_switch, wait_audit
+from tests.harness.netns import Sites
 
 
 def _serve(config: Path, timeout_s: float = 60) -> subprocess.CompletedProcess:
@@ -86,12 +86,22 @@ def test_a_worker_started_before_its_switch_says_it_waits_for_it(procs, tmp_path
     assert "connected\n" in lines and any("answers now" in ln for ln in lines)
 
 
+@pytest.mark.root
 def test_a_revoked_switch_says_so_once_and_stops(procs, tmp_path):
-    fed = provision("fed", ["A", "B", "C"], tmp_path / "fed")
-    switches = {c: start_switch(procs, Path(fed["clusters"][c]["switch_yaml"])) for c in "ABC"}
-    remove_cluster(tmp_path / "fed", "C")  # C's certificates revoked: the CRL every switch here reads changes
-    c = switches["C"]
-    assert c.proc.wait(60) == 3
+    with Sites(["A", "B", "C"]) as sites:
+        try:
+            fed = LocalFederation(tmp_path / "fed", ["A", "B", "C"], procs=procs, sites=sites)
+            remove_cluster(tmp_path / "fed", "C")  # C's certificates revoked: the CRL every kit here links changes
+            c = fed.switches["C"]
+            assert c.proc.wait(60) == 3
+            # a restart is refused at once, for the same reason, in one line
+            again = subprocess.run(sites.argv("C", [sys.executable, "-m", "switch_server.cli", "serve", "--config",
+                                                    str(c.config)]), capture_output=True, text=True, timeout=60)
+            # the others go on: they cut C and keep their link
+            assert all(s.proc.poll() is None for k, s in fed.switches.items() if k != "C")
+            wait_audit(fed.switches["A"], lambda r: r["action"] == "crl_reload" and r["detail"]["revoked"] == 2, 30)
+        finally:
+            procs.reap()
     text = c.log.read_text()
     assert "Traceback" not in text and "getpeercert" not in text
     said = [ln for ln in text.splitlines() if "switch C stops" in ln]
@@ -100,12 +110,7 @@ def test_a_revoked_switch_says_so_once_and_stops(procs, tmp_path):
     refused = [ln.split("peer ")[1].split(" ")[0] for ln in text.splitlines() if "refuses this switch's" in ln]
     assert len(refused) == len(set(refused))  # (the peers that cut it first: once each)
     assert wait_audit(c, lambda r: r["action"] == "own_certificate_revoked")["outcome"] == "denied"
-    # a restart is refused at once, for the same reason, in one line
-    again = _serve(c.config)
     assert again.returncode == 2 and len(_lines(again.stderr)) == 1 and "is revoked in the CRL" in again.stderr
-    # the others go on: they cut C and keep their link
-    assert all(s.proc.poll() is None for k, s in switches.items() if k != "C")
-    wait_audit(switches["A"], lambda r: r["action"] == "crl_reload" and r["detail"]["revoked"] == 2, 30)
 
 
 def test_reload_reports_what_the_running_switch_did(procs, tmp_path):
@@ -138,36 +143,43 @@ def test_reload_reports_what_the_running_switch_did(procs, tmp_path):
     assert gone.returncode == 1 and "switch A is not running" in gone.stderr and "nebula-switch serve" in gone.stderr
 
 
+_SLOW_RECEIVER = """
+import sys, time
+from nebula.channel import Endpoint
+from switch_server.probe import PROBE_CHANNEL, _HEAD, _Source, receipt
+worker, n = sys.argv[1], int(sys.argv[2])
+with Endpoint.connect(worker, job="probe", rank=0) as ep:
+    ch = ep.channel("A", 0, PROBE_CHANNEL)
+    src, nbytes, first = _Source(n), 0, None
+    for _ in range(n):
+        parts = ch.recv_parts(timeout_s=60)
+        first = first or time.monotonic()
+        src.add(_HEAD.unpack(bytes(parts[0][:_HEAD.size]))[0])
+        nbytes += sum(len(p) for p in parts)
+        time.sleep(0.05)  # the application takes 20 messages a second
+    print(nbytes * 8 / (time.monotonic() - first) / 1e6, flush=True)
+    ch.send(receipt(src, nbytes, first, time.monotonic()))
+    ep.flush(30)
+"""
+
+
+@pytest.mark.root
 def test_the_probe_sender_reports_what_its_receiver_took(procs, tmp_path):
-    """A receiver that takes its messages slowly (20 a second): the sender's rate is the receiver's, not the rate
-    at which its messages reached the receiving process (which holds up to its window unread)."""
-    fed = provision("fed", ["A", "B"], tmp_path / "fed")
-    for c in "AB":
-        start_switch(procs, Path(fed["clusters"][c]["switch_yaml"]))
+    """A receiver that takes its messages slowly: the sender's rate is the receiver's, not the rate at which its
+    messages reached the receiving process (which holds up to its window unread)."""
     n, size = 20, 65536
-    seen: dict = {}
-
-    def slow_receiver() -> None:
-        with Endpoint.connect(fed["clusters"]["B"]["worker_yaml"], job="probe", rank=0) as ep:
-            ch = ep.channel("A", 0, PROBE_CHANNEL)
-            src, nbytes, first = _Source(n), 0, None
-            for _ in range(n):
-                parts = ch.recv_parts(timeout_s=60)
-                first = first or time.monotonic()
-                src.add(_HEAD.unpack(bytes(parts[0][:_HEAD.size]))[0])
-                nbytes += sum(len(p) for p in parts)
-                time.sleep(0.05)
-            seen["mbit_s"] = nbytes * 8 / (time.monotonic() - first) / 1e6
-            ch.send(receipt(src, nbytes, first, time.monotonic()))
-            ep.flush(30)
-
-    t = threading.Thread(target=slow_receiver)
-    t.start()
-    out = subprocess.run([sys.executable, "-m", "switch_server.cli", "probe", "--config",
-                          fed["clusters"]["A"]["switch_yaml"], "--send", "--to", "B", "--count", str(n), "--bytes",
-                          str(size)], capture_output=True, text=True, timeout=120)
-    t.join(60)
-    assert out.returncode == 0, out.stderr
+    with Sites(["A", "B"]) as sites:
+        try:
+            fed = LocalFederation(tmp_path / "fed", ["A", "B"], procs=procs, sites=sites)
+            rx = procs.start(sites.argv("B", [sys.executable, "-c", _SLOW_RECEIVER, fed.worker("B"), str(n)]))
+            out = subprocess.run(sites.argv("A", [sys.executable, "-m", "switch_server.cli", "probe", "--config",
+                                                  str(fed.switch_yaml("A")), "--send", "--to", "B", "--count",
+                                                  str(n), "--bytes", str(size)]),
+                                 capture_output=True, text=True, timeout=120)
+            took, _ = rx.communicate(timeout=60)
+        finally:
+            procs.reap()
+    assert out.returncode == 0 and rx.returncode == 0, out.stderr + took
     sent = json.loads(out.stdout.strip().splitlines()[-1])
     assert sent["received"] == n and sent["bytes"] == n * size
-    assert sent["mbit_s"] <= seen["mbit_s"] * 1.05  # (its span holds the receiver's, plus one-way latency)
+    assert sent["mbit_s"] <= float(took.split()[-1]) * 1.05  # (its span holds the receiver's, plus one-way latency)
