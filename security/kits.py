@@ -168,7 +168,7 @@ def archive(d: Path, dest: Path) -> Path:
 
 def write_update(spec: FederationSpec, cluster: ClusterSpec, crl: Path, dest: Path, revision: int) -> Path:
     """The peers update of an existing site at `revision`: its peers now, and the current CRL."""
-    doc = {"federation": spec.federation, "cluster": cluster.name, "revision": revision,
+    doc = {"federation": spec.federation, "cluster": cluster.name, "revision": revision, "listen": cluster.listen,
            "peers": peers_of(spec, cluster)}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -204,8 +204,8 @@ def apply_update(config: Path, update: Path) -> str:
     files = _members(update)
     try:
         doc = yaml.load(files[UPDATE_FILE].decode(), Loader=NoAliases)  # noqa: S506 - a SafeLoader without aliases
-        check_keys(doc, UPDATE_FILE, {"federation": str, "cluster": str, "revision": int, "peers": list},
-                   required=("federation", "cluster", "revision", "peers"))
+        check_keys(doc, UPDATE_FILE, {"federation": str, "cluster": str, "revision": int, "listen": str,
+                                      "peers": list}, required=("federation", "cluster", "revision", "peers"))
         for i, p in enumerate(doc["peers"]):
             check_keys(p, f"peers[{i}]", {"cluster": str, "address": str, "accounts": list},
                        required=("cluster", "address"))
@@ -237,7 +237,9 @@ def apply_update(config: Path, update: Path) -> str:
     if crl_path.is_symlink():
         crl_path.unlink()
     os.replace(staged, crl_path)
-    _dump(config, {**sw, "peers": doc["peers"]})
+    moved = doc.get("listen") and doc["listen"] != sw.get("listen")
+    _dump(config, {**sw, "peers": doc["peers"], **({"listen": doc["listen"]} if moved else {})})
     _dump(base / KIT_FILE, {**kit, "revision": doc["revision"]})
     peers = ", ".join(f"{p['cluster']} {p['address']}" for p in doc["peers"]) or "none"
-    return f"revision {doc['revision']}: peers {peers}; CRL revokes {revoked} certificate(s)"
+    restart = f"; this switch now listens on {doc['listen']}: restart it to bind there" if moved else ""
+    return f"revision {doc['revision']}: peers {peers}; CRL revokes {revoked} certificate(s){restart}"

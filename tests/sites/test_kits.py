@@ -154,3 +154,20 @@ def test_an_update_with_a_foreign_crl_or_stray_files_is_refused(tmp_path):
     assert [p.name for p in (site / "A").iterdir() if p.name.startswith(".")] == []  # (nothing staged is left)
     with pytest.raises(UpdateError, match="holds 'A'; a peers update holds only update.yaml and crl.pem"):
         apply_update(site / "A" / "switch.yaml", out / "kits" / "A.tar.gz")
+
+
+def test_a_changed_address_in_the_file_is_a_peers_update_for_every_site(tmp_path):
+    out, _ = _provision(tmp_path)
+    site = tmp_path / "siteB"
+    site.mkdir()
+    subprocess.run(["tar", "xzf", str(out / "kits" / "B.tar.gz"), "-C", str(site)], check=True)
+    same = provision_spec(load_federation(out / "federation.yaml"), out)  # nothing changed: nothing to send
+    assert same["revision"] == 1 and same["updates"] == {}
+    text = (out / "federation.yaml").read_text().replace("port: 8443", "port: 9443").replace(":8443", ":9443")
+    (out / "federation.yaml").write_text(text)
+    moved = provision_spec(load_federation(out / "federation.yaml"), out)
+    assert moved["revision"] == 2 and set(moved["updates"]) == {"A", "B"}
+    assert load_switch_config(out / "A" / "switch.yaml").peer("B").address == "b.example.org:9443"
+    said = apply_update(site / "B" / "switch.yaml", Path(moved["updates"]["B"]))
+    assert said.endswith("this switch now listens on 0.0.0.0:9443: restart it to bind there")
+    assert load_switch_config(site / "B" / "switch.yaml").listen == "0.0.0.0:9443"
