@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography import x509
 
 from security._files import PRIVATE, PUBLIC, atomic_write
 from security._yaml import NoAliases, YamlError, check_keys
@@ -227,8 +228,6 @@ def apply_update(config: Path, update: Path) -> str:
     staged = crl_path.with_name(f".{crl_path.name}.update")
     atomic_write(staged, files["crl.pem"], PUBLIC)
     try:
-        from cryptography import x509
-
         revoked = len(load_crl(staged, x509.load_pem_x509_certificate(ca_path.read_bytes())))
     except (TLSConfigError, OSError, ValueError) as exc:
         staged.unlink()

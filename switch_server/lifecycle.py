@@ -13,8 +13,9 @@ __all__ = ["bind", "bind_error", "check_own_certificate", "reload", "reload_crl"
 import asyncio
 import errno
 import logging
+import socket
 import time
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 
@@ -45,8 +46,9 @@ def bind_error(key: str, value: str, where: str, exc: BaseException, also: str =
     return f"cannot bind {key} {value}: {why}{' ' + also if also else ''}"
 
 
-async def bind(server: Any) -> tuple[str, str]:
-    """Bind the metrics endpoint, the local side and the WAN listener of `server`; (local endpoint, WAN address)."""
+async def bind(server: Any, on_conn: Callable[[socket.socket, Any], None]) -> tuple[str, str]:
+    """Bind the metrics endpoint, the local side and the WAN listener of `server` (whose connections go to
+    `on_conn`); (local endpoint, WAN address)."""
     cfg = server.cfg
     where = f" of {server.config_path}" if server.config_path else ""
     if cfg.metrics.listen:
@@ -65,7 +67,7 @@ async def bind(server: Any) -> tuple[str, str]:
         raise SwitchError(str(exc)) from None
     host, port = split_host_port(cfg.listen, "listen")
     try:
-        server.wan_server = Listener(host, port, server._accepted)
+        server.wan_server = Listener(host, port, on_conn)
     except OSError as exc:
         raise SwitchError(bind_error("listen", cfg.listen, where, exc,
                                      "(and tell its peers: their peers[].address)")) from None
@@ -112,7 +114,7 @@ def reload(server: Any) -> bool:
             server.links[cluster].drop_session("peer address changed")
     for cluster, peer in new_peers.items():
         if cluster not in server.links:
-            server._add_link(peer)
+            server.add_link(peer)
     for link in server.links.values():
         link.set_limits()
     for bucket in server.account_buckets.values():

@@ -118,7 +118,7 @@ class SwitchServer:
             raise SwitchError(f"audit log {self.cfg.audit.log}: {exc}") from None
         self.checkpoints.log = self.audit_log
         try:
-            local_endpoint, bound = await bind(self)
+            local_endpoint, bound = await bind(self, self._accepted)
         except SwitchError as exc:
             self.audit(self.actor, "switch_start_failed", self.cfg.listen, "error", {"reason": str(exc)[:300]})
             raise
@@ -126,7 +126,7 @@ class SwitchServer:
         self.incs.start(self.epoch)
         self.wan_address = bound
         for peer in self.cfg.peers:
-            self._add_link(peer)
+            self.add_link(peer)
         self.tasks = [asyncio.create_task(self._periodic())]
         self.started = True
         self.write_status()
@@ -161,7 +161,8 @@ class SwitchServer:
         """This switch's name in audit records."""
         return f"switch:{self.cfg.cluster}"
 
-    def _add_link(self, peer: PeerConfig) -> None:
+    def add_link(self, peer: PeerConfig) -> None:
+        """Dial `peer` (and keep its link up) from now on."""
         link = self.links[peer.cluster] = OutboundLink(self, peer)
         self.metrics.link_up.labels(peer=peer.cluster).set(0)
         link.start()
