@@ -171,3 +171,19 @@ def test_a_changed_address_in_the_file_is_a_peers_update_for_every_site(tmp_path
     said = apply_update(site / "B" / "switch.yaml", Path(moved["updates"]["B"]))
     assert said.endswith("this switch now listens on 0.0.0.0:9443: restart it to bind there")
     assert load_switch_config(site / "B" / "switch.yaml").listen == "0.0.0.0:9443"
+
+
+def test_a_cluster_launches_with_its_own_worker_file_only(tmp_path):
+    """On its own host a site has its kit, not the others': the job file still names theirs, and only the launching
+    cluster's file must be there."""
+    from nebula.config import ConfigError
+    from nebula.config.job import load_job_config
+    from nebula.launch.preflight import validate_job
+    from tests.pipeline.helpers import TWO_STAGES, toy_job
+
+    out, _ = _provision(tmp_path)
+    job = toy_job(tmp_path, clusters=[{"id": "A", "worker": str(out / "A" / "worker.yaml")},
+                                      {"id": "B", "worker": "siteB/B/worker.yaml"}], stages=TWO_STAGES)
+    assert validate_job(load_job_config(job), "A") == ["embed", "head"]
+    with pytest.raises(ConfigError, match="cluster 'B': switch connection file .*siteB/B/worker.yaml does not exist"):
+        validate_job(load_job_config(job), "B")
