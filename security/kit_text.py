@@ -39,8 +39,10 @@ On {c}'s gateway host, in this directory, with Nebula installed and its commands
     ./start                                                     # the switch server (stop: Ctrl-C or SIGTERM)
     nebula-switch status --config switch.yaml                   # its links to the peers
     nebula-switch reload --config switch.yaml --update {c}-r{revision + 1}.tar.gz  # a peers update, applied live
-    nebula-admin audit verify --log audit.log                   # tamper check of its audit log
+    nebula-admin audit verify --log audit.log --peer-dir PEER   # tamper check; PEER: a copy of a peer's kit
+                                                                #   directory from its own host
 
-Workers: {workers}; a job file names it as this cluster's `clusters[].worker`, and `nebula launch job.yaml
---cluster {c}` starts the cluster's part of the job.
+Workers: {workers}.
+A job file names it as this cluster's `clusters[].worker`; `nebula launch job.yaml --cluster {c}` starts the
+cluster's part of the job.
 """
