@@ -1,7 +1,8 @@
 """A checkpoint writer to be killed: imports Paddle once, then for every line `run ROUND` on stdin forks a child that
-saves checkpoints without end (printing the child's pid, then `saved` after every save); `quit` ends it. Each child saves steps 1, 2, ..., STEPS
-over and over (pruning to the newest 3), so the steps on disk are saved again and again with other contents: pass P
-of round R is generation G = R * 100 + P % 100, and every weight of step S, generation G is S * 100000 + G.
+saves checkpoints without end (printing its pid, then `saved` after every save); `quit` ends it. Each child saves
+steps 1, 2, ..., STEPS over and over (pruning to the newest 3), so the steps on disk are saved again and again with
+other contents: pass P of round R is generation G = R * 100 + P % 100, and every weight of step S, generation G is
+S * 100000 + G.
 
 Usage: python _ckpt_writer.py pipeline|hybrid ROOT"""
 from __future__ import annotations
