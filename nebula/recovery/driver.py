@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from nebula.channel import ChannelError
 from nebula.recovery import durable
 from nebula.recovery.durable import CheckpointError
 from nebula.recovery.messages import Incarnation, RecoveryRefused, decode, encode
@@ -129,7 +130,7 @@ class Coordinator:
                 try:
                     data = ch.recv(timeout_s=0)
                     msg = decode(data, job=self.job, clusters=self.clusters, sender=cluster)
-                except (RecoveryRefused, Exception) as exc:  # a refusal by the switch or a malformed message
+                except (RecoveryRefused, ChannelError) as exc:  # a malformed message, or one the switch refused
                     self._refuse(cluster, exc)
                     continue
                 self._act(Received(msg))
