@@ -75,40 +75,11 @@ def read_marker(root: str | Path, step: int, cluster: str) -> dict:
     return durable.read_marker(_step_dir(root, step) / f"{cluster}.layers.json")
 
 
-def _verified(d: Path, cluster: str, num_layers: int) -> str | None:
-    marker = d / f"{cluster}.layers.json"
-    if not marker.is_file():
-        return "no marker"
-    try:
-        doc = durable.read_marker(marker)
-    except CheckpointError as exc:
-        return str(exc)
-    need = [f"layer_{i:04d}/model.pdparams" for i in range(num_layers)]
-    if "files" not in doc:  # written before digests: the files must exist
-        missing = [n for n in need if not (d / n).is_file()]
-        return f"{missing[0]} is missing" if missing else None
-    unlisted = [n for n in need if n not in doc["files"]]
-    return f"{unlisted[0]} is not listed" if unlisted else durable.check_files(d, doc["files"])
-
-
 def committed_steps(root: str | Path | None, cluster: str, num_layers: int) -> list[int]:
     """Steps with a marker and every layer's weights matching its digest, oldest first (a step that does not
     verify is logged once and left out)."""
-    if not root or not Path(root).is_dir():
-        return []
-    out = []
-    for d in Path(root).glob("step_*"):
-        try:
-            step = int(d.name[5:])
-        except ValueError:
-            continue
-        problem = _verified(d, cluster, num_layers)
-        if problem is None:
-            out.append(step)
-        elif problem != "no marker":
-            durable.refuse_once(log, f"checkpoint {d} of cluster {cluster} refused: {problem}; an older step is "
-                                     "used (remove the directory to silence this)")
-    return sorted(out)
+    need = [f"layer_{i:04d}/model.pdparams" for i in range(num_layers)]
+    return durable.verified_steps(root, f"{cluster}.layers.json", lambda d: need, log, f"cluster {cluster}")
 
 
 def load_layers(root: str | Path, step: int, first: int, layers: Sequence[Any], optimizer: Any) -> None:

@@ -69,45 +69,14 @@ def save(root: str | Path, step: int, cluster: str, stages: dict[str, tuple[Any,
     return d
 
 
-def _verified(d: Path, cluster: str, stage_names: list[str], extra: bool) -> str | None:
-    """None when step directory `d` holds a committed checkpoint of `cluster` with `stage_names` (and its extra
-    arrays) whose files match their digests; else the problem."""
-    marker = d / f"{cluster}.json"
-    if not marker.is_file():
-        return "no marker"
-    try:
-        doc = durable.read_marker(marker)
-    except CheckpointError as exc:
-        return str(exc)
-    need = [f"{n}/model.pdparams" for n in stage_names] + ([_extra_path(d, cluster).name] if extra else [])
-    if "files" not in doc:  # written before digests: the files must exist
-        missing = [n for n in need if not (d / n).is_file()]
-        return f"{missing[0]} is missing" if missing else None
-    unlisted = [n for n in need if n not in doc["files"]]
-    if unlisted:
-        return f"{unlisted[0]} is missing" if not (d / unlisted[0]).is_file() else f"{unlisted[0]} is not listed"
-    return durable.check_files(d, doc["files"])
-
-
 def local_steps(root: str | Path | None, cluster: str, stage_names: list[str], *, extra: bool = False) -> list[int]:
     """Steps for which this cluster has a committed checkpoint holding all of `stage_names` (and, with `extra`,
     its extra arrays), every file matching its marker's digest. A step whose marker exists but whose files do not
     verify is logged once and left out (so the newest older step is used)."""
-    if not root or not Path(root).is_dir():
-        return []
-    out = []
-    for d in Path(root).glob("step_*"):
-        try:
-            step = int(d.name[5:])
-        except ValueError:
-            continue
-        problem = _verified(d, cluster, stage_names, extra)
-        if problem is None:
-            out.append(step)
-        elif problem != "no marker" and (d / f"{cluster}.json").exists():
-            durable.refuse_once(log, f"checkpoint {d} of cluster {cluster} refused: {problem}; an older step is "
-                                     "used (remove the directory to silence this)")
-    return sorted(out)
+    def need(d: Path) -> list[str]:
+        return [f"{n}/model.pdparams" for n in stage_names] + ([_extra_path(d, cluster).name] if extra else [])
+
+    return durable.verified_steps(root, f"{cluster}.json", need, log, f"cluster {cluster}")
 
 
 def checkpoint_step(d: str | Path) -> int:

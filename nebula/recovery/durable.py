@@ -14,10 +14,10 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 __all__ = ["CheckpointError", "write_atomic", "write_marker", "read_marker", "file_digest", "check_files",
-           "listed_digests", "check_listed", "sync_dir", "refuse_once"]
+           "check_step", "verified_steps", "listed_digests", "check_listed", "sync_dir", "refuse_once"]
 
 _CHUNK = 1 << 20
 _DIGESTS: dict[tuple[str, int, int, int], str] = {}  # (path, inode, size, mtime_ns) -> sha256, this process
@@ -145,6 +145,46 @@ def check_files(base: str | Path, files: Mapping[str, str]) -> str | None:
         if file_digest(p) != want:
             return f"{name} does not have the digest its marker records (torn or rewritten)"
     return None
+
+
+def check_step(d: str | Path, marker: str, need: Sequence[str]) -> str | None:
+    """None when marker `d/marker` reads whole, lists every file named in `need` and every file it lists matches
+    its digest (a marker without digests: the files in `need` must exist); else what is wrong ("no marker")."""
+    d = Path(d)
+    if not (d / marker).is_file():
+        return "no marker"
+    try:
+        doc = read_marker(d / marker)
+    except CheckpointError as exc:
+        return str(exc)
+    if "files" not in doc:  # written before digests: the files must exist
+        missing = [n for n in need if not (d / n).is_file()]
+        return f"{missing[0]} is missing" if missing else None
+    unlisted = [n for n in need if n not in doc["files"]]
+    if unlisted:
+        return f"{unlisted[0]} is missing" if not (d / unlisted[0]).is_file() else f"{unlisted[0]} is not listed"
+    return check_files(d, doc["files"])
+
+
+def verified_steps(root: str | Path | None, marker: str, need: Callable[[Path], Sequence[str]],
+                   log: logging.Logger, who: str) -> list[int]:
+    """Steps N of the `step_<N>` directories under `root` whose `marker` verifies (`check_step` with `need(d)`),
+    oldest first; a step whose marker exists but does not verify is logged once (naming `who`) and left out."""
+    if not root or not Path(root).is_dir():
+        return []
+    out = []
+    for d in Path(root).glob("step_*"):
+        try:
+            step = int(d.name[5:])
+        except ValueError:
+            continue
+        problem = check_step(d, marker, need(d))
+        if problem is None:
+            out.append(step)
+        elif problem != "no marker":
+            refuse_once(log, f"checkpoint {d} of {who} refused: {problem}; an older step is used (remove the "
+                             "directory to silence this)")
+    return sorted(out)
 
 
 def listed_digests(markers: Iterable[str | Path]) -> tuple[dict[str, str], bool]:
