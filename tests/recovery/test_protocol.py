@@ -50,7 +50,11 @@ def test_three_clusters_launched_agree_on_the_newest_common_step_in_every_order(
 
 
 def test_no_common_checkpoint_means_every_cluster_starts_from_scratch():
-    explore(_fresh({"A": (10,), "B": (20,), "C": ()}), _agreed(-1))
+    explore(_fresh({"A": (10,), "B": ()}, ("A", "B")), _agreed(-1, ("A", "B")))
+    for seed in range(20):
+        sim = _fresh({"A": (10,), "B": (20,), "C": ()})
+        sim.run_random(random.Random(seed))
+        _agreed(-1)(sim)
 
 
 def test_one_cluster_alone_resumes_at_once():
