@@ -1,5 +1,6 @@
 """Pretrained bases: load a local directory (own, PaddleNLP BERT / ERNIE-M checkpoints, ELECTRA names) or run a short
-masked-LM pretraining."""
+masked-LM pretraining. A base this recipe writes is committed by files.json (each file's SHA-256, written last; every
+file renamed into place once on disk), so a pretraining killed while saving is redone, not loaded half written."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,8 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
+from nebula.recovery import durable
+
 from .checkpoint import (PADDLENLP_WEIGHTS, PretrainedError, check_preset, fit_state, is_paddlenlp_dir,
                          load_paddlenlp_base, map_foreign_names)
 from .model import BertConfig, BertModel, gather_rows, padding_bias
@@ -21,18 +24,38 @@ __all__ = ["PretrainedError", "save_base", "load_base", "mlm_pretrain", "mlm_los
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.pdparams", "spm.model"
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, FILES = "config.json", "model.pdparams", "spm.model", "files.json"
+
+
+def write_base(out_dir: str | Path, state: dict, cfg: dict, tokenizer: str | Path) -> Path:
+    """Write a base directory: weights `state`, config `cfg`, a copy of the tokenizer model, then files.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FILES).unlink(missing_ok=True)  # written again: uncommitted until the new files are all in place
+    spm = Path(tokenizer).read_bytes()
+    files = {WEIGHTS_FILE: durable.write_atomic(out / WEIGHTS_FILE, lambda p: paddle.save(state, str(p))),
+             TOKENIZER_FILE: durable.write_atomic(out / TOKENIZER_FILE, lambda p: p.write_bytes(spm)),
+             CONFIG_FILE: durable.write_atomic(out / CONFIG_FILE, lambda p: p.write_text(json.dumps(cfg, indent=1)))}
+    durable.write_marker(out / FILES, {"files": files})
+    return out
 
 
 def save_base(model: BertModel, tok: Tokenizer, out_dir: str | Path) -> Path:
-    """Write config.json, model.pdparams and spm.model of one base into `out_dir`."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paddle.save(model.state_dict(), str(out / (WEIGHTS_FILE + ".tmp")))
-    (out / (WEIGHTS_FILE + ".tmp")).replace(out / WEIGHTS_FILE)
-    (out / TOKENIZER_FILE).write_bytes(Path(tok.path).read_bytes())
-    (out / CONFIG_FILE).write_text(json.dumps(model.cfg.to_dict(), indent=1))
-    return out
+    """Write config.json, model.pdparams and spm.model of one base into `out_dir` (files.json last)."""
+    return write_base(out_dir, model.state_dict(), model.cfg.to_dict(), tok.path)
+
+
+def _base_problem(d: Path) -> str | None:
+    """Why base directory `d` (one this recipe wrote) cannot be loaded: files missing or not matching files.json."""
+    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) if not (d / f).is_file()]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    if not (d / FILES).is_file():
+        return None  # written before files.json existed, or by hand
+    try:
+        return durable.check_files(d, durable.read_marker(d / FILES)["files"])
+    except durable.CheckpointError as exc:
+        return str(exc)
 
 
 def load_base(path: str | Path, expect: BertConfig | None = None) -> tuple[BertModel, TokenizerBase]:
@@ -41,11 +64,12 @@ def load_base(path: str | Path, expect: BertConfig | None = None) -> tuple[BertM
     d = Path(path)
     if is_paddlenlp_dir(d):
         return load_paddlenlp_base(d, expect)
-    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) if not (d / f).is_file()]
-    if missing:
-        raise PretrainedError(f"pretrained directory {d} lacks {', '.join(missing)}; it needs config.json, "
-                              "model.pdparams and spm.model (as written by save_base / the recipe's pretraining), or "
-                              f"a PaddleNLP checkpoint ({PADDLENLP_WEIGHTS}, config.json and its tokenizer files)")
+    problem = _base_problem(d)
+    if problem:
+        raise PretrainedError(f"pretrained directory {d}: {problem}; it needs config.json, model.pdparams and "
+                              "spm.model as written together by save_base / the recipe's pretraining (delete it to "
+                              f"pretrain again), or a PaddleNLP checkpoint ({PADDLENLP_WEIGHTS}, config.json and its "
+                              "tokenizer files)")
     try:
         cfg = BertConfig(**json.loads((d / CONFIG_FILE).read_text()))
     except (TypeError, ValueError) as exc:
@@ -123,8 +147,11 @@ def ensure_base(out_dir: str | Path, texts: Sequence[str], cfg: BertConfig, *, p
     if pretrained:
         return load_base(pretrained, cfg)
     out = Path(out_dir)
-    if (out / WEIGHTS_FILE).is_file():
+    if (out / FILES).is_file() and (problem := _base_problem(out)) is None:
         return load_base(out, cfg)
+    if (out / WEIGHTS_FILE).is_file():  # a save cut short (files.json is written last) or a damaged file
+        log.warning("base in %s is not complete (%s); pretraining it again", out,
+                    problem if (out / FILES).is_file() else f"no {FILES}: its save was cut short")
     t0 = time.time()
     tok = train_tokenizer(texts, out / "tokenizer" / TOKENIZER_FILE, vocab_size, character_coverage)
     model = BertModel(cfg.replace(vocab_size=tok.vocab_size))
