@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 from nebula.channel import Endpoint  # noqa: E402
 from security.provision import provision  # noqa: E402
 from security.tls import client_context, server_context  # noqa: E402
-from switch_server.netns import NetnsError, WanNamespaces  # noqa: E402
+from tests.harness.netns import NetnsError, Sites as WanNamespaces  # noqa: E402
 
 KIB, MIB = 1024, 1024**2
 SIZES = [KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]

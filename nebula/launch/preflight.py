@@ -28,8 +28,8 @@ def validate_job(cfg: JobConfig, cluster: str | None = None) -> list[str]:
     """Check what a YAML schema cannot before any process starts; raise ConfigError, return the recipe's stages.
 
     Checks (codec specs are already checked on load): the recipe imports and its stages are exactly the configured ones, every cluster taking
-    part in an inter-cluster job has a switch (an existing worker.yaml for that cluster), and `cluster` (if given)
-    is one of the job's clusters.
+    part in an inter-cluster job has a switch (a worker.yaml for that cluster, which must exist here for `cluster`, or
+    for every cluster when none is given), and `cluster` (if given) is one of the job's clusters.
     """
     dp = cfg.mode == "data_parallel"  # every cluster runs every stage and averages with the others over the WAN
     taking_part = [c.id for c in cfg.clusters] if dp else [c for c, _ in cfg.segments]
@@ -42,6 +42,8 @@ def validate_job(cfg: JobConfig, cluster: str | None = None) -> list[str]:
             if not c.worker:
                 raise ConfigError(f"cluster {cid!r} has no switch: set clusters[{cid}].worker to its worker.yaml "
                                   "(written by nebula-admin provision)")
+            if cluster is not None and cid != cluster:
+                continue  # (another cluster's file lies on that cluster's own host, not here)
             if not Path(c.worker).is_file():
                 raise ConfigError(f"cluster {cid!r}: switch connection file {c.worker} does not exist; run "
                                   "nebula-admin provision or fix clusters[].worker")

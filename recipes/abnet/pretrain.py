@@ -1,5 +1,6 @@
 """Pretrained bases: load a local directory (own, PaddleNLP BERT / ERNIE-M checkpoints, ELECTRA names) or run a short
-masked-LM pretraining."""
+masked-LM pretraining. A base this recipe writes is committed by files.json (each file's SHA-256, written last; every
+file renamed into place once on disk), so a pretraining killed while saving is redone, not loaded half written."""
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from recipes.text.base import (TOKENIZER_FILE, WEIGHTS_FILE, PretrainedError, load_base, map_foreign_names,
-                               save_base)
+from recipes.text.base import (FILES, TOKENIZER_FILE, WEIGHTS_FILE, PretrainedError, base_problem, load_base,
+                               map_foreign_names, save_base)
 from recipes.text.bert import BertConfig, BertModel, gather_rows, padding_bias
 from recipes.text.tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, TokenizerBase, train_tokenizer
 
@@ -84,8 +85,11 @@ def ensure_base(out_dir: str | Path, texts: Sequence[str], cfg: BertConfig, *, p
     if pretrained:
         return load_base(pretrained, cfg)
     out = Path(out_dir)
-    if (out / WEIGHTS_FILE).is_file():
+    if (out / FILES).is_file() and (problem := base_problem(out)) is None:
         return load_base(out, cfg)
+    if (out / WEIGHTS_FILE).is_file():  # a save cut short (files.json is written last) or a damaged file
+        log.warning("base in %s is not complete (%s); pretraining it again", out,
+                    problem if (out / FILES).is_file() else f"no {FILES}: its save was cut short")
     t0 = time.time()
     tok = train_tokenizer(texts, out / "tokenizer" / TOKENIZER_FILE, vocab_size, character_coverage)
     model = BertModel(cfg.replace(vocab_size=tok.vocab_size))

@@ -1,5 +1,5 @@
 """Pretrained bases on disk, as every text recipe reads and writes them: the recipes' own directories (config.json,
-model.pdparams, spm.model: `save_base` / `load_base`), parameter-name mapping, shape checks against the preset, and
+model.pdparams, spm.model, committed by files.json: `write_base` / `load_base`), parameter-name mapping, shape checks against the preset, and
 PaddleNLP BERT / ERNIE-M checkpoints read from their on-disk format (config.json or model_config.json,
 model_state.pdparams, the tokenizer's vocab.txt and sentencepiece.bpe.model) without PaddleNLP itself."""
 from __future__ import annotations
@@ -12,13 +12,14 @@ from typing import Any
 import numpy as np
 import paddle
 
+from nebula.recovery import durable
 from recipes.text.bert import BertConfig, BertModel
 from recipes.text.foreign_tokenizer import ErnieMTokenizer, WordPieceTokenizer
 from recipes.text.tokenizer import Tokenizer, TokenizerBase
 
 __all__ = ["PretrainedError", "map_foreign_names", "check_preset", "fit_state", "is_paddlenlp_dir",
-           "load_paddlenlp_base", "PADDLENLP_WEIGHTS", "CONFIG_FILE", "WEIGHTS_FILE", "TOKENIZER_FILE", "save_base",
-           "load_base"]
+           "load_paddlenlp_base", "PADDLENLP_WEIGHTS", "CONFIG_FILE", "WEIGHTS_FILE", "TOKENIZER_FILE", "FILES", "write_base",
+           "save_base", "base_problem", "load_base"]
 
 log = logging.getLogger(__name__)
 
@@ -177,18 +178,38 @@ def load_paddlenlp_base(path: str | Path, expect: BertConfig | None = None) -> t
     return model, tok
 
 
-CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.pdparams", "spm.model"
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, FILES = "config.json", "model.pdparams", "spm.model", "files.json"
+
+
+def write_base(out_dir: str | Path, state: dict, cfg: dict, tokenizer: str | Path) -> Path:
+    """Write a base directory: weights `state`, config `cfg`, a copy of the tokenizer model, then files.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FILES).unlink(missing_ok=True)  # written again: uncommitted until the new files are all in place
+    spm = Path(tokenizer).read_bytes()
+    files = {WEIGHTS_FILE: durable.write_atomic(out / WEIGHTS_FILE, lambda p: paddle.save(state, str(p))),
+             TOKENIZER_FILE: durable.write_atomic(out / TOKENIZER_FILE, lambda p: p.write_bytes(spm)),
+             CONFIG_FILE: durable.write_atomic(out / CONFIG_FILE, lambda p: p.write_text(json.dumps(cfg, indent=1)))}
+    durable.write_marker(out / FILES, {"files": files})
+    return out
 
 
 def save_base(model: BertModel, tok: Tokenizer, out_dir: str | Path) -> Path:
-    """Write config.json, model.pdparams and spm.model of one base into `out_dir`."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paddle.save(model.state_dict(), str(out / (WEIGHTS_FILE + ".tmp")))
-    (out / (WEIGHTS_FILE + ".tmp")).replace(out / WEIGHTS_FILE)
-    (out / TOKENIZER_FILE).write_bytes(Path(tok.path).read_bytes())
-    (out / CONFIG_FILE).write_text(json.dumps(model.cfg.to_dict(), indent=1))
-    return out
+    """Write config.json, model.pdparams and spm.model of one base into `out_dir` (files.json last)."""
+    return write_base(out_dir, model.state_dict(), model.cfg.to_dict(), tok.path)
+
+
+def base_problem(d: Path) -> str | None:
+    """Why base directory `d` (one a recipe wrote) cannot be loaded: files missing or not matching files.json."""
+    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) if not (d / f).is_file()]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    if not (d / FILES).is_file():
+        return None  # written before files.json existed, or by hand
+    try:
+        return durable.check_files(d, durable.read_marker(d / FILES)["files"])
+    except durable.CheckpointError as exc:
+        return str(exc)
 
 
 def load_base(path: str | Path, expect: BertConfig | None = None) -> tuple[BertModel, TokenizerBase]:
@@ -197,11 +218,12 @@ def load_base(path: str | Path, expect: BertConfig | None = None) -> tuple[BertM
     d = Path(path)
     if is_paddlenlp_dir(d):
         return load_paddlenlp_base(d, expect)
-    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) if not (d / f).is_file()]
-    if missing:
-        raise PretrainedError(f"pretrained directory {d} lacks {', '.join(missing)}; it needs config.json, "
-                              "model.pdparams and spm.model (as written by save_base / the recipe's pretraining), or "
-                              f"a PaddleNLP checkpoint ({PADDLENLP_WEIGHTS}, config.json and its tokenizer files)")
+    problem = base_problem(d)
+    if problem:
+        raise PretrainedError(f"pretrained directory {d}: {problem}; it needs config.json, model.pdparams and "
+                              "spm.model as written together by save_base / the recipe's pretraining (delete it to "
+                              f"pretrain again), or a PaddleNLP checkpoint ({PADDLENLP_WEIGHTS}, config.json and its "
+                              "tokenizer files)")
     try:
         cfg = BertConfig(**json.loads((d / CONFIG_FILE).read_text()))
     except (TypeError, ValueError) as exc:
