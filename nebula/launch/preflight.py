@@ -1,13 +1,27 @@
-"""Job preflight: what a YAML schema cannot check (recipe stages, switch files, hot-start checkpoint), before any process starts."""
+"""Job preflight: the job as one cluster runs it (`load_for_cluster`: the launcher and every rank it starts load it
+the same way, so all get the same cut), and what a YAML schema cannot check (recipe stages, switch files, hot-start
+checkpoint) before any process starts (`validate_job`)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from nebula.config._schema import ConfigError
-from nebula.config.job import JobConfig
+from nebula.config.schema import ConfigError
+from nebula.config.job import JobConfig, load_job_config
 from nebula.config.worker import load_worker_config
 
-__all__ = ["validate_job"]
+__all__ = ["load_for_cluster", "validate_job"]
+
+
+def load_for_cluster(job_file: str | Path, cluster: str, *, intra: bool = False, allocate: bool = True) -> JobConfig:
+    """The job file as `cluster` runs it: loaded, its `allocation:` between clusters resolved from the clusters'
+    profiles (`allocate=False` leaves it: the device benchmark runs before the profiles exist), and with `intra`
+    every stage moved into `cluster`."""
+    cfg = load_job_config(job_file)
+    if cfg.allocation is not None and allocate:
+        from nebula.hybrid.plan import resolve_allocation  # late: the allocators import scipy
+
+        cfg = resolve_allocation(cfg)
+    return cfg.intra(cluster) if intra else cfg
 
 
 def validate_job(cfg: JobConfig, cluster: str | None = None) -> list[str]:

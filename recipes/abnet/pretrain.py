@@ -13,76 +13,14 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from nebula.recovery import durable
-
-from .checkpoint import (PADDLENLP_WEIGHTS, PretrainedError, check_preset, fit_state, is_paddlenlp_dir,
-                         load_paddlenlp_base, map_foreign_names)
-from .model import BertConfig, BertModel, gather_rows, padding_bias
-from .tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, Tokenizer, TokenizerBase, train_tokenizer
+from recipes.text.base import (FILES, TOKENIZER_FILE, WEIGHTS_FILE, PretrainedError, base_problem, load_base,
+                               map_foreign_names, save_base)
+from recipes.text.bert import BertConfig, BertModel, gather_rows, padding_bias
+from recipes.text.tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, TokenizerBase, train_tokenizer
 
 __all__ = ["PretrainedError", "save_base", "load_base", "mlm_pretrain", "mlm_loss", "ensure_base", "map_foreign_names"]
 
 log = logging.getLogger(__name__)
-
-CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, FILES = "config.json", "model.pdparams", "spm.model", "files.json"
-
-
-def write_base(out_dir: str | Path, state: dict, cfg: dict, tokenizer: str | Path) -> Path:
-    """Write a base directory: weights `state`, config `cfg`, a copy of the tokenizer model, then files.json."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / FILES).unlink(missing_ok=True)  # written again: uncommitted until the new files are all in place
-    spm = Path(tokenizer).read_bytes()
-    files = {WEIGHTS_FILE: durable.write_atomic(out / WEIGHTS_FILE, lambda p: paddle.save(state, str(p))),
-             TOKENIZER_FILE: durable.write_atomic(out / TOKENIZER_FILE, lambda p: p.write_bytes(spm)),
-             CONFIG_FILE: durable.write_atomic(out / CONFIG_FILE, lambda p: p.write_text(json.dumps(cfg, indent=1)))}
-    durable.write_marker(out / FILES, {"files": files})
-    return out
-
-
-def save_base(model: BertModel, tok: Tokenizer, out_dir: str | Path) -> Path:
-    """Write config.json, model.pdparams and spm.model of one base into `out_dir` (files.json last)."""
-    return write_base(out_dir, model.state_dict(), model.cfg.to_dict(), tok.path)
-
-
-def _base_problem(d: Path) -> str | None:
-    """Why base directory `d` (one this recipe wrote) cannot be loaded: files missing or not matching files.json."""
-    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) if not (d / f).is_file()]
-    if missing:
-        return f"lacks {', '.join(missing)}"
-    if not (d / FILES).is_file():
-        return None  # written before files.json existed, or by hand
-    try:
-        return durable.check_files(d, durable.read_marker(d / FILES)["files"])
-    except durable.CheckpointError as exc:
-        return str(exc)
-
-
-def load_base(path: str | Path, expect: BertConfig | None = None) -> tuple[BertModel, TokenizerBase]:
-    """Load one base from `path`: the recipe's own (config.json, model.pdparams, spm.model) or a PaddleNLP BERT /
-    ERNIE-M checkpoint with its own tokenizer; every tensor's shape is checked before anything trains."""
-    d = Path(path)
-    if is_paddlenlp_dir(d):
-        return load_paddlenlp_base(d, expect)
-    problem = _base_problem(d)
-    if problem:
-        raise PretrainedError(f"pretrained directory {d}: {problem}; it needs config.json, model.pdparams and "
-                              "spm.model as written together by save_base / the recipe's pretraining (delete it to "
-                              f"pretrain again), or a PaddleNLP checkpoint ({PADDLENLP_WEIGHTS}, config.json and its "
-                              "tokenizer files)")
-    try:
-        cfg = BertConfig(**json.loads((d / CONFIG_FILE).read_text()))
-    except (TypeError, ValueError) as exc:
-        raise PretrainedError(f"{d / CONFIG_FILE}: not a BertConfig ({exc})") from exc
-    check_preset(cfg, expect, d)
-    tok = Tokenizer(d / TOKENIZER_FILE)
-    if tok.vocab_size != cfg.vocab_size:
-        raise PretrainedError(f"{d}: tokenizer has {tok.vocab_size} pieces but config.json says vocab_size="
-                              f"{cfg.vocab_size}; the tokenizer and weights come from different runs")
-    model = BertModel(cfg)
-    fit_state(model, map_foreign_names(paddle.load(str(d / WEIGHTS_FILE))), d / WEIGHTS_FILE)
-    return model, tok
-
 
 def mlm_loss(model: BertModel, ids: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
     """Mean masked-LM cross-entropy over positions whose label is not -100 (the head runs on those rows only)."""
@@ -147,7 +85,7 @@ def ensure_base(out_dir: str | Path, texts: Sequence[str], cfg: BertConfig, *, p
     if pretrained:
         return load_base(pretrained, cfg)
     out = Path(out_dir)
-    if (out / FILES).is_file() and (problem := _base_problem(out)) is None:
+    if (out / FILES).is_file() and (problem := base_problem(out)) is None:
         return load_base(out, cfg)
     if (out / WEIGHTS_FILE).is_file():  # a save cut short (files.json is written last) or a damaged file
         log.warning("base in %s is not complete (%s); pretraining it again", out,

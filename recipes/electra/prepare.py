@@ -44,7 +44,7 @@ def export_base(step_dir: Path, data_dir: Path, out: Path, preset_name: str) -> 
     spm.model); a checkpoint of another preset is refused with the shapes that differ."""
     import paddle
 
-    from recipes.abnet.pretrain import write_base
+    from recipes.text.base import write_base
     from recipes.electra.data import read_meta
     from recipes.electra.model import Discriminator, preset
 

@@ -7,7 +7,8 @@ import pytest
 
 from nebula.config.job import load_job_config
 from nebula.hybrid.plan import plan_clusters
-from nebula.pipeline import read_metrics, run
+from nebula.pipeline import read_metrics
+from nebula.modes import run
 from tests.harness.federation import BIN, finish, launch, start_switches
 from tests.pipeline.helpers import TWO_STAGES, toy_job
 

@@ -12,7 +12,7 @@ from recipes.abnet.decode import mask_predict
 from recipes.abnet.model import (AbnetConfig, AbnetDecoder, AbnetEncoder, BertConfig, BertModel, CmlmObjective,
                                  cmlm_mask, preset, source_keep_mask)
 from recipes.abnet.pretrain import PretrainedError, ensure_base, load_base, save_base
-from recipes.abnet.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
+from recipes.text.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 from tests.recipes.conftest import corpus_pairs
 
 MICRO = BertConfig(vocab_size=120, hidden=32, num_layers=2, num_heads=2, ff_hidden=64, max_positions=16, dropout=0.0)

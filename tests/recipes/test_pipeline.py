@@ -19,13 +19,14 @@ import yaml
 
 from nebula.compress import codec_path
 from nebula.config.job import load_job_config
-from nebula.pipeline import read_metrics, run
+from nebula.pipeline import read_metrics
+from nebula.modes import run
 from nebula.pipeline.links import QueueLink
-from recipes.abnet.data import DataConfig, prepare_data
+from recipes.text.catalogs import DataConfig, prepare_data
 from recipes.abnet.model import BertConfig, BertModel
 from recipes.abnet.pretrain import PretrainedError, save_base
 from recipes.abnet.stages import ABNetRecipe
-from recipes.abnet.tokenizer import train_tokenizer
+from recipes.text.tokenizer import train_tokenizer
 from tests.recipes.conftest import corpus_pairs
 
 REPO = Path(__file__).resolve().parents[2]

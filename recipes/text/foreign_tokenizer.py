@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .tokenizer import NUM_SPECIAL, TokenizerBase
+from recipes.text.tokenizer import NUM_SPECIAL, TokenizerBase
 
 __all__ = ["special_permutation", "read_vocab", "special_tokens", "WordPieceTokenizer", "ErnieMTokenizer",
            "VOCAB_FILE", "SPM_FILE"]

@@ -1,6 +1,7 @@
-"""Bases from checkpoints: parameter-name mapping, shape checks against the preset, and PaddleNLP BERT / ERNIE-M
-checkpoints read from their on-disk format (config.json or model_config.json, model_state.pdparams, the tokenizer's
-vocab.txt and sentencepiece.bpe.model) without PaddleNLP itself."""
+"""Pretrained bases on disk, as every text recipe reads and writes them: the recipes' own directories (config.json,
+model.pdparams, spm.model, committed by files.json: `write_base` / `load_base`), parameter-name mapping, shape checks against the preset, and
+PaddleNLP BERT / ERNIE-M checkpoints read from their on-disk format (config.json or model_config.json,
+model_state.pdparams, the tokenizer's vocab.txt and sentencepiece.bpe.model) without PaddleNLP itself."""
 from __future__ import annotations
 
 import json
@@ -11,11 +12,14 @@ from typing import Any
 import numpy as np
 import paddle
 
-from .foreign_tokenizer import ErnieMTokenizer, WordPieceTokenizer
-from .model import BertConfig, BertModel
+from nebula.recovery import durable
+from recipes.text.bert import BertConfig, BertModel
+from recipes.text.foreign_tokenizer import ErnieMTokenizer, WordPieceTokenizer
+from recipes.text.tokenizer import Tokenizer, TokenizerBase
 
 __all__ = ["PretrainedError", "map_foreign_names", "check_preset", "fit_state", "is_paddlenlp_dir",
-           "load_paddlenlp_base", "PADDLENLP_WEIGHTS"]
+           "load_paddlenlp_base", "PADDLENLP_WEIGHTS", "CONFIG_FILE", "WEIGHTS_FILE", "TOKENIZER_FILE", "FILES", "write_base",
+           "save_base", "base_problem", "load_base"]
 
 log = logging.getLogger(__name__)
 
@@ -171,4 +175,64 @@ def load_paddlenlp_base(path: str | Path, expect: BertConfig | None = None) -> t
             state[name] = np.take(state[name], perm, axis=axis)
     model = BertModel(cfg)
     fit_state(model, state, d / PADDLENLP_WEIGHTS, optional=_HEAD)
+    return model, tok
+
+
+CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, FILES = "config.json", "model.pdparams", "spm.model", "files.json"
+
+
+def write_base(out_dir: str | Path, state: dict, cfg: dict, tokenizer: str | Path) -> Path:
+    """Write a base directory: weights `state`, config `cfg`, a copy of the tokenizer model, then files.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / FILES).unlink(missing_ok=True)  # written again: uncommitted until the new files are all in place
+    spm = Path(tokenizer).read_bytes()
+    files = {WEIGHTS_FILE: durable.write_atomic(out / WEIGHTS_FILE, lambda p: paddle.save(state, str(p))),
+             TOKENIZER_FILE: durable.write_atomic(out / TOKENIZER_FILE, lambda p: p.write_bytes(spm)),
+             CONFIG_FILE: durable.write_atomic(out / CONFIG_FILE, lambda p: p.write_text(json.dumps(cfg, indent=1)))}
+    durable.write_marker(out / FILES, {"files": files})
+    return out
+
+
+def save_base(model: BertModel, tok: Tokenizer, out_dir: str | Path) -> Path:
+    """Write config.json, model.pdparams and spm.model of one base into `out_dir` (files.json last)."""
+    return write_base(out_dir, model.state_dict(), model.cfg.to_dict(), tok.path)
+
+
+def base_problem(d: Path) -> str | None:
+    """Why base directory `d` (one a recipe wrote) cannot be loaded: files missing or not matching files.json."""
+    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) if not (d / f).is_file()]
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    if not (d / FILES).is_file():
+        return None  # written before files.json existed, or by hand
+    try:
+        return durable.check_files(d, durable.read_marker(d / FILES)["files"])
+    except durable.CheckpointError as exc:
+        return str(exc)
+
+
+def load_base(path: str | Path, expect: BertConfig | None = None) -> tuple[BertModel, TokenizerBase]:
+    """Load one base from `path`: the recipe's own (config.json, model.pdparams, spm.model) or a PaddleNLP BERT /
+    ERNIE-M checkpoint with its own tokenizer; every tensor's shape is checked before anything trains."""
+    d = Path(path)
+    if is_paddlenlp_dir(d):
+        return load_paddlenlp_base(d, expect)
+    problem = base_problem(d)
+    if problem:
+        raise PretrainedError(f"pretrained directory {d}: {problem}; it needs config.json, model.pdparams and "
+                              "spm.model as written together by save_base / the recipe's pretraining (delete it to "
+                              f"pretrain again), or a PaddleNLP checkpoint ({PADDLENLP_WEIGHTS}, config.json and its "
+                              "tokenizer files)")
+    try:
+        cfg = BertConfig(**json.loads((d / CONFIG_FILE).read_text()))
+    except (TypeError, ValueError) as exc:
+        raise PretrainedError(f"{d / CONFIG_FILE}: not a BertConfig ({exc})") from exc
+    check_preset(cfg, expect, d)
+    tok = Tokenizer(d / TOKENIZER_FILE)
+    if tok.vocab_size != cfg.vocab_size:
+        raise PretrainedError(f"{d}: tokenizer has {tok.vocab_size} pieces but config.json says vocab_size="
+                              f"{cfg.vocab_size}; the tokenizer and weights come from different runs")
+    model = BertModel(cfg)
+    fit_state(model, map_foreign_names(paddle.load(str(d / WEIGHTS_FILE))), d / WEIGHTS_FILE)
     return model, tok

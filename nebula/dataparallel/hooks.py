@@ -1,9 +1,9 @@
-"""The per-rank loop of `mode: data_parallel`: the pipeline runtime's schedule with every stage in this cluster, and
-an outer step every `sync_every` steps that averages the clusters' replicas over the WAN.
+"""The per-rank loop of `mode: data_parallel` on the stage runner: the pipeline mode's schedule with every stage in
+this cluster, and an outer step every `sync_every` steps that averages the clusters' replicas over the WAN.
 
 Inside a cluster the ranks are data parallel as in every other mode (gradients all-reduced each step through
 paddle.distributed). Between clusters only rank 0 (the leader) talks: it sends the cluster's pseudo-gradient
-(anchor - replica) to the other leaders through `nebula.federated.allmean.ClusterMean`, gets the mean of all
+(anchor - replica) to the other leaders through `nebula.dataparallel.allmean.ClusterMean`, gets the mean of all
 clusters', and broadcasts it to its ranks; every rank then takes the same outer step (`outer.py`), so replicas and
 outer momentum stay identical everywhere. Data: step s's `global_batch * num_clusters` ids (the runtime's shared
 permutation) are cut into one block of `global_batch` per cluster, in job order, so each cluster trains on its own
@@ -22,24 +22,25 @@ from typing import Any
 
 import numpy as np
 
-from nebula.config._schema import ConfigError
 from nebula.config.job import JobConfig, StageSpec
-from nebula.federated.allmean import ClusterLost, ClusterMean, ModelMismatch
-from nebula.federated.diloco.outer import (OuterState, average_step, outer_step, pack_state, pseudo_gradient,
-                                           unpack_state)
+from nebula.config.schema import ConfigError
+from nebula.dataparallel.allmean import ClusterLost, ClusterMean, ModelMismatch
+from nebula.dataparallel.outer import (OuterState, average_step, outer_step, pack_state, pseudo_gradient,
+                                       unpack_state)
 from nebula.pipeline import checkpoint as ckpt
 from nebula.pipeline.data import rank_micro_batches, step_ids
+from nebula.pipeline.hooks import PipelineHooks
 from nebula.pipeline.links import PeerLost
-from nebula.pipeline.runtime import RunResult, _Runner
+from nebula.pipeline.runner import RunResult, run_stages
 from nebula.pipeline.stage import load_recipe
 
-__all__ = ["run_data_parallel", "local_config"]
+__all__ = ["DataParallelHooks", "run_data_parallel", "local_config"]
 
 log = logging.getLogger(__name__)
 
 
 def local_config(cfg: JobConfig, cluster: str, stage_names: list[str]) -> JobConfig:
-    """`cfg` as the pipeline runtime runs it in `cluster`: every stage there, back to back; checkpoints under
+    """`cfg` as the stage runner runs it in `cluster`: every stage there, back to back; checkpoints under
     `checkpoint.dir/<cluster>` (every cluster holds the same stage names)."""
     stages = tuple(StageSpec(name=n, cluster=cluster) for n in stage_names)
     ck = cfg.checkpoint
@@ -48,73 +49,60 @@ def local_config(cfg: JobConfig, cluster: str, stage_names: list[str]) -> JobCon
     return dataclasses.replace(cfg, mode="pipeline", stages=stages, checkpoint=ck)
 
 
-class _Extra:
-    """The runtime's metrics writer, with this mode's fields (WAN bytes, sync time) added to every record."""
+class DataParallelHooks(PipelineHooks):
+    """The pipeline schedule in one cluster, plus this mode's data, start and outer steps."""
 
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.fields = inner, {}
-
-    def write(self, rec: dict) -> None:
-        self.inner.write({**rec, **self.fields})
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class _DataParallelRunner(_Runner):
-    def __init__(self, cfg: JobConfig, cluster: str, workdir: Path) -> None:
+    def __init__(self, cfg: JobConfig) -> None:
         self.dp = cfg.data_parallel
         self.order = [c.id for c in cfg.clusters]
-        names = list(load_recipe(cfg.recipe).stage_names)
-        super().__init__(local_config(cfg, cluster, names), cluster, None, workdir)
-        self.metrics = _Extra(self.metrics)
         self.mean: ClusterMean | None = None
         self.anchor: dict[str, np.ndarray] = {}
         self.buf: dict[str, np.ndarray] | None = None
         self.last_sync = 0
+        self.fields: dict[str, Any] = {}  # this step's record: WAN bytes, sync time
 
     # ---- data: this cluster's block of every step ------------------------------------------------------
-    def _ids(self, step: int, rank: int, world: int) -> list[np.ndarray]:
-        t, k = self.cfg.train, self.order.index(self.cluster)
-        ids = step_ids(step, seed=t.seed, num_examples=self.recipe.num_examples,
+    def ids(self, step: int, rank: int, world: int) -> list[np.ndarray]:
+        t, k = self.r.cfg.train, self.order.index(self.r.cluster)
+        ids = step_ids(step, seed=t.seed, num_examples=self.r.recipe.num_examples,
                        global_batch=t.global_batch * len(self.order))
         mine = ids[k * t.global_batch:(k + 1) * t.global_batch]
         return rank_micro_batches(mine, rank=rank, world_size=world, micro_batches=t.micro_batches)
 
     # ---- start: resume from the newest checkpoint every cluster holds, else one initial model for all ---------
-    def _agree(self, steps: list[int]) -> int:
-        return -1  # the base's resume agrees along pipeline boundaries; the leaders agree below instead
+    def agree(self, steps: list[int]) -> int:
+        return -1  # the pipeline's resume agrees along boundaries; the leaders agree in start_step instead
 
-    def _start_step(self) -> int:
-        start = super()._start_step()  # checkpoint.init_from, if given
-        ck = self.cfg.checkpoint
+    def start_step(self) -> int:
+        r = self.r
+        cfg = r.cfg
+        start = r.checkpoint_start()  # checkpoint.init_from, if given
+        ck = cfg.checkpoint
         steps = []
         if ck.resume and ck.dir:  # checkpoints with the outer state (older ones cannot resume the outer optimizer)
-            names = [loc.name for loc in self.locals]
-            steps = ckpt.local_steps(ck.dir, self.cluster, names, extra=True)
-        params = self._params()
+            steps = ckpt.local_steps(ck.dir, r.cluster, r.stages.names, extra=True)
+        params = r.stages.params()
         mine = {k: p.numpy() for k, p in params.items()}
         adopted, resume = None, max(steps, default=-1)
-        if self.rank == 0 and len(self.order) > 1:
+        if r.rank == 0 and len(self.order) > 1:
             from nebula.channel import Endpoint
 
-            self._endpoint = Endpoint.connect(self.spec.worker, job=self.cfg.job, rank=0,
-                                              timeout_s=self.cfg.startup_timeout_s)
-            self.mean = ClusterMean(self._endpoint, self.order, codec=self.dp.outer.codec,
-                                    timeout_s=self.cfg.peer_timeout_s, startup_timeout_s=self.cfg.startup_timeout_s)
+            r.endpoint = Endpoint.connect(r.spec.worker, job=cfg.job, rank=0, timeout_s=cfg.startup_timeout_s)
+            self.mean = ClusterMean(r.endpoint, self.order, codec=self.dp.outer.codec, timeout_s=cfg.peer_timeout_s,
+                                    startup_timeout_s=cfg.startup_timeout_s)
             plan = {"sync_every": self.dp.sync_every, "outer": dataclasses.asdict(self.dp.outer),
-                    "steps": self.cfg.train.steps, "global_batch": self.cfg.train.global_batch, "start": start}
+                    "steps": cfg.train.steps, "global_batch": cfg.train.global_batch, "start": start}
             adopted, resume = self._guard(lambda: self.mean.agree(mine, plan, steps))
         resume = self._broadcast_int(resume)
         if resume >= 0:  # replica, inner optimizer and outer state (anchor, momentum, last sync) of that step
             d = ckpt.step_dir(ck.dir, resume)
-            start = ckpt.load(d, self._stage_states())
+            start = ckpt.load(d, r.stages.states())
             try:
-                self.anchor, self.buf, self.last_sync = unpack_state(ckpt.load_extra(d, self.cluster) or {}, mine)
+                self.anchor, self.buf, self.last_sync = unpack_state(ckpt.load_extra(d, r.cluster) or {}, mine)
             except ValueError as exc:
                 raise ConfigError(f"checkpoint {d}: {exc}; remove it or set checkpoint.resume: false") from None
-            log.info("cluster %s rank %d: resumed from checkpoint step %d (last sync at step %d)", self.cluster,
-                     self.rank, start, self.last_sync)
+            log.info("cluster %s rank %d: resumed from checkpoint step %d (last sync at step %d)", r.cluster,
+                     r.rank, start, self.last_sync)
             return start
         self.last_sync = start
         self.anchor = self._broadcast(adopted, mine)
@@ -122,29 +110,32 @@ class _DataParallelRunner(_Runner):
             p.set_value(self.anchor[k])
         return start
 
-    def _extra_state(self) -> dict[str, np.ndarray]:
+    def extra_state(self) -> dict[str, np.ndarray]:
         """The outer optimizer's state, saved in every checkpoint so that a restart resumes it exactly."""
         return pack_state(OuterState(self.anchor, self.buf, self.last_sync))
 
     # ---- outer step -------------------------------------------------------------------------------------
-    def _step_pipeline(self, step: int) -> float | None:
-        loss = super()._step_pipeline(step)
+    def step(self, step: int) -> float | None:
+        loss = super().step(step)
         done = step + 1
-        if done % self.dp.sync_every == 0 or done == self.cfg.train.steps:
+        if done % self.dp.sync_every == 0 or done == self.r.cfg.train.steps:
             self._sync(done)
         else:
-            self.metrics.fields = {"synced": False, "sync_s": 0.0, "bytes_sent": 0,
-                                   "wan_bytes": self.mean.sent_bytes if self.mean else 0}
+            self.fields = {"synced": False, "sync_s": 0.0, "bytes_sent": 0,
+                           "wan_bytes": self.mean.sent_bytes if self.mean else 0}
         return loss
+
+    def record_fields(self) -> dict[str, Any]:
+        return self.fields
 
     def _sync(self, done: int) -> None:
         t0 = time.perf_counter()
-        params = self._params()
+        params = self.r.stages.params()
         delta = pseudo_gradient(self.anchor, {k: p.numpy() for k, p in params.items()})
         before = self.mean.sent_bytes if self.mean else 0
         mean = None
         if self.mean is not None:
-            n = self.cfg.train.global_batch * (done - self.last_sync)
+            n = self.r.cfg.train.global_batch * (done - self.last_sync)
             mean = self._guard(lambda: self.mean.mean(delta, n))
         mean = self._broadcast(mean, delta)
         out = self.dp.outer
@@ -157,14 +148,10 @@ class _DataParallelRunner(_Runner):
             p.set_value(self.anchor[k])
         self.last_sync = done
         sent = self.mean.sent_bytes if self.mean else 0
-        self.metrics.fields = {"synced": True, "sync_s": round(time.perf_counter() - t0, 6),
-                               "bytes_sent": sent - before, "wan_bytes": sent}
+        self.fields = {"synced": True, "sync_s": round(time.perf_counter() - t0, 6), "bytes_sent": sent - before,
+                       "wan_bytes": sent}
 
     # ---- helpers ----------------------------------------------------------------------------------------
-    def _params(self) -> dict[str, Any]:
-        """Every trainable tensor of this cluster's replica, by stage and parameter name."""
-        return {f"{loc.name}.{n}": p for loc in self.locals for n, p in loc.layer.named_parameters()}
-
     def _guard(self, fn: Any) -> Any:
         """Run a WAN exchange; a silent cluster becomes PeerLost, a differing model a ConfigError."""
         try:
@@ -176,7 +163,7 @@ class _DataParallelRunner(_Runner):
 
     def _broadcast_int(self, value: int) -> int:
         """The leader's `value` on every rank of this cluster."""
-        if self.world == 1:
+        if self.r.world == 1:
             return value
         import paddle
         import paddle.distributed as dist
@@ -187,12 +174,12 @@ class _DataParallelRunner(_Runner):
 
     def _broadcast(self, value: dict[str, np.ndarray] | None, like: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The leader's `value` on every rank of this cluster (one flat broadcast); `like` gives the layout."""
-        if self.world == 1:
+        if self.r.world == 1:
             return value if value is not None else like
         import paddle
         import paddle.distributed as dist
 
-        if self.rank == 0:
+        if self.r.rank == 0:
             src = value if value is not None else like
             flat = np.concatenate([np.asarray(src[k], np.float32).ravel() for k in like])
         else:
@@ -207,11 +194,14 @@ class _DataParallelRunner(_Runner):
         return out
 
 
-def run_data_parallel(cfg: JobConfig, cluster: str, *, workdir: str | Path | None = None) -> RunResult:
+def run_data_parallel(cfg: JobConfig, cluster: str, *, wiring: Any = None, workdir: str | Path | None = None
+                      ) -> RunResult:
     """Train this rank's replica of job `cfg` (mode data_parallel) in `cluster`, averaging with the other clusters.
 
     Raises PeerLost when another cluster stays silent past peer_timeout_s and ConfigError when the clusters'
-    models or settings differ.
+    models or settings differ. (`wiring` is for the stage modes' in-process tests; this mode has no boundaries.)
     """
-    runner = _DataParallelRunner(cfg, cluster, Path(workdir) if workdir else Path.cwd())
-    return runner.run()
+    if wiring is not None:
+        raise ValueError("mode data_parallel has no stage boundaries to wire")
+    names = list(load_recipe(cfg.recipe).stage_names)
+    return run_stages(local_config(cfg, cluster, names), cluster, DataParallelHooks(cfg), workdir=workdir)

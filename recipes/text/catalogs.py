@@ -1,4 +1,5 @@
-"""Parallel text from gettext catalogs: extract, clean, deduplicate, split by hash, write each side to its cluster."""
+"""Text from gettext catalogs: parallel pairs (extracted, cleaned, deduplicated, split by hash, each side written to
+its cluster) and the translated messages of each language (`load_corpus`)."""
 from __future__ import annotations
 
 import hashlib
@@ -25,6 +26,7 @@ __all__ = [
     "split_of",
     "restrict_vocabulary",
     "prepare_data",
+    "load_corpus",
     "read_side",
     "SPLITS",
     "LOCALE_OF",
@@ -316,3 +318,32 @@ def read_side(path: str | Path) -> tuple[list[str], list[str]]:
 def iter_files(side_dir: str | Path) -> Iterator[Path]:
     """Every side file under a cluster's data directory (used to check that a cluster holds only its own side)."""
     yield from sorted(Path(side_dir).rglob("*.tsv"))
+
+
+def load_corpus(langs: tuple[str, ...], locale_root: str | Path = "/usr/share/locale",
+                max_per_lang: int = 3000) -> dict[str, list[str]]:
+    """Cleaned, deduplicated translated strings (msgstr) per language, 12..160 characters, none that two languages
+share (untranslated strings), at most `max_per_lang` chosen by hash."""
+    texts: dict[str, set[str]] = {}
+    for lang in langs:
+        files = sorted((Path(locale_root) / lang / "LC_MESSAGES").glob("*.mo"))
+        if not files:
+            raise FileNotFoundError(f"no gettext catalogs under {locale_root}/{lang}/LC_MESSAGES; install packages "
+                                    "that ship translations (e.g. coreutils, tar, grep, iso-codes) or pick other "
+                                    "languages")
+        got = set()
+        for f in files:
+            for _, msgstr in read_mo(f):
+                t = clean_text(msgstr)
+                if 12 <= len(t) <= 160 and "%" not in t and "<" not in t:
+                    got.add(t)
+        texts[lang] = got
+    owners: dict[str, int] = defaultdict(int)
+    for got in texts.values():
+        for t in got:
+            owners[t] += 1
+    out = {}
+    for lang, got in texts.items():
+        keep = sorted((t for t in got if owners[t] == 1), key=lambda t: hashlib.sha1(t.encode()).hexdigest())
+        out[lang] = keep[:max_per_lang]
+    return out

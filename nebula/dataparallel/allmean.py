@@ -2,7 +2,7 @@
 
 The spine's aggregation runs through a reducer (FEDn's rounds); cross-cluster data parallelism needs the symmetric
 primitive instead: each leader sends its tensors, encoded with the job's codec, to every other leader over its
-`nebula.federated.transport.Mailbox` and folds every cluster's decoded tensors, in job order, into a
+`nebula.federated.transport.Messenger` and folds every cluster's decoded tensors, in job order, into a
 `nebula.federated.aggregate.RunningMean`. Because every leader decodes the same bytes (its own included) in the same
 order, all of them hold bitwise the same mean without a second broadcast. With two clusters this is also the
 fewest bytes: each link carries one encoded model each way per mean.
@@ -23,11 +23,35 @@ import numpy as np
 from nebula.channel import ChannelError, Endpoint
 from nebula.compress import Codec, decode_from_frames, encode_to_frames, get_codec
 from nebula.federated.aggregate import RunningMean, check_update
-from nebula.federated.transport import Mailbox, Peer
+from nebula.federated.protocol import MessageFamily, Malformed, Message
+from nebula.federated.transport import Messenger, Peer
 
-__all__ = ["ClusterMean", "ClusterLost", "ModelMismatch"]
+__all__ = ["ClusterMean", "ClusterLost", "ModelMismatch", "TO_LEADER", "LeaderHello", "MeanShare"]
 
 log = logging.getLogger(__name__)
+TO_LEADER = MessageFamily("data-parallel leader")  # what one cluster's leader sends another's
+
+
+@TO_LEADER.message("hello")
+class LeaderHello(Message):
+    """The start-up handshake: the leader's cluster, the settings that must match, its checkpoint steps and run
+    (its initial model follows)."""
+
+    cluster: str
+    plan: dict[str, Any]
+    checkpoints: tuple[int, ...] = ()
+    run: str
+
+
+@TO_LEADER.message("mean")
+class MeanShare(Message):
+    """One leader's share of mean number `seq`: its example count and the byte size of each encoded tensor (the
+    tensors follow as one payload)."""
+
+    run: str
+    seq: int
+    num_examples: int
+    sizes: tuple[tuple[str, int], ...]
 
 
 class ClusterLost(RuntimeError):
@@ -47,7 +71,7 @@ class ClusterMean:
 
     def __init__(self, ep: Endpoint, clusters: list[str], *, rank: int = 0, codec: str = "none",
                  timeout_s: float = 120.0, startup_timeout_s: float = 600.0) -> None:
-        self.mb = Mailbox(ep)
+        self.mb = Messenger(ep, inbox=TO_LEADER)
         self.me = ep.cluster
         self.order = list(clusters)
         if self.me not in self.order:
@@ -67,7 +91,7 @@ class ClusterMean:
         """Every byte this leader has sent to the other clusters (headers, models, encoded tensors)."""
         return sum(self.mb.sent_bytes.values())
 
-    def _recv(self, peer: Peer, timeout_s: float, what: str) -> tuple[dict, Any]:
+    def _recv(self, peer: Peer, timeout_s: float, what: str) -> tuple[Message, Any]:
         try:
             return self.mb.recv(peer, timeout_s)
         except (TimeoutError, ChannelError) as exc:
@@ -82,20 +106,19 @@ class ClusterMean:
         holds, -1 if none). ModelMismatch names the tensor or setting that differs, ClusterLost a silent peer."""
         weights = {k: np.ascontiguousarray(v) for k, v in weights.items()}
         common = {int(s) for s in checkpoints}
-        head = {"type": "hello", "cluster": self.me, "plan": dict(plan), "checkpoints": sorted(common),
-                "run": self.run}
+        hello = LeaderHello(cluster=self.me, plan=dict(plan), checkpoints=tuple(sorted(common)), run=self.run)
         for p in self.peers:
-            self.mb.send_model(p, head, weights)
+            self.mb.send_model(p, hello, weights)
         models = {self.me: weights}
         for p in self.peers:
             got, _ = self._recv(p, self.startup_timeout_s, "start-up handshake")
-            if got.get("type") != "hello":
-                raise ModelMismatch(f"cluster {p.cluster}: expected its start-up handshake, got {got.get('type')!r}")
-            if got.get("plan") != dict(plan):
-                diff = sorted(k for k in set(plan) | set(got.get("plan") or {})
-                              if (got.get("plan") or {}).get(k) != plan.get(k))
+            if not isinstance(got, LeaderHello):
+                what = got.reason if isinstance(got, Malformed) else got.TYPE
+                raise ModelMismatch(f"cluster {p.cluster}: expected its start-up handshake, got {what!r}")
+            if got.plan != dict(plan):
+                diff = sorted(k for k in set(plan) | set(got.plan) if got.plan.get(k) != plan.get(k))
                 raise ModelMismatch(f"cluster {p.cluster} runs with different settings ({', '.join(diff)}: "
-                                    f"{ {k: got['plan'].get(k) for k in diff} } there, { {k: plan.get(k) for k in diff} } "
+                                    f"{ {k: got.plan.get(k) for k in diff} } there, { {k: plan.get(k) for k in diff} } "
                                     f"in {self.me}); start every cluster with the same job file")
             try:  # the peer is up (its hello came): pieces that stop coming mean it is lost, not slow to start
                 theirs = self.mb.recv_model(p, got, self.timeout_s)
@@ -109,8 +132,8 @@ class ClusterMean:
                 raise ModelMismatch(f"{exc} (cluster {self.me} builds it differently); every cluster must build "
                                     "the same model: start them with the same job file and recipe") from None
             models[p.cluster] = theirs
-            self.peer_runs[p.cluster] = str(got.get("run"))
-            common &= {int(x) for x in got.get("checkpoints") or ()}
+            self.peer_runs[p.cluster] = got.run
+            common &= set(got.checkpoints)
         return {k: np.array(v) for k, v in models[self.order[0]].items()}, max(common, default=-1)
 
     def _codec(self, name: str) -> Codec:
@@ -124,34 +147,35 @@ class ClusterMean:
         self.num_means += 1
         blobs = {k: b"".join(bytes(f) for f in encode_to_frames(self._codec(k), np.ascontiguousarray(v)))
                  for k, v in tensors.items()}
-        head = {"type": "mean", "run": self.run, "seq": self.num_means, "num_examples": int(num_examples),
-                "sizes": [[k, len(b)] for k, b in blobs.items()]}
+        share = MeanShare(run=self.run, seq=self.num_means, num_examples=int(num_examples),
+                          sizes=tuple((k, len(b)) for k, b in blobs.items()))
         payload = b"".join(blobs.values())
         for p in self.peers:
-            self.mb.send(p, head, payload, lane="bulk")
-        got = {self.me: (head, memoryview(payload))}
+            self.mb.send(p, share, payload, lane="bulk")
+        got = {self.me: (share, memoryview(payload))}
         for p in self.peers:
-            h, body = self._recv(p, self.timeout_s, f"tensors for mean {self.num_means}")
-            if h.get("type") == "mean" and p.cluster in self.peer_runs and h.get("run") != self.peer_runs[p.cluster]:
-                raise ModelMismatch(f"cluster {p.cluster} delivered mean #{h.get('seq')} of an earlier run (a message "
+            m, body = self._recv(p, self.timeout_s, f"tensors for mean {self.num_means}")
+            if isinstance(m, MeanShare) and p.cluster in self.peer_runs and m.run != self.peer_runs[p.cluster]:
+                raise ModelMismatch(f"cluster {p.cluster} delivered mean #{m.seq} of an earlier run (a message "
                                     "its leader sent before a restart, kept for this rank); restart every cluster of "
                                     "the job: they resume from the last common checkpoint")
-            if h.get("type") != "mean" or h.get("seq") != self.num_means:
-                raise ModelMismatch(f"cluster {p.cluster} sent {h.get('type')!r} #{h.get('seq')} while "
-                                    f"{self.me} waits for mean #{self.num_means}; the clusters are out of step: "
-                                    "restart every cluster with the same job file")
-            got[p.cluster] = (h, body if body is not None else memoryview(b""))
+            if not isinstance(m, MeanShare) or m.seq != self.num_means:
+                what = f"{m.TYPE!r} #{getattr(m, 'seq', None)}" if not isinstance(m, Malformed) else m.reason
+                raise ModelMismatch(f"cluster {p.cluster} sent {what} while {self.me} waits for mean "
+                                    f"#{self.num_means}; the clusters are out of step: restart every cluster with "
+                                    "the same job file")
+            got[p.cluster] = (m, body if body is not None else memoryview(b""))
         acc = RunningMean(like=tensors)
         for c in self.order:  # the same order on every leader: the same floating-point sums
-            h, body = got[c]
-            acc.add(_unpack(h, body, c), h.get("num_examples"), who=f"cluster {c}")
+            m, body = got[c]
+            acc.add(_unpack(m, body, c), m.num_examples, who=f"cluster {c}")
         return acc.result()
 
 
-def _unpack(head: Mapping[str, Any], body: memoryview, cluster: str) -> dict[str, np.ndarray]:
+def _unpack(share: MeanShare, body: memoryview, cluster: str) -> dict[str, np.ndarray]:
     out, off = {}, 0
     try:
-        for name, size in head["sizes"]:
+        for name, size in share.sizes:
             out[str(name)] = decode_from_frames([body[off: off + int(size)]], like="numpy")
             off += int(size)
     except (KeyError, TypeError, ValueError) as exc:

@@ -1,19 +1,58 @@
-"""Turn parsed YAML into frozen dataclasses, rejecting unknown keys and wrong types with their full path."""
+"""The config schema: parsed YAML into frozen dataclasses, rejecting unknown keys and wrong types with their full path.
+
+Every config file of the project (switch, worker, job, federated job) is loaded through `from_dict` / `load_yaml`;
+`ConfigError` is the one error they raise (one line: the file, the key path, the value and the fix).
+"""
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import types
 import typing
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 from nebula.config._errors import ConfigError, one_line, show
 from nebula.config._safeyaml import read_yaml
 
+__all__ = ["Check", "ConfigError", "check_fields", "from_dict", "load_yaml", "resolve_path", "to_dict"]
+
 T = TypeVar("T")
 _NAMED = 5  # unknown keys named in one message
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A field type's rule, as `Annotated[str, Check(fn, "codec spec")]`: `fn(value)` raises ValueError for a bad
+    value. `from_dict` applies it with the field's full key path; `check_fields` on direct construction."""
+
+    fn: Callable[[Any], object]
+    what: str
+
+    def __call__(self, value: Any, path: str) -> None:
+        try:
+            self.fn(value)
+        except ValueError as exc:
+            raise ConfigError(one_line(f"{path}={show(value)} is not a valid {self.what}: {exc}")) from None
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, include_extras=True)
+
+
+def check_fields(obj: Any) -> None:
+    """Apply the `Check`s of a dataclass's annotated fields (a config built in code, not loaded by `from_dict`)."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        tp = hints[f.name]
+        if typing.get_origin(tp) is typing.Annotated:
+            for check in tp.__metadata__:
+                if isinstance(check, Check):
+                    check(getattr(obj, f.name), f.name)
 
 
 def from_dict(cls: type[T], data: Any, path: str = "") -> T:
@@ -23,7 +62,7 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{path or '<top>'}: expected a mapping for {cls.__name__}, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(map(str, data)) - set(fields))
     if unknown:
@@ -89,6 +128,12 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
+        return value
+    if origin is typing.Annotated:
+        value = _convert(args[0], value, path)
+        for check in tp.__metadata__:
+            if isinstance(check, Check):
+                check(value, path)
         return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
