@@ -162,7 +162,7 @@ def mean_sd(values: list[float], fmt: str) -> str:
 
 def prepare(work: Path) -> None:
     """The demo's data split and both frozen bases, once for every row (cluster A and B keep their own sides)."""
-    from recipes.abnet.data import DataConfig, prepare_data
+    from recipes.text.catalogs import DataConfig, prepare_data
 
     data = work / "data"
     if not (data / "A" / "en-es" / "manifest.json").is_file():

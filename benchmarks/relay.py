@@ -46,7 +46,7 @@ sys.path.insert(0, str(REPO))
 from nebula.channel import Endpoint  # noqa: E402
 from security.provision import provision  # noqa: E402
 from security.tls import client_context, server_context  # noqa: E402
-from switch_server.netns import NetnsError, WanNamespaces  # noqa: E402
+from tests.harness.netns import NetnsError, Sites as WanNamespaces  # noqa: E402
 from _tunnels import Framed, PlainRelayPair, missing  # noqa: E402  (benchmarks/ is this script's directory)
 
 KIB, MIB = 1024, 1024**2

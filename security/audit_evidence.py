@@ -13,7 +13,7 @@ the log (its `switch.yaml`, `peers: []`) hides nothing, and planting one can onl
   of this log it kept (`<its log>.peers/<name>.checkpoints` and its `audit.peer_checkpoint` records for `<name>`)
   and the key it pinned for `<name>` (`state/peer_audit_keys.json`);
 - beside the log (unless `discover=False`): the signing key its config names (or `audit_signing.key`), and what says
-  its writer has run (`state/epoch`, `accounts.db`, `ca.pem`) or has peers (a switch's or federated actor's files).
+  its writer has run (`state/epoch`, `accounts.db`, `ca.key`) or has peers (a switch's or federated actor's files).
 What lies beside the log, or in directories on the same host, is only as trustworthy as that host: evidence an
 attacker of the host cannot touch comes from `--peer-dir` copies taken from the peers' hosts, or `--key`.
 """
@@ -28,6 +28,7 @@ from typing import Any, Iterable, Iterator
 
 import yaml
 
+from security._yaml import NoAliases
 from security.audit import (PEER_CHECKPOINT_ACTION, Checkpoint, checkpoint_of_record, peer_checkpoints_path,
                             public_key_pem, read_checkpoints, signer_of, verify_checkpoint)
 from security.errors import AuditError
@@ -100,20 +101,11 @@ class _Found:
                         self.has_run, self.federated, tuple(self.peers), tuple(self.dirs), tuple(self.notes))
 
 
-class _NoAliases(yaml.SafeLoader):
-    """A switch.yaml found on disk may be planted: no aliases (an alias bomb would expand without bound)."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        if self.check_event(yaml.AliasEvent):
-            raise yaml.YAMLError("aliases are not accepted here")
-        return super().compose_node(parent, index)
-
-
 def _load_yaml(path: Path) -> dict[str, Any] | None:
     try:
         if path.stat().st_size > 1 << 20:
             return None
-        data = yaml.load(path.read_text(), Loader=_NoAliases)  # noqa: S506 - a SafeLoader without aliases
+        data = yaml.load(path.read_text(), Loader=NoAliases)  # noqa: S506 - a SafeLoader without aliases
     except (OSError, yaml.YAMLError, UnicodeDecodeError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
@@ -241,7 +233,8 @@ def _beside(log: Path, found: _Found) -> None:
         found.has_run = found.has_run or f"{d / 'state' / 'epoch'} says its switch has started"
     if d.name.startswith("combiner-"):
         found.why_federated(f"it is in a federated combiner's directory ({d.name})")
-    for marker, what in (("accounts.db", "an account store"), ("ca.pem", "a certificate authority")):
+    # (a CA's directory holds its key; a site's kit holds only the CA's certificate, ca.pem)
+    for marker, what in (("accounts.db", "an account store"), ("ca.key", "a certificate authority")):
         if (d / marker).exists():
             found.has_run = found.has_run or f"{d} holds {what} ({marker}), whose every change is audited"
 

@@ -1,28 +1,39 @@
-"""One-step federation set-up: CA, per-cluster switch certificates, worker credentials and switch configs."""
+"""Provisioning a federation and changing it: one kit per site from a federation file (or from flags, the quick
+case), clusters added and removed later with a peers update for every site that stays.
+
+The output directory `out` is the admin's: `ca/` (the CA, its key stays here), `federation.yaml` (the federation
+as provisioned, every port written out: edit it and provision `--from` it again to change the federation),
+`state.json` (revision, each cluster's serials), one kit per cluster `out/<cluster>/` (relative paths only; on this
+machine it shares the CA's certificate and CRL through links, so a revocation reaches switches run from here at
+once), `kits/<cluster>.tar.gz` (the archive to ship) and `updates/<cluster>-r<N>.tar.gz` (peers updates of a
+revision for the sites already running, applied live with `nebula-switch reload --update`).
+"""
 from __future__ import annotations
 
-import ipaddress
+import json
 import os
 import random
-import secrets
 import shutil
 import socket
-import sys
 import tempfile
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import yaml
 
 from security._files import PUBLIC, atomic_write
-from security.audit import generate_signing_key
-from security.ca import CertificateAuthority
-from security.curve import write_curve_keypair
+from security.ca import CertificateAuthority, format_serial
 from security.errors import CAError, SecurityError
+from security.federation import (AccountSpec, CASpec, ClusterSpec, FederationError, FederationSpec, federation_doc,
+                                 is_loopback, load_federation, parse_federation)
 from security.identity import check_name
+from security.kits import archive, build_kit, set_peers, worker_file, write_update
 
-__all__ = ["provision", "free_ports"]
+__all__ = ["add_cluster", "free_ports", "provision", "provision_spec", "remove_cluster"]
+
+STATE = "state.json"
+SPEC = "federation.yaml"
 
 
 def free_ports(host: str, count: int) -> list[int]:
@@ -61,22 +72,143 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def _addr(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def _resolve_ports(spec: FederationSpec) -> FederationSpec:
+    """`spec` with every port 0 (a cluster on this machine's loopback) replaced by a free port of this machine."""
+    zero = [c for c in spec.clusters if c.port == 0 or c.local.endswith(":0")]
+    if not zero:
+        return spec
+    ports = iter(free_ports("127.0.0.1", 2 * len(zero)))  # one draw: a WAN port and a local port never collide
+    out = []
+    for c in spec.clusters:
+        if c in zero:
+            port = c.port or next(ports)
+            listen = c.listen if not c.listen.endswith(":0") else f"{c.listen.rpartition(':')[0]}:{port}"
+            local = c.local if not c.local.endswith(":0") else f"{c.local.rpartition(':')[0]}:{next(ports)}"
+            c = ClusterSpec(c.name, c.host, port, listen, local, c.accounts, c.link, c.limits)
+        out.append(c)
+    return spec.with_clusters(out)
 
 
-def _dump(path: Path, data: dict, mode: int = PUBLIC) -> None:
-    atomic_write(path, yaml.safe_dump(data, sort_keys=False).encode(), mode)
+def _held(out: Path, state: dict) -> str:
+    return f"federation {state['federation']} (clusters {', '.join(state['clusters'])})"
+
+
+def _alternatives(out: Path, new: Sequence[str] = ()) -> str:
+    name = new[0] if len(new) == 1 else "NAME"
+    return (f"add {'a cluster' if name == 'NAME' else name} with `nebula-admin provision add-cluster {name} --out {out} "
+            f"--host HOST --port PORT`, or edit {out / SPEC} and run "
+            f"`nebula-admin provision --from {out / SPEC} --out {out}`")
+
+
+def _load_state(out: Path) -> dict | None:
+    try:
+        return json.loads((out / STATE).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise SecurityError(f"{out / STATE} cannot be read ({exc}); it records the provisioned federation: "
+                            "restore it from a backup") from None
+
+
+def _passphrase(spec: FederationSpec, given: str | bytes | None) -> str | bytes | None:
+    if given is not None or not spec.ca.passphrase_env:
+        return given
+    value = os.environ.get(spec.ca.passphrase_env)
+    if value is None:
+        raise SecurityError(f"ca.passphrase_env names {spec.ca.passphrase_env}, which is not set; export it")
+    return value
+
+
+def provision_spec(spec: FederationSpec, out: str | os.PathLike, ca_dir: str | os.PathLike | None = None,
+                   ca_passphrase: str | bytes | None = None, *, fresh: bool = False) -> dict:
+    """Bring `out` to `spec`: a new federation there, or the one `out` holds with the clusters `spec` adds (their
+    kits) and the address changes it makes (peers updates for the sites already running). Clusters that `out`
+    holds and `spec` lacks are refused (`remove_cluster` takes one out); `fresh` refuses any existing federation.
+    Returns a summary: paths, addresses, kits and updates."""
+    out = Path(out)
+    state = _load_state(out)
+    if state is None:
+        taken = [p for p in [out / "ca", *(out / c for c in spec.names())] if p.exists()]
+        if taken:
+            raise SecurityError(f"{taken[0]} already exists; provision into a new --out directory or remove it first")
+        state = {"federation": spec.federation, "revision": 0, "clusters": {}, "removed": {},
+                 "ca": str(Path(ca_dir).resolve()) if ca_dir else "ca"}
+    elif fresh:
+        new = [c for c in spec.names() if c not in state["clusters"]]
+        raise SecurityError(f"{out} already exists and holds {_held(out, state)}; provision into a new --out "
+                            f"directory, or {_alternatives(out, new)}")
+    elif state["federation"] != spec.federation:
+        raise FederationError(f"{out} holds federation {state['federation']}, the file describes "
+                              f"{spec.federation}; provision it into another --out directory")
+    gone = [c for c in state["clusters"] if c not in spec.names()]
+    if gone:
+        raise FederationError(f"{out} holds cluster {gone[0]}, which the federation file no longer lists; take it "
+                              f"out with `nebula-admin provision remove-cluster {gone[0]} --out {out}` (revokes it), "
+                              "or list it again")
+    spec = _resolve_ports(spec)
+    ca_path = out / state["ca"] if not Path(state["ca"]).is_absolute() else Path(state["ca"])
+    passphrase = _passphrase(spec, ca_passphrase)
+    out.mkdir(parents=True, exist_ok=True)
+    ca = None
+    if ca_path.exists():
+        ca = CertificateAuthority.open(ca_path, passphrase)
+        if ca.federation != spec.federation:
+            raise CAError(f"CA {ca_path} belongs to federation {ca.federation!r}, not {spec.federation!r}; "
+                          "pass the matching --federation or another --ca")
+        ca.key  # a wrong passphrase fails here, before anything is written
+    new = [c for c in spec.clusters if c.name not in state["clusters"]]
+    revision = state["revision"] + 1
+    stage = Path(tempfile.mkdtemp(dir=out, prefix=".provision-"))
+    try:
+        if ca is None:
+            ca = CertificateAuthority.init(stage / "ca", spec.federation, passphrase, days=spec.ca.days)
+        kits = {c.name: build_kit(ca, spec, c, stage / c.name, os.path.relpath(ca_path, out / c.name), revision)
+                for c in new}
+        if (stage / "ca").exists():
+            os.replace(stage / "ca", out / "ca")
+            ca = CertificateAuthority.open(out / "ca", passphrase)
+        for c in new:
+            os.replace(stage / c.name, out / c.name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    ca.write_crl(days=spec.ca.crl_days)
+    changed = [c for c in spec.clusters if c not in new and set_peers(spec, c, out / c.name, revision)]
+    if not new and not changed:
+        revision -= 1
+    for name, kit in kits.items():
+        state["clusters"][name] = {"serials": [format_serial(s) for s in kit.serials], "since": revision}
+    state["revision"] = revision
+    return _finish(out, spec, state, ca, changed, f"federation.provision r{revision}",
+                   {"added": [c.name for c in new], "updated": [c.name for c in changed]})
+
+
+def _finish(out: Path, spec: FederationSpec, state: dict, ca: CertificateAuthority, changed: list[ClusterSpec],
+            action: str, detail: dict) -> dict:
+    """Write the federation file and state, the kits' archives and the peers updates of `changed`; the summary."""
+    atomic_write(out / SPEC, (f"# federation {spec.federation} as provisioned (revision {state['revision']}); edit "
+                              f"and run `nebula-admin provision --from {SPEC} --out .` here to change it\n"
+                              + yaml.safe_dump(federation_doc(spec), sort_keys=False)).encode(), PUBLIC)
+    atomic_write(out / STATE, json.dumps(state, indent=1, sort_keys=True).encode())
+    kits = {c.name: archive(out / c.name, out / "kits" / f"{c.name}.tar.gz") for c in spec.clusters}
+    updates = {c.name: write_update(spec, c, ca.crl_path, out / "updates" / f"{c.name}-r{state['revision']}.tar.gz",
+                                    state["revision"]) for c in changed}
+    ca.audit_event(action.split()[0], spec.federation, detail={"revision": state["revision"], **detail})
+    clusters = {}
+    for c in spec.clusters:
+        d = (out / c.name).resolve()
+        clusters[c.name] = {"dir": str(d), "switch_yaml": str(d / "switch.yaml"),
+                            "worker_yaml": str(d / worker_file(c.worker_names()[0][1])), "listen": c.address,
+                            "endpoint": c.local, "kit": str(kits[c.name].resolve())}
+    return {"federation": spec.federation, "ca": str(ca.dir.resolve()), "revision": state["revision"],
+            "clusters": clusters, "updates": {k: str(v.resolve()) for k, v in updates.items()},
+            "removed": sorted(state["removed"])}
 
 
 def provision(federation: str, clusters: Sequence[str], out: str | os.PathLike, host: str = "127.0.0.1",
               ca_dir: str | os.PathLike | None = None, account: str = "nebula",
               ca_passphrase: str | bytes | None = None) -> dict:
-    """Create `out/ca` (unless `ca_dir`), and per cluster `out/<cluster>/` with switch.yaml, worker.yaml and keys.
-
-    Everything is built in a staging directory inside `out` and moved into place at the end, so a failure
-    leaves no half-provisioned cluster behind. Returns a summary: paths, listen addresses and endpoints.
-    """
+    """The quick case: `clusters` of `federation`, every switch on `host` (free ports of this machine), one worker
+    credential of `account` each, into the new directory `out` (its CA, unless `ca_dir` names one)."""
     check_name(federation, "federation")
     check_name(account, "account")
     clusters = [check_name(c, "cluster") for c in clusters]
@@ -84,83 +216,73 @@ def provision(federation: str, clusters: Sequence[str], out: str | os.PathLike, 
         raise SecurityError("no clusters given; pass --clusters A,B")
     if len(set(clusters)) != len(clusters):
         raise SecurityError(f"clusters {','.join(clusters)} name a cluster twice; give each once")
-    out = Path(out)
-    ip = None
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        pass
-    targets = [out / c for c in clusters] + ([] if ca_dir else [out / "ca"])
-    for t in targets:
-        if t.exists():
-            raise SecurityError(f"{t} already exists; provision into a new --out directory or remove it first")
-    out.mkdir(parents=True, exist_ok=True)
-    if ca_dir is not None:
+    if ca_dir is not None:  # (checked before anything is written, as below)
         ca = CertificateAuthority.open(ca_dir, ca_passphrase)
         if ca.federation != federation:
             raise CAError(f"CA {ca_dir} belongs to federation {ca.federation!r}, not {federation!r}; "
                           "pass the matching --federation or another --ca")
-        ca.key  # a wrong passphrase fails here, before anything is written
-    stage = Path(tempfile.mkdtemp(dir=out, prefix=".provision-"))
-    try:
-        if ca_dir is None:
-            ca = CertificateAuthority.init(stage / "ca", federation, ca_passphrase)
-            ca_ref = {"ca": "../ca/ca.pem", "crl": "../ca/crl.pem"}
-        else:
-            ca_ref = {"ca": str(Path(ca_dir).resolve() / "ca.pem"), "crl": str(Path(ca_dir).resolve() / "crl.pem")}
-        if host == "127.0.0.1":  # one draw, so a WAN port and a local port can never be the same
-            both = free_ports(host, 2 * len(clusters))
-            ports, local_ports = both[:len(clusters)], both[len(clusters):]
-        else:
-            ports, local_ports = free_ports(host, len(clusters)), free_ports("127.0.0.1", len(clusters))
-        listen = {c: _addr(host, p) for c, p in zip(clusters, ports)}
-        summary: dict = {"federation": federation, "ca": str((Path(ca_dir) if ca_dir else out / "ca").resolve()),
-                         "clusters": {}}
-        for cluster, local_port in zip(clusters, local_ports):
-            d = stage / cluster
-            endpoint = f"tcp://127.0.0.1:{local_port}"
-            # workers on the switch's host use a Linux abstract socket: no file to clean up, no path length limit
-            ipc = f"ipc://@nebula-{federation}-{cluster}-{secrets.token_hex(6)}" if sys.platform == "linux" else ""
-            ca.issue("switch", "switch", cluster, dns=["localhost"] if ip else ["localhost", host],
-                     ips=[host] if ip else [], out_dir=d, stem="switch")
-            switch_public = write_curve_keypair(d / "switch_curve.key_secret")
-            generate_signing_key(d / "audit_signing.key")
-            worker_public = write_curve_keypair(d / "workers" / "worker.key_secret")
-            ca.issue("worker", "worker", cluster, out_dir=d / "workers", stem="worker")
-            _dump(d / "switch.yaml", {
-                "federation": federation,
-                "cluster": cluster,
-                "listen": listen[cluster],
-                "tls": {"ca": ca_ref["ca"], "cert": "switch.pem", "key": "switch.key", "crl": ca_ref["crl"]},
-                "local": {"endpoint": endpoint, "ipc_endpoint": ipc, "curve_secret_key": "switch_curve.key_secret",
-                          "workers": [{"name": "worker", "account": account, "curve_public_key": worker_public}]},
-                "audit": {"log": "audit.log", "signing_key": "audit_signing.key"},
-                "peers": [{"cluster": p, "address": listen[p]} for p in clusters if p != cluster],
-                "state_dir": "state",
-            })
-            _dump(d / "worker.yaml", {
-                "federation": federation,
-                "cluster": cluster,
-                "endpoint": endpoint,
-                "ipc_endpoint": ipc,
-                "switch_curve_public_key": switch_public,
-                "curve_key": "workers/worker.key_secret",
-                "account": account,
-                "name": "worker",
-            }, 0o600)
-            os.chmod(d / "workers", 0o700)
-            os.chmod(d, 0o700)
-            summary["clusters"][cluster] = {
-                "dir": str((out / cluster).resolve()),
-                "switch_yaml": str((out / cluster / "switch.yaml").resolve()),
-                "worker_yaml": str((out / cluster / "worker.yaml").resolve()),
-                "listen": listen[cluster],
-                "endpoint": endpoint,
-                "switch_curve_public_key": switch_public,
-            }
-        ca.audit_event("federation.provision", federation, detail={"clusters": clusters, "out": str(out.resolve())})
-        for t in targets:
-            os.replace(stage / t.name, t)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-    return summary
+    out = Path(out)
+    if _load_state(out) is None and (out / "ca").exists() and ca_dir is None:
+        raise SecurityError(f"{out / 'ca'} already exists; provision into a new --out directory or remove it first")
+    ports = [0] * len(clusters) if is_loopback(host) else free_ports(host, len(clusters))
+    local = free_ports("127.0.0.1", len(clusters)) if not is_loopback(host) else [0] * len(clusters)
+    addr = f"[{host}]" if ":" in host else host
+    spec = FederationSpec(federation, tuple(
+        ClusterSpec(c, host, p, f"{addr}:{p}", f"tcp://127.0.0.1:{lp}", (AccountSpec(account),))
+        for c, p, lp in zip(clusters, ports, local)), CASpec())
+    return provision_spec(spec, out, ca_dir, ca_passphrase, fresh=True)
+
+
+def _spec_of(out: Path) -> tuple[FederationSpec, dict]:
+    state = _load_state(out)
+    if state is None:
+        raise SecurityError(f"{out} holds no provisioned federation ({STATE} is missing); provision one with "
+                            f"`nebula-admin provision --from federation.yaml --out {out}`")
+    return load_federation(out / SPEC), state
+
+
+def add_cluster(out: str | os.PathLike, name: str, host: str = "127.0.0.1", port: int = 0, *,
+                listen: str | None = None, local: str | None = None, accounts: Sequence[AccountSpec] = (),
+                ca_passphrase: str | bytes | None = None) -> dict:
+    """Add cluster `name` at `host:port` to the federation in `out`: its kit, and a peers update for every other."""
+    out = Path(out)
+    spec, _ = _spec_of(out)
+    doc = federation_doc(spec)
+    entry: dict[str, Any] = {"name": name, "host": host, "port": port}
+    if listen:
+        entry["listen"] = listen
+    if local:
+        entry["local"] = local
+    if accounts:
+        entry["accounts"] = [{"name": a.name, "workers": list(a.workers)} for a in accounts]
+    if name in spec.names():
+        raise FederationError(f"federation {spec.federation} has a cluster {name} already; pick another name")
+    doc["clusters"].append(entry)
+    return provision_spec(parse_federation(doc, f"add-cluster {name}"), out, ca_passphrase=ca_passphrase)
+
+
+def remove_cluster(out: str | os.PathLike, name: str, ca_passphrase: str | bytes | None = None,
+                   reason: str = "cessation_of_operation") -> dict:
+    """Take cluster `name` out of the federation in `out`: revoke its certificates (CRL), a peers update for every
+    other site; its directory stays (its logs are the site's history), its kit archive goes."""
+    out = Path(out)
+    spec, state = _spec_of(out)
+    gone = spec.cluster(name)
+    rest = [c for c in spec.clusters if c.name != name]
+    if not rest:
+        raise FederationError(f"{name} is the last cluster of federation {spec.federation}; nothing would be left")
+    ca_path = out / state["ca"] if not Path(state["ca"]).is_absolute() else Path(state["ca"])
+    ca = CertificateAuthority.open(ca_path, _passphrase(spec, ca_passphrase))
+    revoked = {format_serial(r.serial) for r in ca.list() if r.status == "revoked"}
+    for serial in state["clusters"][name]["serials"]:
+        if serial not in revoked:
+            ca.revoke(serial, reason)
+    ca.write_crl(days=spec.ca.crl_days)
+    spec = spec.with_clusters(rest)
+    state["revision"] += 1
+    state["removed"][name] = state["revision"]
+    del state["clusters"][name]
+    for c in rest:
+        set_peers(spec, c, out / c.name, state["revision"])
+    (out / "kits" / f"{gone.name}.tar.gz").unlink(missing_ok=True)
+    return _finish(out, spec, state, ca, rest, "federation.remove_cluster", {"cluster": name})

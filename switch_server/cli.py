@@ -1,4 +1,5 @@
-"""`nebula-switch`: serve (run a switch server), status (links and throughput), probe (end-to-end link test)."""
+"""`nebula-switch`: serve (run a switch server), reload (apply a changed config or a peers update to it, live),
+status (links and throughput), probe (end-to-end link test)."""
 from __future__ import annotations
 
 __all__ = ["build_parser", "main"]
@@ -9,14 +10,17 @@ import faulthandler
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from nebula.config import ConfigError
+from nebula.config.switch import load_switch_config
 
 STOP_TIMEOUT_S = 5.0
-from nebula.config.switch import load_switch_config
+EXIT_REVOKED = 3  # the switch's own certificate was revoked: it stopped, and a restart is refused alike
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -57,15 +61,74 @@ def _serve(args: argparse.Namespace) -> int:
         # collections would otherwise walk it every few thousand frames and stall relaying for milliseconds
         gc.freeze()
         print(f"listening wan={wan} local={local}", flush=True)
-        await stop.wait()
+        waits = [asyncio.create_task(stop.wait()), asyncio.create_task(server.must_stop.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in waits:
+            w.cancel()
         try:
             await asyncio.wait_for(server.stop(), STOP_TIMEOUT_S)
         except asyncio.TimeoutError:
             print(f"nebula-switch: did not stop cleanly within {STOP_TIMEOUT_S} s; exiting", file=sys.stderr)
             return 1
-        return 0
+        return EXIT_REVOKED if server.fatal else 0
 
     return asyncio.run(main())
+
+
+def _reload(args: argparse.Namespace) -> int:
+    from security.kits import UpdateError, apply_update
+    from switch_server.state import running_pid, state_dir
+    from switch_server.status import status_path
+
+    try:
+        cfg = load_switch_config(args.config)
+    except ConfigError as exc:
+        print(f"nebula-switch reload: {exc} (the running switch was not asked and keeps its configuration)",
+              file=sys.stderr)
+        return 2
+    if args.update:
+        try:
+            applied = apply_update(Path(args.config), Path(args.update))
+        except UpdateError as exc:
+            print(f"nebula-switch reload: {exc}", file=sys.stderr)
+            return 2
+        print(f"applied {args.update} to {args.config}: {applied}", flush=True)
+    pid = running_pid(state_dir(cfg))
+    if pid is None:
+        then = "it reads the update when it starts" if args.update else "nothing to reload"
+        print(f"nebula-switch reload: switch {cfg.cluster} is not running (no process holds "
+              f"{state_dir(cfg) / 'switch.pid'}); {then}: start it with `nebula-switch serve --config {args.config}`",
+              file=sys.stderr)
+        return 0 if args.update else 1
+    path = status_path(cfg)
+    before = _reload_count(path, pid)
+    os.kill(pid, signal.SIGHUP)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        count = _reload_count(path, pid)
+        if count > before:
+            status = json.loads(path.read_text())
+            st, name = status["reload"], status.get("cluster", cfg.cluster)  # (the running switch's own name)
+            if st["outcome"] == "ok":
+                print(f"switch {name} (pid {pid}) reloaded {args.config}: peers "
+                      f"{', '.join(st['peers']) or 'none'}; the CRL revokes {st['revoked']} certificate(s)")
+                return 0
+            print(f"nebula-switch reload: switch {name} (pid {pid}) refused the reload and keeps its running "
+                  f"configuration: {st['reason']}", file=sys.stderr)
+            return 1
+        time.sleep(0.1)
+    print(f"nebula-switch reload: switch {cfg.cluster} (pid {pid}) did not report a reload within {args.timeout} s; "
+          f"see its log, or `nebula-switch status --config {args.config}`", file=sys.stderr)
+    return 1
+
+
+def _reload_count(path: Path, pid: int) -> int:
+    """Reloads the switch `pid` has reported in its status file so far."""
+    try:
+        st = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0
+    return st.get("reload", {}).get("count", 0) if st.get("pid") == pid else 0
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -126,6 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--config", required=True, help="switch.yaml (from nebula-admin provision)")
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(func=_serve)
+    r = sub.add_parser("reload", help="apply a changed switch.yaml, certificates and CRL (or a peers update) to the "
+                                      "running switch, without a restart (what SIGHUP does), and report the outcome")
+    r.add_argument("--config", required=True, help="switch.yaml of the running switch")
+    r.add_argument("--update", help="a peers update from the federation's admin (<cluster>-r<N>.tar.gz): its peers "
+                                    "and CRL are written into the kit first")
+    r.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the switch's answer")
+    r.set_defaults(func=_reload)
     st = sub.add_parser("status", help="print links and throughput of a running switch")
     st.add_argument("--config", required=True)
     st.add_argument("--json", action="store_true")

@@ -136,6 +136,8 @@ class Delivery:
             dropped += len(gone)
             if not box.lanes:
                 del self.pending[addr]
+        if dropped:
+            self.host.metrics.refused.labels(reason="sender_ended").inc(dropped)
         return dropped
 
     def _unhold(self, account: str, nbytes: int) -> None:

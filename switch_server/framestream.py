@@ -162,6 +162,11 @@ class FrameStream(asyncio.BufferedProtocol):
             if self.transport is not None:
                 self.transport.pause_reading()
 
+    @property
+    def error(self) -> BaseException | None:
+        """What ended the stream (a peer's TLS alert, a reset), or None while it lives."""
+        return self._error
+
     def _fail(self, exc: BaseException) -> None:
         if self._error is None:
             self._error = exc

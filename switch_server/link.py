@@ -129,8 +129,7 @@ class OutboundLink:
             except asyncio.CancelledError:
                 raise
             except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as exc:
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                log.info("link to %s down: %s", self.cluster, self.last_error)
+                self.last_error = self.server.trust.link_down(self, exc)
             except WireError as exc:
                 self.last_error = f"peer sent a malformed frame: {exc}"
                 log.warning("link to %s: %s", self.cluster, self.last_error)

@@ -18,6 +18,7 @@ from nebula.config import SwitchConfig
 from nebula.wire import FrameType, WireError, encode_frame
 from security.errors import SecurityError
 from security.tls import PeerRejected, check_peer, client_context, crl_serials, describe_tls_error, server_context
+from switch_server.errors import SwitchError
 from switch_server.framestream import FrameStream, write_frame
 from switch_server.link import HANDSHAKE_TIMEOUT_S
 from switch_server.session import InboundSession
@@ -35,10 +36,6 @@ PENALTY_S = 5.0  # doubled for each further offence, up to PENALTY_MAX_S
 PENALTY_MAX_S = 300.0
 
 
-class SwitchError(Exception):
-    """The switch cannot start: a file or setting is unusable; the message names it and the fix."""
-
-
 class PeerTrust:
     """The TLS contexts, own certificate and revocation list of one switch, and the identity checks of its peers."""
 
@@ -50,6 +47,8 @@ class PeerTrust:
         self.server_ctx: ssl.SSLContext | None = None
         self.client_ctx: ssl.SSLContext | None = None
         self.revoked: set[int] = set()
+        self.own_serial = 0  # this switch's own certificate: a CRL that lists it means the federation removed us
+        self.refused_us: dict[str, str] = {}  # peer cluster -> why it refuses our certificate (said once per reason)
         self.cert_not_after = 0.0
         self.crl_mtime = 0.0
 
@@ -73,6 +72,7 @@ class PeerTrust:
             raise SwitchError(f"{tls.cert}: not a PEM certificate ({exc})") from None
         self.server_ctx, self.client_ctx, self.revoked = server_ctx, client_ctx, revoked
         self.crl_mtime = mtime(tls.crl)
+        self.own_serial = cert.serial_number
         self.cert_not_after = cert.not_valid_after_utc.timestamp()
         self.metrics.cert_expiry.set(self.cert_not_after - time.time())
 
@@ -107,7 +107,13 @@ class PeerTrust:
 
     def check_switch(self, ssl_obj: Any, cluster: str | None, address: str, outgoing: bool, *,
                      federation: str, peers: Any) -> Any:
-        """Identity of a peer switch if it is one of `peers` (cluster names); None (audited) otherwise."""
+        """Identity of a peer switch if it is one of `peers` (cluster names); None (audited) otherwise.
+        ConnectionResetError if the peer closed the connection already (its alert says why: `link_down`)."""
+        try:
+            ssl_obj.getpeercert(binary_form=True)
+        except (AttributeError, ValueError, OSError):  # (the socket is closed: the peer ended it at once)
+            raise ConnectionResetError(f"peer {cluster or '?'} ({address}) closed the connection right after the "
+                                       "TLS handshake") from None
         try:
             ident = check_peer(ssl_obj, role="switch", cluster=cluster, federation=federation, revoked=self.revoked)
             if cluster is None and ident.cluster not in peers:
@@ -119,6 +125,35 @@ class PeerTrust:
         self.audit(self.actor, "peer_accepted", ident.cluster or "?",
                    "ok", {"address": address, "identity": ident.uri, "direction": "out" if outgoing else "in"})
         return ident
+
+
+    def link_down(self, link: Any, exc: BaseException) -> str:
+        """Why outbound `link` went down (its `last_error`), logged: a peer that refuses our own certificate (as
+        revoked, expired, of an unknown CA) is said once per reason, in one line with the fix, and audited, and the
+        retries it causes are logged at debug only, until a session comes up again; other causes as before."""
+        cluster, stream = link.cluster, link.writer
+        if link.established:  # (the peer accepted us for a while: what it said before is history)
+            self.refused_us.pop(cluster, None)
+        text = f"{type(exc).__name__}: {exc}"
+        if stream is not None and stream.error is not None and str(stream.error) not in text:
+            text += f" ({stream.error})"  # (the peer's TLS alert, when it closed at once)
+        refused = next((why for needle, why in _REFUSED_US if needle in text.upper()), None)
+        if refused is None:
+            log.log(logging.DEBUG if cluster in self.refused_us else logging.INFO, "link to %s down: %s", cluster, text)
+            return self.refused_us.get(cluster, text)
+        why = (f"peer {cluster} ({link.address}) refuses this switch's certificate as {refused}: its CRL or CA says "
+               f"so; if this cluster is still in the federation, get the current CRL (and a new kit if it was "
+               f"revoked) from the federation's admin")
+        if self.refused_us.get(cluster) != why:
+            self.refused_us[cluster] = why
+            log.error("%s", why)
+            self.audit(self.actor, "refused_by_peer", cluster, "denied", {"reason": refused, "address": link.address})
+        return why
+
+
+# TLS alerts a peer sends when it refuses this switch's certificate
+_REFUSED_US = (("ALERT_CERTIFICATE_REVOKED", "revoked"), ("ALERT_UNKNOWN_CA", "issued by an unknown CA"),
+               ("ALERT_CERTIFICATE_EXPIRED", "expired"), ("ALERT_BAD_CERTIFICATE", "bad"))
 
 
 def mtime(path: str) -> float:

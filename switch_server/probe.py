@@ -1,15 +1,21 @@
-"""`nebula-switch probe`: numbered messages through the federation, counted at the receiver (an iperf for links)."""
+"""`nebula-switch probe`: numbered messages through the federation, counted at the receiver (an iperf for links).
+
+The receiver answers each sender, once it has taken all of that sender's messages, with a receipt (what it took,
+and over how long); the sender reports the rate of what the receiving application took, from its first send to
+that receipt, not how fast its own endpoint queued (a receiving process holds up to its window unread).
+"""
 from __future__ import annotations
 
-__all__ = ["PROBE_CHANNEL", "ProbeError", "probe_recv", "probe_send", "worker_file"]
+__all__ = ["PROBE_CHANNEL", "ProbeError", "probe_recv", "probe_send", "receipt", "worker_file"]
 
+import json
 import struct
 import time
 from pathlib import Path
 
 from nebula.channel import ChannelError, Endpoint
 
-_HEAD = struct.Struct("!Qd")  # message index, send time
+_HEAD = struct.Struct("!QdQ")  # message index, send time, how many messages this sender sends
 PROBE_CHANNEL = "probe"
 
 
@@ -45,8 +51,8 @@ def probe_send(config: str | Path, *, to: str, count: int, size_bytes: int, job:
         ch = ep.channel(to, 0, PROBE_CHANNEL)
         pad = bytes(size_bytes - _HEAD.size)
         t0 = time.monotonic()
-        futs = [ch.send([_HEAD.pack(i, time.time()), pad], lane="bulk" if size_bytes > 1 << 20 else "activation")
-                for i in range(count)]
+        futs = [ch.send([_HEAD.pack(i, time.time(), count), pad],
+                        lane="bulk" if size_bytes > 1 << 20 else "activation") for i in range(count)]
         for f in futs:
             try:
                 f.result(timeout=timeout_s)
@@ -54,22 +60,41 @@ def probe_send(config: str | Path, *, to: str, count: int, size_bytes: int, job:
                 raise ProbeError(f"message refused: {exc}") from None
         if not ep.flush(timeout_s):
             raise ProbeError(f"not every message was acknowledged within {timeout_s} s; is a receiver running?")
+        try:
+            got = json.loads(ch.recv(timeout_s=timeout_s))
+        except (TimeoutError, ChannelError, ValueError):
+            raise ProbeError(f"the receiver in cluster {to} sent no receipt within {timeout_s} s; is it a "
+                             "`nebula-switch probe --recv` of this version?") from None
         dt = max(time.monotonic() - t0, 1e-9)
     finally:
         ep.close(flush_s=timeout_s)
-    return {"sent": count, "bytes": count * size_bytes, "seconds": round(dt, 4),
-            "mbit_s": round(count * size_bytes * 8 / dt / 1e6, 3)}
+    taken = int(got.get("received", 0)) * size_bytes
+    return {"sent": count, "received": got.get("received"), "missing": got.get("missing"),
+            "bytes": taken, "seconds": round(dt, 4), "mbit_s": round(taken * 8 / dt / 1e6, 3),
+            "receiver_mbit_s": got.get("mbit_s")}
+
+
+def receipt(src: "_Source", nbytes: int, first: float, last: float) -> bytes:
+    """What a receiver tells a sender once it took all of its messages: counts and its own rate."""
+    span = last - first
+    return json.dumps({**src.report(), "bytes": nbytes,
+                       "mbit_s": round(nbytes * 8 / span / 1e6, 3) if span > 0 else None}).encode()
 
 
 class _Source:
     """What one sender's probe messages did at the receiver: indexes seen, duplicates, order."""
 
-    __slots__ = ("seen", "received", "duplicates", "out_of_order", "last")
+    __slots__ = ("seen", "received", "duplicates", "out_of_order", "last", "expected", "nbytes", "first",
+                 "answered")
 
-    def __init__(self) -> None:
+    def __init__(self, expected: int = 0) -> None:
         self.seen: set[int] = set()
         self.received = self.duplicates = self.out_of_order = 0
         self.last = -1
+        self.expected = expected  # messages its sender says it sends
+        self.nbytes = 0
+        self.first = time.monotonic()
+        self.answered = False
 
     def add(self, i: int) -> None:
         self.received += 1
@@ -107,15 +132,20 @@ def probe_recv(config: str | Path, *, count: int, job: str = "probe", timeout_s:
                 except ChannelError:
                     continue  # a peer link down: keep waiting for the others until the deadline
                 now = time.time()
-                i, sent = _HEAD.unpack(bytes(parts[0][: _HEAD.size]))
+                i, sent, expected = _HEAD.unpack(bytes(parts[0][: _HEAD.size]))
                 t_first = t_first or time.monotonic()
                 t_last = time.monotonic()
-                nbytes += sum(len(p) for p in parts)
+                size = sum(len(p) for p in parts)
+                nbytes += size
                 latencies.append(now - sent)
                 src = sources.get(name)
                 if src is None:
-                    src = sources[name] = _Source()
+                    src = sources[name] = _Source(expected)
                 src.add(i)
+                src.nbytes += size
+                if len(src.seen) >= src.expected and not src.answered:
+                    src.answered = True
+                    ch.send(receipt(src, src.nbytes, src.first, t_last))
                 deadline = time.monotonic() + timeout_s
     finally:
         ep.close(flush_s=2.0)

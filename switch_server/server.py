@@ -11,9 +11,8 @@ from typing import Any
 
 import zmq.auth
 
-from nebula.config import ConfigError, PeerConfig, SwitchConfig, split_host_port
+from nebula.config import PeerConfig, SwitchConfig
 from nebula.config.budgets import Budgets, resolve
-from nebula.config.switch import load_switch_config
 from security.audit import AuditLog, safe_text
 from security.errors import AuditError
 from switch_server.auditlimit import AuditThrottle
@@ -21,22 +20,22 @@ from switch_server.authz import PeerPolicy
 from switch_server.budget import ALL, MemoryBudget, Party
 from switch_server.checkpoints import CheckpointExchange
 from switch_server.incarnations import Incarnations
+from switch_server.lifecycle import bind, reload
 from switch_server.link import OutboundLink
 from switch_server.local import LocalSide
 from switch_server.metrics import SwitchMetrics
 from switch_server.memtrim import MemoryTrim
-from switch_server.peers import PeerTrust, SwitchError, accept_peer, cut_untrusted, mtime
-from switch_server.routegrants import RouteGrants, read_policy
+from switch_server.peers import PeerTrust, SwitchError, accept_peer
+from switch_server.routegrants import RouteGrants
 from switch_server.router import Router
 from switch_server.session import InboundSession
 from switch_server.shaper import TokenBucket
 from switch_server.state import SwitchState, state_dir
 from switch_server.status import status_path, switch_status
-from switch_server.tlstransport import Listener
+from switch_server.tlstransport import Listener  # (the WAN listener, bound by lifecycle.bind)
+from switch_server.upkeep import upkeep
 
 log = logging.getLogger(__name__)
-
-from switch_server.upkeep import upkeep
 
 
 def load_curve_keys(path: str) -> tuple[bytes, bytes]:
@@ -84,6 +83,10 @@ class SwitchServer:
         self.metrics_address = ""
         self.audit_log: AuditLog | None = None
         self.closed = asyncio.Event()
+        self.started = False
+        self.fatal: str | None = None  # why the switch must stop (its own certificate revoked), once it must
+        self.must_stop = asyncio.Event()
+        self.reloads: dict[str, Any] = {"count": 0}  # the last reload's outcome, for `nebula-switch reload`
         self._last_status: dict[str, Any] = {}
         self.audit_limited = AuditThrottle(self.audit)
         self.trust = PeerTrust(self.metrics, self.audit, self.actor, self.audit_limited)
@@ -106,27 +109,28 @@ class SwitchServer:
 
     # ---- lifecycle ----
     async def start(self) -> tuple[str, str]:
-        """Open the audit log, the metrics endpoint, the local side, the WAN listener and the peer links."""
-        self.epoch = self.state.next_epoch()
-        self.incs.start(self.epoch)
+        """Take the state directory, open the audit log, bind the metrics endpoint, the local side and the WAN
+        listener, then take the next boot epoch and dial the peers. A start that fails (SwitchError naming the
+        address, the config key and the fix) leaves the epoch as it was: no peer or worker saw this boot."""
+        self.state.lock(self.cfg.cluster, self.config_path)
         try:
             self.audit_log = AuditLog(self.cfg.audit.log, self.cfg.audit.signing_key,
                                       checkpoint_every=self.cfg.audit.checkpoint_every)
         except (AuditError, OSError) as exc:
             raise SwitchError(f"audit log {self.cfg.audit.log}: {exc}") from None
         self.checkpoints.log = self.audit_log
-        if self.cfg.metrics.listen:
-            host, port = split_host_port(self.cfg.metrics.listen, "metrics.listen")
-            mhost, mport = self.metrics.serve(host, port)
-            self.metrics_address = f"{mhost}:{mport}"
-        local_endpoint = await self.local.start()
-        host, port = split_host_port(self.cfg.listen, "listen")
-        self.wan_server = Listener(host, port, self._accepted)
-        bound_host, bound_port = self.wan_server.address()
-        self.wan_address = f"{bound_host}:{bound_port}"
+        try:
+            local_endpoint, bound = await bind(self, self._accepted)
+        except SwitchError as exc:
+            self.audit(self.actor, "switch_start_failed", self.cfg.listen, "error", {"reason": str(exc)[:300]})
+            raise
+        self.epoch = self.state.next_epoch()
+        self.incs.start(self.epoch)
+        self.wan_address = bound
         for peer in self.cfg.peers:
-            self._add_link(peer)
+            self.add_link(peer)
         self.tasks = [asyncio.create_task(self._periodic())]
+        self.started = True
         self.write_status()
         self.audit(self.actor, "switch_started", self.wan_address, "ok",
                    {"epoch": self.epoch, "local": local_endpoint, "peers": [p.cluster for p in self.cfg.peers]})
@@ -146,10 +150,12 @@ class SwitchServer:
         if self.wan_server is not None:
             self.wan_server.close()
         await self.local.stop()
-        self.write_status()
-        if self.audit_log is not None:
+        if self.started:  # (a start that failed leaves the last status of the switch that ran before)
+            self.write_status()
             self.audit(self.actor, "switch_stopped", self.wan_address)
+        if self.audit_log is not None:
             self.audit_log.close()
+        self.state.unlock()
         self.closed.set()
 
     @property
@@ -157,7 +163,8 @@ class SwitchServer:
         """This switch's name in audit records."""
         return f"switch:{self.cfg.cluster}"
 
-    def _add_link(self, peer: PeerConfig) -> None:
+    def add_link(self, peer: PeerConfig) -> None:
+        """Dial `peer` (and keep its link up) from now on."""
         link = self.links[peer.cluster] = OutboundLink(self, peer)
         self.metrics.link_up.labels(peer=peer.cluster).set(0)
         link.start()
@@ -238,57 +245,7 @@ class SwitchServer:
     # ---- reload ----
     def reload(self) -> bool:
         """Re-read the config file, certificates, CRL, routes and limits without dropping healthy sessions."""
-        try:
-            if self.config_path is None:
-                raise ConfigError("no config file to reload")
-            new = load_switch_config(self.config_path)
-            if (new.cluster, new.federation) != (self.cfg.cluster, self.cfg.federation):
-                raise ConfigError("cluster and federation cannot change on reload; restart the switch")
-            read_policy(new.accounts_home)  # an unreadable accounts_home refuses the reload before anything changes
-            self.trust.load(new)  # (unchanged if it raises)
-            self.route_grants.set_home(new.accounts_home)
-            self.cfg = new
-        except (ConfigError, SwitchError) as exc:
-            log.error("reload refused, keeping the running configuration: %s", exc)
-            self.audit(self.actor, "reload", str(self.config_path), "error", {"reason": str(exc)[:300]})
-            return False
-        self.set_budgets(resolve(new))
-        self.policy = PeerPolicy(new)
-        new_peers = {p.cluster: p for p in new.peers}
-        for cluster in list(self.links):
-            if cluster not in new_peers:
-                link = self.links.pop(cluster)
-                asyncio.ensure_future(link.stop())
-                s = self.sessions.get(cluster)
-                if s is not None:
-                    s.close("peer removed from the route table")
-            elif new_peers[cluster].address != self.links[cluster].address:
-                self.links[cluster].address = new_peers[cluster].address
-                self.links[cluster].drop_session("peer address changed")
-        for cluster, peer in new_peers.items():
-            if cluster not in self.links:
-                self._add_link(peer)
-        for link in self.links.values():
-            link.set_limits()
-        for account, bucket in self.account_buckets.items():
-            bucket.set_rate(new.limits.account_rate_mbit)
-        self.local.set_workers(new.local.workers)
-        cut_untrusted(self)
-        self.audit(self.actor, "reload", str(self.config_path), "ok",
-                   {"peers": sorted(new_peers), "revoked": len(self.trust.revoked)})
-        self.link_changed()
-        return True
-
-    def _reload_crl(self) -> None:
-        try:
-            self.trust.load(self.cfg)
-        except SwitchError as exc:
-            log.error("CRL changed but cannot be used, keeping the previous one: %s", exc)
-            self.audit(self.actor, "crl_reload", self.cfg.tls.crl, "error", {"reason": str(exc)[:300]})
-            self.trust.crl_mtime = mtime(self.cfg.tls.crl)  # (tried again when the file changes again)
-            return
-        self.audit(self.actor, "crl_reload", self.cfg.tls.crl, "ok", {"revoked": len(self.trust.revoked)})
-        cut_untrusted(self)
+        return reload(self)
 
     # ---- periodic work and status ----
     async def _periodic(self) -> None:

@@ -65,4 +65,6 @@ def switch_status(server: Any, prev: dict[str, Any]) -> dict[str, Any]:
         "links": links,
         "sessions": sessions,
         "certificate_expires": dt.datetime.fromtimestamp(server.trust.cert_not_after, dt.timezone.utc).isoformat(),
+        "reload": dict(server.reloads),  # the last reload's outcome (`nebula-switch reload` waits for it)
+        "fatal": server.fatal,
     }

@@ -8,6 +8,7 @@ import logging
 import time
 from typing import Any
 
+from switch_server.lifecycle import reload_crl
 from switch_server.memtrim import free_heap_bytes
 from switch_server.peers import cut_untrusted
 
@@ -36,7 +37,7 @@ async def upkeep(server: Any) -> None:
             if now - last_crl >= CRL_POLL_S:
                 last_crl = now
                 if server.trust.crl_changed(server.cfg):
-                    server._reload_crl()
+                    reload_crl(server)
             if now - last_cp >= CHECKPOINT_EVERY_S:
                 last_cp = now
                 for link in server.links.values():

@@ -95,7 +95,7 @@ def test_ipc_settings_validated():
 
 def test_paths_in_every_config_file_resolve_by_one_rule(tmp_path):
     from nebula.config import load_job_config, load_worker_config
-    from nebula.config._schema import resolve_path
+    from nebula.config.schema import resolve_path
 
     sub = tmp_path / "conf"
     sub.mkdir()

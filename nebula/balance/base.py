@@ -1,9 +1,9 @@
 """Allocator registry and `allocate(layers, devices, method)`, the one entry point of `nebula.balance`."""
 from __future__ import annotations
 
-import importlib
 from typing import Callable, Sequence
 
+from nebula.registry import Registry
 from nebula.balance.cost import Allocation, AllocationError, DeviceProfile, LayerCost, Problem, check_problem
 
 __all__ = ["Allocator", "register", "allocate", "method_names", "memory_shortfall", "require_fit"]
@@ -11,34 +11,29 @@ __all__ = ["Allocator", "register", "allocate", "method_names", "memory_shortfal
 # allocate(layers, devices, **options) -> Allocation, inputs already checked
 Allocator = Callable[..., Allocation]
 
-_REGISTRY: dict[str, Allocator] = {}
-# name -> module that registers it on import (modules load on first use: milp pulls in scipy)
-_MODULES = {"even": "nebula.balance.even", "sky": "nebula.balance.sky", "optimal": "nebula.balance.optimal",
-            "optimal-order": "nebula.balance.optimal_order", "milp": "nebula.balance.milp"}
+# allocators register on import; their modules load on first use (milp pulls in scipy)
+ALLOCATORS: Registry[Allocator] = Registry(
+    "allocation method", known="methods",
+    lazy={"even": "nebula.balance.even", "sky": "nebula.balance.sky", "optimal": "nebula.balance.optimal",
+          "optimal-order": "nebula.balance.optimal_order", "milp": "nebula.balance.milp"})
 
 
 def register(name: str) -> Callable[[Allocator], Allocator]:
     """Decorator: make an allocator function available to `allocate` under `name`."""
-    def deco(fn: Allocator) -> Allocator:
-        _REGISTRY[name] = fn
-        return fn
-    return deco
+    return ALLOCATORS.register(name)
 
 
 def method_names() -> list[str]:
     """Names `allocate` accepts."""
-    return sorted(set(_MODULES) | set(_REGISTRY))
+    return ALLOCATORS.names()
 
 
 def allocate(layers: Sequence[LayerCost], devices: Sequence[DeviceProfile], method: str = "optimal",
              **options) -> Allocation:
     """Allocate contiguous layer ranges to `devices` with `method`; AllocationError when nothing fits."""
-    if method not in _REGISTRY:
-        if method not in _MODULES:
-            raise ValueError(f"unknown allocation method {method!r}; known methods: {', '.join(method_names())}")
-        importlib.import_module(_MODULES[method])
+    fn = ALLOCATORS.get(method)
     check_problem(layers, devices)
-    return _REGISTRY[method](list(layers), list(devices), **options)
+    return fn(list(layers), list(devices), **options)
 
 
 def memory_shortfall(prob: Problem, devices: Sequence[DeviceProfile]) -> AllocationError | None:

@@ -87,6 +87,6 @@ class DevicesFile:
 
 def load_devices(path: str | Path) -> list[DeviceProfile]:
     """Read devices.yaml into DeviceProfiles (ConfigError naming the file and key on bad input)."""
-    from nebula.config._schema import load_yaml
+    from nebula.config.schema import load_yaml
 
     return [d.profile() for d in load_yaml(DevicesFile, path).devices]

@@ -215,6 +215,6 @@ def save_profile(path: str | Path, layers: Sequence[LayerCost | LayerProfile]) -
 
 def load_profile(path: str | Path) -> list[LayerCost]:
     """Read a YAML profile file (a `layers:` list of name, flops, memory_bytes, activation_bytes)."""
-    from nebula.config._schema import load_yaml
+    from nebula.config.schema import load_yaml
 
     return list(load_yaml(ProfileFile, path).layers)

@@ -69,7 +69,7 @@ def format_table(alloc: Allocation, layer_names: list[str] | None = None) -> str
 def write_job(path: Path, alloc: Allocation) -> None:
     """Put the allocation under `allocation:` in a job YAML file, replacing an old block and keeping the rest."""
     from nebula.balance.spec import spec_of
-    from nebula.config._schema import to_dict
+    from nebula.config.schema import to_dict
 
     text = path.read_text(encoding="utf-8")  # OSError names a missing file
     data = yaml.safe_load(text) if text.strip() else {}

@@ -5,6 +5,8 @@ password derived from the same CURVE keys (the kernel carries those bytes, so th
 """
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 import zmq
@@ -19,6 +21,12 @@ from security.preflight import check_key_file
 __all__ = ["SNDHWM", "connect", "handshake_failure", "silent_switch"]
 
 SNDHWM = 16  # frames inside ZeroMQ; more wait in our lanes so a small activation can overtake bulk frames
+WAITING_SAY_S = 2.0  # a switch that has not answered for this long is named in a warning (once per wait)
+
+log = logging.getLogger(__name__)
+# address -> when connecting to it first failed, for the connections that have not reached their switch yet
+_waiting: dict[str, float] = {}
+_said: set[str] = set()
 
 
 def connect(cfg: WorkerConfig) -> tuple[zmq.Context, zmq.Socket, zmq.Socket, str, str]:
@@ -48,13 +56,17 @@ def connect(cfg: WorkerConfig) -> tuple[zmq.Context, zmq.Socket, zmq.Socket, str
     s.reconnect_ivl = 100
     s.reconnect_ivl_max = 2000
     monitor = s.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                                   | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+                                   | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_CONNECT_RETRIED | zmq.EVENT_CONNECTED)
     s.connect(address)
     return ctx, s, monitor, address, transport
 
 
 def handshake_failure(ev: dict[str, Any], cfg: WorkerConfig, address: str, transport: str) -> ChannelError | None:
-    """The error a monitor event means for this worker (naming the fix), or None if it is no failure."""
+    """The error a monitor event means for this worker (naming the fix), or None if it is no failure. A switch that
+    does not answer is no failure yet: after WAITING_SAY_S the worker says, once, that it waits for it."""
+    if ev["event"] in (zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_CONNECTED):
+        _waiting_for(ev["event"] == zmq.EVENT_CONNECTED, cfg, address)
+        return None
     if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         hint = ("; if it is listed, check that switch_curve_public_key in worker.yaml is this switch's key "
                 "(the IPC password is derived from it)" if transport == "ipc" else "")
@@ -66,6 +78,24 @@ def handshake_failure(ev: dict[str, Any], cfg: WorkerConfig, address: str, trans
                else "switch_curve_public_key is probably wrong")
         return ChannelError(f"{what} with {address} failed: {fix}")
     return None
+
+
+def _waiting_for(connected: bool, cfg: WorkerConfig, address: str) -> None:
+    """Track a connection that nothing answers yet; warn once when it has waited WAITING_SAY_S."""
+    now = time.monotonic()
+    if connected:
+        since = _waiting.pop(address, None)
+        if address in _said:
+            _said.discard(address)
+            log.warning("worker %s of cluster %s: its switch at %s answers now (after %.0f s)", cfg.name, cfg.cluster,
+                        address, now - since if since is not None else 0.0)
+        return
+    first = _waiting.setdefault(address, now)
+    if now - first >= WAITING_SAY_S and address not in _said:
+        _said.add(address)
+        log.warning("worker %s of cluster %s: waiting for its switch at %s, where nothing answers yet: start the "
+                    "switch (`nebula-switch serve --config switch.yaml` on its host), or fix `endpoint`/"
+                    "`ipc_endpoint` in its worker.yaml", cfg.name, cfg.cluster, address)
 
 
 def silent_switch(address: str, transport: str, timeout_s: float) -> ChannelError:

@@ -90,6 +90,13 @@ class Endpoint:
         """Clusters our switch has links to (as of its latest WELCOME)."""
         return sorted(self._io.peers)
 
+    def link_state(self, peer_cluster: str) -> tuple[bool, str]:
+        """(whether our switch's link to `peer_cluster` is up, that in words with our switch's address)."""
+        why, at = self._io.unreachable(peer_cluster), self._io.address
+        if why is None:
+            return True, f"the link of our switch at {at} to cluster {peer_cluster!r} is up"
+        return False, why if why.startswith("our switch") else f"our switch at {at}: {why}"
+
     def watch(self) -> None:
         """Record from now on which channels receive messages, for `ready`: a reader of many channels (a
         federated combiner serving a thousand clients) then looks only at those instead of at every channel."""

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     """Allocate and print the table; exit 2 on bad input or an allocation that cannot fit."""
     from nebula.balance import AllocationError
     from nebula.balance.report import allocate_model, format_table, write_job
-    from nebula.config._schema import ConfigError
+    from nebula.config.schema import ConfigError
 
     try:
         changes = {k: v for k, v in (("batch", args.batch), ("seq_len", args.seq_len)) if v is not None}

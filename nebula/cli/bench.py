@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

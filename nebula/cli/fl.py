@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 
 __all__ = ["add_parser", "run"]
 
@@ -21,9 +21,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("job", help="federated job YAML (mode: federated)")
     s.add_argument("--cluster", required=True, help="id of this cluster")
     s.add_argument("--role", default="cluster", choices=["cluster", "controller", "combiner", "clients", "client"],
-                   help="cluster: the combiner, plus the controller where the job puts it (default); clients: "
-                        "every client of the cluster in one process; client: one client (--index); under "
-                        "algorithm fedoptima|owl the controller role is the server and there is no combiner")
+                   help="cluster: the combiner, plus the controller where the job puts it (default); controller or "
+                        "combiner: that actor alone; clients: every client of the cluster in one process; client: "
+                        "one client (--index); under algorithm fedoptima|owl the controller role is the server "
+                        "and there is no combiner")
     s.add_argument("--index", type=int, default=0, help="client index inside the cluster (role client)")
     for name, text in (("status", "where the job stands"), ("rounds", "every round: valid or not, and why"),
                        ("stop", "ask the controller to stop after the round in progress")):
@@ -48,48 +49,27 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from nebula.federated import run as fl_run
-    from nebula.federated.fedoptima.jobfile import load_federated_modes
+    from nebula.modes import start
 
-    if load_federated_modes(args.job)[1].algorithm != "rounds":
-        from nebula.federated.modes import run_mode
-
-        res = run_mode(args.job, args.cluster, args.role, args.index)
-        print("RESULT " + json.dumps(res), flush=True)
-        return 1 if res.get("errors") else 0
-    if args.role == "cluster":
-        head = fl_run.run_cluster(args.job, args.cluster)
-        print(f"cluster {args.cluster} done" + (f", head version {head}" if head is not None else ""))
-    elif args.role == "controller":
-        print(f"head version {fl_run.run_cluster(args.job, args.cluster, controller=True)}")
-    elif args.role == "combiner":
-        fl_run.run_cluster(args.job, args.cluster, controller=False)
-    elif args.role == "clients":
-        done = fl_run.run_clients(args.job, args.cluster)
-        print(f"clients of {args.cluster} trained {sum(done.values())} rounds in all")
-    else:
-        print(f"client {args.cluster}/{args.index} trained {fl_run.run_one_client(args.job, args.cluster, args.index)} "
-              "rounds")
-    return 0
+    started = start(args.job, args.cluster, args.role, args.index)
+    print(started.line, flush=True)
+    return started.code
 
 
 def _trail(job_file: str):
-    from nebula.federated.fedoptima.jobfile import load_federated_modes
+    from nebula.federated.config import load_federated_job
     from nebula.federated.trail import ModelTrail
 
-    job, mode = load_federated_modes(job_file)
-    return job, ModelTrail(f"{job.controller.dir}/trail"), mode.algorithm
+    job = load_federated_job(job_file)
+    return job, ModelTrail(f"{job.controller.dir}/trail"), job.algorithm
 
 
 def _status(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from nebula.federated.controller import STATUS_FILE
+    from nebula.federated.runfiles import RunFiles
 
     job, trail, algorithm = _trail(args.job)
     with trail:
-        f = Path(job.controller.dir) / STATUS_FILE
-        doc = json.loads(f.read_text()) if f.exists() else {"job": job.job, "state": "not started"}
+        doc = RunFiles(job.controller.dir).read_status() or {"job": job.job, "state": "not started"}
         doc.setdefault("algorithm", algorithm)
         head = trail.head()
         doc["head"] = None if head is None else {"version": head.version, "round": head.round,
@@ -144,14 +124,11 @@ def _models(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from nebula.federated.config import load_federated_job
+    from nebula.federated.runfiles import RunFiles
 
-    from nebula.federated.controller import STOP_FILE
-    from nebula.federated.fedoptima.jobfile import load_federated_modes
-
-    job, _ = load_federated_modes(args.job)
-    Path(job.controller.dir).mkdir(parents=True, exist_ok=True)
-    (Path(job.controller.dir) / STOP_FILE).write_text(str(time.time()))
+    job = load_federated_job(args.job)
+    RunFiles(job.controller.dir).ask_stop()
     print(f"asked the controller of {job.job} to stop after the round in progress")
     return 0
 

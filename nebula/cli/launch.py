@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
 
             prepare(args.job, args.cluster)
             return launch_elastic(args.job, args.cluster)
-        return launch(args.job, args.cluster, intra=args.intra, node_rank=args.node_rank, log_dir=args.log_dir)
+        return launch(args.job, args.cluster, intra=args.intra, node_rank=args.node_rank, log_dir=args.log_dir,
+                      report=lambda line: print(line, file=sys.stderr, flush=True))
     except ConfigError as exc:
         print(f"nebula launch: invalid job: {exc}", file=sys.stderr)
         return 2

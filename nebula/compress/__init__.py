@@ -55,7 +55,6 @@ from .auto import AutoCodec, Measurement
 from .backend import codec_path
 from .base import (Codec, CodecError, Encoded, NonFiniteError, SpecError, decode, get_codec, known_codecs,
                    relative_error)
-from .config import CompressionConfig
 from .device import DeviceFrames, decode_frames_to_tensor, encode_tensor_to_frames
 from .feedback import ErrorFeedbackCodec
 from .frames import (FrameError, TensorCoder, decode_from_frames, encode_to_frames, encoded_to_frames,
@@ -66,6 +65,6 @@ from .spec import parse_spec
 __all__ = [
     "Codec", "Encoded", "CodecError", "NonFiniteError", "SpecError", "FrameError", "get_codec", "known_codecs",
     "decode", "relative_error", "encode_to_frames", "encoded_to_frames", "frames_to_encoded", "decode_from_frames",
-    "TensorCoder", "codec_path", "CompressionConfig", "AutoCodec", "Measurement", "ErrorFeedbackCodec", "LowRankCodec",
+    "TensorCoder", "codec_path", "AutoCodec", "Measurement", "ErrorFeedbackCodec", "LowRankCodec",
     "SVDCodec", "parse_spec", "DeviceFrames", "encode_tensor_to_frames", "decode_frames_to_tensor",
 ]

@@ -9,6 +9,8 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
+from nebula.registry import Registry
+
 from . import backend as B
 from .encoded import Encoded, raw_encoded
 from .inflation import check_inflation
@@ -163,28 +165,22 @@ def split_inner(node: SpecNode, usage: str) -> tuple[Codec | None, SpecNode]:
     return (codec_from_node(inner[0]) if inner else None), rest
 
 
-_REGISTRY: dict[str, type[Codec]] = {}
+CODECS: Registry[type[Codec]] = Registry("codec", known="codecs", error=SpecError)
 
 
 def register(cls: type[Codec]) -> type[Codec]:
     """Class decorator adding a codec class to the registry under its `name`."""
-    if cls.name in _REGISTRY:
-        raise ValueError(f"codec name {cls.name!r} registered twice")
-    _REGISTRY[cls.name] = cls
-    return cls
+    return CODECS.add(cls.name, cls)
 
 
 def known_codecs() -> list[str]:
     """Names of every registered codec."""
-    return sorted(_REGISTRY)
+    return CODECS.names()
 
 
 def codec_from_node(node: SpecNode) -> Codec:
     """Instantiate the codec a parsed spec names."""
-    cls = _REGISTRY.get(node.name)
-    if cls is None:
-        raise SpecError(f"unknown codec {node.name!r}; known codecs: {', '.join(known_codecs())}")
-    return cls.from_spec(node)
+    return CODECS.get(node.name).from_spec(node)
 
 
 def get_codec(spec: str | Codec) -> Codec:

@@ -4,7 +4,7 @@ Unknown keys are errors that name their full key path; every default is document
 config file is read by `read_yaml` (size, nesting, aliases and numbers bounded; see nebula.config._safeyaml).
 """
 from nebula.config._safeyaml import read_yaml
-from nebula.config._schema import ConfigError, from_dict, load_yaml, to_dict
+from nebula.config.schema import ConfigError, from_dict, load_yaml, to_dict
 from nebula.config.switch import (
     AuditConfig,
     LinkConfig,

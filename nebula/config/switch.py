@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nebula.config._schema import ConfigError, load_yaml, resolve_path
+from nebula.config.schema import ConfigError, load_yaml, resolve_path
 
 LANES = ("control", "activation", "gradient", "bulk")
 

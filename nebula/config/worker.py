@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from nebula.config._schema import ConfigError, load_yaml, resolve_path
+from nebula.config.schema import ConfigError, load_yaml, resolve_path
 
 TRANSPORTS = ("auto", "tcp", "ipc")
 

@@ -1,9 +1,11 @@
 """Federated mode (FEDn): aggregation math, strategies by name, the model trail, the job file and the client API.
 
 The actors (controller with the reducer, combiners, the client loop) live in `nebula.federated.controller`,
-`.combiner`, `.client` and start through `nebula.federated.run` or `nebula fl start`. Two further modes build on
-them: `nebula.federated.fedoptima` (FedOptima: device-side auxiliary networks, a server trained from a bounded
-activation queue, asynchronous aggregation) and `nebula.federated.owl` (OWL: worker-assisted model distribution).
+`.combiner`, `.client`, speak the typed messages of `.protocol` and `.messages`, and start through
+`nebula.federated.run` or `nebula fl start` (`nebula.modes`). Two further algorithms build on them, chosen by the job
+file's `algorithm:` and run by `.actors`: `nebula.federated.fedoptima` (FedOptima: device-side auxiliary networks,
+a server trained from a bounded activation queue, asynchronous aggregation) and `nebula.federated.owl` (OWL:
+worker-assisted model distribution).
 """
 from nebula.federated.aggregate import (RunningMean, check_update, check_updates, fedavg, krum, median, multi_krum,
                                         trimmed_mean)

@@ -1,5 +1,6 @@
 """What the controller and combiners share: their identity, their audit log (with refusals counted, not written one
-by one), the checks on an update's header, and the job grants a combiner checks its clients against."""
+by one), and the job grants a combiner checks its clients against. (The rules a client's messages are checked by:
+nebula.federated.checks.)"""
 from __future__ import annotations
 
 import logging
@@ -9,8 +10,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from nebula.config.worker import load_worker_config
+from nebula.federated.checks import Refusal
 
-__all__ = ["ActorAudit", "JobGrants", "Refusal", "RefusalTally", "check_update_header"]
+__all__ = ["ActorAudit", "JobGrants", "RefusalTally"]
 
 log = logging.getLogger(__name__)
 
@@ -66,17 +68,6 @@ class JobGrants:
         return None if why is None else f"{why} (account home {self.home})"
 
 
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """Why a message is refused: `kind` (a small fixed set: what refusals are counted by) and the one-line reason."""
-
-    kind: str
-    reason: str
-
-    def __str__(self) -> str:
-        return self.reason
-
-
 @dataclass(slots=True)
 class _Count:
     count: int = 0
@@ -127,69 +118,3 @@ def _name(c: _Count) -> str:
         return c.clients[0]
     more = "" if len(c.clients) < RefusalTally.KEEP else ", ..."
     return f"{c.count} from {', '.join(c.clients)}{more}"
-
-
-def check_update_header(head: Mapping[str, Any], *, job: str, round: int, version: int, known_version: int,
-                        expected: set[str], seen: set[str], who: str, tensors: list,
-                        max_examples: int) -> Refusal | None:
-    """Why this update must be refused, or None. `known_version` is the newest model version the actor knows,
-    `max_examples` the job's max_examples_per_client."""
-    if head.get("pushed") and not head.get("inline"):
-        return Refusal("malformed", "a pushed update must carry its pieces inside the header's message (inline); "
-                       "update the client")
-    if head.get("job") != job:
-        return Refusal("job", f"update belongs to job {_show(head.get('job'))}, not {job!r}; start the client "
-                       "with this job's file")
-    v = head.get("version")
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        return Refusal("version", f"unknown model version {_show(v)}; train from a version the combiner sent")
-    if v > known_version:
-        return Refusal("version", f"future model version {v} (newest is {known_version}); train from a version "
-                       "the combiner sent")
-    if head.get("round") != round or v != version:
-        return Refusal("late", f"late: trained for round {_show(head.get('round'))} from version {v}, the round "
-                       f"in progress is {round} (version {version}); a synchronous round never averages updates of "
-                       "another round")
-    if who not in expected:
-        return Refusal("uninvited", f"not asked to take part in round {round}; wait for a task")
-    if who in seen:
-        return Refusal("duplicate", f"duplicate update in round {round}; send one update per round")
-    n = head.get("num_examples")
-    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-        return Refusal("examples", f"num_examples={_show(n)} must be a positive integer")
-    if n > max_examples:
-        return Refusal("examples", f"num_examples={n} exceeds the job's max_examples_per_client={max_examples}; "
-                       "raise it in the job file if clients really hold that many")
-    why = _tensor_refusal(head.get("tensors"), tensors)
-    return None if why is None else Refusal("tensors", why)
-
-
-def _tensor_refusal(got: Any, tensors: list) -> str | None:
-    if got == tensors:
-        return None
-    if not isinstance(got, list) or not all(
-            isinstance(t, list) and len(t) == 3 and isinstance(t[0], str) and isinstance(t[1], str)
-            and isinstance(t[2], list) for t in got):
-        return "malformed tensors list (each entry must be [name, dtype, shape]); send models with Mailbox.send_model"
-    have, theirs = {t[0]: t for t in tensors}, {t[0]: t for t in got}
-    missing, extra = sorted(set(have) - set(theirs)), sorted(set(theirs) - set(have))
-    if missing or extra:
-        return f"keys differ from the global model's (missing {_few(missing)}, unexpected {_few(extra)})"
-    for k, t in have.items():
-        if theirs[k][1] != t[1]:
-            return f"{k!r} has dtype {theirs[k][1][:32]}, expected {t[1]}"
-        if theirs[k][2] != list(t[2]):
-            return f"{k!r} has shape {tuple(theirs[k][2][:8])}, expected {tuple(t[2])}"
-    return "tensors listed in a different order than the global model's"
-
-
-def _show(value: Any, n: int = 40) -> str:
-    """repr of a value a peer sent, cut to `n` characters."""
-    r = repr(value)
-    return r if len(r) <= n else r[: n - 3] + "..."
-
-
-def _few(names: list[str], n: int = 5) -> str:
-    """At most `n` names, each cut to 64 characters: a peer's names never make a long line."""
-    shown = [x[:64] for x in names[:n]]
-    return repr(shown) if len(names) <= n else f"{shown!r} and {len(names) - n} more"

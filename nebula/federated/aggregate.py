@@ -1,4 +1,5 @@
-"""Aggregation math (DESIGN.md §4): pure functions over lists of `(weights, num_examples)` and a streaming mean.
+"""Aggregation math (the federated ground floor, docs/architecture.md): pure functions over lists of
+`(weights, num_examples)` and a streaming mean.
 
 Every function checks its input first (`check_updates`): the same keys, shapes and floating dtypes in every
 update, finite values, a positive example count. A bad update raises `ValueError` naming the client (its index,

@@ -7,8 +7,8 @@ model it was sent, train it (`fit`), announce the update, and stream it once the
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
-import json
 import logging
 import os
 import time
@@ -19,10 +19,11 @@ import numpy as np
 from nebula.channel import Endpoint
 from nebula.federated.config import FederatedJob
 from nebula.federated.intake import NONE_CODEC, UpdateEncoder
-from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer,
+from nebula.federated.messages import (ANY_START, ClientHello, ClientUpdate, GetParameters, HelloRefused,
+                                       Parameters, PullUpdate, Stop, TrainTask, UpdateDropped)
+from nebula.federated.protocol import Message, to_json
+from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Messenger, Peer,
                                         fits_inline, manifest)
-
-ANY_START = "*"  # a combiner's stop to whichever process of a client's next incarnation is there
 
 __all__ = ["Client", "PaddleClient", "run_client", "load_client", "ANY_START"]
 
@@ -141,7 +142,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     # not yet read), however large the model
     ep = Endpoint.connect(cl.worker, job=job.job, rank=rank, timeout_s=job.startup_timeout_s,
                           window_bytes=UPDATE_WINDOW_PIECES * job.piece_bytes, heartbeat_s=CLIENT_HEARTBEAT_S)
-    mb = Mailbox(ep, job.piece_bytes, Peer(job.controller.cluster, CONTROLLER_RANK),
+    mb = Messenger(ep, job.piece_bytes, Peer(job.controller.cluster, CONTROLLER_RANK),
                  incarnation=_next_incarnation(job, cluster, index))
     mb.watch()  # an idle client sleeps until a message comes
     encoder = UpdateEncoder(job.update_codec, job.piece_bytes) if job.update_codec != NONE_CODEC else None
@@ -152,7 +153,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     # this process's nonce: combiners name it in every message to us, so that nothing sent to an earlier process
     # of this rank (an earlier run's stop, say) is taken by this one
     nonce = os.urandom(8).hex()
-    hello = {"type": "hello", "job": job.job, "num_examples": client.num_examples(), "nonce": nonce}
+    hello = ClientHello(job=job.job, num_examples=client.num_examples(), nonce=nonce)
     for c in combiners:
         mb.send(c, hello)
     trained = 0
@@ -164,64 +165,60 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
             got, pending = pending or mb.poll(listen, 1.0, primary=last), None
             if got is None:
                 continue
-            peer, head, parts = got
-            kind = head.get("type")
-            if kind == "get_parameters" and peer == controller:  # for the initial model: the answer names the run
-                mb.send_model(peer, {"type": "parameters", "job": job.job, "run": head.get("run")},
-                              client.get_parameters({}))
+            peer, msg, parts = got
+            if isinstance(msg, GetParameters) and peer == controller:  # the initial model: the answer names the run
+                mb.send_model(peer, Parameters(job=job.job, run=msg.run), client.get_parameters({}))
                 continue
-            if not _for_me(head, nonce, me, peer):
+            if not _for_me(msg, nonce, me, peer):
                 continue
-            if kind == "stop":
+            if isinstance(msg, Stop):
                 break
-            if kind == "refused":  # this combiner's cluster grants our account no part in the job
-                log.warning("%s: combiner %s refused us: %s", me, peer, head.get("reason"))
-            elif kind == "task":
+            if isinstance(msg, HelloRefused):  # this combiner's cluster grants our account no part in the job
+                log.warning("%s: combiner %s refused us: %s", me, peer, msg.reason)
+            elif isinstance(msg, TrainTask):
                 last = peer
-                ok, pending = _train(mb, peer, head, client, job, me, encoder, parts, nonce)
+                ok, pending = _train(mb, peer, msg, client, job, me, encoder, parts, nonce)
                 trained += ok
             else:  # an answer to an update we gave up on (the round moved on): nothing to do
-                log.debug("%s: ignoring %s from %s", me, kind, peer)
+                log.debug("%s: ignoring %s from %s", me, msg.TYPE, peer)
     finally:
         ep.close(flush_s=5)
     return trained
 
 
-def _for_me(head: dict, nonce: str, me: str, peer: Peer) -> bool:
+def _for_me(msg: Message, nonce: str, me: str, peer: Peer) -> bool:
     """Whether a message is addressed to this process (a stop may also be to any process of this incarnation)."""
-    to = head.get("to")
-    if to == nonce or (to == ANY_START and head.get("type") == "stop"):
+    to = getattr(msg, "to", None)
+    if to == nonce or (to == ANY_START and isinstance(msg, Stop)):
         return True
-    log.info("%s: ignoring a %s from %s addressed to another process (%s)", me, str(head.get("type"))[:32], peer,
-             str(to)[:32])
+    log.info("%s: ignoring a %s from %s addressed to another process (%s)", me, msg.TYPE[:32] or "malformed message",
+             peer, str(to)[:32])
     return False
 
 
-def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJob, me: str,
+def _train(mb: Messenger, peer: Peer, task: TrainTask, client: Client, job: FederatedJob, me: str,
            encoder: UpdateEncoder | None = None, parts: list | None = None, nonce: str = "") -> tuple[bool, Any]:
     """Run one task (`parts`: the model's pieces that came with it): evaluate, fit, announce, stream on request
     (compressed with `encoder`, if any). (trained?, a task that came meanwhile)."""
-    params = mb.recv_model(peer, head, job.deadline_s, inline=parts)
-    config = dict(head.get("config", {}))
+    params = mb.recv_model(peer, task, job.deadline_s, inline=parts)
+    config = dict(task.config)
     loss, n_eval, em = client.evaluate(params, config)
     weights, n, fm = client.fit(params, config)
-    header = {"type": "update", "job": job.job, "round": head["round"], "version": head["version"],
-              "num_examples": n, "metrics": {"eval_loss": loss, "eval_examples": n_eval, **em, **fm}}
-    if encoder is not None:
-        header["codec"] = encoder.spec
+    update = ClientUpdate(job=job.job, round=task.round, version=task.version, num_examples=n,
+                          metrics={"eval_loss": loss, "eval_examples": n_eval, **em, **fm},
+                          codec=None if encoder is None else encoder.spec)
     # small: one message, the pieces (raw, or each piece's change encoded, error feedback kept per piece) inside
     # it, no pull round trip; a combiner refuses pushed pieces that do not come with their header
-    if sum(w.nbytes for w in weights.values()) <= int(head.get("push_bytes", 0)) \
-            and fits_inline(manifest(weights), job.piece_bytes):
+    if sum(w.nbytes for w in weights.values()) <= task.push_bytes and fits_inline(manifest(weights), job.piece_bytes):
+        pushed = dataclasses.replace(update, pushed=True)
         if encoder is None:
-            mb.send_model(peer, {**header, "pushed": True}, weights, inline=True)
+            mb.send_model(peer, pushed, weights, inline=True)
         else:
             frames = list(encoder.frames(weights, params))
-            announce = mb.model_header({**header, "pushed": True, "inline": True, "frames": [len(f) for f in frames]},
-                                       weights)
-            mb.send_parts(peer, [json.dumps(announce, separators=(",", ":")).encode(), *(p for f in frames for p in f)])
+            announce = mb.model_header(pushed, weights, inline=True, frames=[len(f) for f in frames])
+            mb.send_parts(peer, [to_json(announce), *(p for f in frames for p in f)])
         return True, None
-    mb.send(peer, mb.model_header({**header, "pushed": False}, weights))
+    mb.send(peer, mb.model_header(update, weights))
 
     def send() -> None:
         if encoder is None:
@@ -237,24 +234,23 @@ def _train(mb: Mailbox, peer: Peer, head: dict, client: Client, job: FederatedJo
         if got is None:
             continue
         src, answer, _ = got
-        kind = answer.get("type")
-        if kind == "get_parameters":
+        if isinstance(answer, GetParameters):
             return False, got
         if not _for_me(answer, nonce, me, src):
             continue
         if src != peer:  # another combiner (ours is gone, we were reassigned)
-            if kind in ("task", "stop"):
+            if isinstance(answer, (TrainTask, Stop)):
                 return False, got
             continue
-        if kind == "pull":
+        if isinstance(answer, PullUpdate):
             send()
             return True, None
-        if kind == "drop":
-            log.warning("%s: update of round %s refused: %s", me, head["round"], answer.get("reason"))
+        if isinstance(answer, UpdateDropped):
+            log.warning("%s: update of round %s refused: %s", me, task.round, answer.reason)
             return False, None
-        if kind in ("task", "stop"):  # the round moved on without our update
+        if isinstance(answer, (TrainTask, Stop)):  # the round moved on without our update
             return False, got
-    log.warning("%s: combiner %s did not answer the update of round %s", me, peer, head["round"])
+    log.warning("%s: combiner %s did not answer the update of round %s", me, peer, task.round)
     return False, None
 
 

@@ -2,8 +2,9 @@
 to its clients inside the cluster, checks and streams their updates into one partial model (about one model's
 worth of memory for streaming strategies), and hands the partial with its example count to the reducer.
 
-How it checks updates, counts refusals, and knows its run: `nebula.federated.combiner_base`; what it does in a
-round: `nebula.federated.combiner_rounds`.
+How it checks updates, counts refusals, and knows its run: `nebula.federated.combiner_base` (the rules:
+`nebula.federated.checks`); a round's state: `nebula.federated.round_state`, its I/O:
+`nebula.federated.combiner_rounds`; the messages: `nebula.federated.messages`.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from nebula.federated._actor import ActorAudit, JobGrants
 from nebula.federated.combiner_base import ANY_START, CombinerBase, client_peers
 from nebula.federated.combiner_rounds import SyncRound, serve_async
 from nebula.federated.intake import spool_dir
-from nebula.federated.transport import COMBINER_RANK, Mailbox
+from nebula.federated.messages import StartAsync, StartRound, Stop
+from nebula.federated.transport import COMBINER_RANK, Messenger
 
 __all__ = ["Combiner", "client_peers", "ANY_START"]
 
@@ -28,7 +30,7 @@ class Combiner(CombinerBase):
         """Connect to the switch and serve rounds until told to stop."""
         cl = self.job.cluster(self.cluster)
         ep = Endpoint.connect(cl.worker, job=self.job.job, rank=COMBINER_RANK, timeout_s=self.job.startup_timeout_s)
-        self.mb = Mailbox(ep, self.job.piece_bytes, self.controller)
+        self.mb = Messenger(ep, self.job.piece_bytes, self.controller)
         self.mb.watch()  # look only at the channels that got something: a poll costs the same for 1000 clients
         self.listen = frozenset([*self.clients, self.controller])
         self.audit = ActorAudit(self.workdir, cl.worker, "combiner", self.cluster, COMBINER_RANK)
@@ -44,19 +46,18 @@ class Combiner(CombinerBase):
                 self.flush_if_due()
                 if got is None:
                     continue
-                peer, head, parts = got
+                peer, msg, parts = got
                 if peer != self.controller:
-                    self.from_client(peer, head, None, parts)
+                    self.from_client(peer, msg, None, parts)
                     continue
-                kind = self.command(head)
-                if kind == "stop":
-                    self.stop(head)
+                cmd = self.command(msg)
+                if isinstance(cmd, Stop):
+                    self.stop(cmd)
                     return
-                elif kind == "round":
-                    command = SyncRound.serve(self, head)
-                elif kind == "async":
-                    if serve_async(self, head) == "stop":
-                        return
+                if isinstance(cmd, StartRound):
+                    command = SyncRound.serve(self, cmd)
+                elif isinstance(cmd, StartAsync) and serve_async(self, cmd) == "stop":
+                    return
         finally:
             self.tally.flush(self.audit)
             self.audit.close()

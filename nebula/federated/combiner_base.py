@@ -14,22 +14,25 @@ which the controller keeps as a witness of the combiner's log.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 from pathlib import Path
 
-from nebula.federated._actor import ActorAudit, JobGrants, Refusal, RefusalTally
-from nebula.federated.client import ANY_START
+from nebula.federated._actor import ActorAudit, JobGrants, RefusalTally
+from nebula.federated.checks import NONCE_CHARS, Refusal, check_hello
 from nebula.federated.config import FederatedJob
+from nebula.federated.messages import (ANY_START, Bye, ClientHello, ClientUpdate, HelloRefused, StatusAnswer,
+                                       StatusRequest, Stop, UpdateDropped)
+from nebula.federated.protocol import Malformed, Message
 from nebula.federated.strategy import get_strategy
-from nebula.federated.transport import CLIENT_WINDOW, CONTROLLER_RANK, FIRST_CLIENT_RANK, Mailbox, Peer
+from nebula.federated.transport import CLIENT_WINDOW, CONTROLLER_RANK, FIRST_CLIENT_RANK, Messenger, Peer
 
 __all__ = ["CombinerBase", "client_peers", "ANY_START", "FLUSH_S"]
 
 log = logging.getLogger(__name__)
 FLUSH_S = 10.0  # counted refusals are written to the audit log at least this often (and with every round)
-NONCE_CHARS = 64
 
 
 def client_peers(job: FederatedJob) -> list[Peer]:
@@ -56,25 +59,28 @@ class CombinerBase:
         self._flushed = time.monotonic()
         self.listen: frozenset[Peer] = frozenset()
         self.spool: Path | None = None
-        self.mb: Mailbox | None = None
+        self.mb: Messenger | None = None
         self.audit: ActorAudit | None = None
         self.grants: JobGrants | None = None
 
     # the controller
-    def command(self, head: dict) -> str | None:
-        """A message of the controller: a status request is answered here; the kind of a command of this run,
-        to be served by the caller; None for anything else (a command of another run: refused, counted)."""
-        if head.get("type") == "status":
-            self.status(head)
+    def command(self, msg: Message) -> Message | None:
+        """A message of the controller: a status request is answered here; a command of this run is returned, to
+        be served by the caller; None for anything else (a command of another run, or malformed: refused, counted)."""
+        if isinstance(msg, StatusRequest):
+            self.status(msg)
             return None
-        return str(head.get("type")) if self.ours(head) else None
+        return msg if self.ours(msg) else None
 
-    def ours(self, head: dict) -> bool:
+    def ours(self, msg: Message) -> bool:
         """Whether a command of the controller is of this run (names this process); refusals counted."""
-        if head.get("to") == self.nonce:
+        to = getattr(msg, "to", None)
+        if to == self.nonce and not isinstance(msg, Malformed):
             return True
-        why = Refusal("run", f"{str(head.get('type'))[:32]} of another run (addressed to {str(head.get('to'))[:32]}, "
-                             f"this combiner is {self.nonce}): an earlier controller's, ignored")
+        what = msg.claimed if isinstance(msg, Malformed) else msg.TYPE
+        why = Refusal("run", f"{str(what)[:32]} of another run (addressed to {str(to)[:32]}, this combiner is "
+                             f"{self.nonce}): an earlier controller's, ignored") if not isinstance(msg, Malformed) \
+            else Refusal("run", f"a malformed command ({msg.reason[:200]}), ignored")
         log.info("combiner %s: %s", self.cluster, why)
         self.tally.add("fl.control", why, str(self.controller), trail=False)
         return False  # (a model's pieces that follow are dropped as they come, being no header)
@@ -89,20 +95,19 @@ class CombinerBase:
             log.warning("combiner %s: no audit checkpoint to send (%s)", self.cluster, exc)
             return None
 
-    def status(self, head: dict) -> None:
-        roster = {str(c): n for c, n in self.roster.items()}
-        self.mb.send(self.controller, {
-            "type": "status", "seq": head.get("seq"), "run": head.get("run"), "nonce": self.nonce, "roster": roster,
-            "missed": sorted(str(c) for c in self.missed), "grant": self.grant_refusal(),
-            "checkpoint": self.checkpoint()})
+    def status(self, req: StatusRequest) -> None:
+        self.mb.send(self.controller, StatusAnswer(
+            seq=req.seq, run=req.run, nonce=self.nonce, roster={str(c): n for c, n in self.roster.items()},
+            missed=tuple(sorted(str(c) for c in self.missed)), grant=self.grant_refusal(),
+            checkpoint=self.checkpoint()))
 
-    def stop(self, head: dict) -> None:
+    def stop(self, cmd: Stop) -> None:
         """End of the run: stop the clients, then send the controller the final signed head of the audit log."""
         for c in self.roster:
             self.stop_client(c)
         self.tally.flush(self.audit)
-        self.audit.record("fl.stop", self.cluster, "ok", {"run": head.get("run")})
-        self.mb.send(self.controller, {"type": "bye", "run": head.get("run"), "checkpoint": self.checkpoint()})
+        self.audit.record("fl.stop", self.cluster, "ok", {"run": cmd.run})
+        self.mb.send(self.controller, Bye(run=cmd.run, checkpoint=self.checkpoint()))
 
     def stop_client(self, peer: Peer) -> None:
         """Stop on the channels of the client's current incarnation (naming its process) and of the next (a client
@@ -111,7 +116,7 @@ class CombinerBase:
         it (unread) before the current one's makes it close, so the combiner's close does not wait for it."""
         inc = self.mb.incarnations.get(peer, 0)
         for e in reversed(range(inc, inc + CLIENT_WINDOW)):
-            self.mb.send(peer, {"type": "stop", "to": self.nonces.get(peer) if e == inc else ANY_START}, epoch=e)
+            self.mb.send(peer, Stop(to=self.nonces.get(peer) if e == inc else ANY_START), epoch=e)
 
     def flush_if_due(self) -> None:
         if self.tally and time.monotonic() - self._flushed > FLUSH_S:
@@ -119,46 +124,38 @@ class CombinerBase:
             self._flushed = time.monotonic()
 
     # clients
-    def to_client(self, peer: Peer, header: dict) -> None:
+    def to_client(self, peer: Peer, msg: Message) -> None:
         """A message to a client's process (naming its nonce, so no later process of the rank takes it)."""
-        self.mb.send(peer, {**header, "to": self.nonces.get(peer)})
+        self.mb.send(peer, dataclasses.replace(msg, to=self.nonces.get(peer)))
 
-    def from_client(self, peer: Peer, head: dict, rnd=None, parts: list | None = None) -> None:
+    def from_client(self, peer: Peer, msg: Message, rnd=None, parts: list | None = None) -> None:
         """A client's message (`parts`: the pieces that came inline with it); `rnd`: the round in progress."""
-        kind = head.get("type")
         self.missed.discard(peer)  # heard from: offered again
-        if kind == "hello":
-            self.hello(peer, head, rnd)
-        elif kind == "update":
-            if rnd is None:
-                self.refuse(peer, head, Refusal("late", "late: no round in progress at this combiner; a "
-                                                "synchronous round never averages updates of another round"))
-            else:
-                rnd.on_update(peer, head, parts)
+        update = isinstance(msg, ClientUpdate) or (isinstance(msg, Malformed) and msg.claimed == "update")
+        if isinstance(msg, ClientHello):
+            self.hello(peer, msg, rnd)
+        elif update and rnd is None:
+            self.refuse(peer, msg, Refusal("late", "late: no round in progress at this combiner; a synchronous "
+                                           "round never averages updates of another round"))
+        elif update:
+            rnd.on_update(peer, msg, parts)
 
-    def hello(self, peer: Peer, head: dict, rnd=None) -> None:
-        n, nonce = head.get("num_examples"), head.get("nonce")
-        if not isinstance(nonce, str) or not 0 < len(nonce) <= NONCE_CHARS:
-            why = Refusal("hello", "hello without a nonce (a string of at most 64 characters); update the client")
-        elif head.get("job") != self.job.job:
-            why = Refusal("hello", f"hello for job {str(head.get('job'))[:64]!r}, this is {self.job.job!r}")
-        elif isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= self.job.max_examples_per_client:
-            why = Refusal("hello", f"num_examples={str(n)[:32]} must be a positive integer of at most the job's "
-                                   f"max_examples_per_client={self.job.max_examples_per_client}")
-        else:
+    def hello(self, peer: Peer, msg: ClientHello, rnd=None) -> None:
+        why = check_hello(msg, job=self.job.job, max_examples=self.job.max_examples_per_client)
+        if why is None:
             grant = self.grant_refusal()
             why = None if grant is None else Refusal("grant", grant)
         if why is not None:
             self.roster.pop(peer, None)
             log.info("combiner %s: refused client %s: %s", self.cluster, peer, why)
             self.tally.add("fl.hello", why, str(peer), trail=False)
-            if isinstance(nonce, str) and len(nonce) <= NONCE_CHARS:
-                self.nonces[peer] = nonce
-                self.to_client(peer, {"type": "refused", "reason": str(why)})
+            if isinstance(msg.nonce, str) and len(msg.nonce) <= NONCE_CHARS:
+                self.nonces[peer] = msg.nonce
+                self.to_client(peer, HelloRefused(reason=str(why)))
             return
-        self.roster[peer], self.nonces[peer] = n, nonce
+        self.roster[peer], self.nonces[peer] = msg.num_examples, msg.nonce
         if rnd is not None:
-            rnd.rejoined.add(peer)  # a restarted client: it is back, whatever its old process left undone
+            rnd.state.rejoined.add(peer)  # a restarted client: it is back, whatever its old process left undone
 
     def grant_refusal(self) -> str | None:
         """Why clients may not take part here (this cluster's account home holds no job grant for them), or None.
@@ -168,16 +165,18 @@ class CombinerBase:
         cluster's answer (from the status answers) and assigns no client of a refused cluster to any combiner."""
         return None if self.grants is None else self.grants.refusal(self.mb.ep.cfg.account, self.job.job)
 
-    def refuse(self, peer: Peer, head: dict, why: Refusal, counted: bool = True) -> None:
+    def refuse(self, peer: Peer, msg: ClientUpdate | Malformed, why: Refusal, counted: bool = True) -> None:
         """Refuse an update and tell the client; audited one by one, or `counted`. Nothing is read or waited for:
         pushed pieces come inside the header's message, and any other message that follows a refused header is
         dropped as it comes, being no header."""
+        rnd, version = (msg.head.get("round"), msg.head.get("version")) if isinstance(msg, Malformed) \
+            else (msg.round, msg.version)
         if counted:
             log.info("combiner %s: refused update of %s: %s", self.cluster, peer, why)
             self.tally.add("fl.update", why, str(peer))
         else:
             log.warning("combiner %s: refused update of %s: %s", self.cluster, peer, why)
             self.audit.record("fl.update", str(peer), "refused",
-                              {"reason": str(why), "round": head.get("round"), "version": head.get("version")})
-        r = head.get("round")
-        self.to_client(peer, {"type": "drop", "round": r if isinstance(r, int) else None, "reason": str(why)})
+                              {"reason": str(why), "round": rnd, "version": version})
+        self.to_client(peer, UpdateDropped(round=rnd if isinstance(rnd, int) and not isinstance(rnd, bool) else None,
+                                           reason=str(why)))

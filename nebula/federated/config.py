@@ -1,4 +1,5 @@
-"""Federated job file (`mode: federated`): clusters and their clients, rounds, deadline, validity, strategy.
+"""Federated job file (`mode: federated`): clusters and their clients, rounds, deadline, validity, strategy, and
+the algorithm it runs (FEDn's rounds, FedOptima or OWL), read in one pass.
 
 Example::
 
@@ -23,6 +24,11 @@ Example::
     initial_wait_s: 30                         # how long each asked client has to answer
     max_model_bytes: 2147483648                # a model (initial or update) larger than this is refused
     model_dtypes: [float32]                    # the tensors' allowed dtypes
+    algorithm: rounds                          # rounds (FEDn's, above) | fedoptima | owl
+    task: "recipes.federated.modes:LangIdTask" # fedoptima/owl: "module:factory" of what they train, called with
+                                               # num_clients={cluster: n}, seed=<job seed> and client.args
+    fedoptima: {omega: 8, max_rounds: 10}      # FedOptima's options (nebula.federated.fedoptima.config)
+    owl: {distribution: owl, rounds: 5}        # OWL's options (nebula.federated.owl.config)
 
 Every count that sizes memory is bounded (`MAX_CLIENTS` clients per cluster) and every number of seconds or norm
 must be finite: a bad value is one line naming its key path and the limit.
@@ -35,10 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from nebula.config._schema import ConfigError, from_dict
+from nebula.config.fields import CodecSpec
+from nebula.config.schema import ConfigError, check_fields, from_dict
+from nebula.federated.fedoptima.config import FedOptimaSpec
+from nebula.federated.owl.config import OwlSpec
 
 __all__ = ["FederatedJob", "FederatedCluster", "ControllerSpec", "ClientSpec", "ValiditySpec", "StrategySpec",
-           "load_federated_job", "MAX_CLIENTS", "MAX_WAIT_S"]
+           "load_federated_job", "MAX_CLIENTS", "MAX_WAIT_S", "ALGORITHMS"]
+
+ALGORITHMS = ("rounds", "fedoptima", "owl")
 
 MAX_CLIENTS = 100_000  # client ranks per cluster: the combiner keeps a peer and its channels for each
 MAX_ROUNDS = 10_000_000
@@ -154,7 +165,7 @@ class FederatedJob:
     wan_once: bool = True
     # clients send each piece of their change from the global model encoded with this codec (nebula.compress);
     # ef(...) keeps its residual on the client across rounds. "none": the weights themselves, raw.
-    update_codec: str = "none"
+    update_codec: CodecSpec = "none"
     piece_bytes: int = 4 * 1024 * 1024
     seed: int = 0
     startup_timeout_s: float = 120.0  # how long actors wait for their switch and for the first clients
@@ -169,8 +180,19 @@ class FederatedJob:
     initial_model: str | None = None
     initial_clients: int = 3
     initial_wait_s: float = 30.0
+    # what the job runs: FEDn's rounds (every key above), or FedOptima or OWL on `task` with their own section
+    algorithm: str = "rounds"
+    task: str = ""
+    fedoptima: FedOptimaSpec = field(default_factory=FedOptimaSpec)
+    owl: OwlSpec = field(default_factory=OwlSpec)
 
     def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"algorithm={self.algorithm!r} must be one of {', '.join(ALGORITHMS)} (rounds: FEDn's "
+                             "synchronous or asynchronous rounds)")
+        if self.algorithm != "rounds" and ":" not in self.task:
+            raise ValueError(f"task={self.task!r}: algorithm {self.algorithm} needs `task: module:factory` naming "
+                             "what it trains (e.g. recipes.federated.modes:LangIdTask)")
         if not self.job or "/" in self.job:
             raise ValueError(f"job {self.job!r} must be a non-empty name without '/'")
         ids = [c.id for c in self.clusters]
@@ -193,14 +215,10 @@ class FederatedJob:
             raise ValueError(f"max_update_norm={self.max_update_norm} must be a finite number > 0, or null for no "
                              "bound")
         self._check_dtypes()
+        check_fields(self)
         if self.update_codec != "none":
-            from nebula.compress import SpecError, get_codec
             from nebula.federated.strategy import get_strategy
 
-            try:
-                get_codec(self.update_codec)
-            except SpecError as exc:
-                raise ValueError(f"update_codec: {exc}") from None
             if not get_strategy(self.strategy.name, self.strategy.options).synchronous:
                 raise ValueError(f"update_codec {self.update_codec!r} needs a synchronous strategy (the combiner "
                                  f"of an asynchronous one keeps no base model to add changes to); drop it or use "

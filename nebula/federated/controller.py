@@ -19,15 +19,16 @@ import time
 import numpy as np
 
 from nebula.channel import Endpoint
-from nebula.federated.aggregate import RunningMean
 from nebula.federated.controller_async import run_async
-from nebula.federated.controller_base import STATUS_FILE, STOP_FILE, ControllerBase
+from nebula.federated.controller_base import ControllerBase
+from nebula.federated.messages import ModelCopy, Partial, StartRound
+from nebula.federated.reduction import Reduction
 from nebula.federated.trail import ModelTrail, RoundRecord
-from nebula.federated.transport import CONTROLLER_RANK, Mailbox, Peer
+from nebula.federated.transport import CONTROLLER_RANK, Messenger, Peer
 from nebula.federated._actor import ActorAudit
 from nebula.federated.witness import CombinerWitness
 
-__all__ = ["Controller", "STOP_FILE", "STATUS_FILE", "REPORT_GRACE_S"]
+__all__ = ["Controller", "REPORT_GRACE_S"]
 
 log = logging.getLogger(__name__)
 REPORT_GRACE_S = 3.0  # partials later than deadline + this are not waited for (the round ends within deadline + 5 s)
@@ -42,7 +43,7 @@ class Controller(ControllerBase):
         ep = Endpoint.connect(cl.worker, job=self.job.job, rank=CONTROLLER_RANK, timeout_s=self.job.startup_timeout_s)
         epoch = self._next_epoch()
         self.run_id = f"{epoch}.{os.urandom(6).hex()}"
-        self.mb = Mailbox(ep, self.job.piece_bytes, Peer(cl.id, CONTROLLER_RANK), epoch)
+        self.mb = Messenger(ep, self.job.piece_bytes, Peer(cl.id, CONTROLLER_RANK), epoch)
         self.trail = ModelTrail(self.dir / "trail")
         self.audit = ActorAudit(self.dir / "controller", cl.worker, "controller", cl.id, CONTROLLER_RANK)
         self.witness = CombinerWitness(self.dir / "controller", self.audit.log, self.audit.record)
@@ -90,96 +91,70 @@ class Controller(ControllerBase):
         sent_before = {c: self.mb.sent_bytes.get(c, 0) for c in self.mb.sent_bytes}
         for comb, cl in assignment.items():
             copies = 1 if job.wan_once else len(cl)
-            hdr = {"type": "round", "run": self.run_id, "to": self.nonces[comb], "round": r, "version": head.version,
-                   "deadline_s": job.deadline_s,
-                   "clients": [str(p) for p in cl], "config": self.strategy.client_options(), "copies": copies}
-            self.mb.send_model(comb, hdr, weights)
+            cmd = StartRound(run=self.run_id, to=self.nonces[comb], round=r, version=head.version,
+                             deadline_s=job.deadline_s, clients=tuple(str(p) for p in cl),
+                             config=self.strategy.client_options(), copies=copies)
+            self.mb.send_model(comb, cmd, weights)
             for _ in range(copies - 1):
-                self.mb.send_model(comb, {"type": "copy", "round": r, "to": self.nonces[comb]}, weights)
+                self.mb.send_model(comb, ModelCopy(round=r, to=self.nonces[comb]), weights)
         home = job.controller.cluster
         self.wan_bytes.append(sum(n - sent_before.get(c, 0) for c, n in self.mb.sent_bytes.items() if c != home))
-        reducer = RunningMean(weights)
-        coded = job.update_codec != "none"  # then combiners average the clients' changes, not their weights
-        update_bytes = 0
-        clients, rejected, missing, lost = [], [], [], []
-        num_updates, norm_max = 0, 0.0
-        metric_sums: dict[str, float] = {}
-        eval_examples = 0
-        waiting = set(assignment)
-        broken = False
-        give_up = t0 + job.deadline_s + REPORT_GRACE_S
-        while waiting and time.monotonic() < give_up:
-            got = self.mb.poll(sorted(waiting), give_up - time.monotonic())
-            if got is None:
-                break
-            peer, h, _ = got
-            if h.get("type") != "partial" or h.get("round") != r or h.get("run") != self.run_id:
-                self.discard(peer, h)
-                continue
-            waiting.discard(peer)
-            self.witness.receive(peer.cluster, h.get("checkpoint"))
-            try:
-                if bool(h.get("delta")) != coded:
-                    raise ValueError(f"partial is {'a change' if h.get('delta') else 'weights'}, the job's "
-                                     f"update_codec={job.update_codec!r} makes it {'a change' if coded else 'weights'}")
-                if h["num_updates"]:
-                    reducer.begin(int(h["num_examples"]), f"combiner {peer}")
-                    self.mb.recv_model(peer, h, max(1.0, give_up - time.monotonic()), on_piece=reducer.add_part)
-            except (TimeoutError, ValueError) as exc:
-                lost.append(str(peer))
-                self.audit.record("fl.partial", str(peer), "refused", {"round": r, "reason": str(exc)})
-                broken = True  # a half-folded partial cannot be taken out again: the round is invalid
-                continue
-            num_updates += int(h["num_updates"])
-            update_bytes += int(h.get("update_bytes", 0))
-            norm_max = max(norm_max, float(h.get("update_norm_max") or 0.0))
-            clients += h.get("clients", [])
-            rejected += h.get("rejected", [])
-            missing += h.get("missing", [])
-            ne = int(h.get("eval_examples", 0))
-            for k, v in (h.get("metrics") or {}).items():
-                metric_sums[k] = metric_sums.get(k, 0.0) + float(v) * ne
-            eval_examples += ne
-        for c in sorted(waiting):
-            lost.append(str(c))
-            missing += [str(p) for p in assignment[c]]
-            self.audit.record("fl.combiner", str(c), "lost", {"round": r, "clients": [str(p) for p in assignment[c]]})
-            log.warning("controller: combiner %s did not report round %d; its clients go elsewhere next round", c, r)
-        metrics = {f"parent_{k}": v / eval_examples for k, v in metric_sums.items()} if eval_examples else {}
-        num_examples = reducer.num_examples
-        why = "a partial model broke off mid-transfer" if broken else self._invalid(num_updates, num_examples,
-                                                                                      expected_examples)
-        version = None
+        red = Reduction(weights, coded=job.update_codec != "none", update_codec=job.update_codec,
+                        validity=job.validity, expected_examples=expected_examples)
+        self._take_partials(r, assignment, red, t0 + job.deadline_s + REPORT_GRACE_S)
+        metrics = red.metrics()
+        why, version = red.invalid(), None
         if why is None:
-            mean = reducer.result()
-            if coded:
-                mean = {k: weights[k] + mean[k] for k in weights}
-            new, state = self.strategy.server_step(weights, mean, state)
+            new, state = self.strategy.server_step(weights, red.result(), state)
             bad = next((k for k, v in new.items() if not np.isfinite(v).all()), None)
             if bad is not None:  # finite updates can still overflow together: never commit such a model
                 why = f"the new model's {bad!r} holds NaN or Inf (the updates overflowed); lower max_update_norm"
             else:
                 version = self.trail.commit(new, parent=head.version, round=r, strategy=self.strategy.describe(),
-                                            clients=sorted(clients), metrics={**metrics, "num_examples": num_examples},
-                                            state=state)
+                                            clients=sorted(red.clients),
+                                            metrics={**metrics, "num_examples": red.num_examples}, state=state)
         duration = time.monotonic() - t0
         self.trail.record_round(RoundRecord(
-            round=r, status="valid" if why is None else "invalid", version=version, num_updates=num_updates,
-            num_examples=num_examples, rejected=rejected, started=started, duration_s=duration,
-            detail={"why": why, "missing": missing, "lost_combiners": lost, "expected_examples": expected_examples,
+            round=r, status="valid" if why is None else "invalid", version=version, num_updates=red.num_updates,
+            num_examples=red.num_examples, rejected=red.rejected, started=started, duration_s=duration,
+            detail={"why": why, "missing": red.missing, "lost_combiners": red.lost,
+                    "expected_examples": expected_examples,
                     "assignment": {str(c): [str(p) for p in v] for c, v in assignment.items()}, **metrics,
-                    "wan_bytes": self.wan_bytes[-1], "update_bytes": update_bytes, "update_norm_max": norm_max}))
+                    "wan_bytes": self.wan_bytes[-1], "update_bytes": red.update_bytes,
+                    "update_norm_max": red.norm_max}))
         self.audit.record("fl.round", str(r), "valid" if why is None else "invalid",
-                          {"version": version, "num_updates": num_updates, "why": why})
+                          {"version": version, "num_updates": red.num_updates, "why": why})
         log.info("round %d: %s, %d updates, %d examples, %.2f s %s", r, "valid" if why is None else f"invalid ({why})",
-                 num_updates, num_examples, duration, json.dumps(metrics))
+                 red.num_updates, red.num_examples, duration, json.dumps(metrics))
         self.write_status("running", r, self.trail.head().version)
 
-    def _invalid(self, num_updates: int, num_examples: int, expected: int) -> str | None:
-        v = self.job.validity
-        if num_updates < v.min_updates:
-            return f"{num_updates} updates < validity.min_updates={v.min_updates}"
-        if expected and num_examples < v.min_fraction_examples * expected:
-            return (f"{num_examples} examples < validity.min_fraction_examples={v.min_fraction_examples} of "
-                    f"{expected} expected")
-        return None
+    def _take_partials(self, r: int, assignment: dict[Peer, list[Peer]], red: Reduction, give_up: float) -> None:
+        """Take the combiners' partials of round `r` until all came or `give_up` (a monotonic time)."""
+        waiting = set(assignment)
+        while waiting and time.monotonic() < give_up:
+            got = self.mb.poll(sorted(waiting), give_up - time.monotonic())
+            if got is None:
+                break
+            peer, p, _ = got
+            if not isinstance(p, Partial) or p.round != r or p.run != self.run_id:
+                self.discard(peer, p)
+                continue
+            waiting.discard(peer)
+            self.witness.receive(peer.cluster, p.checkpoint)
+            try:
+                why = red.refusal(p)
+                if why is not None:
+                    raise ValueError(why)
+                red.begin(p, f"combiner {peer}")
+                if p.num_updates:
+                    self.mb.recv_model(peer, p, max(1.0, give_up - time.monotonic()), on_piece=red.mean.add_part)
+            except (TimeoutError, ValueError) as exc:
+                red.lose(str(peer), broken=True)
+                self.audit.record("fl.partial", str(peer), "refused", {"round": r, "reason": str(exc)})
+                continue
+            red.take(p)
+        for c in sorted(waiting):
+            clients = [str(p) for p in assignment[c]]
+            red.lose(str(c), clients=clients)
+            self.audit.record("fl.combiner", str(c), "lost", {"round": r, "clients": clients})
+            log.warning("controller: combiner %s did not report round %d; its clients go elsewhere next round", c, r)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nebula.federated.messages import AsyncUpdate, NewModel, StartAsync
 from nebula.federated.trail import RoundRecord
 
 if TYPE_CHECKING:
@@ -29,9 +30,9 @@ def run_async(ctl: ControllerBase) -> None:
     live, roster = ctl.wait_roster(job.validity.min_updates, want)
     assignment = ctl.assign(live, roster, head.round + 1)
     for comb, cl in assignment.items():
-        mb.send_model(comb, {"type": "async", "run": ctl.run_id, "to": ctl.nonces[comb], "round": head.round + 1,
-                             "version": head.version, "deadline_s": job.deadline_s,
-                             "clients": [str(p) for p in cl], "config": ctl.strategy.client_options()}, weights)
+        mb.send_model(comb, StartAsync(run=ctl.run_id, to=ctl.nonces[comb], round=head.round + 1, version=head.version,
+                                       deadline_s=job.deadline_s, clients=tuple(str(p) for p in cl),
+                                       config=ctl.strategy.client_options()), weights)
     combiners = sorted(assignment)
     step_clients: list[str] = []
     step_staleness: list[int] = []
@@ -44,23 +45,23 @@ def run_async(ctl: ControllerBase) -> None:
                 raise TimeoutError(f"no update for {3 * job.deadline_s:.0f} s (3 x deadline_s); are the clients "
                                    "running?")
             continue
-        peer, h, _ = got
-        if h.get("type") != "async_update" or h.get("run") != ctl.run_id:
-            ctl.discard(peer, h)
+        peer, u, _ = got
+        if not isinstance(u, AsyncUpdate) or u.run != ctl.run_id:
+            ctl.discard(peer, u)
             continue
         quiet_since = time.monotonic()
-        upd = mb.recv_model(peer, h, job.deadline_s)
-        v = int(h["version"])
+        upd = mb.recv_model(peer, u, job.deadline_s)
+        v = u.version
         if not 1 <= v <= head.version:
-            log.warning("controller: update of %s from %s names version %s (head is %d); dropped", h.get("client"),
-                        peer, v, head.version)
+            log.warning("controller: update of %s from %s names version %s (head is %d); dropped", u.client, peer, v,
+                        head.version)
             continue
         base = cache.get(v)
         if base is None:
             base = trail.load(v)[0]
         staleness = head.version - v
-        new, state = ctl.strategy.on_update(weights, base, upd, int(h["num_examples"]), staleness, state)
-        step_clients.append(str(h["client"]))
+        new, state = ctl.strategy.on_update(weights, base, upd, u.num_examples, staleness, state)
+        step_clients.append(u.client)
         step_staleness.append(staleness)
         if new is None:
             continue
@@ -84,8 +85,7 @@ def run_async(ctl: ControllerBase) -> None:
         for old in sorted(cache)[:-KEEP_VERSIONS]:
             del cache[old]
         for comb in combiners:
-            mb.send_model(comb, {"type": "model", "run": ctl.run_id, "to": ctl.nonces[comb], "version": version},
-                          new)
+            mb.send_model(comb, NewModel(run=ctl.run_id, to=ctl.nonces[comb], version=version), new)
         log.info("async: version %d from %s (staleness %s)", version, step_clients, step_staleness)
         step_clients, step_staleness, t_step = [], [], time.monotonic()
         ctl.write_status("running", head.round, version)

@@ -10,27 +10,26 @@ checkpoints that come with their answers are kept as witnesses (`nebula.federate
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 import time
 from pathlib import Path
-from typing import Any
 
 from nebula.federated._actor import ActorAudit
 from nebula.federated.config import FederatedJob
 from nebula.federated.initial import fetch_initial, load_initial_model
+from nebula.federated.messages import Bye, StatusAnswer, StatusRequest, Stop
+from nebula.federated.protocol import Malformed, Message
+from nebula.federated.runfiles import RunFiles
 from nebula.federated.strategy import get_strategy
 from nebula.federated.trail import ModelTrail
-from nebula.federated.transport import COMBINER_RANK, Mailbox, Peer
+from nebula.federated.transport import COMBINER_RANK, Messenger, Peer
 from nebula.federated.witness import CombinerWitness
 
-__all__ = ["ControllerBase", "STOP_FILE", "STATUS_FILE", "STATUS_WAIT_S", "BYE_WAIT_S"]
+__all__ = ["ControllerBase", "STATUS_WAIT_S", "BYE_WAIT_S"]
 
 log = logging.getLogger(__name__)
-STOP_FILE = "STOP"
-STATUS_FILE = "status.json"
 STATUS_WAIT_S = 2.0  # a combiner that does not answer a status request this fast sits the round out
 BYE_WAIT_S = 5.0  # how long the end of a run waits for the combiners' last checkpoints
 
@@ -43,10 +42,11 @@ class ControllerBase:
         self.job = job
         self.dir = Path(workdir or job.controller.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run is not this run's
+        self.files = RunFiles(self.dir)
+        self.files.clear_stop()  # a stop asked of an earlier run is not this run's
         self.strategy = get_strategy(job.strategy.name, job.strategy.options)
         self.combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
-        self.mb: Mailbox | None = None
+        self.mb: Messenger | None = None
         self.trail: ModelTrail | None = None
         self.audit: ActorAudit | None = None
         self.witness: CombinerWitness | None = None
@@ -72,23 +72,23 @@ class ControllerBase:
         last audit checkpoints."""
         live, _ = self.status()
         for c in live:
-            self.mb.send(c, {"type": "stop", "run": self.run_id, "to": self.nonces[c]})
+            self.mb.send(c, Stop(run=self.run_id, to=self.nonces[c]))
         waiting, deadline = set(live), time.monotonic() + BYE_WAIT_S
         while waiting and time.monotonic() < deadline:
             got = self.mb.poll(sorted(waiting), deadline - time.monotonic())
             if got is None:
                 break
-            peer, head, _ = got
-            if head.get("type") == "bye" and head.get("run") == self.run_id:
+            peer, msg, _ = got
+            if isinstance(msg, Bye) and msg.run == self.run_id:
                 waiting.discard(peer)
-                self.witness.receive(peer.cluster, head.get("checkpoint"), final=True)
+                self.witness.receive(peer.cluster, msg.checkpoint, final=True)
 
     # participation
     def status(self) -> tuple[list[Peer], dict[Peer, int]]:
         """(combiners that answered, the union of their rosters: client -> examples)."""
         self._seq += 1
         for c in self.combiners:
-            self.mb.send(c, {"type": "status", "seq": self._seq, "run": self.run_id})
+            self.mb.send(c, StatusRequest(seq=self._seq, run=self.run_id))
         live, roster, missed = [], {}, set()
         self.accepted_by = {}
         deadline = time.monotonic() + STATUS_WAIT_S
@@ -97,22 +97,21 @@ class ControllerBase:
             got = self.mb.poll(sorted(waiting), deadline - time.monotonic())
             if got is None:
                 break
-            peer, head, _ = got
-            if head.get("type") != "status" or head.get("seq") != self._seq or head.get("run") != self.run_id:
-                self.discard(peer, head)
+            peer, msg, _ = got
+            if not isinstance(msg, StatusAnswer) or msg.seq != self._seq or msg.run != self.run_id:
+                self.discard(peer, msg)
                 continue
             waiting.discard(peer)
             try:
-                got_roster = {Peer.parse(c): int(n) for c, n in (head.get("roster") or {}).items()}
-                missed.update(str(m) for m in head.get("missed") or [])
-                nonce = head["nonce"]
-            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                got_roster = {Peer.parse(c): int(n) for c, n in msg.roster.items()}
+            except (TypeError, ValueError) as exc:
                 log.warning("controller: malformed status answer from %s (%s); it sits this round out", peer, exc)
                 continue
+            missed.update(msg.missed)
             live.append(peer)
-            self.nonces[peer] = str(nonce)[:64]
-            self._grant(peer.cluster, head.get("grant"))
-            self.witness.receive(peer.cluster, head.get("checkpoint"))
+            self.nonces[peer] = msg.nonce[:64]
+            self._grant(peer.cluster, msg.grant)
+            self.witness.receive(peer.cluster, msg.checkpoint)
             for c, n in got_roster.items():
                 roster[c] = n
                 self.accepted_by.setdefault(c, set()).add(peer)
@@ -139,15 +138,15 @@ class ControllerBase:
             return f"cluster {p.cluster}'s combiner has not said whether its account home grants the job"
         return self.grant_of[p.cluster]
 
-    def discard(self, peer: Peer, head: dict) -> None:
+    def discard(self, peer: Peer, msg: Message) -> None:
         """Drop a message of an earlier round or run (consuming the model pieces that follow it)."""
-        log.info("controller: dropping a late %s from %s (round %s)", str(head.get("type"))[:32], peer,
-                 str(head.get("round"))[:32])
-        if "piece_bytes" in head and not head.get("inline"):  # (inline pieces came with it)
-            try:
-                self.mb.recv_model(peer, head, self.job.deadline_s, on_piece=lambda *a: None)
-            except (TimeoutError, ValueError) as exc:
-                log.warning("controller: pieces of a dropped %s from %s: %s", str(head.get("type"))[:32], peer, exc)
+        what = msg.claimed if isinstance(msg, Malformed) else msg.TYPE
+        log.info("controller: dropping a late %s from %s (round %s)", str(what)[:32], peer,
+                 str(getattr(msg, "round", None))[:32])
+        try:
+            self.mb.skip_pieces(peer, msg, self.job.deadline_s)
+        except (TimeoutError, ValueError) as exc:
+            log.warning("controller: pieces of a dropped %s from %s: %s", str(what)[:32], peer, exc)
 
     def wait_roster(self, need: int, want: int | None = None) -> tuple[list[Peer], dict[Peer, int]]:
         """Live combiners and roster once `need` clients are connected; up to `startup_timeout_s` for `want`."""
@@ -204,12 +203,9 @@ class ControllerBase:
         return {c: v for c, v in out.items() if v}
 
     def write_status(self, state: str, r: int, version: int) -> None:
-        doc: dict[str, Any] = {"job": self.job.job, "state": state, "round": r, "rounds": self.job.rounds,
-                               "head_version": version, "pid": os.getpid(), "updated": time.time()}
-        tmp = self.dir / (STATUS_FILE + ".tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, self.dir / STATUS_FILE)
+        self.files.write_status({"job": self.job.job, "state": state, "round": r, "rounds": self.job.rounds,
+                                 "head_version": version, "pid": os.getpid()})
 
     def stop_requested(self) -> bool:
         """Whether `nebula fl stop` asked this run to end."""
-        return (self.dir / STOP_FILE).exists()
+        return self.files.stop_asked()

@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from nebula.federated.config import FederatedJob
-from nebula.federated.transport import Mailbox, Peer, manifest
+from nebula.federated.messages import GetParameters, Parameters
+from nebula.federated.transport import Messenger, Peer, manifest
 
 __all__ = ["manifest_refusal", "values_refusal", "load_initial_model", "Answer", "majority", "fetch_initial"]
 
@@ -99,7 +100,7 @@ def _key(tensors: list) -> tuple:
     return tuple((n, d, tuple(s)) for n, d, s in tensors)
 
 
-def fetch_initial(mb: Mailbox, job: FederatedJob, run: str, roster: Callable[[], Mapping[Peer, int]],
+def fetch_initial(mb: Messenger, job: FederatedJob, run: str, roster: Callable[[], Mapping[Peer, int]],
                   audit: Callable[[str, str, dict], None]) -> tuple[dict[str, np.ndarray], str]:
     """(weights, the client they came from): ask clients as the module says; `roster()` gives the connected
     clients now, `audit(client, outcome, detail)` records an answer. RuntimeError when every connected client
@@ -130,11 +131,11 @@ def fetch_initial(mb: Mailbox, job: FederatedJob, run: str, roster: Callable[[],
         want = job.initial_clients if not any(a.key for a in answers) else 1  # none valid yet, or a tie to break
 
 
-def _ask(mb: Mailbox, job: FederatedJob, run: str, batch: list[Peer], audit: Callable[[str, str, dict], None]
+def _ask(mb: Messenger, job: FederatedJob, run: str, batch: list[Peer], audit: Callable[[str, str, dict], None]
          ) -> list[tuple[Answer, dict[str, np.ndarray] | None]]:
     """Ask `batch` at once; each answer checked (manifest first, then the values) within `initial_wait_s`."""
     for p in batch:
-        mb.send(p, {"type": "get_parameters", "run": run})
+        mb.send(p, GetParameters(run=run))
     deadline = time.monotonic() + job.initial_wait_s
     out: list[tuple[Answer, dict[str, np.ndarray] | None]] = []
     pending = set(batch)
@@ -144,15 +145,15 @@ def _ask(mb: Mailbox, job: FederatedJob, run: str, batch: list[Peer], audit: Cal
         got = mb.poll(sorted(pending), deadline - time.monotonic())
         if got is None:
             break
-        peer, head, parts = got
-        if head.get("type") != "parameters" or head.get("run") != run:
+        peer, msg, parts = got
+        if not isinstance(msg, Parameters) or msg.run != run:
             continue  # not an answer to this question (of an earlier run, say)
         pending.discard(peer)
         weights = None
-        why = manifest_refusal(head.get("tensors"), job)
+        why = manifest_refusal(None if msg.model is None else msg.model.tensors, job)
         if why is None:
             try:
-                weights = mb.recv_model(peer, head, max(0.0, deadline - time.monotonic()), inline=parts)
+                weights = mb.recv_model(peer, msg, max(0.0, deadline - time.monotonic()), inline=parts)
                 why = values_refusal(weights)
             except (TimeoutError, ValueError) as exc:
                 why = f"incomplete model: {exc}"

@@ -18,7 +18,8 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from nebula.federated.transport import Mailbox, ModelAssembler, Peer, piece_plan, tensor_specs
+from nebula.federated.messages import ClientUpdate
+from nebula.federated.transport import Messenger, ModelAssembler, Peer, piece_plan, tensor_specs
 
 __all__ = ["Refused", "ReceivedUpdate", "receive_update", "UpdateEncoder", "GlobalModel", "SPOOL_BYTES",
            "NONE_CODEC"]
@@ -105,7 +106,7 @@ def change_sumsq(vals: np.ndarray, base: np.ndarray | None) -> float:
     return float(np.dot(d, d))
 
 
-def receive_update(mb: Mailbox, peer: Peer, head: Mapping[str, Any], timeout_s: float, *, codec: str,
+def receive_update(mb: Messenger, peer: Peer, head: ClientUpdate, timeout_s: float, *, codec: str,
                    spool_dir: str | Path, spool_over: int = SPOOL_BYTES,
                    inline: list | None = None, base: GlobalModel | None = None,
                    max_norm: float | None = None) -> ReceivedUpdate:
@@ -118,8 +119,8 @@ def receive_update(mb: Mailbox, peer: Peer, head: Mapping[str, Any], timeout_s: 
     plan = asm.plan
     dtypes = {k: d for k, (d, _) in asm.specs.items()}
     coded = codec != NONE_CODEC
-    if coded and head.get("codec") != codec:
-        raise Refused(f"update encoded with {head.get('codec')!r}, the job's update_codec is {codec!r}; start the "
+    if coded and head.codec != codec:
+        raise Refused(f"update encoded with {head.codec!r}, the job's update_codec is {codec!r}; start the "
                       "client with this job's file")
     total = sum(c * dtypes[n].itemsize for n, _, c in plan)
     spool = tempfile.TemporaryFile(dir=spool_dir) if total > spool_over else None
@@ -192,10 +193,7 @@ class UpdateEncoder:
     residual from round to round (its residuals are keyed by shape, which pieces of one tensor share)."""
 
     def __init__(self, codec: str, piece_bytes: int) -> None:
-        from nebula.compress import get_codec
-
-        self.spec, self.piece_bytes = codec, piece_bytes
-        get_codec(codec)  # a bad spec fails here, before any training
+        self.spec, self.piece_bytes = codec, piece_bytes  # (a job's update_codec is checked when it is loaded)
         self.codecs: dict[tuple[str, int], Any] = {}
 
     def frames(self, weights: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]

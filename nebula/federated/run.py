@@ -1,5 +1,6 @@
-"""Process entry points of the federated mode: a cluster's actors (combiner, plus the controller where it runs),
-and one client; `python -m nebula.federated.run cluster JOB --cluster A` / `client JOB --cluster A --index 0`."""
+"""Process entry points of the federated mode (FEDn's rounds): a cluster's actors (combiner, plus the controller where
+it runs), the controller or the combiner alone, and clients; `start_rounds` is what `nebula fl start` runs (through
+`nebula.modes`), `python -m nebula.federated.run ROLE JOB --cluster A [--index 0]` the same in a process of its own."""
 from __future__ import annotations
 
 import argparse
@@ -13,9 +14,10 @@ from nebula.federated.combiner import Combiner
 from nebula.federated.config import load_federated_job
 from nebula.federated.controller import Controller
 
-__all__ = ["run_cluster", "run_one_client", "run_clients", "main"]
+__all__ = ["ROLES", "run_cluster", "run_one_client", "run_clients", "start_rounds", "main"]
 
 log = logging.getLogger(__name__)
+ROLES = ("cluster", "controller", "combiner", "clients", "client")
 
 
 def run_cluster(job_file: str | Path, cluster: str, controller: bool | None = None) -> int | None:
@@ -72,29 +74,35 @@ def run_clients(job_file: str | Path, cluster: str, indices: list[int] | None = 
     return done
 
 
+def start_rounds(job_file: str | Path, cluster: str, role: str = "cluster", index: int = 0) -> str:
+    """Run `cluster`'s actors of `role` until the run ends; one line saying what they did. Roles: cluster (the
+    combiner, plus the controller where the job puts it), controller or combiner (alone), clients (every client of
+    the cluster in this process), client (client `index`)."""
+    if role == "client":
+        return f"client {cluster}/{index} trained {run_one_client(job_file, cluster, index)} rounds"
+    if role == "clients":
+        return f"clients of {cluster} trained {sum(run_clients(job_file, cluster).values())} rounds in all"
+    if role == "controller":
+        return f"head version {Controller(load_federated_job(job_file)).run()}"
+    if role == "combiner":
+        Combiner(load_federated_job(job_file), cluster).run()
+        return f"combiner {cluster} done"
+    if role != "cluster":
+        raise ValueError(f"role {role!r} must be one of {', '.join(ROLES)}")
+    head = run_cluster(job_file, cluster)
+    return f"cluster {cluster} done" + (f", head version {head}" if head is not None else "")
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m nebula.federated.run cluster|client ...`."""
+    """`python -m nebula.federated.run ROLE JOB --cluster C [--index I]`."""
     p = argparse.ArgumentParser(prog="python -m nebula.federated.run", description=__doc__)
-    p.add_argument("role", choices=["cluster", "client", "clients", "controller", "combiner"])
+    p.add_argument("role", choices=ROLES)
     p.add_argument("job")
     p.add_argument("--cluster", required=True)
     p.add_argument("--index", type=int, default=0)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.role == "client":
-        n = run_one_client(args.job, args.cluster, args.index)
-        print(f"client {args.cluster}/{args.index} trained {n} rounds", flush=True)
-    elif args.role == "clients":
-        done = run_clients(args.job, args.cluster)
-        print(f"clients of {args.cluster} trained {sum(done.values())} rounds in all", flush=True)
-    elif args.role == "controller":
-        job = load_federated_job(args.job)
-        print(f"head version {Controller(job).run()}", flush=True)
-    elif args.role == "combiner":
-        Combiner(load_federated_job(args.job), args.cluster).run()
-    else:
-        head = run_cluster(args.job, args.cluster)
-        print(f"cluster {args.cluster} done" + (f", head version {head}" if head is not None else ""), flush=True)
+    print(start_rounds(args.job, args.cluster, args.role, args.index), flush=True)
     return 0
 
 

@@ -13,34 +13,32 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from nebula.federated.aggregate import Update, fedavg
+from nebula.registry import Registry
 
 __all__ = ["Strategy", "AsyncStrategy", "register", "get_strategy", "strategy_names", "Weights", "State"]
 
 Weights = dict[str, np.ndarray]
 State = dict[str, np.ndarray]
 
-_REGISTRY: dict[str, type["Strategy"]] = {}
+STRATEGIES: Registry[type["Strategy"]] = Registry("strategy")
 
 
 def register(name: str) -> Callable[[type["Strategy"]], type["Strategy"]]:
     """Class decorator: make a strategy available to `get_strategy(name)` and to job files."""
     def deco(cls: type[Strategy]) -> type[Strategy]:
         cls.name = name
-        _REGISTRY[name] = cls
-        return cls
+        return STRATEGIES.add(name, cls)
     return deco
 
 
 def strategy_names() -> list[str]:
     """Names of the registered strategies."""
-    return sorted(_REGISTRY)
+    return STRATEGIES.names()
 
 
 def get_strategy(name: str, options: Mapping[str, Any] | None = None) -> "Strategy":
     """The strategy registered as `name`, built with `options`; ValueError names the known ones or the bad option."""
-    cls = _REGISTRY.get(name)
-    if cls is None:
-        raise ValueError(f"unknown strategy {name!r}; known: {', '.join(sorted(_REGISTRY))}")
+    cls = STRATEGIES.get(name)
     try:
         return cls(**dict(options or {}))
     except TypeError as exc:

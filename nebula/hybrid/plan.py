@@ -11,7 +11,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 from nebula.config.job import JobConfig
 
 __all__ = ["cluster_devices", "plan_clusters", "resolve_allocation"]

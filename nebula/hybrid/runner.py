@@ -30,7 +30,8 @@ from nebula.hybrid.p2p import recv_like, recv_tensor, send_like, send_tensor, wa
 from nebula.hybrid.topology import Layout
 from nebula.pipeline.data import rank_micro_batches, step_ids
 from nebula.pipeline.metrics import MetricsWriter
-from nebula.pipeline.runtime import RunResult
+from nebula.pipeline.cluster_stages import join_cluster
+from nebula.pipeline.runner import RunResult
 from nebula.pipeline.stage import load_recipe
 
 __all__ = ["run_hybrid"]
@@ -40,23 +41,11 @@ log = logging.getLogger(__name__)
 # the layer benchmark: rounds after the warm-up, at least and at most, and the time budget of all ranks' rounds
 LAYER_ROUNDS, MAX_LAYER_ROUNDS, LAYER_BUDGET_S = 3, 30, 4.0
 
-def _set_device(device: str) -> None:
-    import paddle
-
-    if device == "cpu":
-        paddle.set_device("cpu")
-        return
-    from paddle.distributed import ParallelEnv
-
-    paddle.set_device(f"{device}:{ParallelEnv().device_id}")
-
-
 class _HybridRunner:
     """State and GPipe schedule of one rank."""
 
     def __init__(self, cfg: JobConfig, cluster: str, workdir: Path) -> None:
         import paddle
-        import paddle.distributed as dist
 
         self.cfg, self.cluster = cfg, cluster
         self.spec = cfg.cluster(cluster)
@@ -64,14 +53,7 @@ class _HybridRunner:
         if pp is None:
             raise ValueError(f"cluster {cluster} has no pipeline section; set clusters[{cluster}].pipeline")
         self.pp = pp
-        _set_device(self.spec.device)
-        self.rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
-        self.world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
-        if self.world != self.spec.world_size:
-            raise RuntimeError(f"cluster {cluster} is configured for {self.spec.world_size} ranks but this process "
-                               f"group has {self.world}; start it with nebula launch")
-        if self.world > 1:
-            dist.init_parallel_env()
+        self.rank, self.world = join_cluster(cfg, cluster)
         self.layout = Layout(pp.num_stages, self.world // pp.num_stages)
         self.stage, self.replica = self.layout.stage_of(self.rank), self.layout.replica_of(self.rank)
         self.slowdown = pp.slowdown[self.rank] if pp.slowdown else 1.0

@@ -1,30 +1,68 @@
-"""Which ranks left a cluster: each rank writes its process id when it starts (`record_rank`), and a watch beside
-the launcher notes the ranks whose processes are gone first. paddle.distributed.launch stops a cluster's other
-ranks only after it has noticed the first one gone, so the first ranks seen gone are the ones that left."""
+"""Which ranks left a cluster, and why: each rank writes its process id when it starts (`record_rank`), and a watch
+beside the launcher notes the ranks whose processes are gone first. paddle.distributed.launch stops a cluster's
+other ranks only after it has noticed the first one gone, so the first ranks seen gone are the ones that left.
+
+A rank that stops for a reason it can name (a peer cluster lost or never come, its switch silent or refusing, a
+configuration the clusters disagree on) leaves that one line for the launcher (`record_failure`), which prints it
+once (`failures`): paddle.distributed.launch would otherwise show the rank's output twice, streamed and again as
+the failed rank's log."""
 from __future__ import annotations
 
 import os
 import threading
 from pathlib import Path
 
-__all__ = ["RANK_DIR_ENV", "DepartureWatch", "record_rank"]
+__all__ = ["RANK_DIR_ENV", "DepartureWatch", "record_rank", "record_failure", "failures", "clear_failures"]
 
 RANK_DIR_ENV = "NEBULA_RANK_DIR"  # set by the launcher for its ranks
 POLL_S = 0.05
 
 
-def record_rank() -> Path | None:
-    """Write this rank's process id where the launcher's watch looks (nothing when not started by the launcher)."""
+def _rank_file(suffix: str) -> Path | None:
+    """This rank's file `rank<N>.<suffix>` where the launcher looks (None when not started by the launcher)."""
     where = os.environ.get(RANK_DIR_ENV)
     if not where:
         return None
-    rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
-    path = Path(where) / f"rank{rank}.pid"
+    path = Path(where) / f"rank{int(os.environ.get('PADDLE_TRAINER_ID', '0'))}.{suffix}"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(str(os.getpid()))
-    tmp.replace(path)
     return path
+
+
+def _write(path: Path, text: str) -> None:
+    """Replace `path` at once (written beside it, then renamed): the launcher never reads half a file."""
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def record_rank() -> Path | None:
+    """Write this rank's process id where the launcher's watch looks (nothing when not started by the launcher)."""
+    path = _rank_file("pid")
+    if path is not None:
+        _write(path, str(os.getpid()))
+    return path
+
+
+def record_failure(line: str) -> bool:
+    """Leave this rank's one-line reason for stopping to the launcher; False when not started by the launcher (then
+    the rank prints it itself)."""
+    path = _rank_file("failed")
+    if path is not None:
+        _write(path, line.replace("\n", " ") + "\n")
+    return path is not None
+
+
+def failures(rank_dir: str | Path) -> list[str]:
+    """The reasons the ranks of the last launch left (rank order, each distinct line once)."""
+    files = sorted(Path(rank_dir).glob("rank*.failed"), key=lambda f: int(f.stem[4:]) if f.stem[4:].isdigit() else 0)
+    lines = [f.read_text().strip() for f in files]
+    return list(dict.fromkeys(line for line in lines if line))
+
+
+def clear_failures(rank_dir: str | Path) -> None:
+    """Forget the reasons of an earlier launch."""
+    for f in Path(rank_dir).glob("rank*.failed"):
+        f.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

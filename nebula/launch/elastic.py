@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from nebula.config._schema import to_dict
+from nebula.config.schema import to_dict
 from nebula.config.job import JobConfig, load_job_config
 from nebula.hybrid import checkpoint as ckpt
 from nebula.hybrid.topology import Layout, shrink_layout

@@ -6,10 +6,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
-from nebula.config.job import JobConfig, load_job_config
-from nebula.launch.departures import RANK_DIR_ENV
-from nebula.launch.preflight import validate_job
+from nebula.config.job import JobConfig
+from nebula.launch.departures import RANK_DIR_ENV, clear_failures, failures
+from nebula.launch.preflight import load_for_cluster, validate_job
 
 __all__ = ["prepare", "build_command", "launch", "log_dir_of", "WORKER_SCRIPT"]
 
@@ -21,13 +22,7 @@ WORKER_SCRIPT = Path(__file__).resolve().parent / "worker.py"
 def prepare(job_file: str | Path, cluster: str, *, intra: bool = False, allocate: bool = True) -> JobConfig:
     """Load and fully validate the job for `cluster` (ConfigError before any process starts); `allocate=False`
     leaves `allocation:` unresolved (the device benchmark runs before the profiles it needs exist)."""
-    cfg = load_job_config(job_file)
-    if cfg.allocation is not None and allocate:  # preflight: the cut between clusters comes from their measured profiles
-        from nebula.hybrid.plan import resolve_allocation
-
-        cfg = resolve_allocation(cfg)
-    if intra:
-        cfg = cfg.intra(cluster)
+    cfg = load_for_cluster(job_file, cluster, intra=intra, allocate=allocate)
     validate_job(cfg, cluster)
     return cfg
 
@@ -54,8 +49,9 @@ def build_command(job_file: str | Path, cfg: JobConfig, cluster: str, *, intra: 
 
 
 def launch(job_file: str | Path, cluster: str, *, intra: bool = False, node_rank: int = 0,
-           log_dir: str | Path | None = None) -> int:
-    """Validate, then run this cluster's ranks to completion; returns the launcher's exit code."""
+           log_dir: str | Path | None = None, report: Callable[[str], None] | None = None) -> int:
+    """Validate, then run this cluster's ranks to completion; returns the launcher's exit code. When it fails,
+    `report` gets each rank's one-line reason for stopping (once, however often paddle shows the rank's log)."""
     cfg = prepare(job_file, cluster, intra=intra)
     if log_dir is None:
         log_dir = log_dir_of(cfg, cluster)
@@ -64,5 +60,11 @@ def launch(job_file: str | Path, cluster: str, *, intra: bool = False, node_rank
              " ".join(cmd))
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env[RANK_DIR_ENV] = str(Path(log_dir).resolve() / "ranks")  # (each rank records its pid: who left, if any)
-    return subprocess.call(cmd, env=env)
+    rank_dir = Path(log_dir).resolve() / "ranks"
+    env[RANK_DIR_ENV] = str(rank_dir)  # (each rank records its pid, and why it stopped: who left, if any)
+    clear_failures(rank_dir)
+    code = subprocess.call(cmd, env=env)
+    if code != 0 and report is not None:
+        for line in failures(rank_dir):
+            report(line)
+    return code

@@ -1,21 +1,35 @@
-"""Job preflight: what a YAML schema cannot check (recipe stages, switch files, hot-start checkpoint), before any process starts."""
+"""Job preflight: the job as one cluster runs it (`load_for_cluster`: the launcher and every rank it starts load it
+the same way, so all get the same cut), and what a YAML schema cannot check (recipe stages, switch files, hot-start
+checkpoint) before any process starts (`validate_job`)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from nebula.config._schema import ConfigError
-from nebula.config.job import JobConfig
+from nebula.config.schema import ConfigError
+from nebula.config.job import JobConfig, load_job_config
 from nebula.config.worker import load_worker_config
 
-__all__ = ["validate_job"]
+__all__ = ["load_for_cluster", "validate_job"]
+
+
+def load_for_cluster(job_file: str | Path, cluster: str, *, intra: bool = False, allocate: bool = True) -> JobConfig:
+    """The job file as `cluster` runs it: loaded, its `allocation:` between clusters resolved from the clusters'
+    profiles (`allocate=False` leaves it: the device benchmark runs before the profiles exist), and with `intra`
+    every stage moved into `cluster`."""
+    cfg = load_job_config(job_file)
+    if cfg.allocation is not None and allocate:
+        from nebula.hybrid.plan import resolve_allocation  # late: the allocators import scipy
+
+        cfg = resolve_allocation(cfg)
+    return cfg.intra(cluster) if intra else cfg
 
 
 def validate_job(cfg: JobConfig, cluster: str | None = None) -> list[str]:
     """Check what a YAML schema cannot before any process starts; raise ConfigError, return the recipe's stages.
 
     Checks (codec specs are already checked on load): the recipe imports and its stages are exactly the configured ones, every cluster taking
-    part in an inter-cluster job has a switch (an existing worker.yaml for that cluster), and `cluster` (if given)
-    is one of the job's clusters.
+    part in an inter-cluster job has a switch (a worker.yaml for that cluster, which must exist here for `cluster`, or
+    for every cluster when none is given), and `cluster` (if given) is one of the job's clusters.
     """
     dp = cfg.mode == "data_parallel"  # every cluster runs every stage and averages with the others over the WAN
     taking_part = [c.id for c in cfg.clusters] if dp else [c for c, _ in cfg.segments]
@@ -28,6 +42,8 @@ def validate_job(cfg: JobConfig, cluster: str | None = None) -> list[str]:
             if not c.worker:
                 raise ConfigError(f"cluster {cid!r} has no switch: set clusters[{cid}].worker to its worker.yaml "
                                   "(written by nebula-admin provision)")
+            if cluster is not None and cid != cluster:
+                continue  # (another cluster's file lies on that cluster's own host, not here)
             if not Path(c.worker).is_file():
                 raise ConfigError(f"cluster {cid!r}: switch connection file {c.worker} does not exist; run "
                                   "nebula-admin provision or fix clusters[].worker")

@@ -1,4 +1,5 @@
-"""Per-rank entry point that paddle.distributed.launch starts: runs `nebula.pipeline.run` for one cluster."""
+"""Per-rank entry point that paddle.distributed.launch starts: runs the job's mode (`nebula.modes.run`) for one
+cluster."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,7 @@ from pathlib import Path
 
 EXIT_PEER_LOST = 3  # a peer cluster stayed silent past peer_timeout_s: restart all clusters to resume
 EXIT_CONFIG = 2  # the clusters disagree on something the job needs (checked before training): fix and restart
+EXIT_SWITCH = 4  # this cluster's switch did not answer (not started, or another endpoint or key): start it, retry
 
 
 def die_with_launcher() -> None:
@@ -29,6 +31,16 @@ def die_with_launcher() -> None:
         os._exit(1)
 
 
+def _stop(code: int, line: str) -> int:
+    """Stop this rank with one line saying why: left to the launcher, which prints it once (or printed here when
+    the rank was not started by `nebula launch`)."""
+    from nebula.launch.departures import record_failure
+
+    if not record_failure(line):
+        print(line, file=sys.stderr, flush=True)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse --job/--cluster/--intra, train, and map a lost peer to a clean, explained exit."""
     ap = argparse.ArgumentParser(description=__doc__)
@@ -41,41 +53,24 @@ def main(argv: list[str] | None = None) -> int:
 
     record_rank()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from nebula.channel import SwitchRefused
-    from nebula.config._schema import ConfigError
-    from nebula.config.job import load_job_config
-    from nebula.pipeline import PeerLost
-    from nebula.pipeline.runtime import run
+    from nebula.channel import ChannelError, SwitchRefused
+    from nebula.config.schema import ConfigError
+    from nebula.launch.preflight import load_for_cluster
+    from nebula.modes import run
+    from nebula.pipeline.links import PeerLost, PeerNeverCame
 
-    cfg = load_job_config(args.job)
-    if cfg.allocation is not None:  # the same preflight as the launcher's: every rank gets the same cut
-        from nebula.hybrid.plan import resolve_allocation
-
-        cfg = resolve_allocation(cfg)
-    if args.intra:
-        cfg = cfg.intra(args.cluster)
-    if cfg.cluster(args.cluster).pipeline is not None:  # layer pipeline inside this cluster (hybrid DP x PP)
-        from nebula.hybrid.runner import run_hybrid
-
-        run = run_hybrid  # noqa: F811
-    elif cfg.mode == "data_parallel":  # a whole replica per cluster, averaged over the WAN every sync_every steps
-        from nebula.federated.diloco import run_data_parallel
-
-        run = run_data_parallel  # noqa: F811
+    cfg = load_for_cluster(args.job, args.cluster, intra=args.intra)  # as the launcher loaded it: the same cut
     try:
         res = run(cfg, args.cluster, workdir=Path(args.job).resolve().parent)
     except PeerLost as exc:
-        logging.getLogger("nebula.worker").error("%s", exc)
-        print(f"nebula: peer cluster {exc.cluster} lost: {exc}", file=sys.stderr, flush=True)
-        return EXIT_PEER_LOST
+        return _stop(EXIT_PEER_LOST, f"nebula: {exc}" if isinstance(exc, PeerNeverCame)
+                     else f"nebula: peer cluster {exc.cluster} lost: {exc}")
     except SwitchRefused as exc:  # at connect, before any training step: one line, the reason names the fix
-        print(f"nebula: the switch of cluster {args.cluster} refused job {cfg.job!r}: {exc}", file=sys.stderr,
-              flush=True)
-        return EXIT_CONFIG
+        return _stop(EXIT_CONFIG, f"nebula: the switch of cluster {args.cluster} refused job {cfg.job!r}: {exc}")
+    except ChannelError as exc:  # our switch is not there (not started yet, or another key or endpoint)
+        return _stop(EXIT_SWITCH, f"nebula: cluster {args.cluster}: {exc}")
     except ConfigError as exc:  # found at start-up, before any training step (e.g. clusters built differently)
-        logging.getLogger("nebula.worker").error("%s", exc)
-        print(f"nebula: {exc}", file=sys.stderr, flush=True)
-        return EXIT_CONFIG
+        return _stop(EXIT_CONFIG, f"nebula: {exc}")
     logging.getLogger("nebula.worker").info("cluster %s rank %d finished steps %d..%d", res.cluster, res.rank,
                                             res.start_step, res.end_step)
     return 0

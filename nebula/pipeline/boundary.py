@@ -21,7 +21,7 @@ import numpy as np
 import paddle
 from paddle.autograd import PyLayer
 
-from nebula.pipeline.links import Key, Link, LinkStats, Mailbox, Outbox, PeerLost
+from nebula.pipeline.links import Key, Link, LinkStats, LinkReceiver, LinkSender, PeerLost
 
 __all__ = ["Boundary", "SendActivation", "RecvActivation", "send_forward", "recv_forward"]
 
@@ -39,11 +39,11 @@ class Boundary:
         self._codec = codec  # (direction, step) -> codec spec
         out_link, in_link = (act, grad) if side == "upstream" else (grad, act)
         out_lane = "activation" if side == "upstream" else "gradient"
-        self.outbox = Outbox(out_link, out_lane, self.stats)
-        self.mailbox = Mailbox(in_link, self.stats, peer_timeout_s=peer_timeout_s,
+        self.outbox = LinkSender(out_link, out_lane, self.stats)
+        self.mailbox = LinkReceiver(in_link, self.stats, peer_timeout_s=peer_timeout_s,
                                what="gradient" if side == "upstream" else "activation", like="paddle")
-        self.ctl_out = Outbox(ctl, "control", self.stats)
-        self.ctl_in = Mailbox(ctl, self.stats, peer_timeout_s=peer_timeout_s, what="control message")
+        self.ctl_out = LinkSender(ctl, "control", self.stats)
+        self.ctl_in = LinkReceiver(ctl, self.stats, peer_timeout_s=peer_timeout_s, what="control message")
         self._grads_sent: set[Key] = set()
         self.received: list[tuple[Key, tuple[list[int], Any]]] = []  # float activations whose gradients are owed
         self.wait_s = 0.0  # time the compute thread spent blocked on this boundary
@@ -58,7 +58,7 @@ class Boundary:
         """Wait for the tensor under `key` on the incoming data link (counts as link wait); a paddle.Tensor."""
         return self._timed_get(self.mailbox, key)
 
-    def _timed_get(self, box: Mailbox, key: Key, timeout_s: float | None = None) -> np.ndarray:
+    def _timed_get(self, box: LinkReceiver, key: Key, timeout_s: float | None = None) -> np.ndarray:
         t0 = time.perf_counter()
         try:
             return box.get(key, timeout_s)

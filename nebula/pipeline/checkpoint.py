@@ -5,18 +5,27 @@ Layout: ``<dir>/step_<N>/<stage>/model.pdparams``, ``optimizer.pdopt`` and ``<di
 every stage in the same layout, which is what makes hot start of an inter-cluster run from it possible. A mode with
 state beyond its stages (data_parallel's outer optimizer) adds ``<dir>/step_<N>/<cluster>.extra.npz``, also written
 before the marker.
+
+Every file is written under a temporary name, flushed and renamed into place, and the marker lists each file's
+SHA-256 (nebula.recovery.durable): a step whose files do not match its marker (a writer killed while saving the
+step again, a damaged disk) is refused with one line and the newest older step that verifies is used instead.
 """
 from __future__ import annotations
 
 import json
-import os
+import logging
 import shutil
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from nebula.recovery import durable
+from nebula.recovery.durable import CheckpointError
+
 __all__ = ["step_dir", "save", "local_steps", "load", "load_extra", "prune", "checkpoint_step", "param_names",
-           "rename_state"]
+           "rename_state", "CheckpointError"]
+
+log = logging.getLogger(__name__)
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -30,71 +39,82 @@ def _extra_path(d: Path, cluster: str) -> Path:
 
 def save(root: str | Path, step: int, cluster: str, stages: dict[str, tuple[Any, Any]], meta: dict, *,
          extra: Mapping[str, Any] | None = None) -> Path:
-    """Save each stage's (layer, optimizer) state and the `extra` arrays (by name), then the cluster's marker;
-    returns the step directory."""
+    """Save each stage's (layer, optimizer) state and the `extra` arrays (by name), then the cluster's marker with
+    every file's digest; returns the step directory."""
     import numpy as np
     import paddle
 
     d = step_dir(root, step)
     d.mkdir(parents=True, exist_ok=True)
-    for name, (layer, opt) in stages.items():
-        sd = d / name
-        sd.mkdir(parents=True, exist_ok=True)
-        paddle.save(layer.state_dict(), str(sd / "model.pdparams"))
-        paddle.save(rename_state(opt.state_dict(), param_names(layer)), str(sd / "optimizer.pdopt"))
-    if extra is not None:
-        with open(_extra_path(d, cluster), "wb") as f:
-            np.savez(f, **{k: np.asarray(v) for k, v in extra.items()})
     marker = d / f"{cluster}.json"
-    tmp = marker.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({**meta, "step": step, "cluster": cluster, "stages": sorted(stages),
-                               "time": time.time()}))
-    os.replace(tmp, marker)  # atomic: the marker appears only after every stage file is written
+    if marker.exists():  # the step is saved again (after resuming from an older one): uncommit it first
+        marker.unlink()
+        durable.sync_dir(d)
+    files = {}
+    for name, (layer, opt) in stages.items():
+        (d / name).mkdir(parents=True, exist_ok=True)
+        for file, state in (("model.pdparams", layer.state_dict()),
+                            ("optimizer.pdopt", rename_state(opt.state_dict(), param_names(layer)))):
+            files[f"{name}/{file}"] = durable.write_atomic(d / name / file, lambda p, s=state: paddle.save(s, str(p)))
+    if extra is not None:
+        arrays = {k: np.asarray(v) for k, v in extra.items()}
+
+        def write_extra(p: Path) -> None:
+            with open(p, "wb") as f:  # (a file object: np.savez would add .npz to a path)
+                np.savez(f, **arrays)
+
+        files[_extra_path(d, cluster).name] = durable.write_atomic(_extra_path(d, cluster), write_extra)
+    durable.write_marker(marker, {**meta, "step": step, "cluster": cluster, "stages": sorted(stages),
+                                  "time": time.time(), "files": files})
     return d
 
 
 def local_steps(root: str | Path | None, cluster: str, stage_names: list[str], *, extra: bool = False) -> list[int]:
     """Steps for which this cluster has a committed checkpoint holding all of `stage_names` (and, with `extra`,
-    its extra arrays)."""
-    if not root or not Path(root).is_dir():
-        return []
-    out = []
-    for d in Path(root).glob("step_*"):
-        try:
-            step = int(d.name[5:])
-        except ValueError:
-            continue
-        if (d / f"{cluster}.json").is_file() and all((d / n / "model.pdparams").is_file() for n in stage_names) \
-                and (not extra or _extra_path(d, cluster).is_file()):
-            out.append(step)
-    return sorted(out)
+    its extra arrays), every file matching its marker's digest. A step whose marker exists but whose files do not
+    verify is logged once and left out (so the newest older step is used)."""
+    def need(d: Path) -> list[str]:
+        return [f"{n}/model.pdparams" for n in stage_names] + ([_extra_path(d, cluster).name] if extra else [])
+
+    return durable.verified_steps(root, f"{cluster}.json", need, log, f"cluster {cluster}")
 
 
 def checkpoint_step(d: str | Path) -> int:
-    """The step recorded in a step directory's markers (any cluster's)."""
+    """The step recorded in a step directory's markers (any cluster's that reads whole)."""
     d = Path(d)
     for marker in sorted(d.glob("*.json")) if d.is_dir() else []:
-        return int(json.loads(marker.read_text())["step"])
-    raise FileNotFoundError(f"{d} is not a checkpoint step directory (no <cluster>.json marker); point "
+        try:
+            return int(durable.read_marker(marker)["step"])
+        except (CheckpointError, KeyError, TypeError, ValueError):
+            continue
+    raise FileNotFoundError(f"{d} is not a checkpoint step directory (no readable <cluster>.json marker); point "
                             "checkpoint.init_from at a step_<N> directory")
 
 
+def _digests(d: Path) -> tuple[dict[str, str], bool]:
+    return durable.listed_digests(sorted(d.glob("*.json")) if d.is_dir() else [])
+
+
 def load(d: str | Path, stages: dict[str, tuple[Any, Any]], *, optimizer: bool = True) -> int:
-    """Load each stage's state from step directory `d`; returns its step. Missing stages raise FileNotFoundError."""
+    """Load each stage's state from step directory `d`; returns its step. Missing stages raise FileNotFoundError,
+    files that do not match their marker's digest CheckpointError."""
     import paddle
 
     d = Path(d)
     step = checkpoint_step(d)
+    digests, listed = _digests(d)
     for name, (layer, opt) in stages.items():
         f = d / name / "model.pdparams"
         if not f.is_file():
             have = sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
             raise FileNotFoundError(f"checkpoint {d} has no stage {name!r} (it has {have or 'nothing'})")
+        durable.check_listed(d, f"{name}/model.pdparams", digests, listed)
         state = paddle.load(str(f))
         _check_shapes(d, name, layer, state)
         layer.set_state_dict(state)
         o = d / name / "optimizer.pdopt"
         if optimizer and o.is_file():
+            durable.check_listed(d, f"{name}/optimizer.pdopt", digests, listed)
             to_runtime = {v: k for k, v in param_names(layer).items()}
             opt.set_state_dict(rename_state(paddle.load(str(o)), to_runtime))
     return step
@@ -107,6 +127,7 @@ def load_extra(d: str | Path, cluster: str) -> dict[str, Any] | None:
     f = _extra_path(Path(d), cluster)
     if not f.is_file():
         return None
+    durable.check_listed(Path(d), f.name, *_digests(Path(d)))
     with np.load(f, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
 
@@ -127,11 +148,18 @@ def _check_shapes(d: Path, name: str, layer: Any, state: dict) -> None:
 
 
 def prune(root: str | Path, cluster: str, stage_names: list[str], keep: int) -> None:
-    """Remove this cluster's files from all but the newest `keep` of its checkpoints."""
+    """Remove this cluster's files from all but the newest `keep` of its checkpoints (and from older steps that
+    never verified: saves cut short)."""
     steps = local_steps(root, cluster, stage_names)
-    for step in steps[:-keep] if keep > 0 else steps:
-        d = step_dir(root, step)
-        (d / f"{cluster}.json").unlink(missing_ok=True)
+    kept = steps[-keep:] if keep > 0 else []
+    for d in sorted(Path(root).glob("step_*")):
+        try:
+            step = int(d.name[5:])
+        except ValueError:
+            continue
+        if step in kept or (kept and step > kept[0]) or (not kept and step not in steps):
+            continue
+        (d / f"{cluster}.json").unlink(missing_ok=True)  # uncommitted first: a kill below leaves no half step
         _extra_path(d, cluster).unlink(missing_ok=True)
         for n in stage_names:
             shutil.rmtree(d / n, ignore_errors=True)

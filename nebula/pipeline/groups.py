@@ -1,34 +1,32 @@
 """Sub-groups of a cluster's ranks, created so that a loaded machine cannot leave them half connected.
 
-Why this is needed: for every new group on gloo, Paddle runs two rendezvous through the job's one TCP store: its
-collective context under keys prefixed by the group id, and the `ProcessGroupGloo` constructor's own full mesh under
-the bare group-rank keys "0", "1", ... Those bare keys already hold the addresses of earlier groups (the global
-group's first) and are shared by groups created at the same time. A rank that reaches the rendezvous before its peer
-has written its key reads a stale or foreign address; its pair then connects to the wrong listener (refused once
-that is gone) or waits for a connection that never comes (gloo's 30 s timeout). Ranks that arrive together seldom
-hit it; on a loaded machine they arrive seconds apart.
+The cause of the failures: for every new group on gloo, Paddle runs two rendezvous through the store it is given
+(the job's one TCP store): its collective context under keys prefixed by the group id, and the `ProcessGroupGloo`
+constructor's own full mesh under the bare group-rank keys "0", "1", ... Those bare keys already hold the addresses
+of earlier groups (the job's own group's first), and a rank only waits for a key to exist: a rank that reaches the
+rendezvous before its peer has written its key reads the peer's address of an earlier group, connects there (refused
+once that listener is gone, or parked by a listener that expects no one) and the peer waits for a connection that
+never comes (a hang, or gloo's timeout). Ranks that run together seldom hit it; a rank starved of CPU on a loaded
+machine hits it at once (tests/pipeline/test_groups.py, a rank stopped 100 ms of every 110: the first group hung).
 
-What `create_groups` does about it: groups are created one at a time in the same order on every rank (no two
-rendezvous share the bare keys at once); before each attempt every rank meets at a barrier kept in the TCP store
-(so the group's ranks arrive together); after it every rank reports success or failure through the store (a gloo
-collective would itself time out while a peer is stuck in its 30 s wait), and if any rank failed all ranks retry
-that group together under a fresh group id, up to `attempts` times, then raise `GroupSetupError` naming the group,
-the last error and the fix.
+What `create_groups` does about it: every attempt at a group gets a TCP store of its own (served by the group's first
+rank on a fresh port, announced through the job's store), so its bare keys exist only once their rank wrote them
+and no rank can read a stale address, however late its peer. Groups are created one at a time in the same order on
+every rank; before each attempt every rank meets at a barrier kept in the job's TCP store; after it every rank
+reports success or failure through the store (a gloo collective would itself time out while a peer is stuck), and
+if any rank failed all ranks retry that group together under a fresh group id and a fresh store, up to `attempts`
+times, then raise `GroupSetupError` naming the group, the last error and the fix. A group of every rank is the
+job's own group (no rendezvous at all).
 
 The store's own sockets wait: Paddle's TCP store client writes each command in several small segments with Nagle's
 algorithm on, so every call waits out the server's delayed acknowledgement (measured: 44 ms per `add` on loopback,
 0.1 ms with TCP_NODELAY); a barrier kept in the store cost about 0.1 s, a one-way step with k = 2 0.45 s instead of
 0.27 s. `job_store` turns Nagle off on this process's store connections (and, on the rank that serves the store, on
-its listening and accepted sockets), except while `create_groups` runs, which keeps the store as Paddle made it:
-Paddle's group rendezvous reads its peers' addresses from the bare keys above, and the store's pace is part of what
-let them arrive in time. Measured with benchmarks/electra.py: before the store was made fast, no first attempt
-failed; in each of the 5 runs between that change and the rule below (store fast throughout, fast but for the
-rendezvous, or as Paddle made it for all of group creation) the first attempt at the group of all 4 ranks failed,
-after up to 2.5 min; that group is now the job's own (see `create_groups`), and no attempt has failed since.
+its listening and accepted sockets); a group's own store is made fast the same way. (Before groups had stores of
+their own, group creation ran at Nagle's pace, which let peers write their bare keys in time more often.)
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import socket
@@ -118,32 +116,69 @@ def set_no_delay(port: int, value: int | dict[int, int]) -> dict[int, int]:
     return before
 
 
-_AS_PADDLE_MADE_IT: dict[int, int] | None = None  # each store socket's TCP_NODELAY before job_store changed it
-
-
-@contextlib.contextmanager
-def _store_as_paddle_made_it() -> Iterator[None]:
-    """The store's connections as Paddle set them up, for Paddle's group rendezvous (see above)."""
-    port = store_port() if _AS_PADDLE_MADE_IT is not None else None
-    if port is None:
-        yield
-        return
-    set_no_delay(port, _AS_PADDLE_MADE_IT)
-    try:
-        yield
-    finally:
-        set_no_delay(port, 1)
+_FAST_DONE = False  # job_store made this process's store connections fast already
+_GROUP_STORES: list[Any] = []  # every group's own store lives as long as the process (its group holds it too)
 
 
 def job_store() -> Any:
     """The job's TCP store (Paddle's, set by init_parallel_env), its connections made to answer without delay."""
-    global _AS_PADDLE_MADE_IT
+    global _FAST_DONE
     from paddle.distributed import collective
 
     store = collective._default_store  # the job's TCP store (set by init_parallel_env)
-    if _AS_PADDLE_MADE_IT is None and (port := store_port()) is not None and os.path.isdir("/proc/self/fd"):
-        _AS_PADDLE_MADE_IT = set_no_delay(port, 1)
+    if not _FAST_DONE and (port := store_port()) is not None and os.path.isdir("/proc/self/fd"):
+        set_no_delay(port, 1)
+        _FAST_DONE = True
     return store
+
+
+class _PaddleStores:
+    """Per attempt, a TCP store of the group's own, put where Paddle's `new_group` takes its store from."""
+
+    def __init__(self, sync: StoreBarrier, timeout_s: float) -> None:
+        import paddle.distributed as dist
+
+        self.sync, self.timeout_s = sync, timeout_s
+        self.rank = dist.get_rank()
+        self.endpoints = list(dist.ParallelEnv().trainer_endpoints)
+
+    def _serve(self, key: str, ranks: list[int]) -> Any:
+        from paddle.base import core
+
+        host = self.endpoints[ranks[0]].rsplit(":", 1)[0] if ranks[0] < len(self.endpoints) else "127.0.0.1"
+        wait = max(1, int(self.timeout_s))
+        if self.rank == ranks[0]:  # the first rank serves it on a free port, announced through the job's store
+            with socket.socket() as probe:
+                probe.bind(("", 0))
+                port = probe.getsockname()[1]
+            self.sync.store.add(f"{key}/port", port)
+            store = core.TCPStore(host, port, True, len(ranks), wait)
+        else:
+            deadline = time.monotonic() + self.timeout_s
+            while (port := int(self.sync.store.add(f"{key}/port", 0))) == 0:
+                if time.monotonic() > deadline:
+                    raise GroupSetupError(f"rank {ranks[0]} did not announce the group's store within "
+                                          f"{self.timeout_s:.0f} s")
+                time.sleep(self.sync.poll_s)
+            store = core.TCPStore(host, port, False, len(ranks), wait)
+        _GROUP_STORES.append(store)
+        if os.path.isdir("/proc/self/fd"):
+            set_no_delay(port, 1)
+        return store
+
+    def new_group(self, key: str, ranks: list[int], new_group: Callable[[list[int]], Any]) -> Any:
+        """`new_group(ranks)` with the group's own store; ranks outside the group call it too (Paddle counts group
+        ids by calls), with the job's store, which they do not use."""
+        from paddle.distributed import collective
+
+        if self.rank not in ranks or len(ranks) < 2:
+            return new_group(ranks)
+        before = collective._default_store
+        collective._default_store = self._serve(key, ranks)
+        try:
+            return new_group(ranks)
+        finally:
+            collective._default_store = before
 
 
 def create_groups(rank_lists: Sequence[Sequence[int]], *, world: int, attempts: int = 3, timeout_s: float = 300.0,
@@ -153,10 +188,9 @@ def create_groups(rank_lists: Sequence[Sequence[int]], *, world: int, attempts: 
     lists (ranks outside a group still take part, as Paddle's `new_group` requires).
 
     `store` / `new_group` default to Paddle's job store and `paddle.distributed.new_group` (tests pass others); with
-    Paddle's, a group of all `world` ranks is the job's own group, returned as None (Paddle's name for it): a new
-    group of the same ranks would only add a rendezvous, the one that failed most often (its bare keys hold the
-    job group's addresses, see above). Raises GroupSetupError when a group still fails after `attempts` tries or a
-    rank does not arrive."""
+    Paddle's store every attempt at a group rendezvouses in a store of the group's own (see above), and with
+    Paddle's `new_group` a group of all `world` ranks is the job's own group, returned as None (Paddle's name for
+    it). Raises GroupSetupError when a group still fails after `attempts` tries or a rank does not arrive."""
     if attempts < 1:
         raise ValueError(f"attempts={attempts} must be >= 1")
     whole = None  # a group of every rank is the job's own group: no new rendezvous (None stands for it in Paddle)
@@ -165,12 +199,15 @@ def create_groups(rank_lists: Sequence[Sequence[int]], *, world: int, attempts: 
 
         new_group, whole = dist.new_group, list(range(world))
     sync = StoreBarrier(store if store is not None else job_store(), world, timeout_s)
-    with _store_as_paddle_made_it():  # (the rendezvous and the barriers around it at Paddle's pace: see above)
-        return _create(rank_lists, sync, attempts, new_group, log, whole)
+    own = _PaddleStores(sync, timeout_s) if store is None else None
+    make: Callable[[str, list[int]], Any] = (
+        (lambda key, ranks: own.new_group(key, ranks, new_group)) if own is not None
+        else (lambda key, ranks: new_group(ranks)))
+    return _create(rank_lists, sync, attempts, make, log, whole)
 
 
 def _create(rank_lists: Sequence[Sequence[int]], sync: StoreBarrier, attempts: int,
-            new_group: Callable[[list[int]], Any], log: Callable[[str], None] | None,
+            new_group: Callable[[str, list[int]], Any], log: Callable[[str], None] | None,
             whole: list[int] | None) -> list[Any]:
     call = next(_SEQ)
     out = []
@@ -186,7 +223,7 @@ def _create(rank_lists: Sequence[Sequence[int]], sync: StoreBarrier, attempts: i
             sync.wait(f"{key}/start", what)  # the group's ranks enter the rendezvous together
             group, ok = None, True
             try:
-                group = new_group(ranks)
+                group = new_group(key, ranks)
             except Exception as exc:  # gloo raises RuntimeError subclasses; any failure is retried together
                 ok, last = False, f"{type(exc).__name__}: {exc}"
             failed = sync.vote(key, ok, what)

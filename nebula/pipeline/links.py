@@ -2,8 +2,9 @@
 
 `Link` is the small interface the runtime needs (send frames, receive one message). `ChannelLink` carries it over
 `nebula.channel` (through the switch servers); `QueueLink` is an in-process pair for unit tests of the schedule.
-`Outbox` encodes and sends in a background thread (so compute overlaps the link); `Mailbox` receives and decodes
-in a background thread and hands tensors out by key (step, micro-batch, index), so arrival order does not matter.
+`LinkSender` encodes and sends in a background thread (so compute overlaps the link); `LinkReceiver` receives and
+decodes in a background thread and hands tensors out by key (step, micro-batch, index), so arrival order does not
+matter.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ import numpy as np
 
 from nebula.compress import TensorCoder
 
-__all__ = ["Link", "ChannelLink", "QueueLink", "queue_pair", "Outbox", "Mailbox", "PeerLost", "LinkStats"]
+__all__ = ["Link", "ChannelLink", "QueueLink", "queue_pair", "LinkSender", "LinkReceiver", "PeerLost", "PeerNeverCame",
+           "LinkStats"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,10 @@ class PeerLost(RuntimeError):
     def __init__(self, cluster: str, message: str) -> None:
         super().__init__(message)
         self.cluster = cluster
+
+
+class PeerNeverCame(PeerLost):
+    """Nothing ever came from the peer cluster within the start-up wait: it was never started, or cannot reach us."""
 
 
 class Link(abc.ABC):
@@ -58,6 +64,11 @@ class Link(abc.ABC):
         """The link's measured throughput to the peer cluster (None: not measured, e.g. an in-process link)."""
         return None
 
+    def peer_state(self) -> tuple[bool, str] | None:
+        """(whether our switch's link to the peer cluster is up, that in words with our switch's address); None
+        where no switch is in between (an in-process link)."""
+        return None
+
 
 class ChannelLink(Link):
     """A link over a `nebula.channel` channel (ordered, exactly-once, through the switch servers)."""
@@ -77,6 +88,10 @@ class ChannelLink(Link):
     def throughput_bytes_per_s(self) -> float | None:
         """What the endpoint measured from the acknowledgements of its messages to the peer cluster."""
         return self._ch.ep.throughput(self.peer_cluster)
+
+    def peer_state(self) -> tuple[bool, str] | None:
+        """Our switch's address and its link to the peer cluster, as of the switch's latest WELCOME."""
+        return self._ch.ep.link_state(self.peer_cluster)
 
 
 class QueueLink(Link):
@@ -129,7 +144,7 @@ class LinkStats:
         return out
 
 
-class Outbox:
+class LinkSender:
     """Encodes tensors with a per-direction codec and sends them, in one background thread (order kept).
 
     A paddle.Tensor on an accelerator is encoded with paddle ops on its device and only the compressed bytes reach
@@ -195,7 +210,7 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionError, OSError, PeerUnavailable))
 
 
-class Mailbox:
+class LinkReceiver:
     """Receives and decodes messages of one link in a background thread; `get(key)` waits for a given key."""
 
     def __init__(self, link: Link, stats: LinkStats, *, peer_timeout_s: float, what: str, like: str = "numpy") -> None:
@@ -207,6 +222,7 @@ class Mailbox:
         self._error: BaseException | None = None  # last transient error (peer switch unreachable)
         self._fatal: BaseException | None = None  # refused or malformed message: this boundary cannot go on
         self._last_heard = time.monotonic()
+        self._heard = False  # anything at all came on this link
         self._coder = TensorCoder()
         self._thread = threading.Thread(target=self._run, name=f"recv-{link.peer_cluster}-{what}", daemon=True)
         self._thread.start()
@@ -245,6 +261,7 @@ class Mailbox:
                 self._items[key] = array
                 self._error = None
                 self._last_heard = time.monotonic()
+                self._heard = True
                 self._cond.notify_all()
 
     def get(self, key: Key, timeout_s: float | None = None) -> np.ndarray:
@@ -259,6 +276,8 @@ class Mailbox:
                         from self._fatal
                 waited = time.monotonic() - start
                 silent = time.monotonic() - max(self._last_heard, start)
+                if silent >= limit and timeout_s is not None and not self._heard:
+                    raise self._never_came(limit)
                 if silent >= limit:
                     why = f" (last error: {self._error})" if self._error else ""
                     raise PeerLost(self.link.peer_cluster,
@@ -274,6 +293,24 @@ class Mailbox:
                     next_warn += 10.0
                 self._cond.wait(timeout=min(1.0, limit))
             return self._items.pop(key)
+
+    def _never_came(self, limit: float) -> PeerNeverCame:
+        """The one line for a peer cluster that sent nothing at all within a start-up wait: which cluster, what
+        our switch says of the link to it, and what to start."""
+        c, r = self.link.peer_cluster, self.link.peer_rank
+        state = self.link.peer_state()
+        if state is None:
+            where, fix = "", f"start cluster {c}'s part of the job"
+        elif state[0]:
+            where, fix = f"; {state[1]}", (f"its switch is up, so start cluster {c}'s part of the job there (nebula "
+                                           f"launch with this job file and --cluster {c})")
+        else:
+            where, fix = f"; {state[1]}", (f"start cluster {c}'s switch (nebula-switch serve) and its part of the "
+                                           f"job (nebula launch ... --cluster {c}), or check the WAN link between "
+                                           "the switches")
+        return PeerNeverCame(c, f"cluster {c} never came: its rank {r} sent no {self.what} within the start-up wait "
+                                f"(startup_timeout_s): gave up after {limit:g} s{where}; {fix}, then restart every "
+                                "cluster of the job")
 
     def close(self) -> None:
         """Stop the receiver thread."""

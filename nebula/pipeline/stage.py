@@ -103,7 +103,7 @@ class Recipe(abc.ABC):
 
 def load_recipe(spec: Any) -> Recipe:
     """Import and build the recipe named by a `RecipeSpec` ("module:attr" factory and its args)."""
-    from nebula.config._schema import ConfigError
+    from nebula.config.schema import ConfigError
 
     mod_name, _, attr = spec.factory.partition(":")
     try:

@@ -6,7 +6,7 @@ import paddle
 import paddle.nn.functional as F
 
 from .model import AbnetDecoder, source_keep_mask
-from .tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID
+from recipes.text.tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID
 
 __all__ = ["mask_predict"]
 

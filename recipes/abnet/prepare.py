@@ -5,7 +5,7 @@ import argparse
 import logging
 import sys
 
-from .data import CatalogError, DataConfig, prepare_data
+from recipes.text.catalogs import CatalogError, DataConfig, prepare_data
 
 __all__ = ["main"]
 

@@ -1,5 +1,6 @@
 """Pretrained bases: load a local directory (own, PaddleNLP BERT / ERNIE-M checkpoints, ELECTRA names) or run a short
-masked-LM pretraining."""
+masked-LM pretraining. A base this recipe writes is committed by files.json (each file's SHA-256, written last; every
+file renamed into place once on disk), so a pretraining killed while saving is redone, not loaded half written."""
 from __future__ import annotations
 
 import json
@@ -12,53 +13,14 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from .checkpoint import (PADDLENLP_WEIGHTS, PretrainedError, check_preset, fit_state, is_paddlenlp_dir,
-                         load_paddlenlp_base, map_foreign_names)
-from .model import BertConfig, BertModel, gather_rows, padding_bias
-from .tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, Tokenizer, TokenizerBase, train_tokenizer
+from recipes.text.base import (FILES, TOKENIZER_FILE, WEIGHTS_FILE, PretrainedError, base_problem, load_base,
+                               map_foreign_names, save_base)
+from recipes.text.bert import BertConfig, BertModel, gather_rows, padding_bias
+from recipes.text.tokenizer import MASK_ID, NUM_SPECIAL, PAD_ID, TokenizerBase, train_tokenizer
 
 __all__ = ["PretrainedError", "save_base", "load_base", "mlm_pretrain", "mlm_loss", "ensure_base", "map_foreign_names"]
 
 log = logging.getLogger(__name__)
-
-CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "config.json", "model.pdparams", "spm.model"
-
-
-def save_base(model: BertModel, tok: Tokenizer, out_dir: str | Path) -> Path:
-    """Write config.json, model.pdparams and spm.model of one base into `out_dir`."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paddle.save(model.state_dict(), str(out / (WEIGHTS_FILE + ".tmp")))
-    (out / (WEIGHTS_FILE + ".tmp")).replace(out / WEIGHTS_FILE)
-    (out / TOKENIZER_FILE).write_bytes(Path(tok.path).read_bytes())
-    (out / CONFIG_FILE).write_text(json.dumps(model.cfg.to_dict(), indent=1))
-    return out
-
-
-def load_base(path: str | Path, expect: BertConfig | None = None) -> tuple[BertModel, TokenizerBase]:
-    """Load one base from `path`: the recipe's own (config.json, model.pdparams, spm.model) or a PaddleNLP BERT /
-    ERNIE-M checkpoint with its own tokenizer; every tensor's shape is checked before anything trains."""
-    d = Path(path)
-    if is_paddlenlp_dir(d):
-        return load_paddlenlp_base(d, expect)
-    missing = [f for f in (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE) if not (d / f).is_file()]
-    if missing:
-        raise PretrainedError(f"pretrained directory {d} lacks {', '.join(missing)}; it needs config.json, "
-                              "model.pdparams and spm.model (as written by save_base / the recipe's pretraining), or "
-                              f"a PaddleNLP checkpoint ({PADDLENLP_WEIGHTS}, config.json and its tokenizer files)")
-    try:
-        cfg = BertConfig(**json.loads((d / CONFIG_FILE).read_text()))
-    except (TypeError, ValueError) as exc:
-        raise PretrainedError(f"{d / CONFIG_FILE}: not a BertConfig ({exc})") from exc
-    check_preset(cfg, expect, d)
-    tok = Tokenizer(d / TOKENIZER_FILE)
-    if tok.vocab_size != cfg.vocab_size:
-        raise PretrainedError(f"{d}: tokenizer has {tok.vocab_size} pieces but config.json says vocab_size="
-                              f"{cfg.vocab_size}; the tokenizer and weights come from different runs")
-    model = BertModel(cfg)
-    fit_state(model, map_foreign_names(paddle.load(str(d / WEIGHTS_FILE))), d / WEIGHTS_FILE)
-    return model, tok
-
 
 def mlm_loss(model: BertModel, ids: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
     """Mean masked-LM cross-entropy over positions whose label is not -100 (the head runs on those rows only)."""
@@ -123,8 +85,11 @@ def ensure_base(out_dir: str | Path, texts: Sequence[str], cfg: BertConfig, *, p
     if pretrained:
         return load_base(pretrained, cfg)
     out = Path(out_dir)
-    if (out / WEIGHTS_FILE).is_file():
+    if (out / FILES).is_file() and (problem := base_problem(out)) is None:
         return load_base(out, cfg)
+    if (out / WEIGHTS_FILE).is_file():  # a save cut short (files.json is written last) or a damaged file
+        log.warning("base in %s is not complete (%s); pretraining it again", out,
+                    problem if (out / FILES).is_file() else f"no {FILES}: its save was cut short")
     t0 = time.time()
     tok = train_tokenizer(texts, out / "tokenizer" / TOKENIZER_FILE, vocab_size, character_coverage)
     model = BertModel(cfg.replace(vocab_size=tok.vocab_size))

@@ -35,7 +35,7 @@ def ids_digest(ids: Sequence[str]) -> str:
 
 
 def _split_ids(data_dir: Path, pair: str, lang: str, split: str) -> list[str]:
-    from .data import read_side
+    from recipes.text.catalogs import read_side
 
     f = data_dir / pair / f"{split}.{lang}.tsv"
     if not f.is_file():

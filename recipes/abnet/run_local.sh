@@ -12,7 +12,8 @@ REPO=$(cd "$HERE/../.." && pwd)
 PY=${PY:-$REPO/.venv/bin/python}
 [ -x "$PY" ] || { echo "error: $PY not found; run 'make venv' first" >&2; exit 2; }
 BIN=$(dirname "$PY")
-RUN=${1:-$REPO/runs/abnet-$(date +%Y%m%d-%H%M%S)}
+# a fresh run directory each time (two runs started in the same second get their own)
+if [ -n "${1:-}" ]; then RUN=$1; else mkdir -p "$REPO/runs"; RUN=$(mktemp -d "$REPO/runs/abnet-$(date +%Y%m%d-%H%M%S)-XXXX"); fi
 STEPS=${STEPS:-2000}
 FORWARD=${FORWARD:-int8}
 BACKWARD=${BACKWARD:-int8}
@@ -58,7 +59,7 @@ say "extracting English->Spanish pairs from the gettext catalogs; cluster A gets
     --locale-dir "${LOCALE_DIR:-/usr/share/locale}"
 sed -e "s/^steps: .*/steps: $STEPS/" -e "s/^pretrain_steps: .*/pretrain_steps: ${PRETRAIN_STEPS:-300}/" \
     "$HERE/configs/tiny.yaml" > "$RUN/train.yaml"
-sed -e "s#@RUN@#$RUN#g" -e "s#@STEPS@#$STEPS#g" -e "s#@FORWARD@#$FORWARD#g" -e "s#@BACKWARD@#$BACKWARD#g" \
+sed -e "s#@FED@#$RUN/fed#g" -e "s#@RUN@#$RUN#g" -e "s#@STEPS@#$STEPS#g" -e "s#@FORWARD@#$FORWARD#g" -e "s#@BACKWARD@#$BACKWARD#g" \
     "$HERE/configs/job.yaml.in" > "$RUN/job.yaml"
 
 say "starting cluster A (encoder, 2 ranks) and cluster B (decoder, 2 ranks)"

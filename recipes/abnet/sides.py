@@ -9,12 +9,12 @@ from typing import Callable, Sequence
 import numpy as np
 import paddle
 
-from .data import SPLITS, read_side
+from recipes.text.catalogs import SPLITS, read_side
 from .decode import mask_predict
 from .evaluate import bleu
 from .model import AbnetConfig, AbnetDecoder, AbnetEncoder, CmlmObjective, preset
 from .pretrain import ensure_base
-from .tokenizer import Tokenizer
+from recipes.text.tokenizer import Tokenizer
 from .trainconfig import TrainConfig, load_train_config
 
 __all__ = ["TrainConfig", "EncoderSide", "DecoderSide", "epoch_batches", "step_batch", "load_train_config", "eval_ids"]

@@ -18,9 +18,9 @@ def raw_boundary_bytes(run: Path, steps: int) -> float:
     from nebula.config.job import load_job_config
     from nebula.pipeline import rank_micro_batches, step_ids
 
-    from .data import read_side
+    from recipes.text.catalogs import read_side
     from .trainconfig import load_train_config
-    from .tokenizer import Tokenizer
+    from recipes.text.tokenizer import Tokenizer
 
     job = load_job_config(run / "job.yaml")
     cfg = load_train_config(run / "train.yaml")
@@ -49,7 +49,7 @@ def _records(run: Path, cluster: str) -> list[dict]:
 
 def summarize(run: str | Path, samples: int = 8) -> dict:
     """Write <run>/loss.png and <run>/summary.md; return the numbers."""
-    from .data import read_side
+    from recipes.text.catalogs import read_side
     from .evaluate import plot_losses
     from .trainconfig import load_train_config
 

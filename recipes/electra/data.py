@@ -17,10 +17,10 @@ from typing import Iterable
 
 import numpy as np
 
-from recipes.abnet.data import DataConfig as PairRules
-from recipes.abnet.data import Pair, bucket_of, deduplicate, extract_pairs
-from recipes.abnet.data import split_of as abnet_split_of
-from recipes.abnet.tokenizer import CLS_ID, PAD_ID, Tokenizer, train_tokenizer
+from recipes.text.catalogs import DataConfig as PairRules
+from recipes.text.catalogs import Pair, bucket_of, deduplicate, extract_pairs
+from recipes.text.catalogs import split_of as abnet_split_of
+from recipes.text.tokenizer import CLS_ID, PAD_ID, Tokenizer, train_tokenizer
 
 __all__ = ["CorpusConfig", "Example", "DEFAULT_GROUPS", "parse_groups", "split_of", "abnet_heldout",
            "build_corpus", "encode_group",

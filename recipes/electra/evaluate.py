@@ -91,7 +91,7 @@ def build_eval_set(train: list[dict], held_out: list[dict], num_domains: int, ma
 
 def _embed(model, ids):
     """Mean of the last layer over real tokens: [B, H]."""
-    from recipes.abnet.tokenizer import PAD_ID
+    from recipes.text.tokenizer import PAD_ID
     from recipes.electra.model import encode
 
     x = encode(model, ids)
@@ -202,9 +202,9 @@ def retrieval(embed: Embedder, pairs: dict[str, list[tuple[str, str]]]) -> dict[
 def _encoder(spec: str, data: Path, preset_name: str, seed: int):
     import paddle
 
-    from recipes.abnet.model import BertModel
-    from recipes.abnet.pretrain import load_base
-    from recipes.abnet.tokenizer import Tokenizer
+    from recipes.text.bert import BertModel
+    from recipes.text.base import load_base
+    from recipes.text.tokenizer import Tokenizer
     from recipes.electra.data import read_meta
     from recipes.electra.model import preset
 

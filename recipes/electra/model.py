@@ -3,7 +3,7 @@
 The generator is a small masked LM; the discriminator a larger encoder with two heads: replaced-token detection
 (RTD, one logit per position) and corrective language modelling (CLM, the original token at every position,
 COCO-LM style; it is the encoder's MLM head, so the discriminator exports as an ABNet base). Both are
-`recipes.abnet.model.BertModel` bodies (post-LN Transformer encoders, GeLU). Only token ids cross the WAN: the
+`recipes.text.bert.BertModel` bodies (post-LN Transformer encoders, GeLU). Only token ids cross the WAN: the
 generator sends the corrupted ids and, per position, the original id where it replaced one (0 elsewhere).
 Masking and the sampling noise are pure functions of (seed, example id), so every run draws the same corruption.
 """
@@ -16,8 +16,8 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
-from recipes.abnet.model import BertConfig, BertModel, padding_bias
-from recipes.abnet.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID
+from recipes.text.bert import BertConfig, BertModel, padding_bias
+from recipes.text.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID
 
 __all__ = ["ElectraPreset", "PRESETS", "preset", "Generator", "Discriminator", "mask_positions", "gumbel_sample",
            "corrupt", "pack", "unpack", "mlm_loss", "rtd_loss", "clm_loss", "encode"]

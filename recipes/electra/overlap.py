@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from recipes.abnet.data import DataConfig
+    from recipes.text.catalogs import DataConfig
     from recipes.electra.data import CorpusConfig
 
 __all__ = ["overlap", "main"]
@@ -22,7 +22,7 @@ __all__ = ["overlap", "main"]
 def overlap(abnet_cfg: DataConfig, lang: str, locale_root: str, corpus_cfg: CorpusConfig) -> tuple[dict[str, tuple[int, int, int]], int]:
     """Per ABNet held-out split: (English sentences, of them in ELECTRA's training English, English or
     translation texts of that split found in ELECTRA's training text); and ELECTRA's training split size."""
-    from recipes.abnet.data import prepare_data, read_side
+    from recipes.text.catalogs import prepare_data, read_side
     from recipes.electra.data import build_corpus
 
     with tempfile.TemporaryDirectory(prefix="electra-overlap-") as tmp:
@@ -39,7 +39,7 @@ def overlap(abnet_cfg: DataConfig, lang: str, locale_root: str, corpus_cfg: Corp
 
 def main(argv: list[str] | None = None) -> int:
     """Parse, measure, print one line per ABNet split; exit 1 when any overlap is found."""
-    from recipes.abnet.data import CatalogError, DataConfig
+    from recipes.text.catalogs import CatalogError, DataConfig
     from recipes.electra.data import DEFAULT_GROUPS, CorpusConfig, parse_groups
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

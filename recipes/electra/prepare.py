@@ -44,7 +44,7 @@ def export_base(step_dir: Path, data_dir: Path, out: Path, preset_name: str) -> 
     spm.model); a checkpoint of another preset is refused with the shapes that differ."""
     import paddle
 
-    from recipes.abnet.pretrain import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE
+    from recipes.text.base import write_base
     from recipes.electra.data import read_meta
     from recipes.electra.model import Discriminator, preset
 
@@ -60,12 +60,8 @@ def export_base(step_dir: Path, data_dir: Path, out: Path, preset_name: str) -> 
     if bad or any(k not in state for k in want):
         raise ValueError(f"{f} is not a {preset_name!r} discriminator ({'; '.join(bad[:3]) or 'parameters missing'});"
                          " pass the preset it was trained with (--preset)")
-    out.mkdir(parents=True, exist_ok=True)
     body = {k[len("electra."):]: v for k, v in state.items() if k.startswith("electra.")}
-    paddle.save(body, str(out / WEIGHTS_FILE))
-    (out / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=1))
-    shutil.copyfile(data_dir / "spm.model", out / TOKENIZER_FILE)
-    return out
+    return write_base(out, body, cfg.to_dict(), data_dir / "spm.model")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,8 @@ REPO=$(cd "$HERE/../.." && pwd)
 PY=${PY:-$REPO/.venv/bin/python}
 [ -x "$PY" ] || { echo "error: $PY not found; run 'make venv' first" >&2; exit 2; }
 BIN=$(dirname "$PY")
-RUN=${1:-$REPO/runs/electra-$(date +%Y%m%d-%H%M%S)}
+# a fresh run directory each time (two runs started in the same second get their own)
+if [ -n "${1:-}" ]; then RUN=$1; else mkdir -p "$REPO/runs"; RUN=$(mktemp -d "$REPO/runs/electra-$(date +%Y%m%d-%H%M%S)-XXXX"); fi
 PRESET=${PRESET:-tiny}
 HOT_START=${HOT_START:-200}
 INTRA_STEPS=${INTRA_STEPS:-400}

@@ -16,7 +16,7 @@ import numpy as np
 import paddle
 
 from nebula.pipeline import Recipe, Stage, StageContext, StageOutput
-from recipes.abnet.tokenizer import MASK_ID, PAD_ID
+from recipes.text.tokenizer import MASK_ID, PAD_ID
 from recipes.electra.data import TOKENIZER_FILE, TRTD, load_group, read_meta
 from recipes.electra.model import (Discriminator, Generator, clm_loss, corrupt, gumbel_sample, mask_positions,
                                    mlm_loss, pack, preset, rtd_loss, unpack)

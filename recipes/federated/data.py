@@ -1,9 +1,9 @@
 """Language identification of gettext messages: which language is this translated UI string in?
 
 Every `/usr/share/locale/<lang>/LC_MESSAGES/*.mo` catalog holds the translations of one program's messages;
-the translated side (msgstr) of each is an example labelled with its language. Strings are cleaned (as the ABNet
-recipe does), kept when 12..160 characters long, deduplicated, and dropped when the same text occurs in two
-languages (untranslated strings). A hash of the text puts each string in train or test (test_per_mille), so
+the translated side (msgstr) of each is an example labelled with its language (`recipes.text.catalogs.load_corpus`:
+cleaned, kept when 12..160 characters long, deduplicated, and dropped when the same text occurs in two languages,
+untranslated strings). A hash of the text puts each string in train or test (test_per_mille), so
 every run and every client sees the same split. Features: a bag of hashed character 1..3-grams.
 
 Non-IID clients: the training examples of each language are split over the clients with proportions drawn from
@@ -13,12 +13,11 @@ mostly one or two languages.
 from __future__ import annotations
 
 import hashlib
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from recipes.abnet.data import clean_text, read_mo
+from recipes.text.catalogs import load_corpus
 
 __all__ = ["LANGS", "load_corpus", "featurize", "dirichlet_split", "prepare", "load_prepared", "NUM_BUCKETS"]
 
@@ -28,34 +27,6 @@ NUM_BUCKETS = 4096
 
 def _in_test(text: str, test_per_mille: int) -> bool:
     return int(hashlib.sha1(text.encode()).hexdigest()[:8], 16) % 1000 < test_per_mille
-
-
-def load_corpus(langs: tuple[str, ...] = LANGS, locale_root: str | Path = "/usr/share/locale",
-                max_per_lang: int = 3000) -> dict[str, list[str]]:
-    """Cleaned, deduplicated translated strings per language (at most `max_per_lang`, chosen by hash)."""
-    texts: dict[str, set[str]] = {}
-    for lang in langs:
-        files = sorted((Path(locale_root) / lang / "LC_MESSAGES").glob("*.mo"))
-        if not files:
-            raise FileNotFoundError(f"no gettext catalogs under {locale_root}/{lang}/LC_MESSAGES; install packages "
-                                    "that ship translations (e.g. coreutils, tar, grep, iso-codes) or pick other "
-                                    "languages")
-        got = set()
-        for f in files:
-            for _, msgstr in read_mo(f):
-                t = clean_text(msgstr)
-                if 12 <= len(t) <= 160 and "%" not in t and "<" not in t:
-                    got.add(t)
-        texts[lang] = got
-    owners: dict[str, int] = defaultdict(int)
-    for got in texts.values():
-        for t in got:
-            owners[t] += 1
-    out = {}
-    for lang, got in texts.items():
-        keep = sorted((t for t in got if owners[t] == 1), key=lambda t: hashlib.sha1(t.encode()).hexdigest())
-        out[lang] = keep[:max_per_lang]
-    return out
 
 
 def featurize(texts: list[str], num_buckets: int = NUM_BUCKETS) -> tuple[np.ndarray, np.ndarray]:

@@ -64,9 +64,9 @@ class LangIdTask:
 
 def run_cluster(job_file: str, cluster: str) -> dict:
     """Run `cluster`'s actors of the job's algorithm until the server stops them (as `nebula fl start` does)."""
-    from nebula.federated.modes import run_mode
+    from nebula.modes import start
 
-    return run_mode(job_file, cluster)
+    return start(job_file, cluster).result
 
 
 def main() -> int:

@@ -13,7 +13,8 @@ REPO=$(cd "$HERE/../.." && pwd)
 PY=${PY:-$REPO/.venv/bin/python}
 [ -x "$PY" ] || PY=$(command -v python3)
 BIN=$(dirname "$PY")
-RUN=${1:-$REPO/runs/federated-$(date +%Y%m%d-%H%M%S)}
+# a fresh run directory each time (two runs started in the same second get their own)
+if [ -n "${1:-}" ]; then RUN=$1; else mkdir -p "$REPO/runs"; RUN=$(mktemp -d "$REPO/runs/federated-$(date +%Y%m%d-%H%M%S)-XXXX"); fi
 ROUNDS=${ROUNDS:-15}
 ALGORITHM=${ALGORITHM:-rounds}
 mkdir -p "$RUN/logs"

@@ -21,7 +21,7 @@ _MODELS = {"llama": "LlamaForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM"}
 
 def gettext_lines(langs: Sequence[str] = LANGS, per_lang: int = 400) -> list[str]:
     """Translated gettext messages of the machine's catalogs, `per_lang` per language, one language after another."""
-    from recipes.federated.data import load_corpus
+    from recipes.text.catalogs import load_corpus
 
     corpus = load_corpus(tuple(langs), max_per_lang=per_lang)
     return [t for lang in langs for t in corpus[lang]]

@@ -14,7 +14,8 @@ PY=${PY:-$REPO/.venv/bin/python}
 [ -x "$PY" ] || { echo "error: $PY not found; run 'make venv' first" >&2; exit 2; }
 "$PY" -c "import paddleformers" 2>/dev/null || { echo "error: PaddleFormers is not installed in $PY's environment: $(dirname "$PY")/pip install -e '$REPO[formers]'" >&2; exit 2; }
 BIN=$(dirname "$PY")
-RUN=${1:-$REPO/runs/llm-$(date +%Y%m%d-%H%M%S)}
+# a fresh run directory each time (two runs started in the same second get their own)
+if [ -n "${1:-}" ]; then RUN=$1; else mkdir -p "$REPO/runs"; RUN=$(mktemp -d "$REPO/runs/llm-$(date +%Y%m%d-%H%M%S)-XXXX"); fi
 STEPS=${STEPS:-200}
 SYNC=${SYNC:-20}
 CODEC=${CODEC:-int8}

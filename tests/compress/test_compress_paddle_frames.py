@@ -7,9 +7,10 @@ import numpy as np
 import paddle
 import pytest
 
-from nebula.compress import (CompressionConfig, FrameError, NonFiniteError, decode, decode_from_frames,
+from nebula.compress import (FrameError, NonFiniteError, decode, decode_from_frames,
                              encode_to_frames, encoded_to_frames, get_codec, relative_error)
-from nebula.config._schema import ConfigError, from_dict
+from nebula.config.job import CompressionConfig
+from nebula.config.schema import ConfigError, from_dict
 
 
 PADDLE_CODECS = ["none", "fp16", "bf16", "int8", "int8_row", "int8_block(16)", "int4_block(16)", "svd(0.5)",
@@ -140,7 +141,7 @@ def test_compression_config_validates_and_selects_by_step():
     assert cfg.spec_at("forward", 1999) == "none" and cfg.spec_at("forward", 2000) == "fp16(svd(0.6))"
     assert cfg.spec_at("backward", 5000) == "int8"
     assert CompressionConfig() == CompressionConfig(forward="none", backward="none", start_step=0)
-    with pytest.raises(ValueError, match="compression.forward = 'fp8'.*known codecs"):
+    with pytest.raises(ValueError, match="forward='fp8' is not a valid codec spec: .*known codecs"):
         CompressionConfig(forward="fp8")
     with pytest.raises(ValueError, match="start_step"):
         CompressionConfig(start_step=-1)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from recipes.abnet.data import DataConfig, prepare_data, read_side
+from recipes.text.catalogs import DataConfig, prepare_data, read_side
 from recipes.electra.data import CorpusConfig, prepare, split_of
 from tests.electra.conftest import GROUPS, write_catalogs
 

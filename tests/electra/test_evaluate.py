@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 from recipes.abnet.model import BertModel
-from recipes.abnet.tokenizer import Tokenizer
+from recipes.text.tokenizer import Tokenizer
 from recipes.electra.data import read_meta
 from recipes.electra.evaluate import (Embedder, build_eval_set, finetune_transfer, linear_probe, load_split, main,
                                       retrieval)

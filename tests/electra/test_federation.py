@@ -7,10 +7,11 @@ import time
 import pytest
 
 from nebula.config.job import load_job_config
-from nebula.pipeline import read_metrics, run
+from nebula.pipeline import read_metrics
+from nebula.modes import run
 from recipes.electra.prepare import distribute
 from tests.electra.helpers import GEN_STAGES, electra_job, local_job
-from tests.pipeline.federation import finish, launch, start_switches
+from tests.harness.federation import finish, launch, start_switches
 
 HOT, END = 6, 12
 

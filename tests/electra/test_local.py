@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from nebula.config.job import load_job_config
-from nebula.pipeline import read_metrics, replace_steps, run
+from nebula.pipeline import read_metrics, replace_steps
+from nebula.modes import run
 from tests.electra.helpers import GEN_STAGES, local_job
 
 STEPS = 40

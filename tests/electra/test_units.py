@@ -8,9 +8,9 @@ import numpy as np
 import paddle
 import pytest
 
-from nebula.config._schema import ConfigError
-from nebula.pipeline.oneway_multi import plan_for, signatures_agree
-from recipes.abnet.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID
+from nebula.config.schema import ConfigError
+from nebula.pipeline.oneway import plan_for, signatures_agree
+from recipes.text.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID
 from recipes.electra.data import (DEFAULT_GROUPS, MRTD, TRTD, CorpusConfig, load_group, parse_groups, read_meta,
                                   split_of)
 from recipes.electra.model import (clm_loss, corrupt, gumbel_sample, mask_positions, mlm_loss, pack, rtd_loss,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.pipeline.federation import start_switches
+from tests.harness.federation import start_switches
 
 __all__ = ["federation", "write_job", "start_cluster", "start_client", "start_clients", "wait_exit", "run_job"]
 

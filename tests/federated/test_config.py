@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 from nebula.federated.config import load_federated_job
 
 BASE = {"job": "j", "mode": "federated", "controller": {"cluster": "A"},

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import yaml
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 from nebula.config.job import load_job_config
-from nebula.federated.diloco import average_step, outer_step, pseudo_gradient
+from nebula.dataparallel import average_step, outer_step, pseudo_gradient
 
 
 def _reference_sgd_nesterov(theta, grads, lr, mu, nesterov):
@@ -93,7 +93,7 @@ def test_bad_data_parallel_settings_are_refused_with_their_path(tmp_path, dp, ex
 
 
 def test_outer_state_round_trips_through_a_checkpoint(tmp_path):
-    from nebula.federated.diloco import OuterState, pack_state, unpack_state
+    from nebula.dataparallel import OuterState, pack_state, unpack_state
     from nebula.pipeline import checkpoint as ckpt
 
     rng = np.random.default_rng(2)
@@ -116,7 +116,7 @@ def test_outer_state_round_trips_through_a_checkpoint(tmp_path):
 
 
 def test_outer_state_of_another_model_is_refused_naming_the_tensor():
-    from nebula.federated.diloco import OuterState, pack_state, unpack_state
+    from nebula.dataparallel import OuterState, pack_state, unpack_state
 
     flat = pack_state(OuterState({"w": np.zeros((2, 3), np.float32)}, None, 5))
     with pytest.raises(ValueError, match=r"outer anchor 'w' has shape \(2, 3\), the model's \(3, 3\)"):

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from nebula.config.job import load_job_config
-from nebula.federated.diloco import run_data_parallel
+from nebula.dataparallel import run_data_parallel
 from recipes.federated.data import prepare
 from recipes.federated.replica import heldout_of_checkpoint
 

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from nebula.config.job import load_job_config
-from nebula.pipeline import read_metrics, run
-from tests.pipeline.federation import finish, launch, start_switches
+from nebula.pipeline import read_metrics
+from nebula.modes import run
+from tests.harness.federation import finish, launch, start_switches
 from tests.pipeline.helpers import toy_job
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nebula.federated.fedoptima import (ActivationBatch, AsyncAggregator, DeviceInfo, LayerProfile, ModelUpdate,
+from nebula.federated.fedoptima import (ActivationBatch, AsyncAggregator, DeviceInfo, LayerCostPerSample, ModelUpdate,
                                         SchedulerError, TaskScheduler, check_split, default_auxiliary,
                                         profile_layers, split_point)
 
@@ -92,8 +92,8 @@ def test_grant_of_a_device_that_never_reports_expires():
 
 def test_split_rule_balances_compute_and_transfer():
     # layer 1 has a huge output (slow to send), layer 2 a small one; layer 3 is costly to compute
-    prof = [LayerProfile(flops=1e6, output_bytes=4_000_000), LayerProfile(flops=1e6, output_bytes=4_000),
-            LayerProfile(flops=1e10, output_bytes=40), LayerProfile(flops=1e3, output_bytes=40)]
+    prof = [LayerCostPerSample(flops=1e6, output_bytes=4_000_000), LayerCostPerSample(flops=1e6, output_bytes=4_000),
+            LayerCostPerSample(flops=1e10, output_bytes=40), LayerCostPerSample(flops=1e3, output_bytes=40)]
     slow_link = [DeviceInfo(flops_per_s=1e9, bandwidth_bytes_per_s=1e6)]
     # costs per split: l=1: 3e-3 + 4 s; l=2: 6e-3 + 4e-3 s; l=3: 30 s + ...: l=2 wins
     assert split_point(prof, slow_link) == 2
@@ -207,7 +207,7 @@ def test_async_aggregator_mixes_by_staleness_and_skips_past_max_delay():
 
 
 def test_messages_round_trip_and_malformed_ones_are_named():
-    from nebula.federated.fedoptima.messages import MessageError, pack, unpack
+    from nebula.federated.protocol import ProtocolError as MessageError, pack, unpack
 
     parts = pack({"type": "act"}, {"h": np.arange(6, dtype=np.float32).reshape(2, 3), "y": np.array([1, 0])})
     head, arrays = unpack([bytes(p) for p in parts])

@@ -7,9 +7,9 @@ import json
 import pytest
 import yaml
 
-from nebula.config._schema import ConfigError
-from nebula.federated.fedoptima.jobfile import load_federated_modes
-from tests.pipeline.federation import start_switches
+from nebula.config.schema import ConfigError
+from nebula.federated.config import load_federated_job
+from tests.harness.federation import start_switches
 
 
 def _job(tmp_path, workers, algorithm: str, block: dict) -> str:
@@ -22,6 +22,11 @@ def _job(tmp_path, workers, algorithm: str, block: dict) -> str:
     f = tmp_path / f"{algorithm}.yaml"
     f.write_text(yaml.safe_dump(doc))
     return str(f)
+
+
+def load_federated_modes(f):  # one schema: the job carries its algorithm and sections
+    job = load_federated_job(f)
+    return job, job
 
 
 def _result(p, timeout_s: float) -> dict:

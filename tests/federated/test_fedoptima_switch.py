@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.pipeline.federation import start_switches
+from tests.harness.federation import start_switches
 
 PROC = ["-m", "tests.federated.fedoptima_proc"]
 

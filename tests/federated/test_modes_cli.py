@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from nebula.cli import main
-from tests.pipeline.federation import BIN, start_switches
+from tests.harness.federation import BIN, start_switches
 
 BLOCKS = {
     "fedoptima": {"omega": 2, "local_iterations": 4, "max_rounds": 12, "duration_s": 60, "lr_device": 0.1,

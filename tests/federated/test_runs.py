@@ -6,7 +6,7 @@ import json
 
 from nebula.channel import Endpoint
 from nebula.federated.trail import ModelTrail
-from nebula.federated.transport import Mailbox, Peer
+from nebula.federated.transport import Messenger, Peer
 from tests.federated.harness import federation, start_client, start_cluster, wait_exit, write_job
 
 
@@ -14,7 +14,7 @@ def _send_as(worker, rank: int, to: list[tuple[Peer, dict]]) -> None:
     """Connect as `rank` of the job, send each message and wait until it is acknowledged (delivered), close."""
     ep = Endpoint.connect(worker, job="fltest", rank=rank, timeout_s=30)
     try:
-        mb = Mailbox(ep, 4096, Peer("A", 0))
+        mb = Messenger(ep, 4096, Peer("A", 0))
         for peer, msg in to:
             mb.send(peer, msg)
         assert ep.flush(30), "the earlier run's message was not delivered"

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from nebula.federated._actor import check_update_header
+from nebula.federated.checks import check_update_header
 from nebula.federated.config import load_federated_job
 from nebula.federated.intake import change_sumsq
 from nebula.federated.trail import ModelTrail

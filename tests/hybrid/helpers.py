@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.pipeline.federation import finish, launch
+from tests.harness.federation import finish, launch
 from tests.pipeline.helpers import toy_job
 
 

@@ -6,7 +6,7 @@ import math
 from nebula.hybrid.bench import read_profiles
 from nebula.hybrid.probe import RankProbe
 from tests.hybrid.helpers import hybrid_job
-from tests.pipeline.federation import BIN, finish
+from tests.harness.federation import BIN, finish
 
 
 def test_bench_profiles_two_ranks_and_sees_the_slowed_one(procs, tmp_path):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 from nebula.config.job import load_job_config
 from nebula.hybrid import Layout, RangeRecipe, check_bounds, shrink_layout
 from recipes.toy import ToyRecipe

@@ -62,7 +62,7 @@ def test_rank_killed_mid_run_relaunches_on_reallocated_layout_and_trains_on(proc
     from nebula.balance import DeviceProfile, LayerCost
     from nebula.hybrid import Layout
     from nebula.launch.elastic import reallocate_layout
-    from tests.pipeline.federation import BIN, finish
+    from tests.harness.federation import BIN, finish
 
     steps = 10
     job = hybrid_job(tmp_path, ranks=4, steps=steps, checkpoint={"dir": "ck", "every": 1},

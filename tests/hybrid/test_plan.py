@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 from nebula.config.job import load_job_config
 from nebula.hybrid.bench import write_profiles
 from nebula.hybrid.costs import analytic_layer_costs

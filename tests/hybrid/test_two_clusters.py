@@ -7,8 +7,9 @@ import pytest
 
 from nebula.config.job import load_job_config
 from nebula.hybrid.plan import plan_clusters
-from nebula.pipeline import read_metrics, run
-from tests.pipeline.federation import BIN, finish, launch, start_switches
+from nebula.pipeline import read_metrics
+from nebula.modes import run
+from tests.harness.federation import BIN, finish, launch, start_switches
 from tests.pipeline.helpers import TWO_STAGES, toy_job
 
 LAYERS, STEPS = 6, 16

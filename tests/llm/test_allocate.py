@@ -13,11 +13,12 @@ import yaml
 
 from nebula.config.job import load_job_config
 from nebula.hybrid.plan import resolve_allocation
-from nebula.pipeline import read_metrics, run
+from nebula.pipeline import read_metrics
+from nebula.modes import run
 from nebula.pipeline.stage import load_recipe
 from tests.conftest import REPO
 from tests.llm.conftest import NEEDS_FORMERS, ONE_PROCESS, TWO_CLUSTERS, llm_job
-from tests.pipeline.federation import finish, launch
+from tests.harness.federation import finish, launch
 
 pytestmark = NEEDS_FORMERS
 NEBULA = str(Path(sys.executable).parent / "nebula")

@@ -8,10 +8,11 @@ import pytest
 import yaml
 
 from nebula.config.job import load_job_config
-from nebula.pipeline import read_metrics, run
+from nebula.pipeline import read_metrics
+from nebula.modes import run
 from tests.federated.harness import run_job, write_job
 from tests.llm.conftest import NEEDS_FORMERS, ONE_PROCESS, SEQ_LEN, TWO_CLUSTERS, llm_job
-from tests.pipeline.federation import BIN, finish, launch, start_switches
+from tests.harness.federation import BIN, finish, launch, start_switches
 
 pytestmark = NEEDS_FORMERS
 STEPS = 6

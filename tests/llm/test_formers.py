@@ -136,7 +136,7 @@ def test_kernels_are_chosen_per_device_and_fused_ones_are_off_on_cpu(tmp_path, l
 def test_one_process_pipeline_learns_and_any_cut_trains_like_the_whole(tmp_path, llama_dir, corpus_file):
     """The runtime trains the model in stages; cutting it elsewhere (or not at all) gives the same losses."""
     from nebula.config.job import load_job_config
-    from nebula.pipeline import run
+    from nebula.modes import run
 
     def losses(name, **args):
         job = llm_job(tmp_path / name, llama_dir, corpus_file, steps=8, clusters=[{"id": "A"}],

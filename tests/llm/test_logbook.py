@@ -12,7 +12,8 @@ import pytest
 
 from nebula.config.job import load_job_config
 from nebula.logbook import read_scalars, scalars_of, write_scalars
-from nebula.pipeline import QueueLink, read_metrics, run
+from nebula.pipeline import QueueLink, read_metrics
+from nebula.modes import run
 from tests.conftest import REPO
 from tests.pipeline.helpers import TWO_STAGES, toy_job
 

@@ -13,7 +13,7 @@ from nebula.logbook import read_scalars
 from nebula.pipeline import read_metrics
 from tests.conftest import REPO
 from tests.llm.conftest import NEEDS_FORMERS
-from tests.pipeline.federation import BIN, _drain, finish, wait_for_line
+from tests.harness.federation import BIN, drain, finish, wait_for_line
 
 pytestmark = NEEDS_FORMERS
 SECTION = "## Your model across two clusters"
@@ -51,9 +51,7 @@ def test_readme_section_runs_as_printed(procs, tmp_path):
         if line.split("#")[0].rstrip().endswith("&"):
             if argv[0].endswith("nebula-switch"):
                 wait_for_line(p, "listening wan=", 60)
-                import threading
-
-                threading.Thread(target=_drain, args=(p,), daemon=True).start()
+                drain(p)
             else:
                 background.append(p)
             continue

@@ -1,10 +1,17 @@
-"""One rank of the process-group tests (started by paddle.distributed.launch): MODE flaky | late | raw | whole, OUT."""
+"""One rank of the process-group tests (started by paddle.distributed.launch): MODE flaky | late | raw | whole |
+starved, OUT."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
+
+
+STARVED_GROUPS = 6
 
 
 def main(mode: str, out: Path, late_s: float) -> None:
@@ -31,7 +38,24 @@ def main(mode: str, out: Path, late_s: float) -> None:
 
     if mode == "late" and rank == 1:
         time.sleep(late_s)  # arrives at the group rendezvous past gloo's 30 s timeout
-    if mode == "whole":  # Paddle's new_group: a group of every rank is the job's own
+    if mode == "starved":  # rank 1 runs 10 ms of every 110 while every group is created (gloo's own new_group)
+        throttle = None
+        if rank == 1:
+            throttle = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_throttle.py")),
+                                         str(os.getpid()), "10", "100"])
+        try:
+            made = create_groups([[0, 1]] * STARVED_GROUPS, world=2, new_group=dist.new_group, attempts=1,
+                                 log=logs.append, timeout_s=late_s)
+        finally:
+            if throttle is not None:
+                throttle.send_signal(signal.SIGTERM)  # it resumes this process before it exits
+                throttle.wait()
+        group = made[-1]
+        for g in made[:-1]:  # every group connects (the last one is checked below, as in the other modes)
+            y = paddle.to_tensor([float(rank + 1)])
+            dist.all_reduce(y, group=g)
+            assert float(y.numpy()[0]) == 3.0, float(y.numpy()[0])
+    elif mode == "whole":  # Paddle's new_group: a group of every rank is the job's own
         group, pair = create_groups([[0, 1], [1]], world=2, timeout_s=120)
         assert group is None and pair is not None, (group, pair)
     else:

@@ -40,6 +40,16 @@ def test_a_group_of_every_rank_is_the_jobs_own_and_needs_no_rendezvous(procs, tm
     assert r0["sum"] == r1["sum"] == 3.0  # collectives on it reach both ranks
 
 
+def test_groups_connect_while_one_rank_is_starved_of_cpu(procs, tmp_path):
+    """Rank 1 runs 10 ms of every 110 (stopped and resumed by a throttle process, as on an overloaded machine) while
+    six groups of both ranks are created with gloo's own rendezvous, one attempt each. Before each group had a store
+    of its own, rank 0 read rank 1's address of an earlier group from the job store's bare keys and connected
+    there, and rank 1 waited for a connection that never came: a hang until the 60 s bound."""
+    r0, r1 = _run(procs, tmp_path, "starved", late_s=60, timeout_s=200)
+    assert r0["sum"] == r1["sum"] == 3.0
+    assert not r0["logs"] and not r1["logs"]  # no attempt failed
+
+
 @pytest.mark.slow
 def test_ranks_late_past_the_gloo_timeout_still_connect_and_scatter(procs, tmp_path):
     """Without the store barriers, the early rank fails after 30 s (gloo unbound_buffer TIMEOUT)."""

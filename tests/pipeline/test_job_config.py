@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nebula.config._schema import ConfigError
+from nebula.config.schema import ConfigError
 
 from nebula.config.job import load_job_config
 from nebula.launch.preflight import validate_job
@@ -96,7 +96,7 @@ def test_unknown_codec_is_refused(tmp_path):
     (tmp_path / "b.yaml").write_text("x: 1\n")
     f = toy_job(tmp_path, clusters=[{"id": "A", "worker": "a.yaml"}, {"id": "B", "worker": "b.yaml"}],
                 stages=TWO_STAGES, compression={"forward": "zstd9000", "backward": "none"})
-    with pytest.raises(ConfigError, match=r"compression.forward = 'zstd9000' is not a valid codec spec.*known"):
+    with pytest.raises(ConfigError, match=r"compression.forward='zstd9000' is not a valid codec spec.*known"):
         load_job_config(f)
 
 
@@ -129,10 +129,19 @@ def test_hot_start_checkpoint_must_exist(tmp_path):
 
 
 def test_compression_starts_at_its_start_step():
-    from nebula.compress import CompressionConfig
+    from nebula.config.job import CompressionConfig
 
     spec = CompressionConfig(forward="fp16(svd(0.6))", backward="int8", start_step=5)
     assert [spec.spec_at("forward", s) for s in (0, 4, 5, 9)] == ["none", "none", "fp16(svd(0.6))", "fp16(svd(0.6))"]
     assert spec.spec_at("backward", 5) == "int8" and spec.spec_at("backward", 4) == "none"
     with pytest.raises(ValueError, match="start_step = -1 must be an integer >= 0"):
         CompressionConfig(start_step=-1)
+
+
+def test_a_layer_pipeline_inside_a_cluster_is_refused_in_mode_oneway(tmp_path):
+    """The mode is chosen in one place (nebula.modes): a cluster pipeline belongs to mode pipeline only."""
+    f = toy_job(tmp_path, clusters=[{"id": "A", "procs_per_node": 2, "pipeline": {"num_stages": 2}}, {"id": "B"}],
+                stages=TWO_STAGES, mode="oneway")
+    with pytest.raises(ConfigError, match=r"cluster A has a pipeline: .* runs in mode pipeline; remove "
+                                          r"clusters\[A\].pipeline"):
+        load_job_config(f)

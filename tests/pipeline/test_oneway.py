@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from nebula.config.job import load_job_config
-from nebula.pipeline import read_metrics, run
-from tests.pipeline.federation import finish, launch, start_switches
+from nebula.pipeline import read_metrics
+from nebula.modes import run
+from tests.harness.federation import finish, launch, start_switches
 from tests.pipeline.helpers import toy_job
 
 STEPS = 8

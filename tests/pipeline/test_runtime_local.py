@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 
 from nebula.config.job import load_job_config
-from nebula.pipeline import read_metrics, replace_steps, run
+from nebula.pipeline import read_metrics, replace_steps
+from nebula.modes import run
 from nebula.pipeline.checkpoint import local_steps
 from tests.pipeline.helpers import toy_job
 

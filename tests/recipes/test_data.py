@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from recipes.abnet.data import (CatalogError, DataConfig, Pair, deduplicate, extract_pairs, keep_pair, prepare_data,
+from recipes.text.catalogs import (CatalogError, DataConfig, Pair, deduplicate, extract_pairs, keep_pair, prepare_data,
                                 read_mo, read_side, restrict_vocabulary, split_of)
 from tests.recipes.conftest import corpus_pairs, write_mo
 

@@ -12,7 +12,7 @@ from recipes.abnet.decode import mask_predict
 from recipes.abnet.model import (AbnetConfig, AbnetDecoder, AbnetEncoder, BertConfig, BertModel, CmlmObjective,
                                  cmlm_mask, preset, source_keep_mask)
 from recipes.abnet.pretrain import PretrainedError, ensure_base, load_base, save_base
-from recipes.abnet.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
+from recipes.text.tokenizer import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 from tests.recipes.conftest import corpus_pairs
 
 MICRO = BertConfig(vocab_size=120, hidden=32, num_layers=2, num_heads=2, ff_hidden=64, max_positions=16, dropout=0.0)
@@ -161,11 +161,31 @@ def test_pretrained_base_roundtrip_and_wrong_shape(toks, tmp_path):
         load_base(d, MICRO.replace(hidden=64))
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**cfg, "ff_hidden": 80}))
+    with pytest.raises(PretrainedError, match="config.json does not have the digest"):  # files.json names it
+        load_base(d)
+    (d / "files.json").unlink()  # a base put together by hand: its files are taken as they are
     with pytest.raises(PretrainedError, match=r"linear1.weight: shape \[32, 64\], expected \[32, 80\]"):
         load_base(d)
     (d / "config.json").unlink()
     with pytest.raises(PretrainedError, match="lacks config.json"):
         ensure_base(tmp_path / "w", ["x"], MICRO, pretrained=d)
+
+
+def test_a_base_whose_save_was_cut_short_is_pretrained_again(toks, tmp_path, caplog):
+    """save_base writes files.json last: without it (a kill during the save) the cached base is not trusted."""
+    en, _ = toks
+    paddle.seed(0)
+    d = save_base(BertModel(MICRO.replace(vocab_size=en.vocab_size)), en, tmp_path / "base")
+    (d / "files.json").unlink()
+    (d / "model.pdparams").write_bytes((d / "model.pdparams").read_bytes()[:1000])  # as a kill before renames did
+    with caplog.at_level("WARNING"):
+        model, _ = ensure_base(d, ["hello world"] * 8, MICRO.replace(vocab_size=en.vocab_size), steps=1,
+                               vocab_size=40)
+    assert any("no files.json: its save was cut short" in r.getMessage() for r in caplog.records)
+    assert (d / "files.json").is_file()
+    loaded, _ = load_base(d, MICRO)  # the new save verifies and loads
+    for k, v in model.state_dict().items():
+        np.testing.assert_array_equal(v.numpy(), loaded.state_dict()[k].numpy())
 
 
 def test_paddlenlp_bert_names_load(toks, tmp_path):
@@ -187,6 +207,7 @@ def test_paddlenlp_bert_names_load(toks, tmp_path):
         renamed[k2] = v
     renamed["bert.embeddings.token_type_embeddings.weight"] = np.ones((2, 32), dtype="float32")
     paddle.save(renamed, str(d / "model.pdparams"))
+    (d / "files.json").unlink()  # put together by hand
     loaded, _ = load_base(d, MICRO)
     np.testing.assert_allclose(loaded.position_embeddings.weight.numpy(), sd["position_embeddings.weight"] + 1.0)
     np.testing.assert_array_equal(loaded.mlm_decoder.weight.numpy(), sd["mlm_decoder.weight"])

@@ -19,11 +19,11 @@ import pytest
 import yaml
 
 from nebula.config.job import load_job_config
-from nebula.pipeline import run
-from recipes.abnet.data import DataConfig, prepare_data
+from nebula.modes import run
+from recipes.text.catalogs import DataConfig, prepare_data
 from recipes.abnet.model import padding_bias, preset
 from recipes.abnet.pretrain import PretrainedError, load_base
-from recipes.abnet.tokenizer import CLS_ID, MASK_ID, PAD_ID, UNK_ID
+from recipes.text.tokenizer import CLS_ID, MASK_ID, PAD_ID, UNK_ID
 from tests.recipes.conftest import corpus_pairs
 
 TINY = preset("tiny").source  # hidden 64, 2 layers, 2 heads, FF 256, 32 positions
@@ -195,7 +195,7 @@ def test_recipe_trains_on_a_bert_encoder_and_an_ernie_m_decoder(locale_dir, tmp_
 
 
 def test_wordpiece_splits_like_bert_and_moves_special_ids(tmp_path):
-    from recipes.abnet.foreign_tokenizer import WordPieceTokenizer
+    from recipes.text.foreign_tokenizer import WordPieceTokenizer
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "!", ",", "un", "##aff", "##able", "中"]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")

@@ -19,13 +19,14 @@ import yaml
 
 from nebula.compress import codec_path
 from nebula.config.job import load_job_config
-from nebula.pipeline import read_metrics, run
+from nebula.pipeline import read_metrics
+from nebula.modes import run
 from nebula.pipeline.links import QueueLink
-from recipes.abnet.data import DataConfig, prepare_data
+from recipes.text.catalogs import DataConfig, prepare_data
 from recipes.abnet.model import BertConfig, BertModel
 from recipes.abnet.pretrain import PretrainedError, save_base
 from recipes.abnet.stages import ABNetRecipe
-from recipes.abnet.tokenizer import train_tokenizer
+from recipes.text.tokenizer import train_tokenizer
 from tests.recipes.conftest import corpus_pairs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -145,7 +146,7 @@ def test_wrong_shape_pretrained_base_fails_before_training(locale_dir, tmp_path)
 
 
 def test_unreachable_encoder_cluster_is_named_before_training(procs, locale_dir, tmp_path):
-    from tests.pipeline.federation import start_switches
+    from tests.harness.federation import start_switches
 
     prepare_data(tmp_path / "A", tmp_path / "B", ["es"], locale_dir, SPLIT)
     workers = start_switches(procs, tmp_path / "fed", ["A", "B"])

@@ -16,7 +16,7 @@ from security.cli import main as admin
 from security.provision import provision
 from tests.conftest import Procs
 from tests.security.test_audit import forge, lines, set_outcome
-from tests.switch.conftest import start_switch
+from tests.harness.federation import start_switch
 
 OK, TAMPERED, USAGE, SUSPICIOUS, UNVERIFIABLE = 0, 1, 2, 3, 4
 

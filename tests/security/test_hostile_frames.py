@@ -13,7 +13,8 @@ from nebula.config import split_host_port
 from nebula.wire import FrameType, WireError, encode_frame
 from nebula.wire.frame import MAX_META_DEPTH, decode_head
 from security.provision import provision
-from tests.switch.conftest import start_switch, wait_audit, worker_yaml
+from tests.harness.federation import start_switch, wait_audit
+from tests.switch.conftest import worker_yaml
 
 
 def test_nesting_beyond_the_limit_is_bad_meta_and_brackets_in_strings_are_not_nesting():

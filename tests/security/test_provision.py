@@ -132,8 +132,10 @@ def test_provision_refuses_to_overwrite_and_reuses_an_existing_ca(tmp_path):
     out = tmp_path / "fed"
     provision("demo", ["A", "B"], out)
     before = sorted(p.name for p in out.iterdir())
-    with pytest.raises(SecurityError, match="already exists; provision into a new --out"):
-        provision("demo", ["A", "B"], out)
+    with pytest.raises(SecurityError, match="already exists and holds federation demo .clusters A, B.; provision "
+                                            "into a new --out directory, or add C with `nebula-admin provision "
+                                            "add-cluster C --out .*fed --host HOST --port PORT`"):
+        provision("demo", ["A", "B", "C"], out)
     assert sorted(p.name for p in out.iterdir()) == before
     more = provision("demo", ["C"], tmp_path / "more", ca_dir=out / "ca")
     cfg = load_switch_config(more["clusters"]["C"]["switch_yaml"])

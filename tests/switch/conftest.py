@@ -1,77 +1,19 @@
-"""Shared fixtures for switch tests: a provisioned throwaway federation and helpers to run real switch processes."""
+"""Fixtures of the switch tests: a provisioned two-cluster federation (switches started by `tests.harness`), a cutting
+proxy, a legitimate transfer to run beside an attack."""
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import selectors
-import signal
 import socket
-import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from security.provision import provision
+from tests.harness.federation import Switch, edit_yaml, start_switch, wait_audit
 
-
-class Switch:
-    """A running `nebula-switch serve` process."""
-
-    def __init__(self, proc, cluster: str, config: Path, wan: str, local: str, log: Path) -> None:
-        self.proc, self.cluster, self.config, self.wan, self.local, self.log = proc, cluster, config, wan, local, log
-
-    def kill9(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def hup(self) -> None:
-        os.kill(self.proc.pid, signal.SIGHUP)
-
-    def audit(self) -> list[dict]:
-        path = self.config.parent / "audit.log"
-        if not path.exists():
-            return []
-        # the switch may be writing a record right now: only lines it has finished (newline-terminated) count
-        done = path.read_text().rpartition("\n")[0]
-        return [json.loads(line) for line in done.splitlines() if line.strip()]
-
-
-def wait_audit(switch: Switch, pred, timeout_s: float = 20.0) -> dict:
-    """First audit record of `switch` matching `pred`, waiting for it to appear."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for rec in switch.audit():
-            if pred(rec):
-                return rec
-        time.sleep(0.1)
-    raise AssertionError(f"no matching audit record; have: {[ (r['action'], r.get('detail')) for r in switch.audit()]}")
-
-
-def start_switch(procs, config: Path, timeout_s: float = 30.0, prefix: tuple[str, ...] = ()) -> Switch:
-    """Start a switch server on `config` (behind `prefix`, e.g. `ip netns exec NS`) and wait for its
-    `listening` line."""
-    log = config.parent / "switch.stderr"
-    proc = procs.start([*prefix, sys.executable, "-m", "switch_server.cli", "serve", "--config", str(config),
-                        "--log-level", "info"], stderr=open(log, "ab"))
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if sel.select(0.2):
-            line = proc.stdout.readline()
-            if line.startswith("listening "):
-                fields = dict(kv.split("=", 1) for kv in line.split()[1:])
-                cluster = yaml.safe_load(config.read_text())["cluster"]
-                return Switch(proc, cluster, config, fields["wan"], fields["local"], log)
-            if not line:
-                break
-        if proc.poll() is not None:
-            break
-    raise AssertionError(f"switch {config} did not start: {log.read_text()[-3000:]}")
+__all__ = ["CuttingProxy", "Switch", "TEST_CHUNK_BYTES", "edit_yaml", "federation", "legit_transfer", "rss_bytes",
+           "start_switch", "two_switches", "wait_audit", "worker_yaml"]
 
 
 TEST_CHUNK_BYTES = 256 * 1024
@@ -83,13 +25,6 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
-
-
-def edit_yaml(path: Path, fn) -> None:
-    """Load YAML `path`, let `fn` change the dict in place, write it back."""
-    data = yaml.safe_load(path.read_text())
-    fn(data)
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
 
 
 @pytest.fixture

@@ -8,7 +8,8 @@ import pytest
 
 from nebula.channel import ChannelError, Endpoint
 from nebula.wire import ChannelKey, FrameType, encode_frame
-from tests.switch.conftest import edit_yaml, start_switch, worker_yaml
+from tests.harness.federation import edit_yaml, start_switch
+from tests.switch.conftest import worker_yaml
 from tests.switch.test_relay import _raw_worker, raw_hello
 
 B_MAX = 8 * 1024**2

@@ -11,7 +11,7 @@ import pytest
 
 from security.provision import provision
 from switch_server.cli import main
-from tests.switch.conftest import edit_yaml, start_switch
+from tests.harness.federation import edit_yaml, start_switch
 
 
 def test_probe_status_and_metrics(two_switches, procs, capsys):

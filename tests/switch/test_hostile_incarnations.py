@@ -4,20 +4,26 @@ obeys route grants; an incarnation is the one the switch gave; a restarted recei
 sender left behind reaches no later receiver; a worker whose clock is behind is heard."""
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import textwrap
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from nebula.channel import Endpoint
+from nebula.config.switch import load_switch_config
 from nebula.wire import ChannelKey, FrameType, decode_frame, encode_frame
 from switch_server.answers import ANSWER_BURST
+from switch_server.status import status_path
 from tests.conftest import REPO
 from tests.switch.attackers import RawPeer
-from tests.switch.conftest import legit_transfer, start_switch, wait_audit, worker_yaml
+from tests.harness.federation import start_switch, wait_audit
+from tests.switch.conftest import legit_transfer, worker_yaml
 from tests.switch.test_hostile_peers import three  # noqa: F401  (fixture)
 from tests.switch.test_relay import _next_error, _raw_worker, raw_hello
 from tests.switch.test_route_grants import granted  # noqa: F401  (fixture)
@@ -134,11 +140,22 @@ def test_a_restarted_receiver_is_relearnt_and_gets_what_its_predecessor_left(two
 def test_what_an_ended_sender_left_for_a_rank_not_connected_reaches_no_later_start(two_switches):
     """A run's sender sends `stop` to a rank not connected and ends; the rank's next start gets the next run's
     messages, not that `stop`."""
-    fed = two_switches[0]
+    fed, _a, b = two_switches
     with Endpoint.connect(worker_yaml(fed, "A"), job="run", rank=0) as s1:
         s1.channel("B", 0, "ctl").send(b"stop")
         time.sleep(0.5)  # (on its way to B, or held there: either way it must expire with its sender)
         s1.close(flush_s=0)
+    # B drops it once it knows that start ended (ENDED from A); a rank that connects before that news arrives, a
+    # moment after the end, could still get it: the test starts the next run after it
+    st = json.loads(status_path(load_switch_config(b.config)).read_text())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        metrics = urllib.request.urlopen(f"http://{st['metrics']}/metrics", timeout=10).read().decode()
+        if re.search(r'nebula_switch_refused_frames_total\{reason="sender_ended"\} [1-9]', metrics):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"switch B did not drop the ended start's message:\n{metrics[-2000:]}")
     with Endpoint.connect(worker_yaml(fed, "B"), job="run", rank=0) as r, \
             Endpoint.connect(worker_yaml(fed, "A"), job="run", rank=0) as s2:
         s2.channel("B", 0, "ctl").send(b"fresh")

@@ -14,9 +14,9 @@ from nebula.config import split_host_port
 from nebula.wire import ChannelKey, FrameType, encode_frame
 from security.ca import CertificateAuthority
 from security.provision import provision
+from tests.harness.federation import edit_yaml, start_switch, wait_audit
 from tests.switch.attackers import RawPeer
-from tests.switch.conftest import (TEST_CHUNK_BYTES, edit_yaml, legit_transfer, start_switch, wait_audit,
-                                   worker_yaml)
+from tests.switch.conftest import TEST_CHUNK_BYTES, legit_transfer, worker_yaml
 
 
 @pytest.fixture

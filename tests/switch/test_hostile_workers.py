@@ -16,7 +16,8 @@ from nebula.channel import Endpoint
 from nebula.channel.connection import connect
 from nebula.config import load_worker_config
 from security.curve import write_curve_keypair
-from tests.switch.conftest import TEST_CHUNK_BYTES, edit_yaml, rss_bytes, start_switch, wait_audit, worker_yaml
+from tests.harness.federation import edit_yaml, start_switch, wait_audit
+from tests.switch.conftest import TEST_CHUNK_BYTES, rss_bytes, worker_yaml
 
 MIB = 1024**2
 FLOOD_MIB = 80

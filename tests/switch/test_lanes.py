@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from nebula.channel import Endpoint
-from tests.switch.conftest import edit_yaml, start_switch, worker_yaml
+from tests.harness.federation import edit_yaml, start_switch
+from tests.switch.conftest import worker_yaml
 
 
 @pytest.mark.slow

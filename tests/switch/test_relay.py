@@ -17,7 +17,8 @@ from nebula.config import load_worker_config
 from nebula.wire import ChannelKey, FrameType, decode_frame, encode_frame
 from security.audit import peer_checkpoints_path, read_checkpoints, verify_checkpoint
 from security.curve import write_curve_keypair
-from tests.switch.conftest import TEST_CHUNK_BYTES, legit_transfer, wait_audit, worker_yaml
+from tests.harness.federation import wait_audit
+from tests.switch.conftest import TEST_CHUNK_BYTES, legit_transfer, worker_yaml
 
 
 def test_relay_both_directions_in_order(two_switches):

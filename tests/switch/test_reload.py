@@ -8,7 +8,8 @@ import pytest
 
 from nebula.channel import Endpoint, PeerUnavailable
 from security.ca import CertificateAuthority
-from tests.switch.conftest import edit_yaml, start_switch, wait_audit, worker_yaml
+from tests.harness.federation import edit_yaml, start_switch, wait_audit
+from tests.switch.conftest import worker_yaml
 
 
 def _serial(pem: Path) -> int:

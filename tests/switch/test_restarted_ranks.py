@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from nebula.channel import Endpoint
-from tests.switch.conftest import start_switch, worker_yaml
+from tests.harness.federation import start_switch
+from tests.switch.conftest import worker_yaml
 
 
 def test_a_restarted_rank_takes_nothing_its_predecessor_was_sent(procs, federation):

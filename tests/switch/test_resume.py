@@ -12,7 +12,8 @@ import pytest
 
 from nebula.channel import Endpoint
 from nebula.config import split_host_port
-from tests.switch.conftest import CuttingProxy, edit_yaml, start_switch, wait_audit, worker_yaml
+from tests.harness.federation import edit_yaml, start_switch, wait_audit
+from tests.switch.conftest import CuttingProxy, worker_yaml
 
 
 def _message(i: int, rng: random.Random) -> bytes:

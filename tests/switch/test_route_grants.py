@@ -18,7 +18,8 @@ from nebula.config.switch import load_switch_config
 from security.accounts import Accounts
 from security.cli import main as admin_main
 from switch_server.status import status_path
-from tests.switch.conftest import edit_yaml, start_switch, wait_audit, worker_yaml
+from tests.harness.federation import edit_yaml, start_switch, wait_audit
+from tests.switch.conftest import worker_yaml
 from tests.switch.test_hostile_workers import add_worker
 
 

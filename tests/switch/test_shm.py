@@ -18,9 +18,10 @@ from nebula.channel import ChannelError, Endpoint
 from nebula.wire import ChannelKey, FrameType, WireError, decode_frame, encode_frame
 from nebula.wire.shm import SHM_MIN_BYTES, SHM_TAG, Arena, Ring, pack_desc, unpack_desc
 from security.curve import local_password
-from tests.switch.conftest import edit_yaml, start_switch, worker_yaml
+from tests.switch.conftest import worker_yaml
 
 # ---- the allocator ----
+from tests.harness.federation import edit_yaml, start_switch
 
 
 def test_ring_reuses_space_in_order_and_refuses_what_does_not_fit():

@@ -11,7 +11,8 @@ import pytest
 
 from nebula.channel import ChannelError, Endpoint, SwitchRefused
 from security.accounts import Accounts
-from tests.switch.conftest import edit_yaml, legit_transfer, start_switch, wait_audit
+from tests.harness.federation import edit_yaml, start_switch, wait_audit
+from tests.switch.conftest import legit_transfer
 from tests.switch.test_hostile_workers import add_worker
 from tests.switch.test_route_grants import grant, refused
 

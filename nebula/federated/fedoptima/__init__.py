@@ -4,15 +4,14 @@ aggregation of device models, and measured idle time; `simulate` runs it and its
 from nebula.federated.fedoptima.auxiliary import default_auxiliary
 from nebula.federated.fedoptima.config import FedOptimaSpec
 from nebula.federated.fedoptima.engine import AsyncAggregator, DeviceTrainer, ServerTrainer, split_model
-from nebula.federated.fedoptima.jobfile import ModeSpec, load_federated_modes
-from nebula.federated.fedoptima.messages import MessageError, pack, unpack
+from nebula.federated.fedoptima.messages import TO_DEVICE, TO_SERVER
 from nebula.federated.fedoptima.runtime import FedOptimaError, ServerResult, Task, run_device, serve
 from nebula.federated.fedoptima.scheduler import ActivationBatch, ModelUpdate, SchedulerError, TaskScheduler
 from nebula.federated.fedoptima.simulate import SimResult, SimSetting, simulate
-from nebula.federated.fedoptima.split import DeviceInfo, LayerProfile, check_split, profile_layers, split_point
+from nebula.federated.fedoptima.split import DeviceInfo, LayerCostPerSample, check_split, profile_layers, split_point
 
 __all__ = ["default_auxiliary", "FedOptimaSpec", "AsyncAggregator", "DeviceTrainer", "ServerTrainer", "split_model",
-           "ModeSpec", "load_federated_modes", "MessageError", "pack", "unpack", "FedOptimaError", "ServerResult",
+           "TO_DEVICE", "TO_SERVER", "FedOptimaError", "ServerResult",
            "Task", "run_device", "serve", "ActivationBatch", "ModelUpdate", "SchedulerError", "TaskScheduler",
-           "SimResult", "SimSetting", "simulate", "DeviceInfo", "LayerProfile", "check_split", "profile_layers",
+           "SimResult", "SimSetting", "simulate", "DeviceInfo", "LayerCostPerSample", "check_split", "profile_layers",
            "split_point"]

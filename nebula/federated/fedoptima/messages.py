@@ -1,39 +1,65 @@
-"""Messages of the FedOptima and OWL modes on a channel: one JSON header part, then one raw part per array."""
+"""FedOptima's messages between the server and each device, on the channel `fedoptima` (nebula.federated.protocol:
+one JSON header part, then one raw part per array). `TO_SERVER`: what a device sends; `TO_DEVICE`: what the
+server sends."""
 from __future__ import annotations
 
-import json
-from typing import Any, Mapping, Sequence
+from dataclasses import field
 
-import numpy as np
+from nebula.federated.messages import Stop
+from nebula.federated.protocol import MessageFamily, Message
 
-__all__ = ["pack", "unpack", "MessageError"]
+__all__ = ["TO_SERVER", "TO_DEVICE", "DeviceHello", "Activations", "DeviceModel", "DeviceBye", "Init", "Grant",
+           "AggregatedModel", "Stop"]
 
-
-class MessageError(ValueError):
-    """A message that does not parse (not ours, truncated, or arrays that do not match their header)."""
-
-
-def pack(header: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None) -> list:
-    """Parts for Channel.send: the header (with each array's name, dtype and shape), then the arrays' bytes."""
-    arrays = arrays or {}
-    head = dict(header)
-    head["arrays"] = [[k, str(np.asarray(v).dtype), list(np.shape(v))] for k, v in arrays.items()]
-    parts: list = [json.dumps(head, separators=(",", ":")).encode()]
-    parts += [memoryview(np.ascontiguousarray(v)).cast("B") for v in arrays.values()]
-    return parts
+TO_SERVER = MessageFamily("fedoptima server")
+TO_DEVICE = MessageFamily("fedoptima device")
 
 
-def unpack(parts: Sequence[memoryview | bytes], who: str = "peer") -> tuple[dict, dict[str, np.ndarray]]:
-    """(header, arrays) of a message made by `pack`; MessageError naming `who` and the problem."""
-    try:
-        head = json.loads(bytes(parts[0]))
-        specs = head.pop("arrays")
-        if not isinstance(head, dict) or "type" not in head or len(specs) != len(parts) - 1:
-            raise ValueError("header without a type, or a part count that differs from its array list")
-        arrays = {}
-        for (name, dtype, shape), raw in zip(specs, parts[1:]):
-            a = np.frombuffer(raw, dtype=np.dtype(dtype))
-            arrays[str(name)] = a.reshape([int(s) for s in shape]).copy()
-    except (ValueError, TypeError, KeyError, IndexError, json.JSONDecodeError) as exc:
-        raise MessageError(f"malformed message from {who}: {exc}; peers must send pack()ed messages") from None
-    return head, arrays
+@TO_SERVER.message("hello")
+class DeviceHello(Message):
+    """What a device says at initialisation: its FLOP/s and its upload bandwidth (the pre-processor's inputs)."""
+
+    flops_per_s: float
+    bandwidth_bytes_per_s: float
+
+
+@TO_SERVER.message("act")
+class Activations(Message):
+    """A batch of the device's activations and labels (arrays h, y), sent only under a grant."""
+
+
+@TO_SERVER.message("model")
+class DeviceModel(Message):
+    """The device's model every H iterations (arrays d.*, a.*), trained from global model `version`."""
+
+    version: int
+
+
+@TO_SERVER.message("bye")
+class DeviceBye(Message):
+    """A device's answer to STOP: what it measured (idle and busy seconds, iterations, batches sent, rounds)."""
+
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+@TO_DEVICE.message("init")
+class Init(Message):
+    """The split point and the initial device and auxiliary models (arrays d.*, a.*)."""
+
+    split: int
+    version: int
+
+
+@TO_DEVICE.message("grant")
+class Grant(Message):
+    """A slot under ω: the device may send one batch of activations."""
+
+
+@TO_DEVICE.message("global")
+class AggregatedModel(Message):
+    """The aggregated device and auxiliary models (arrays d.*, a.*), version `version`."""
+
+    version: int
+
+
+TO_DEVICE.message("stop")(Stop)

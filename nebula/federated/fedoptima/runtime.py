@@ -28,7 +28,9 @@ from nebula.federated.fedoptima.auxiliary import default_auxiliary
 from nebula.federated.fedoptima.config import FedOptimaSpec
 from nebula.federated.fedoptima.engine import (AsyncAggregator, DeviceTrainer, ServerTrainer, load_state, split_model,
                                               state_of)
-from nebula.federated.fedoptima.messages import MessageError, pack, unpack
+from nebula.federated.fedoptima.messages import (TO_DEVICE, TO_SERVER, Activations, AggregatedModel, DeviceBye,
+                                                DeviceHello, DeviceModel, Grant, Init, Stop)
+from nebula.federated.protocol import ProtocolError, decode, pack_message, unpack, unpack_message
 from nebula.federated.fedoptima.scheduler import ActivationBatch, ModelUpdate, SchedulerError, TaskScheduler
 from nebula.federated.fedoptima.split import DeviceInfo, profile_layers, split_point
 
@@ -100,8 +102,8 @@ def _receiver(ch: Channel, who: Any, inbox: queue.Queue, stop: threading.Event) 
                 return
             continue
         try:
-            inbox.put((who, *unpack(parts, str(who))))
-        except MessageError as exc:
+            inbox.put((who, *unpack(parts, str(who))))  # (decoded by the server loop: _decoded)
+        except ProtocolError as exc:
             inbox.put((who, None, exc))
 
 
@@ -135,9 +137,9 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
             who, head, _ = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
         except queue.Empty:
             break
-        if head is not None and head.get("type") == "hello":
-            infos[who] = DeviceInfo(flops_per_s=float(head["flops_per_s"]),
-                                    bandwidth_bytes_per_s=float(head["bandwidth_bytes_per_s"]))
+        hello = _decoded(who, head)
+        if isinstance(hello, DeviceHello):
+            infos[who] = DeviceInfo(flops_per_s=hello.flops_per_s, bandwidth_bytes_per_s=hello.bandwidth_bytes_per_s)
     res.missing = [f"{c}/{r}" for (c, r) in chans if (c, r) not in infos]
     if not infos:
         raise FedOptimaError(f"no device said hello within join_timeout_s={spec.join_timeout_s}; start the devices "
@@ -158,8 +160,8 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
     trainer = ServerTrainer(srv_net, lr=spec.lr_server)
     sched = TaskScheduler(devices=active, omega=spec.omega, grant_timeout_s=spec.grant_timeout_s)
     for d in active:
-        chans[d].send(pack({"type": "init", "split": res.split, "version": 0},
-                           {**_prefix("d.", agg.device), **_prefix("a.", agg.aux)}), lane="bulk")
+        chans[d].send(pack_message(Init(split=res.split, version=0),
+                                   {**_prefix("d.", agg.device), **_prefix("a.", agg.aux)}), lane="bulk")
 
     x_test, y_test = task.test_data()
     res.initial_accuracy = _accuracy([dev_net, srv_net], x_test, y_test)
@@ -222,24 +224,25 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
                 res.aggregations += int(agg.apply(dstate, astate, m.version, who=str(m.origin)))
             except ValueError as exc:
                 log.warning("fedoptima server: model from %s rejected: %s", m.origin, exc)
-            chans[m.origin].send(pack({"type": "global", "version": agg.version},
-                                      {**_prefix("d.", agg.device), **_prefix("a.", agg.aux)}), lane="bulk")
+            chans[m.origin].send(pack_message(AggregatedModel(version=agg.version),
+                                              {**_prefix("d.", agg.device), **_prefix("a.", agg.aux)}), lane="bulk")
             res.rounds = res.aggregations // len(active)  # a round is K aggregations (Algorithm 4, line 21)
         res.busy_s += time.monotonic() - b0
     res.wall_s = time.monotonic() - t0
     res.skipped, res.peak_held = agg.skipped, sched.peak_held
     res.used = {f"{c}/{r}": n for (c, r), n in sched.counters.items()}
     for d in active:
-        chans[d].send(pack({"type": "stop"}), lane="control")
+        chans[d].send(pack_message(Stop()), lane="control")
     deadline = time.monotonic() + spec.join_timeout_s
     while len(byes) < len(active) and time.monotonic() < deadline:
         try:
             who, head, arrays = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
         except queue.Empty:
             break
-        if head is not None and head.get("type") == "bye":
-            byes[who] = head
-    res.devices = {f"{c}/{r}": {k: v for k, v in h.items() if k != "type"} for (c, r), h in byes.items()}
+        bye = _decoded(who, head)
+        if isinstance(bye, DeviceBye):
+            byes[who] = bye.stats
+    res.devices = {f"{c}/{r}": stats for (c, r), stats in byes.items()}
     res.missing += [f"{c}/{r}" for (c, r) in active if (c, r) not in byes]
     load_state(dev_net, agg.device)
     res.accuracy = _accuracy([dev_net, srv_net], x_test, y_test)
@@ -249,7 +252,7 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
 def _send_grants(sched: TaskScheduler, chans: dict, eligible: list) -> None:
     """Turn-on signals for the slots free under ω (§IV-C: checked when a batch is enqueued or dequeued)."""
     for d in sched.grant(eligible):
-        chans[d].send(pack({"type": "grant"}), lane="control")
+        chans[d].send(pack_message(Grant()), lane="control")
 
 
 def _prefix(p: str, d: dict) -> dict:
@@ -261,22 +264,31 @@ def _split_models(arrays: dict) -> tuple[dict, dict]:
             {k[2:]: v for k, v in arrays.items() if k.startswith("a.")})
 
 
+def _decoded(who: Any, head: dict | None) -> Any:
+    """The server's view of a device's header (None for a receive error, logged with the message)."""
+    if head is None:
+        return None
+    try:
+        return decode(head, TO_SERVER)
+    except ProtocolError as exc:
+        log.warning("fedoptima server: message %r from %s refused: %s", str(head.get("type"))[:32], who, exc)
+        return None
+
+
 def _on_message(sched: TaskScheduler, res: ServerResult, byes: dict, who, head, arrays) -> None:
     if head is None:
         log.warning("fedoptima server: from %s: %s", who, arrays)
         return
-    kind = head.get("type")
+    msg = _decoded(who, head)
     try:
-        if kind == "act":
+        if isinstance(msg, Activations):
             sched.put(ActivationBatch(who, (arrays["h"], arrays["y"].astype(np.int64)), int(arrays["h"].nbytes)))
-        elif kind == "model":
-            sched.put(ModelUpdate(who, _split_models(arrays), int(head["version"])))
-        elif kind == "bye":
-            byes[who] = head
-        elif kind != "hello":
-            log.warning("fedoptima server: unknown message type %r from %s ignored", kind, who)
+        elif isinstance(msg, DeviceModel):
+            sched.put(ModelUpdate(who, _split_models(arrays), msg.version))
+        elif isinstance(msg, DeviceBye):
+            byes[who] = msg.stats
     except (SchedulerError, KeyError, ValueError, TypeError) as exc:
-        log.warning("fedoptima server: message %r from %s refused: %s", kind, who, exc)
+        log.warning("fedoptima server: message %r from %s refused: %s", msg.TYPE, who, exc)
 
 
 def run_device(ep: Endpoint, server: tuple[str, int], index: int, num_devices: int, task: Task,
@@ -285,38 +297,41 @@ def run_device(ep: Endpoint, server: tuple[str, int], index: int, num_devices: i
     import paddle
 
     ch = ep.channel(server[0], server[1], CHANNEL)
-    ch.send(pack({"type": "hello", "flops_per_s": info.flops_per_s,
-                  "bandwidth_bytes_per_s": info.bandwidth_bytes_per_s}), lane="control")
+    ch.send(pack_message(DeviceHello(flops_per_s=info.flops_per_s, bandwidth_bytes_per_s=info.bandwidth_bytes_per_s)),
+            lane="control")
     try:
-        head, arrays = unpack(ch.recv_parts(timeout_s=spec.join_timeout_s * 2), "server")
+        init, arrays = unpack_message(ch.recv_parts(timeout_s=spec.join_timeout_s * 2), TO_DEVICE, "server")
     except TimeoutError:
         raise FedOptimaError(f"the server sent no INIT within {spec.join_timeout_s * 2} s; is it running "
                              f"as {server[0]}/{server[1]} of this job?") from None
-    if head.get("type") != "init":
-        raise FedOptimaError(f"expected INIT from the server, got {head.get('type')!r}")
+    if not isinstance(init, Init):
+        raise FedOptimaError(f"expected INIT from the server, got {init.TYPE!r}")
     layers = task.layers()
-    dev_net, _ = split_model(layers, int(head["split"]))
+    dev_net, _ = split_model(layers, init.split)
     aux = default_auxiliary(list(dev_net), paddle.to_tensor(task.sample()), task.num_classes)
     trainer = DeviceTrainer(dev_net, aux, lr=spec.lr_device)
     trainer.load(*_split_models(arrays))
-    version = int(head["version"])
+    version = init.version
     slow = spec.slowdown_of(index)
     data = task.batches(index, num_devices)
     stats = {"idle_s": 0.0, "busy_s": 0.0, "iterations": 0, "sent_batches": 0, "rounds": 0}
     granted, stopped = False, False
     t0 = time.monotonic()
 
-    def poll(timeout_s: float) -> tuple[dict, dict] | None:
+    def poll(timeout_s: float) -> tuple[Any, dict] | None:
         nonlocal granted, stopped
         try:
-            h, a = unpack(ch.recv_parts(timeout_s=timeout_s), "server")
+            m, a = unpack_message(ch.recv_parts(timeout_s=timeout_s), TO_DEVICE, "server")
         except TimeoutError:
             return None
-        if h["type"] == "grant":
+        except ProtocolError as exc:
+            log.warning("fedoptima device: %s; ignored", exc)
+            return None
+        if isinstance(m, Grant):
             granted = True
-        elif h["type"] == "stop":
+        elif isinstance(m, Stop):
             stopped = True
-        return h, a
+        return m, a
 
     for _ in range(max_local_rounds):
         for _ in range(spec.local_iterations):
@@ -335,29 +350,29 @@ def run_device(ep: Endpoint, server: tuple[str, int], index: int, num_devices: i
             while poll(0.0) is not None:  # the Sender Status after the iteration: a grant may have come in
                 pass
             if granted and not stopped:  # the Sender is on: send, then switch it off until the next grant
-                ch.send(pack({"type": "act"}, {"h": h, "y": np.asarray(y, np.int64)}), lane="activation")
+                ch.send(pack_message(Activations(), {"h": h, "y": np.asarray(y, np.int64)}), lane="activation")
                 granted = False
                 stats["sent_batches"] += 1
         if stopped:
             break
         dstate, astate = trainer.models()
-        ch.send(pack({"type": "model", "version": version}, {**_prefix("d.", dstate), **_prefix("a.", astate)}),
+        ch.send(pack_message(DeviceModel(version=version), {**_prefix("d.", dstate), **_prefix("a.", astate)}),
                 lane="bulk")
         got, w0 = None, time.monotonic()
         while not stopped and time.monotonic() - w0 < spec.global_timeout_s:
             r = poll(min(0.5, spec.global_timeout_s))
-            if r is not None and r[0]["type"] == "global":
+            if r is not None and isinstance(r[0], AggregatedModel):
                 got = r
                 break
         stats["wait_global_s"] = stats.get("wait_global_s", 0.0) + time.monotonic() - w0
         if got is not None:
             trainer.load(*_split_models(got[1]))
-            version = int(got[0]["version"])
+            version = got[0].version
             stats["rounds"] += 1
         if stopped:
             break
     stats["wall_s"] = time.monotonic() - t0
     stats["idle_s"] = max(0.0, stats["wall_s"] - stats["busy_s"])  # every second not spent training
-    ch.send(pack({"type": "bye", **stats}), lane="control")
+    ch.send(pack_message(DeviceBye(stats=stats)), lane="control")
     ep.flush(timeout_s=10)
     return stats

@@ -14,12 +14,12 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["LayerProfile", "DeviceInfo", "profile_layers", "split_point", "check_split", "split_costs",
+__all__ = ["LayerCostPerSample", "DeviceInfo", "profile_layers", "split_point", "check_split", "split_costs",
            "measure_flops_per_s"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class LayerProfile:
+class LayerCostPerSample:
     """One layer's forward FLOPs and output size per sample."""
 
     flops: float
@@ -75,7 +75,7 @@ def _block_flops(layer, x):
     return total[0], y
 
 
-def profile_layers(layers: Sequence, sample) -> list[LayerProfile]:
+def profile_layers(layers: Sequence, sample) -> list[LayerCostPerSample]:
     """Forward FLOPs and output bytes per sample of each layer, by running `sample` (a batch) through them."""
     import paddle
 
@@ -84,7 +84,7 @@ def profile_layers(layers: Sequence, sample) -> list[LayerProfile]:
     with paddle.no_grad():
         for layer in layers:
             flops, y = _block_flops(layer, x)
-            out.append(LayerProfile(flops=flops, output_bytes=int(np.prod(y.shape[1:])) * y.element_size()))
+            out.append(LayerCostPerSample(flops=flops, output_bytes=int(np.prod(y.shape[1:])) * y.element_size()))
             x = y
     return out
 
@@ -101,7 +101,7 @@ def check_split(split: int, num_layers: int) -> int:
     return int(split)
 
 
-def split_costs(profile: Sequence[LayerProfile], devices: Sequence[DeviceInfo]) -> list[float]:
+def split_costs(profile: Sequence[LayerCostPerSample], devices: Sequence[DeviceInfo]) -> list[float]:
     """Slowest device's t_train + t_transfer per sample for each split l = 1 .. L-1 (index l-1)."""
     if not devices:
         raise ValueError("no device information; every device reports its FLOP/s and bandwidth first")
@@ -113,7 +113,7 @@ def split_costs(profile: Sequence[LayerProfile], devices: Sequence[DeviceInfo]) 
     return costs
 
 
-def split_point(profile: Sequence[LayerProfile], devices: Sequence[DeviceInfo]) -> int:
+def split_point(profile: Sequence[LayerCostPerSample], devices: Sequence[DeviceInfo]) -> int:
     """The pre-processor's split point: layers 0 .. l-1 on the devices, the rest on the server."""
     check_split(1, len(profile))
     costs = split_costs(profile, devices)

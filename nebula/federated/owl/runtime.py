@@ -21,7 +21,8 @@ import numpy as np
 
 from nebula.channel import ChannelError, Endpoint
 from nebula.federated.aggregate import fedavg
-from nebula.federated.fedoptima.messages import MessageError, pack, unpack
+from nebula.federated.owl.messages import TO_SERVER, TO_WORKER, Group, GroupPull, OwlUpdate, Plan, Stop
+from nebula.federated.protocol import ProtocolError, decode, pack_message, unpack, unpack_message
 from nebula.federated.owl.config import OwlSpec
 from nebula.federated.owl.deploy import SERVER, DeploySetting, Pull, centralized, deploy
 from nebula.federated.owl.grouping import group_branches
@@ -111,9 +112,23 @@ def _receive(ch, who, inbox: queue.Queue, stop: threading.Event) -> None:
                 return
             continue
         try:
-            inbox.put((who, *unpack(parts, str(who))))
-        except MessageError as exc:
+            inbox.put((who, *unpack(parts, str(who))))  # (decoded where it is handled: the family is the role's)
+        except ProtocolError as exc:
             inbox.put((who, None, exc))
+
+
+def _decoded(who, head: dict | None, arrays, family, role: str, quiet: bool = False):  # noqa: ANN001,ANN202
+    """The typed message of a received header (None: a receive error or a malformed header, logged)."""
+    if head is None:
+        if not quiet:
+            log.warning("%s: from %s: %s", role, who, arrays)
+        return None
+    try:
+        return decode(head, family)
+    except ProtocolError as exc:
+        if not quiet:
+            log.warning("%s: message from %s refused: %s", role, who, exc)
+        return None
 
 
 def _start_receivers(chans: dict, inbox: queue.Queue, stop: threading.Event) -> list[threading.Thread]:
@@ -152,11 +167,11 @@ def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec:
         # and one update per cluster crosses the WAN; with combine=server every worker sends its own
         combiners = {c: (c, r) for c, r in reversed(workers)}
         senders = set(combiners.values()) if spec.combine == "cluster" else set(workers)
-        plan = {"type": "plan", "workers": [f"{c}/{r}" for c, r in workers], "combine": spec.combine,
-                "groups": [list(g) for g in setting.groups],
-                "pulls": [[[p.group, p.source] for p in ps] for ps in setting.pulls], "rounds": spec.rounds}
+        plan = Plan(workers=tuple(f"{c}/{r}" for c, r in workers), combine=spec.combine,
+                    groups=tuple(tuple(g) for g in setting.groups),
+                    pulls=tuple(tuple((p.group, p.source) for p in ps) for ps in setting.pulls), rounds=spec.rounds)
         for ch in chans.values():
-            ch.send(pack(plan), lane="control")
+            ch.send(pack_message(plan), lane="control")
         weights = {k: v.numpy().copy() for k, v in model.state_dict().items()}
         for rnd in range(spec.rounds):
             if rnd and should_stop is not None and should_stop():
@@ -165,7 +180,7 @@ def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec:
             egress = 0
 
             def send_group(g: int, w: tuple[str, int]) -> int:
-                parts = pack({"type": "group", "round": rnd, "group": g}, {k: weights[k] for k in group_keys[g]})
+                parts = pack_message(Group(round=rnd, group=g), {k: weights[k] for k in group_keys[g]})
                 chans[w].send(parts, lane="bulk")
                 return _nbytes(parts)
 
@@ -179,14 +194,13 @@ def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec:
                     who, head, arrays = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
                 except queue.Empty:
                     break
-                if head is None:
-                    log.warning("owl server: from %s: %s", who, arrays)
-                elif head.get("type") == "update" and head.get("round") == rnd:
-                    updates[who] = (arrays, int(head["num_examples"]))
-                    counts[who] = int(head.get("num_updates", 1))
-                elif head.get("type") == "pull" and head.get("round") == rnd:
-                    for g in head.get("groups", []):
-                        egress += send_group(int(g), who)
+                msg = _decoded(who, head, arrays, TO_SERVER, "owl server")
+                if isinstance(msg, OwlUpdate) and msg.round == rnd:
+                    updates[who] = (arrays, msg.num_examples)
+                    counts[who] = msg.num_updates
+                elif isinstance(msg, GroupPull) and msg.round == rnd:
+                    for g in msg.groups:
+                        egress += send_group(g, who)
                         res.pulls_served += 1
             if not updates:
                 raise OwlError(f"round {rnd}: no worker sent an update within round_timeout_s={spec.round_timeout_s}")
@@ -202,7 +216,7 @@ def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec:
             res.updates.append(sum(counts.values()))
             res.wan_updates.append(len(updates))
         for ch in chans.values():
-            ch.send(pack({"type": "stop"}), lane="control")
+            ch.send(pack_message(Stop()), lane="control")
         model.set_state_dict({k: paddle.to_tensor(v) for k, v in weights.items()})
         res.accuracy = _accuracy(model, x_test, y_test)
         ep.flush(timeout_s=10)
@@ -220,16 +234,18 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
 
     srv = ep.channel(server[0], server[1], CHANNEL)
     try:
-        head, _ = unpack(srv.recv_parts(timeout_s=spec.round_timeout_s), "server")
+        plan, _ = unpack_message(srv.recv_parts(timeout_s=spec.round_timeout_s), TO_WORKER, "server")
     except TimeoutError:
         raise OwlError(f"no plan from the server {server[0]}/{server[1]} within {spec.round_timeout_s} s") from None
-    names = [tuple(w.split("/")) for w in head["workers"]]
+    if not isinstance(plan, Plan):
+        raise OwlError(f"expected the plan from the server, got {plan.TYPE!r}")
+    names = [tuple(w.split("/")) for w in plan.workers]
     peers = [(c, int(r)) for c, r in names]
     me = peers.index((ep.cluster, ep.rank))
-    groups = [list(g) for g in head["groups"]]
-    pulls = [[tuple(p) for p in ps] for ps in head["pulls"]]
+    groups = [list(g) for g in plan.groups]
+    pulls = [list(ps) for ps in plan.pulls]
     serves = [(g, w) for w, ps in enumerate(pulls) for g, src in ps if src == me]
-    if head.get("combine", "server") == "cluster":
+    if plan.combine == "cluster":
         combiner = min(i for i, p in enumerate(peers) if p[0] == ep.cluster)
         members = [i for i, p in enumerate(peers) if p[0] == ep.cluster and i != me] if combiner == me else []
     else:
@@ -254,14 +270,13 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
 
             def handle(who, h, arrays) -> None:
                 nonlocal stopped
-                if h is None:
-                    log.warning("owl worker %d: from %s: %s", me, who, arrays)
-                elif h["type"] == "stop":
+                msg = _decoded(who, h, arrays, TO_WORKER, f"owl worker {me}")
+                if isinstance(msg, Stop):
                     stopped = True
-                elif h["type"] == "update" and h["round"] == rnd:
-                    peer_updates[who] = (arrays, int(h["num_examples"]))
-                elif h["type"] == "group" and h["round"] == rnd:
-                    g = int(h["group"])
+                elif isinstance(msg, OwlUpdate) and msg.round == rnd:
+                    peer_updates[who] = (arrays, msg.num_examples)
+                elif isinstance(msg, Group) and msg.round == rnd:
+                    g = msg.group
                     if set(groups[g]) <= arrived:
                         return  # a group pulled from the server after all, and the peer's copy came too
                     t_first[0] = t_first[0] or time.monotonic()
@@ -271,7 +286,7 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
                     arrived.update(groups[g])
                     for gg, w in serves:
                         if gg == g:
-                            parts = pack({"type": "group", "round": rnd, "group": g}, arrays)
+                            parts = pack_message(Group(round=rnd, group=g), arrays)
                             chans[w].send(parts, lane="bulk")
                             stats["forwarded_bytes"] += _nbytes(parts)
                     if len(arrived) == len(branches):
@@ -284,7 +299,7 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
                     handle(*inbox.get(timeout=spec.peer_timeout_s))
                 except queue.Empty:  # a peer is late: pull what is missing from the server (the fallback)
                     missing = [g for g, members in enumerate(groups) if not set(members) <= arrived]
-                    srv.send(pack({"type": "pull", "round": rnd, "groups": missing}), lane="control")
+                    srv.send(pack_message(GroupPull(round=rnd, groups=tuple(missing))), lane="control")
                     stats["pulled"] += len(missing)
                 if stopped:
                     raise OwlError("stopped")
@@ -313,7 +328,7 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
             stats["dist_s"].append(t_first[1])
             state = {k: v.numpy() for k, v in model.state_dict().items()}
             if combiner is not None and combiner != me:  # to the cluster's combiner, over the cluster-local path
-                chans[combiner].send(pack({"type": "update", "round": rnd, "num_examples": n}, state), lane="bulk")
+                chans[combiner].send(pack_message(OwlUpdate(round=rnd, num_examples=n), state), lane="bulk")
             else:
                 num = 1
                 if members:  # the combiner: average the cluster's updates, one message crosses the WAN
@@ -325,8 +340,7 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
                             break
                     got = [(state, n)] + [peer_updates[w] for w in sorted(peer_updates)]
                     state, n, num = fedavg(got), sum(c for _, c in got), len(got)
-                srv.send(pack({"type": "update", "round": rnd, "num_examples": n, "num_updates": num}, state),
-                         lane="bulk")
+                srv.send(pack_message(OwlUpdate(round=rnd, num_examples=n, num_updates=num), state), lane="bulk")
             stats["rounds"] += 1
             rnd += 1
             try:  # the next round's first group (kept for the next pass), or STOP
@@ -334,7 +348,7 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
             except queue.Empty:
                 raise OwlError(f"worker {me}: nothing from the server or peers within "
                                f"round_timeout_s={spec.round_timeout_s}") from None
-            if item[1] is not None and item[1].get("type") == "stop":
+            if isinstance(_decoded(*item, TO_WORKER, f"owl worker {me}", quiet=True), Stop):
                 stopped = True
             else:
                 early.append(item)

@@ -1,0 +1,185 @@
+"""All-clusters weighted mean over the switch servers: one leader rank per cluster, every leader gets the same mean.
+
+The spine's aggregation runs through a reducer (FEDn's rounds); cross-cluster data parallelism needs the symmetric
+primitive instead: each leader sends its tensors, encoded with the job's codec, to every other leader over its
+`nebula.federated.transport.Messenger` and folds every cluster's decoded tensors, in job order, into a
+`nebula.federated.aggregate.RunningMean`. Because every leader decodes the same bytes (its own included) in the same
+order, all of them hold bitwise the same mean without a second broadcast. With two clusters this is also the
+fewest bytes: each link carries one encoded model each way per mean.
+
+`agree()` is the start-up handshake: the leaders exchange their initial models (the bulk lane, in pieces), refuse
+a cluster whose model differs in keys, shapes or dtypes (naming the tensor), and all adopt the first cluster's
+weights so that every replica starts from the same point; they also exchange the steps of their checkpoints, so a
+restarted job resumes from the newest step every cluster holds.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from nebula.channel import ChannelError, Endpoint
+from nebula.compress import Codec, decode_from_frames, encode_to_frames, get_codec
+from nebula.federated.aggregate import RunningMean, check_update
+from nebula.federated.protocol import MessageFamily, Malformed, Message
+from nebula.federated.transport import Messenger, Peer
+
+__all__ = ["ClusterMean", "ClusterLost", "ModelMismatch", "TO_LEADER", "LeaderHello", "MeanShare"]
+
+log = logging.getLogger(__name__)
+TO_LEADER = MessageFamily("data-parallel leader")  # what one cluster's leader sends another's
+
+
+@TO_LEADER.message("hello")
+class LeaderHello(Message):
+    """The start-up handshake: the leader's cluster, the settings that must match, its checkpoint steps and run
+    (its initial model follows)."""
+
+    cluster: str
+    plan: dict[str, Any]
+    checkpoints: tuple[int, ...] = ()
+    run: str
+
+
+@TO_LEADER.message("mean")
+class MeanShare(Message):
+    """One leader's share of mean number `seq`: its example count and the byte size of each encoded tensor (the
+    tensors follow as one payload)."""
+
+    run: str
+    seq: int
+    num_examples: int
+    sizes: tuple[tuple[str, int], ...]
+
+
+class ClusterLost(RuntimeError):
+    """A peer cluster's leader stayed silent (or unreachable) past the timeout."""
+
+    def __init__(self, cluster: str, message: str) -> None:
+        super().__init__(message)
+        self.cluster = cluster
+
+
+class ModelMismatch(ValueError):
+    """Two clusters hold models (or plans) that cannot be averaged; the message names what differs."""
+
+
+class ClusterMean:
+    """The leader of `cluster` among `clusters` (job order): `agree()` once, then `mean()` as often as needed."""
+
+    def __init__(self, ep: Endpoint, clusters: list[str], *, rank: int = 0, codec: str = "none",
+                 timeout_s: float = 120.0, startup_timeout_s: float = 600.0) -> None:
+        self.mb = Messenger(ep, inbox=TO_LEADER)
+        self.me = ep.cluster
+        self.order = list(clusters)
+        if self.me not in self.order:
+            raise ValueError(f"cluster {self.me!r} is not one of {self.order}")
+        self.peers = [Peer(c, rank) for c in self.order if c != self.me]
+        self.spec = codec
+        self._codecs: dict[str, Codec] = {}  # one per tensor: ef residuals and low-rank warm starts are per tensor
+        self.timeout_s, self.startup_timeout_s = timeout_s, startup_timeout_s
+        self.num_means = 0
+        # this leader's run and each peer's, from the handshake: every mean names its run, so a message that an
+        # earlier run of a peer sent before a restart (kept by a switch for this rank) is refused, not averaged
+        self.run = secrets.token_hex(8)
+        self.peer_runs: dict[str, str] = {}
+
+    @property
+    def sent_bytes(self) -> int:
+        """Every byte this leader has sent to the other clusters (headers, models, encoded tensors)."""
+        return sum(self.mb.sent_bytes.values())
+
+    def _recv(self, peer: Peer, timeout_s: float, what: str) -> tuple[Message, Any]:
+        try:
+            return self.mb.recv(peer, timeout_s)
+        except (TimeoutError, ChannelError) as exc:
+            raise ClusterLost(peer.cluster, f"cluster {peer.cluster} sent no {what} within {timeout_s:g} s "
+                              f"({type(exc).__name__}: {exc}); it stopped or its link is down: restart every "
+                              "cluster of the job") from None
+
+    def agree(self, weights: Mapping[str, np.ndarray], plan: Mapping[str, Any],
+              checkpoints: Sequence[int] = ()) -> tuple[dict[str, np.ndarray], int]:
+        """Exchange initial models, `plan` (settings that must match) and the steps of the checkpoints each leader
+        holds with every other leader: (the first cluster's weights, the newest checkpoint step every cluster
+        holds, -1 if none). ModelMismatch names the tensor or setting that differs, ClusterLost a silent peer."""
+        weights = {k: np.ascontiguousarray(v) for k, v in weights.items()}
+        common = {int(s) for s in checkpoints}
+        hello = LeaderHello(cluster=self.me, plan=dict(plan), checkpoints=tuple(sorted(common)), run=self.run)
+        for p in self.peers:
+            self.mb.send_model(p, hello, weights)
+        models = {self.me: weights}
+        for p in self.peers:
+            got, _ = self._recv(p, self.startup_timeout_s, "start-up handshake")
+            if not isinstance(got, LeaderHello):
+                what = got.reason if isinstance(got, Malformed) else got.TYPE
+                raise ModelMismatch(f"cluster {p.cluster}: expected its start-up handshake, got {what!r}")
+            if got.plan != dict(plan):
+                diff = sorted(k for k in set(plan) | set(got.plan) if got.plan.get(k) != plan.get(k))
+                raise ModelMismatch(f"cluster {p.cluster} runs with different settings ({', '.join(diff)}: "
+                                    f"{ {k: got.plan.get(k) for k in diff} } there, { {k: plan.get(k) for k in diff} } "
+                                    f"in {self.me}); start every cluster with the same job file")
+            try:  # the peer is up (its hello came): pieces that stop coming mean it is lost, not slow to start
+                theirs = self.mb.recv_model(p, got, self.timeout_s)
+            except TimeoutError as exc:
+                raise ClusterLost(p.cluster, f"cluster {p.cluster}'s initial model stopped arriving: {exc}") from None
+            except ValueError as exc:
+                raise ModelMismatch(f"cluster {p.cluster}'s model cannot be read: {exc}") from None
+            try:
+                check_update(theirs, 1, f"cluster {p.cluster}'s model", like=weights)
+            except ValueError as exc:
+                raise ModelMismatch(f"{exc} (cluster {self.me} builds it differently); every cluster must build "
+                                    "the same model: start them with the same job file and recipe") from None
+            models[p.cluster] = theirs
+            self.peer_runs[p.cluster] = got.run
+            common &= set(got.checkpoints)
+        return {k: np.array(v) for k, v in models[self.order[0]].items()}, max(common, default=-1)
+
+    def _codec(self, name: str) -> Codec:
+        c = self._codecs.get(name)
+        if c is None:
+            c = self._codecs[name] = get_codec(self.spec)
+        return c
+
+    def mean(self, tensors: Mapping[str, np.ndarray], num_examples: int) -> dict[str, np.ndarray]:
+        """The mean of every cluster's `tensors`, weighted by their `num_examples`, identical on every leader."""
+        self.num_means += 1
+        blobs = {k: b"".join(bytes(f) for f in encode_to_frames(self._codec(k), np.ascontiguousarray(v)))
+                 for k, v in tensors.items()}
+        share = MeanShare(run=self.run, seq=self.num_means, num_examples=int(num_examples),
+                          sizes=tuple((k, len(b)) for k, b in blobs.items()))
+        payload = b"".join(blobs.values())
+        for p in self.peers:
+            self.mb.send(p, share, payload, lane="bulk")
+        got = {self.me: (share, memoryview(payload))}
+        for p in self.peers:
+            m, body = self._recv(p, self.timeout_s, f"tensors for mean {self.num_means}")
+            if isinstance(m, MeanShare) and p.cluster in self.peer_runs and m.run != self.peer_runs[p.cluster]:
+                raise ModelMismatch(f"cluster {p.cluster} delivered mean #{m.seq} of an earlier run (a message "
+                                    "its leader sent before a restart, kept for this rank); restart every cluster of "
+                                    "the job: they resume from the last common checkpoint")
+            if not isinstance(m, MeanShare) or m.seq != self.num_means:
+                what = f"{m.TYPE!r} #{getattr(m, 'seq', None)}" if not isinstance(m, Malformed) else m.reason
+                raise ModelMismatch(f"cluster {p.cluster} sent {what} while {self.me} waits for mean "
+                                    f"#{self.num_means}; the clusters are out of step: restart every cluster with "
+                                    "the same job file")
+            got[p.cluster] = (m, body if body is not None else memoryview(b""))
+        acc = RunningMean(like=tensors)
+        for c in self.order:  # the same order on every leader: the same floating-point sums
+            m, body = got[c]
+            acc.add(_unpack(m, body, c), m.num_examples, who=f"cluster {c}")
+        return acc.result()
+
+
+def _unpack(share: MeanShare, body: memoryview, cluster: str) -> dict[str, np.ndarray]:
+    out, off = {}, 0
+    try:
+        for name, size in share.sizes:
+            out[str(name)] = decode_from_frames([body[off: off + int(size)]], like="numpy")
+            off += int(size)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelMismatch(f"cluster {cluster}: malformed tensors ({exc})") from None
+    if off != len(body):
+        raise ModelMismatch(f"cluster {cluster}: {len(body) - off} bytes beyond the tensors its header lists")
+    return out

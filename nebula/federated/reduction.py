@@ -1,0 +1,91 @@
+"""One synchronous round at the controller as pure state: the combiners' partials folded into the reducer's mean, what
+they reported (clients, refusals, metrics), and whether the round counts. No sockets: `Controller._round` does the
+I/O around it (the model out, partials and their pieces in, the trail and the audit log)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from nebula.federated.aggregate import RunningMean
+from nebula.federated.config import ValiditySpec
+from nebula.federated.messages import Partial
+
+__all__ = ["Reduction"]
+
+Weights = dict[str, np.ndarray]
+
+
+class Reduction:
+    """The round's reduce from model `weights`: `coded` when the combiners average the clients' changes (an update
+    codec) rather than their weights; `expected_examples`: what the asked clients hold."""
+
+    def __init__(self, weights: Weights, *, coded: bool, update_codec: str, validity: ValiditySpec,
+                 expected_examples: int) -> None:
+        self.weights, self.coded, self.update_codec = weights, coded, update_codec
+        self.validity, self.expected_examples = validity, expected_examples
+        self.mean = RunningMean(weights)
+        self.num_updates, self.update_bytes, self.norm_max, self.eval_examples = 0, 0, 0.0, 0
+        self.clients: list[str] = []
+        self.rejected: list[dict[str, Any]] = []
+        self.missing: list[str] = []
+        self.lost: list[str] = []  # combiners whose partial never came or broke off
+        self.metric_sums: dict[str, float] = {}
+        self.broken = False  # a half-folded partial cannot be taken out again: the round is invalid
+
+    def refusal(self, p: Partial) -> str | None:
+        """Why a partial cannot be folded (it averages what the job does not), or None."""
+        if p.delta != self.coded:
+            return (f"partial is {'a change' if p.delta else 'weights'}, the job's update_codec="
+                    f"{self.update_codec!r} makes it {'a change' if self.coded else 'weights'}")
+        return None
+
+    def begin(self, p: Partial, who: str) -> None:
+        """Its pieces come next (each to `self.mean.add_part`)."""
+        if p.num_updates:
+            self.mean.begin(p.num_examples, who)
+
+    def lose(self, combiner: str, broken: bool = False, clients: list[str] | None = None) -> None:
+        """A combiner's partial did not come (its `clients` are missing) or broke off mid-transfer (`broken`)."""
+        self.lost.append(combiner)
+        self.missing += clients or []
+        self.broken = self.broken or broken
+
+    def take(self, p: Partial) -> None:
+        """A partial folded whole: its counts, clients, refusals and evaluation metrics."""
+        self.num_updates += p.num_updates
+        self.update_bytes += p.update_bytes
+        self.norm_max = max(self.norm_max, p.update_norm_max)
+        self.clients += p.clients
+        self.rejected += p.rejected
+        self.missing += p.missing
+        for k, v in p.metrics.items():
+            self.metric_sums[k] = self.metric_sums.get(k, 0.0) + float(v) * p.eval_examples
+        self.eval_examples += p.eval_examples
+
+    @property
+    def num_examples(self) -> int:
+        return self.mean.num_examples
+
+    def metrics(self) -> dict[str, float]:
+        """The clients' evaluation of the round's model (the parent of the next), weighted by eval examples."""
+        if not self.eval_examples:
+            return {}
+        return {f"parent_{k}": v / self.eval_examples for k, v in self.metric_sums.items()}
+
+    def invalid(self) -> str | None:
+        """Why the round does not count (a broken partial, too few updates or examples), or None."""
+        if self.broken:
+            return "a partial model broke off mid-transfer"
+        v = self.validity
+        if self.num_updates < v.min_updates:
+            return f"{self.num_updates} updates < validity.min_updates={v.min_updates}"
+        if self.expected_examples and self.num_examples < v.min_fraction_examples * self.expected_examples:
+            return (f"{self.num_examples} examples < validity.min_fraction_examples={v.min_fraction_examples} of "
+                    f"{self.expected_examples} expected")
+        return None
+
+    def result(self) -> Weights:
+        """The example-weighted mean of the partials, as weights (a coded round's mean change added to the model)."""
+        mean = self.mean.result()
+        return {k: self.weights[k] + mean[k] for k in self.weights} if self.coded else mean

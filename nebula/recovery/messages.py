@@ -1,0 +1,162 @@
+"""The recovery agreement's messages, as frozen dataclasses, with one encoder and one decoder.
+
+A cluster's *incarnation* is (count, nonce): count is the number of times the cluster was launched (kept on its own
+disk, never a clock), the nonce a random number drawn at launch that tells apart two launches that read the same
+count. A *round* is (epoch, view): epoch counts the recoveries begun, the view holds the newest incarnation known of
+every cluster, in the job's cluster order. Every message names its round; a round only grows (epoch by max, view by
+the newer incarnation of each cluster), so a message of an older round or of an older incarnation is recognised as
+such by every receiver.
+
+    Holdings(job, sender, round, steps)   "I stopped at my boundary; these are my committed, verified checkpoints"
+    Decided(job, sender, round, step)     "with everyone's holdings of this round, the newest common step is this"
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Union
+
+__all__ = ["RecoveryRefused", "Incarnation", "UNKNOWN", "Round", "Holdings", "Decided", "Message", "encode", "decode",
+           "MAX_STEPS", "MAX_BYTES"]
+
+MAX_STEPS = 1024  # steps one cluster may report (it keeps checkpoint.keep of them)
+MAX_STEP = (1 << 62) - 1
+MAX_COUNT = (1 << 62) - 1
+MAX_NONCE = (1 << 63) - 1
+MAX_BYTES = 64 * 1024  # a message of 64 clusters and 1024 steps is about 20 KB
+MAX_CLUSTERS = 64
+
+
+class RecoveryRefused(ValueError):
+    """A recovery message that does not follow the protocol; the text names the field and the value."""
+
+
+def _int(v: Any, what: str, lo: int, hi: int) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise RecoveryRefused(f"{what} must be an integer in [{lo}, {hi}], got {v!r:.40}")
+    return v
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Incarnation:
+    """One launch of a cluster; later launches compare greater (count first, then nonce)."""
+
+    count: int  # launches of the cluster so far; 0: not known yet
+    nonce: int  # random, drawn at launch
+
+    def __post_init__(self) -> None:
+        _int(self.count, "incarnation count", 0, MAX_COUNT)
+        _int(self.nonce, "incarnation nonce", 0, MAX_NONCE)
+
+
+UNKNOWN = Incarnation(0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """A recovery round: the recoveries begun so far and the newest known incarnation of each cluster."""
+
+    epoch: int
+    view: tuple[Incarnation, ...]
+
+    def __post_init__(self) -> None:
+        _int(self.epoch, "round epoch", 0, MAX_COUNT)
+        if not 1 <= len(self.view) <= MAX_CLUSTERS or not all(isinstance(i, Incarnation) for i in self.view):
+            raise RecoveryRefused(f"round view must hold 1 to {MAX_CLUSTERS} incarnations")
+
+    def merge(self, other: Round) -> Round:
+        """The round that follows both: the larger epoch, the newer incarnation of each cluster."""
+        if len(other.view) != len(self.view):
+            raise RecoveryRefused(f"round view of {len(other.view)} clusters, expected {len(self.view)}")
+        return Round(max(self.epoch, other.epoch), tuple(max(a, b) for a, b in zip(self.view, other.view)))
+
+    def with_incarnation(self, index: int, inc: Incarnation) -> Round:
+        return Round(self.epoch, self.view[:index] + (inc,) + self.view[index + 1:])
+
+
+@dataclass(frozen=True, slots=True)
+class Holdings:
+    """A cluster stopped at its step boundary in `round` and holds checkpoints of `steps` (ascending)."""
+
+    job: str
+    sender: str
+    round: Round
+    steps: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.steps) > MAX_STEPS:
+            raise RecoveryRefused(f"holdings of {self.sender} list {len(self.steps)} steps, at most {MAX_STEPS}")
+        for s in self.steps:
+            _int(s, "holdings step", 0, MAX_STEP)
+        if any(a >= b for a, b in zip(self.steps, self.steps[1:])):
+            raise RecoveryRefused(f"holdings steps of {self.sender} must be strictly ascending")
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """The newest step every cluster holds in `round`, as `sender` computed it (-1: none, start from scratch)."""
+
+    job: str
+    sender: str
+    round: Round
+    step: int
+
+    def __post_init__(self) -> None:
+        _int(self.step, "decided step", -1, MAX_STEP)
+
+
+Message = Union[Holdings, Decided]
+
+
+def encode(msg: Message, clusters: tuple[str, ...]) -> bytes:
+    """The message as compact JSON (the view as [count, nonce] pairs in the job's cluster order)."""
+    doc: dict[str, Any] = {"type": "holdings" if isinstance(msg, Holdings) else "decided", "job": msg.job,
+                           "sender": msg.sender, "epoch": msg.round.epoch,
+                           "view": [[i.count, i.nonce] for i in msg.round.view]}
+    if len(msg.round.view) != len(clusters):
+        raise ValueError(f"round of {len(msg.round.view)} clusters for a job of {len(clusters)}")
+    if isinstance(msg, Holdings):
+        doc["steps"] = list(msg.steps)
+    else:
+        doc["step"] = msg.step
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+_KEYS = {"holdings": {"type", "job", "sender", "epoch", "view", "steps"},
+         "decided": {"type", "job", "sender", "epoch", "view", "step"}}
+
+
+def decode(data: bytes, *, job: str, clusters: tuple[str, ...], sender: str) -> Message:
+    """A message from cluster `sender` (as the switch authenticated it) of `job`; RecoveryRefused names what is
+    wrong: size, JSON, type, keys, job, sender, view length, a sender that does not know its own incarnation."""
+    if sender not in clusters:
+        raise RecoveryRefused(f"recovery message from cluster {sender!r:.80}, which is not one of {list(clusters)}")
+    if len(data) > MAX_BYTES:
+        raise RecoveryRefused(f"recovery message of {len(data)} bytes from {sender}, at most {MAX_BYTES}")
+    try:
+        doc = json.loads(bytes(data))
+    except ValueError:
+        raise RecoveryRefused(f"recovery message from {sender} is not JSON") from None
+    if not isinstance(doc, dict) or doc.get("type") not in _KEYS:
+        raise RecoveryRefused(f"recovery message from {sender} has no known type (holdings, decided)")
+    keys = set(doc)
+    if keys != _KEYS[doc["type"]]:
+        raise RecoveryRefused(f"recovery {doc['type']} from {sender}: keys {sorted(keys ^ _KEYS[doc['type']])} "
+                              "are unexpected or missing")
+    if doc["job"] != job:
+        raise RecoveryRefused(f"recovery message from {sender} is for job {doc['job']!r:.80}, this is {job!r}")
+    if doc["sender"] != sender:
+        raise RecoveryRefused(f"recovery message from cluster {sender} names sender {doc['sender']!r:.80}")
+    view = doc["view"]
+    if not isinstance(view, list) or len(view) != len(clusters) or not all(
+            isinstance(p, list) and len(p) == 2 for p in view):
+        raise RecoveryRefused(f"recovery message from {sender}: view must be {len(clusters)} [count, nonce] pairs")
+    rnd = Round(_int(doc["epoch"], "epoch", 0, MAX_COUNT), tuple(Incarnation(c, n) for c, n in view))
+    if rnd.view[clusters.index(sender)].count < 1:
+        raise RecoveryRefused(f"recovery message from {sender} does not name its own incarnation")
+    if doc["type"] == "holdings":
+        steps = doc["steps"]
+        if not isinstance(steps, list):
+            raise RecoveryRefused(f"recovery holdings from {sender}: steps must be a list")
+        return Holdings(job, sender, rnd, tuple(steps))
+    return Decided(job, sender, rnd, doc["step"])

@@ -1,0 +1,160 @@
+"""A switch's start-up binds and its reloads: what an operator sees when a port is taken, a reload is refused, or the
+federation revoked the switch's own certificate.
+
+`bind` turns a taken or foreign address into one line naming the config key, the address and the fix. `reload`
+(SIGHUP, `nebula-switch reload`) applies a changed switch.yaml, certificates and CRL without dropping healthy
+sessions, or refuses and keeps the running configuration; its outcome is recorded for `nebula-switch reload` to
+report. A switch whose own certificate appears in its CRL stops (`own_certificate_revoked`): every peer refuses it.
+"""
+from __future__ import annotations
+
+__all__ = ["bind", "bind_error", "check_own_certificate", "reload", "reload_crl"]
+
+import asyncio
+import errno
+import logging
+import socket
+import time
+from typing import Any, Callable
+
+import zmq
+
+from nebula.config import ConfigError, split_host_port
+from nebula.config.budgets import resolve
+from nebula.config.switch import load_switch_config
+from switch_server.authz import PeerPolicy
+from switch_server.peers import SwitchError, cut_untrusted, mtime
+from switch_server.routegrants import read_policy
+from switch_server.tlstransport import Listener
+
+log = logging.getLogger("switch_server.server")
+
+
+def bind_error(key: str, value: str, where: str, exc: BaseException, also: str = "") -> str:
+    """One line for an address `value` (config `key`) that cannot be bound: why, and the fix."""
+    code = getattr(exc, "errno", None)
+    port = value.rpartition(":")[2]
+    if code == errno.EADDRINUSE:
+        why = (f"address already in use: another process holds port {port} (find it with `ss -ltnp 'sport = "
+               f":{port}'`); stop it, or give this switch another port in `{key}`{where}")
+    elif code == errno.EADDRNOTAVAIL:
+        why = (f"that address is not one of this host's (`ip -brief addr` lists them); put one of them, or "
+               f"0.0.0.0, in `{key}`{where}")
+    elif code == errno.EACCES:
+        why = f"permission denied (ports below 1024 need privileges); use a port above 1023 in `{key}`{where}"
+    else:
+        why = f"{getattr(exc, 'strerror', None) or exc}; fix `{key}`{where}"
+    return f"cannot bind {key} {value}: {why}{' ' + also if also else ''}"
+
+
+async def bind(server: Any, on_conn: Callable[[socket.socket, Any], None]) -> tuple[str, str]:
+    """Bind the metrics endpoint, the local side and the WAN listener of `server` (whose connections go to
+    `on_conn`); (local endpoint, WAN address)."""
+    cfg = server.cfg
+    where = f" of {server.config_path}" if server.config_path else ""
+    if cfg.metrics.listen:
+        host, port = split_host_port(cfg.metrics.listen, "metrics.listen")
+        try:
+            mhost, mport = server.metrics.serve(host, port)
+        except OSError as exc:
+            raise SwitchError(bind_error("metrics.listen", cfg.metrics.listen, where, exc)) from None
+        server.metrics_address = f"{mhost}:{mport}"
+    try:
+        local_endpoint = await server.local.start()
+    except zmq.ZMQError as exc:
+        raise SwitchError(bind_error("local.endpoint", cfg.local.endpoint, where, exc,
+                                     "(and `endpoint` in its workers' worker.yaml)")) from None
+    except OSError as exc:  # (the IPC endpoint: its message names the key and the fix)
+        raise SwitchError(str(exc)) from None
+    host, port = split_host_port(cfg.listen, "listen")
+    try:
+        server.wan_server = Listener(host, port, on_conn)
+    except OSError as exc:
+        raise SwitchError(bind_error("listen", cfg.listen, where, exc,
+                                     "(and tell its peers: their peers[].address)")) from None
+    bound_host, bound_port = server.wan_server.address()
+    return local_endpoint, f"{bound_host}:{bound_port}"
+
+
+def _outcome(server: Any, outcome: str, detail: dict[str, Any]) -> None:
+    """Record a reload's outcome (audit, status for `nebula-switch reload`)."""
+    server.reloads = {"count": server.reloads.get("count", 0) + 1, "time": time.time(), "outcome": outcome, **detail}
+    server.audit(server.actor, "reload", str(server.config_path), outcome, detail)
+    if server.started:
+        server.write_status()
+
+
+def reload(server: Any) -> bool:
+    """Re-read `server`'s config file, certificates, CRL, routes and limits without dropping healthy sessions."""
+    try:
+        if server.config_path is None:
+            raise ConfigError("no config file to reload")
+        new = load_switch_config(server.config_path)
+        if (new.cluster, new.federation) != (server.cfg.cluster, server.cfg.federation):
+            raise ConfigError("cluster and federation cannot change on reload; restart the switch")
+        read_policy(new.accounts_home)  # an unreadable accounts_home refuses the reload before anything changes
+        server.trust.load(new)  # (unchanged if it raises)
+        server.route_grants.set_home(new.accounts_home)
+        server.cfg = new
+    except (ConfigError, SwitchError) as exc:
+        log.error("reload refused, keeping the running configuration: %s", exc)
+        _outcome(server, "error", {"reason": str(exc)[:300]})
+        return False
+    server.set_budgets(resolve(new))
+    server.policy = PeerPolicy(new)
+    new_peers = {p.cluster: p for p in new.peers}
+    for cluster in list(server.links):
+        if cluster not in new_peers:
+            link = server.links.pop(cluster)
+            asyncio.ensure_future(link.stop())
+            s = server.sessions.get(cluster)
+            if s is not None:
+                s.close("peer removed from the route table")
+        elif new_peers[cluster].address != server.links[cluster].address:
+            server.links[cluster].address = new_peers[cluster].address
+            server.links[cluster].drop_session("peer address changed")
+    for cluster, peer in new_peers.items():
+        if cluster not in server.links:
+            server.add_link(peer)
+    for link in server.links.values():
+        link.set_limits()
+    for bucket in server.account_buckets.values():
+        bucket.set_rate(new.limits.account_rate_mbit)
+    server.local.set_workers(new.local.workers)
+    cut_untrusted(server)
+    _outcome(server, "ok", {"peers": sorted(new_peers), "revoked": len(server.trust.revoked)})
+    server.link_changed()
+    check_own_certificate(server)
+    return True
+
+
+def reload_crl(server: Any) -> None:
+    """The CRL file changed: use it (or keep the previous one if it cannot be used), cut what it revokes."""
+    cfg = server.cfg
+    try:
+        server.trust.load(cfg)
+    except SwitchError as exc:
+        log.error("CRL changed but cannot be used, keeping the previous one: %s", exc)
+        server.audit(server.actor, "crl_reload", cfg.tls.crl, "error", {"reason": str(exc)[:300]})
+        server.trust.crl_mtime = mtime(cfg.tls.crl)  # (tried again when the file changes again)
+        return
+    server.audit(server.actor, "crl_reload", cfg.tls.crl, "ok", {"revoked": len(server.trust.revoked)})
+    cut_untrusted(server)
+    check_own_certificate(server)
+
+
+def check_own_certificate(server: Any) -> bool:
+    """Whether `server` may go on serving: not when its CRL revokes its own certificate (the federation removed
+    its cluster, or the key was compromised). Then it says so once, audits it, and asks to stop (exit code 3)."""
+    serial = server.trust.own_serial
+    if serial not in server.trust.revoked or server.fatal is not None:
+        return server.fatal is None
+    cfg = server.cfg
+    server.fatal = (f"switch {cfg.cluster} stops: its own certificate {cfg.tls.cert} (serial {serial:x}) is "
+                    f"revoked in the CRL {cfg.tls.crl}, so every peer refuses it; if cluster {cfg.cluster} is to "
+                    "stay in the federation, ask its admin for a new kit (`nebula-admin provision add-cluster`)")
+    log.error("%s", server.fatal)
+    server.audit(server.actor, "own_certificate_revoked", cfg.cluster, "denied",
+                 {"serial": f"{serial:x}", "crl": cfg.tls.crl})
+    server.must_stop.set()
+    return False
