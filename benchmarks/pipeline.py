@@ -14,12 +14,15 @@ Targets (issue 5): Scenario I pattern >= 0.95 of intra-cluster throughput; Scena
     .venv/bin/python benchmarks/pipeline.py --repeats 3     # interleaved rounds: steadier on a shared machine
     .venv/bin/python benchmarks/pipeline.py --steps 60 --rates 170,60,20 --hidden 1024
     .venv/bin/python benchmarks/pipeline.py --efficiency --repeats 3   # step time against the ideal
+    .venv/bin/python benchmarks/pipeline.py --efficiency --stale       # and with one-step-stale weights
 
 `--efficiency` runs Scenario II only, through links shaped to 5, 10 and 60 Mbit/s (`--rates`) with 20 ms delay each
 way (`--delay-ms`), uncompressed and with the compressed codecs, and prints per rate and codec the measured step
 against the ideal step max(compute, wire): compute is the busier cluster's computing time per step (step time
 less the time it waits on its peer), wire the time the shaped link needs for one step's bytes in its busier
-direction (each direction is shaped on its own). Target: step / ideal <= 1.1.
+direction (each direction is shaped on its own). Target: step / ideal <= 1.1. `--stale` adds each configuration
+with `train.stale_weights: 1` (the upstream cluster runs the next step's forwards while the gradients are on the
+link; nebula/pipeline/stale.py).
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ WARMUP = 5  # first steps excluded from timings (process start, first allocation
 
 
 def _job(run_dir: Path, args: argparse.Namespace, *, oneway: bool, inter: bool, fed: Federation | None,
-         codec: str) -> Path:
+         codec: str, stale: int = 0) -> Path:
     stages = (["gen", "disc"] if oneway else ["embed", "head"])
     ranks = 1 if inter else 2
     doc = {
@@ -57,7 +60,7 @@ def _job(run_dir: Path, args: argparse.Namespace, *, oneway: bool, inter: bool, 
                      {"id": "B", "procs_per_node": ranks, **({"worker": fed.worker("B")} if fed else {})}],
         "stages": [{"name": stages[0], "cluster": "A"}, {"name": stages[1], "cluster": "B" if inter else "A"}],
         "train": {"steps": args.steps, "global_batch": args.global_batch, "micro_batches": args.micro_batches,
-                  "seed": 1},
+                  "seed": 1, "stale_weights": stale},
         "compression": {"forward": codec, "backward": args.backward if codec != "none" else "none"},
         "oneway": {"k": 1, "sync_lag": 1},
         "metrics": {"dir": "metrics", "progress": False},
@@ -126,15 +129,16 @@ def efficiency(args: argparse.Namespace, root: Path) -> None:
     """Measured step against max(compute, wire) per link rate and codec (Scenario II); see the module docstring."""
     rates = [float(r) for r in args.rates.split(",") if r]
     codecs = ["none", args.codec]
+    schedules = [0, 1] if args.stale else [0]
     load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
     feds = {rate: Federation(root / f"fed-{rate:g}", ["A", "B"], rate, args.delay_ms) for rate in rates}
-    runs: dict[tuple, list[dict]] = {(rate, codec): [] for rate in rates for codec in codecs}
+    runs: dict[tuple, list[dict]] = {(rate, codec, st): [] for rate in rates for codec in codecs for st in schedules}
     try:
         for rep in range(args.repeats):
-            for rate, codec in runs:  # every configuration once per round: load hits all alike
-                job = _job(root / f"r{rep}-{rate:g}-{codec}", args, oneway=False, inter=True, fed=feds[rate],
-                           codec=codec)
-                runs[(rate, codec)].append(run_one(job, True))
+            for rate, codec, st in runs:  # every configuration once per round: load hits all alike
+                job = _job(root / f"r{rep}-{rate:g}-{codec}-s{st}", args, oneway=False, inter=True, fed=feds[rate],
+                           codec=codec, stale=st)
+                runs[(rate, codec, st)].append(run_one(job, True))
     finally:
         for fed in feds.values():
             fed.close()
@@ -142,16 +146,17 @@ def efficiency(args: argparse.Namespace, root: Path) -> None:
           f"{args.global_batch}, {args.micro_batches} micro-batches, {args.steps} steps ({WARMUP} warm-up), two "
           f"clusters, link delay {args.delay_ms:g} ms each way, {args.repeats} alternating round(s); medians; load "
           f"average {load0} before, {' '.join(f'{x:.2f}' for x in os.getloadavg())} after")
-    hdr = f"{'link':>10}{'codec':>14}{'step ms':>9}{'compute':>9}{'wire ms':>9}{'step/ideal':>12}{'efficiency':>12}"
+    hdr = (f"{'link':>10}{'codec':>14}{'weights':>9}{'step ms':>9}{'compute':>9}{'wire ms':>9}{'step/ideal':>12}"
+           f"{'efficiency':>12}")
     print(hdr)
     print("-" * len(hdr))
-    for (rate, codec), rs in runs.items():
+    for (rate, codec, st), rs in runs.items():
         step = statistics.median(r["step_s"] for r in rs)
         compute = statistics.median(r["compute_s"] for r in rs)
         wire = statistics.median(r["busier_direction_bytes"] for r in rs) * 8 / (rate * 1e6)
         ideal = max(compute, wire)
         codec_s = codec if codec == "none" else f"{codec}/{args.backward}"
-        print(f"{f'{rate:g} Mb/s':>10}{codec_s:>14}{step * 1e3:>9.1f}{compute * 1e3:>9.1f}{wire * 1e3:>9.1f}"
+        print(f"{f'{rate:g} Mb/s':>10}{codec_s:>14}{('stale' if st else 'sync'):>9}{step * 1e3:>9.1f}{compute * 1e3:>9.1f}{wire * 1e3:>9.1f}"
               f"{step / ideal:>12.2f}{ideal / step:>12.2f}")
     print("step/ideal: measured step / max(compute, wire) (target <= 1.1); efficiency: its inverse")
 
@@ -173,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-timeout-s", type=float, default=40.0)
     ap.add_argument("--keep", default=None, help="keep run directories here (default: a temporary directory)")
     ap.add_argument("--efficiency", action="store_true", help="step time against max(compute, wire); see above")
+    ap.add_argument("--stale", action="store_true",
+                    help="with --efficiency: each configuration also with train.stale_weights: 1")
     args = ap.parse_args(argv)
     if args.efficiency:
         if "--rates" not in (argv if argv is not None else sys.argv):

@@ -108,12 +108,18 @@ class TrainSpec:
     global_batch: int  # examples per optimizer step over all ranks of a stage's cluster
     micro_batches: int = 1  # micro-batches per rank and step (the pipeline depth)
     seed: int = 0
+    # 1: clusters before the last start a step's forwards before the previous step's gradients are back, with
+    # one-step-stale weights (PipeDream-2BW, nebula/pipeline/stale.py); 0: synchronous steps
+    stale_weights: int = 0
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"train.steps={self.steps} must be >= 1")
         if self.global_batch < 1 or self.micro_batches < 1:
             raise ValueError("train.global_batch and train.micro_batches must be >= 1")
+        if isinstance(self.stale_weights, bool) or self.stale_weights not in (0, 1):
+            raise ValueError(f"train.stale_weights={self.stale_weights!r} must be 0 (synchronous steps) or 1 "
+                             "(one-step-stale weights before the last cluster)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -2,7 +2,8 @@
 
 A recipe implements `Recipe` / `Stage` (see nebula.pipeline.stage); the job file (nebula.config.job) places its
 stages on clusters; `nebula launch job.yaml --cluster C` starts that cluster's ranks, each of which runs the job's
-mode (`nebula.modes.run`) on the `StageRunner` with that mode's `RunHooks`: `PipelineHooks` (Scenario II, here),
+mode (`nebula.modes.run`) on the `StageRunner` with that mode's `RunHooks`: `PipelineHooks` (Scenario II, here;
+`StalePipelineHooks` with one-step-stale weights),
 `OneWayHooks` (Scenario I, `nebula.pipeline.oneway`) or `DataParallelHooks` (`nebula.dataparallel`).
 """
 from nebula.pipeline.data import rank_micro_batches, step_ids
@@ -11,6 +12,7 @@ from nebula.pipeline.links import ChannelLink, Link, PeerLost, QueueLink, queue_
 from nebula.pipeline.metrics import MetricsWriter, read_metrics
 from nebula.pipeline.oneway.plan import choose_k
 from nebula.pipeline.runner import RunResult, StageRunner, Wiring, replace_steps, run_pipeline, run_stages
+from nebula.pipeline.stale import StalePipelineHooks, WeightStash
 from nebula.pipeline.stage import Recipe, Stage, StageContext, StageOutput, load_recipe
 
 __all__ = [
@@ -29,6 +31,8 @@ __all__ = [
     "StageRunner",
     "RunHooks",
     "PipelineHooks",
+    "StalePipelineHooks",
+    "WeightStash",
     "run_stages",
     "run_pipeline",
     "RunResult",

@@ -23,6 +23,7 @@ from nebula.pipeline.hooks import PipelineHooks, RunHooks, Wiring
 from nebula.pipeline.links import ChannelLink, Link
 from nebula.pipeline.metrics import MetricsWriter
 from nebula.pipeline.stage import load_recipe
+from nebula.pipeline.stale import StalePipelineHooks
 
 __all__ = ["StageRunner", "RunResult", "Wiring", "run_stages", "run_pipeline", "replace_steps"]
 
@@ -225,8 +226,9 @@ def run_stages(cfg: JobConfig, cluster: str, hooks: RunHooks, *, wiring: Wiring 
 
 def run_pipeline(cfg: JobConfig, cluster: str, *, wiring: Wiring | None = None,
                  workdir: str | Path | None = None) -> RunResult:
-    """The pipeline mode (Scenario II) on the stage runner."""
-    return run_stages(cfg, cluster, PipelineHooks(), wiring=wiring, workdir=workdir)
+    """The pipeline mode (Scenario II) on the stage runner, synchronous or with one-step-stale weights."""
+    hooks = StalePipelineHooks() if cfg.train.stale_weights else PipelineHooks()
+    return run_stages(cfg, cluster, hooks, wiring=wiring, workdir=workdir)
 
 
 def replace_steps(cfg: JobConfig, steps: int) -> JobConfig:

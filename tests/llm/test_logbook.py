@@ -6,16 +6,14 @@ import importlib.util
 import queue
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from nebula.config.job import load_job_config
 from nebula.logbook import read_scalars, scalars_of, write_scalars
 from nebula.pipeline import QueueLink, read_metrics
-from nebula.modes import run
 from tests.conftest import REPO
-from tests.pipeline.helpers import TWO_STAGES, toy_job
+from tests.pipeline.helpers import TWO_STAGES, run_two_clusters, toy_job
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("visualdl") is None,
                                 reason="needs VisualDL: pip install -e '.[visualdl]' (also in the formers extra)")
@@ -30,21 +28,7 @@ def _two_clusters_int8(tmp_path, steps: int = 8) -> None:
     for kind in ("act", "grad", "ctl"):
         ab, ba = queue.Queue(), queue.Queue()
         wa[kind], wb[kind] = QueueLink(ab, ba, peer_cluster="B"), QueueLink(ba, ab, peer_cluster="A")
-    err = []
-
-    def side_a() -> None:
-        try:
-            run(cfg, "A", wiring={"next": wa}, workdir=tmp_path)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
-            err.append(exc)
-
-    t = threading.Thread(target=side_a)
-    t.start()
-    try:
-        run(cfg, "B", wiring={"prev": wb}, workdir=tmp_path)
-    finally:
-        t.join(timeout=120)
-    assert not err, err
+    run_two_clusters(cfg, {"next": wa}, {"prev": wb}, tmp_path, timeout_s=120)
 
 
 def test_scalars_per_cluster_read_back_with_visualdl_equal_the_runtime_metrics(tmp_path):

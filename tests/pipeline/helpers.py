@@ -26,3 +26,35 @@ def toy_job(tmp: Path, *, clusters: list[dict[str, Any]], stages: list[dict[str,
 
 
 TWO_STAGES = [{"name": "embed", "cluster": "A"}, {"name": "head", "cluster": "B"}]
+
+
+def run_two_clusters(cfg: Any, wiring_a: dict, wiring_b: dict, workdir: Path, *,
+                     a_ready: Any = None, timeout_s: float = 300) -> tuple[Any, Any]:
+    """Cluster A in a thread and cluster B here, one process, joined by in-process links; their RunResults (A's
+    error re-raised). `a_ready()`, polled before B starts, holds B back until A is ready (paddle's seed is
+    process-wide: stages built at once in two threads would draw other initial weights than two processes)."""
+    import threading
+    import time
+
+    from nebula.modes import run
+
+    out: dict[str, Any] = {}
+
+    def side_a() -> None:
+        try:
+            out["A"] = run(cfg, "A", wiring=wiring_a, workdir=workdir)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            out["A"] = exc
+
+    t = threading.Thread(target=side_a, name="cluster-A")
+    t.start()
+    deadline = time.monotonic() + 60
+    while a_ready is not None and not a_ready() and t.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        res_b = run(cfg, "B", wiring=wiring_b, workdir=workdir)
+    finally:
+        t.join(timeout=timeout_s)
+    if isinstance(out.get("A"), BaseException):
+        raise out["A"]
+    return out.get("A"), res_b

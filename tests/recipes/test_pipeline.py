@@ -8,7 +8,6 @@ import queue
 import struct
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from recipes.abnet.model import BertConfig, BertModel
 from recipes.abnet.pretrain import PretrainedError, save_base
 from recipes.abnet.stages import ABNetRecipe
 from recipes.text.tokenizer import train_tokenizer
+from tests.pipeline.helpers import run_two_clusters
 from tests.recipes.conftest import corpus_pairs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,21 +98,7 @@ def test_stages_train_through_codecs_on_the_runtime(locale_dir, tmp_path):
     with pytest.raises(ValueError, match="not 'head'"):
         recipe.stage("head")
     wa, wb = _two_cluster_wiring()
-    out: dict[str, Any] = {}
-
-    def side_a() -> None:
-        try:
-            out["A"] = run(cfg, "A", wiring=wa, workdir=tmp_path)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
-            out["A"] = exc
-
-    t = threading.Thread(target=side_a, name="cluster-A")
-    t.start()
-    try:
-        losses = run(cfg, "B", wiring=wb, workdir=tmp_path).losses
-    finally:
-        t.join(timeout=300)
-    assert not isinstance(out.get("A"), BaseException), out.get("A")
+    losses = run_two_clusters(cfg, wa, wb, tmp_path)[1].losses
     assert np.mean([losses[s] for s in range(35, 40)]) < np.mean([losses[s] for s in range(5)]) - 0.3, losses
     # each cluster pretrained its base from its own side only
     assert (tmp_path / "wa" / "base_en" / "model.pdparams").is_file()

@@ -1,0 +1,151 @@
+"""train.stale_weights: 1 (PipeDream-2BW's delayed update): the upstream cluster sends step k+1's activations before
+it takes step k's gradients, and what two clusters compute over links equals the stated update rule computed in one
+process: w(k+1) = w(k) - adam(grad f(w(k-1))) upstream, synchronous downstream, drained at checkpoints."""
+from __future__ import annotations
+
+import dataclasses
+import queue
+import struct
+import threading
+
+import numpy as np
+import paddle
+import pytest
+
+from nebula.config.job import load_job_config
+from nebula.pipeline.cluster_stages import ClusterStages
+from nebula.pipeline.data import rank_micro_batches, step_ids
+from nebula.pipeline.links import PeerLost, QueueLink
+from nebula.pipeline.stage import load_recipe
+from tests.pipeline.helpers import TWO_STAGES, run_two_clusters, toy_job
+
+STEPS, EVERY, MBS = 7, 3, 2
+_STEP = struct.Struct("<q")  # a boundary message starts with its key's step
+
+
+class _Gate:
+    """Step k's gradients reach cluster A only once A has sent step k+1's first activation (or k ends a drain)."""
+
+    def __init__(self, drains: set[int]) -> None:
+        self.sent_steps: set[int] = set()
+        self.drains = drains
+        self.cond = threading.Condition()
+
+    def sent(self, step: int) -> None:
+        with self.cond:
+            self.sent_steps.add(step)
+            self.cond.notify_all()
+
+    def wait(self, step: int, timeout_s: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: step + 1 in self.sent_steps or step + 1 in self.drains, timeout_s)
+
+
+class _ActLink(QueueLink):
+    def __init__(self, out_q: queue.Queue, in_q: queue.Queue, gate: _Gate) -> None:
+        super().__init__(out_q, in_q, peer_cluster="B")
+        self.gate = gate
+
+    def send(self, frames, lane: str):
+        fut = super().send(frames, lane)
+        self.gate.sent(_STEP.unpack_from(bytes(memoryview(frames[0]).cast("B")))[0])
+        return fut
+
+
+class _GradLink(QueueLink):
+    def __init__(self, out_q: queue.Queue, in_q: queue.Queue, gate: _Gate) -> None:
+        super().__init__(out_q, in_q, peer_cluster="B")
+        self.gate = gate
+
+    def recv(self, timeout_s: float) -> bytes:
+        msg = super().recv(timeout_s)
+        if not self.gate.wait(_STEP.unpack_from(msg)[0], timeout_s=20):
+            raise TimeoutError("gradient held back: cluster A never sent the next step's activations")
+        return msg
+
+
+def _wiring(gate: _Gate) -> tuple[dict, dict, queue.Queue]:
+    qs = {kind: (queue.Queue(), queue.Queue()) for kind in ("act", "grad", "ctl")}
+    a = {"act": _ActLink(*qs["act"], gate), "grad": _GradLink(*qs["grad"], gate), "ctl": QueueLink(*qs["ctl"], "B")}
+    b = {kind: QueueLink(qs[kind][1], qs[kind][0], "A") for kind in ("act", "grad", "ctl")}
+    return {"next": a}, {"prev": b}, qs["ctl"][0]
+
+
+def _two_clusters(cfg, tmp_path, gate: _Gate) -> dict[int, float]:
+    wa, wb, a_to_b = _wiring(gate)
+    # B builds its stages once A has (A's first control message says so)
+    return run_two_clusters(cfg, wa, wb, tmp_path, a_ready=lambda: not a_to_b.empty(), timeout_s=120)[1].losses
+
+
+def _reference(cfg, tmp_path) -> dict[int, float]:
+    """The update rule in one process: A's gradient of step k is computed at step k's weights and applied after
+    step k+1's forwards (at once on a drain step); B steps at once."""
+    recipe = load_recipe(cfg.recipe)
+    a = ClusterStages(cfg, "A", recipe, ("embed",), 0, 0, 1, tmp_path)
+    b = ClusterStages(cfg, "B", recipe, ("head",), 1, 0, 1, tmp_path)
+    params = list(a.items[0].layer.parameters())
+    drains = {s for s in range(1, STEPS + 1) if s == STEPS or s % cfg.checkpoint.every == 0}
+    pending, losses = None, {}
+    for k in range(STEPS):
+        ids = step_ids(k, seed=cfg.train.seed, num_examples=recipe.num_examples, global_batch=cfg.train.global_batch)
+        total = 0.0
+        for mb in rank_micro_batches(ids, rank=0, world_size=1, micro_batches=MBS):
+            h = a.forward(mb, None).send
+            loss = b.forward(mb, h).loss / MBS
+            loss.backward()
+            total += float(loss.numpy())
+        b.optimizer_step()
+        losses[k] = total
+        grads = [p.grad.numpy().copy() for p in params]
+        a.clear_grad()
+        for g in ([pending] if pending is not None else []) + ([grads] if k + 1 in drains else []):
+            for p, v in zip(params, g):
+                p._set_grad_ivar(paddle.to_tensor(v))
+            a.optimizer_step()
+        pending = None if k + 1 in drains else grads
+    return losses
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    job = toy_job(tmp_path, clusters=[{"id": "A"}, {"id": "B"}], stages=TWO_STAGES, steps=STEPS, micro_batches=MBS,
+                  recipe_args={"depth": 1})
+    c = load_job_config(job)
+    return dataclasses.replace(c, train=dataclasses.replace(c.train, stale_weights=1), peer_timeout_s=30.0,
+                               checkpoint=dataclasses.replace(c.checkpoint, dir=str(tmp_path / "ck"), every=EVERY))
+
+
+def test_two_clusters_overlap_steps_and_compute_the_delayed_update(cfg, tmp_path):
+    drains = {s for s in range(1, STEPS + 1) if s == STEPS or s % EVERY == 0}
+    got = _two_clusters(cfg, tmp_path / "run", _Gate(drains))  # completes only if A sends k+1 before taking k
+    ref = _reference(cfg, tmp_path / "ref")
+    assert sorted(got) == list(range(STEPS))
+    for k in range(STEPS):
+        assert got[k] == pytest.approx(ref[k], rel=1e-5, abs=1e-6), (k, got, ref)
+    sync = _reference(dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, every=1)),
+                      tmp_path / "sync")  # a drain every step is the synchronous schedule
+    assert any(abs(got[k] - sync[k]) > 1e-4 for k in range(2, STEPS)), "stale and synchronous runs agree"
+
+
+def test_synchronous_steps_wait_for_the_gradients(cfg, tmp_path):
+    sync = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, stale_weights=0), peer_timeout_s=3.0)
+    with pytest.raises((PeerLost, TimeoutError)):
+        _two_clusters(sync, tmp_path / "run", _Gate(set()))
+
+
+@pytest.mark.parametrize("mode_extra, word", [({"mode": "oneway"}, "oneway"),
+                                              ({"mode": "data_parallel"}, "data_parallel")])
+def test_stale_weights_refused_outside_the_pipeline_mode(tmp_path, mode_extra, word):
+    stages = [] if word == "data_parallel" else [{"name": "gen", "cluster": "A"}, {"name": "disc", "cluster": "B"}]
+    job = toy_job(tmp_path, clusters=[{"id": "A"}, {"id": "B"}], stages=stages, **mode_extra)
+    text = job.read_text().replace("seed: 3", "seed: 3\n  stale_weights: 1")
+    job.write_text(text)
+    with pytest.raises(Exception, match=rf"train.stale_weights=1 .* mode {word}.*set train.stale_weights: 0"):
+        load_job_config(job)
+
+
+def test_stale_weights_value_checked(tmp_path):
+    job = toy_job(tmp_path, clusters=[{"id": "A"}, {"id": "B"}], stages=TWO_STAGES)
+    job.write_text(job.read_text().replace("seed: 3", "seed: 3\n  stale_weights: 2"))
+    with pytest.raises(Exception, match=r"train.stale_weights=2 must be 0 .* or 1"):
+        load_job_config(job)
