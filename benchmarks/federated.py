@@ -45,7 +45,10 @@ import numpy as np
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(REPO))
+
+from tests.harness.federation import LocalFederation  # noqa: E402
+from tests.harness.procs import Procs  # noqa: E402
 
 
 # ---- lightweight clients (their factory is named in the job file as benchmarks.federated:light_client)
@@ -82,26 +85,25 @@ def light_client(cluster: str, index: int, num_clients: dict, train_s: float = 0
 
 
 # ---- a federation of real processes
-class _Fed:
-    def __init__(self, clusters: list[str]) -> None:
-        from security.provision import provision
+class _Procs(Procs):
+    """The benchmark federation's processes, its switches included: glibc maps allocations of 1 MiB and more and
+    unmaps them on free, so a process's peak measures what is live."""
 
+    def start(self, args: list[str], **kwargs) -> subprocess.Popen:
+        return super().start(args, env={"MALLOC_MMAP_THRESHOLD_": "1048576", **kwargs.pop("env", {})}, **kwargs)
+
+
+class _Fed:
+    """Clusters provisioned in a temporary directory, a switch server each (the harness's `LocalFederation`)."""
+
+    def __init__(self, clusters: list[str]) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="flbench-"))
-        self.procs: list[subprocess.Popen] = []
-        provision("flbench", clusters, self.dir / "prov")
-        # glibc: allocations of 1 MiB and more are mapped and unmapped on free, so the peak measures what is live
-        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", MALLOC_MMAP_THRESHOLD_="1048576")
-        self.env = env
-        for c in clusters:
-            p = self.start([str(BIN / "nebula-switch"), "serve", "--config", str(self.dir / "prov" / c / "switch.yaml")])
-            self.wait_line(p, "listening wan=", 60)
-            threading.Thread(target=lambda q=p: [None for _ in q.stdout], daemon=True).start()
+        self.procs = _Procs()
+        federation = LocalFederation(self.dir / "prov", clusters, procs=self.procs, name="flbench")
+        self.switches = [federation.switches[c].proc for c in clusters]
 
     def start(self, args: list[str]) -> subprocess.Popen:
-        p = subprocess.Popen(args, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
-        self.procs.append(p)
-        return p
+        return self.procs.start(args)
 
     def py(self, *args: str) -> subprocess.Popen:
         return self.start([sys.executable, *args])
@@ -132,19 +134,7 @@ class _Fed:
         return path
 
     def close(self) -> None:
-        import signal
-
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, 9)
+        self.procs.reap()
 
 
 def _rounds(fed: _Fed) -> list:
@@ -184,7 +174,7 @@ def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int, s
         try:
             job = fed.job({"A": n}, rounds=rounds, client={"factory": "benchmarks.federated:light_client",
                                                             "args": {"train_s": train_s, "size": size}})
-            switch = fed.procs[0]
+            switch = fed.switches[0]
             ctl = fed.py("-m", "nebula.federated.run", "cluster", str(job), "--cluster", "A")
             threading.Thread(target=lambda: [None for _ in ctl.stdout], daemon=True).start()
             clients = _client_procs(fed, job, "A", n, per_proc)
@@ -270,7 +260,7 @@ def bench_flower(sizes: list[tuple[int, int]], rounds: int, per_proc: int, py: s
             if runs[0].returncode:
                 raise RuntimeError(f"controller exit {runs[0].returncode}")
             nebula = statistics.median(r.duration_s for r in _rounds(fed)[1:])
-            switch_peak = max(_mem(p.pid)["VmHWM"] for p in fed.procs[:2]) / 1e6
+            switch_peak = max(_mem(p.pid)["VmHWM"] for p in fed.switches) / 1e6
         finally:
             fed.close()
         flower = statistics.median(_flower_round_s(py, floats, n, rounds, per_proc, fed.dir)) if py else None
@@ -480,7 +470,6 @@ def main() -> None:
                    help="update codecs to compare (';'-separated; the first is the baseline of the ratio)")
     args = p.parse_args()
     only = set(args.only.split(","))
-    sys.path.insert(0, str(REPO))
     if "scale" in only:
         load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
         rows = bench_scale([int(c) for c in args.counts.split(",")], args.train_s, args.per_proc, args.scale_rounds,

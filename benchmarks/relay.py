@@ -26,8 +26,6 @@ import multiprocessing
 import multiprocessing.queues
 import os
 import queue
-import selectors
-import signal
 import socket
 import statistics
 import subprocess
@@ -44,8 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from nebula.channel import Endpoint  # noqa: E402
-from security.provision import provision  # noqa: E402
 from security.tls import client_context, server_context  # noqa: E402
+from tests.harness.federation import LocalFederation  # noqa: E402
 from tests.harness.netns import NetnsError, Sites as WanNamespaces  # noqa: E402
 from _tunnels import Framed, PlainRelayPair, missing  # noqa: E402  (benchmarks/ is this script's directory)
 
@@ -267,32 +265,17 @@ def latency(pair, size: int, k: int) -> list[float]:
 # ---- switch processes ----
 
 class Switches:
-    """Switch servers A and B of a provisioned federation, as real processes."""
+    """Switch servers A and B of a federation provisioned under `root`, as real processes (the harness's
+    `LocalFederation`); `edit(cluster, doc)` changes a switch.yaml before its start, `sites` puts each switch in its
+    cluster's network namespace. `fed` is what provisioning returned."""
 
-    def __init__(self, fed: dict, edit=None, prefix=None) -> None:
-        self.procs = []
-        for c in ("A", "B"):
-            path = Path(fed["clusters"][c]["switch_yaml"])
-            if edit is not None:
-                d = yaml.safe_load(path.read_text())
-                edit(c, d)
-                path.write_text(yaml.safe_dump(d, sort_keys=False))
-            log = open(path.parent / "switch.stderr", "ab")
-            p = subprocess.Popen([*(prefix(c) if prefix else []), sys.executable, "-m", "switch_server.cli", "serve",
-                                  "--config", str(path),
-                                  "--log-level", "warning"], stdout=subprocess.PIPE, stderr=log, text=True,
-                                 start_new_session=True, cwd=REPO)
-            sel = selectors.DefaultSelector()
-            sel.register(p.stdout, selectors.EVENT_READ)
-            if not sel.select(60) or not p.stdout.readline().startswith("listening"):
-                raise RuntimeError(f"switch {c} did not start; see {path.parent / 'switch.stderr'}")
-            self.procs.append(p)
+    def __init__(self, root: Path, edit=None, sites=None) -> None:
+        self.federation = LocalFederation(root, ["A", "B"], name="bench", edit=edit, sites=sites)
+        self.fed = self.federation.summary
+        self.procs = [self.federation.switches[c].proc for c in ("A", "B")]
 
     def close(self) -> None:
-        for p in self.procs:
-            os.killpg(p.pid, signal.SIGTERM)
-        for p in self.procs:
-            p.wait(20)
+        self.federation.close()
 
 
 def kernel_shaped_goodput(tmp: Path, mib: int) -> tuple[float, float] | str:
@@ -304,14 +287,8 @@ def kernel_shaped_goodput(tmp: Path, mib: int) -> tuple[float, float] | str:
         return str(exc)
     switches = None
     try:
-        fed = provision("bench", ["A", "B"], tmp / "fed-netns")
-        addr = {c: f"{wan.address(i)}:7443" for i, c in enumerate("AB")}  # each namespace has its own ports
-
-        def edit(c: str, d: dict) -> None:
-            other = "B" if c == "A" else "A"
-            d.update(listen=addr[c], peers=[{"cluster": other, "address": addr[other]}])
-
-        switches = Switches(fed, edit=edit, prefix=lambda c: wan.argv("AB".index(c), []))
+        switches = Switches(tmp / "fed-netns", sites=wan)  # each switch at its namespace's address
+        fed = switches.fed
         count = mib * 4  # 256 KiB messages
         probe = [sys.executable, "-m", "switch_server.cli", "probe", "--timeout", "120"]
         recv = subprocess.Popen(wan.argv(1, [*probe, "--config", fed["clusters"]["B"]["switch_yaml"], "--recv",
@@ -428,9 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sizes = [s for s in SIZES if s <= args.max_size_mib * MIB]
     tmp = Path(tempfile.mkdtemp(prefix="nebula-relay-bench-"))
-    fed = provision("bench", ["A", "B"], tmp / "fed")
     chunk = (lambda c, d: d.setdefault("link", {}).update(chunk_bytes=args.chunk_kib * KIB)) if args.chunk_kib else None
-    switches = Switches(fed, edit=chunk)
+    switches = Switches(tmp / "fed", edit=chunk)
+    fed = switches.fed
     if args.vs_tunnels:
         try:
             vs_tunnels(fed, switches, args.reps, args.budget_mib)
@@ -505,8 +482,8 @@ def main(argv: list[str] | None = None) -> int:
         switches.close()
 
     # the shaper: a fresh pair of switches with link.shape.rate_mbit = 60
-    fed2 = provision("bench", ["A", "B"], tmp / "fed-shaped")
-    shaped = Switches(fed2, edit=lambda c, d: d.setdefault("link", {}).update(shape={"rate_mbit": 60.0}))
+    shaped = Switches(tmp / "fed-shaped", edit=lambda c, d: d.setdefault("link", {}).update(shape={"rate_mbit": 60.0}))
+    fed2 = shaped.fed
     try:
         sp = FullPath(fed2, lane="bulk")
         latency(sp, 1024, 3)

@@ -6,10 +6,14 @@ RUN=$(cd "${1:?usage: $0 RUN_DIR [CLUSTER]}" && pwd)
 CLUSTER=${2:-D}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PY=${PY:-$REPO/.venv/bin/python}
+[ -x "$PY" ] || PY=$(command -v python3) || PY=python3
+NEBULA=$(dirname "$PY")/nebula
+[ -x "$NEBULA" ] || NEBULA=nebula
+command -v "$NEBULA" > /dev/null || { echo "error: nebula not found beside $PY nor on PATH; activate Nebula's environment (. .venv/bin/activate) or set PY=/path/to/.venv/bin/python" >&2; exit 2; }
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 echo "[$CLUSTER] discriminator"
-"$(dirname "$PY")/nebula" launch "$RUN/job.yaml" --cluster "$CLUSTER"
+"$NEBULA" launch "$RUN/job.yaml" --cluster "$CLUSTER"
 LAST=$(ls -d "$RUN"/ckpt/step_* | sort | tail -1)
 "$PY" -m recipes.electra.prepare export --ckpt "$LAST" --data "$RUN/$CLUSTER/data" --out "$RUN/$CLUSTER/electra_base" \
     --preset "$(grep -o 'preset: "[a-z]*"' "$RUN/job.yaml" | cut -d'"' -f2)"

@@ -35,7 +35,7 @@ trap cleanup EXIT INT TERM
 T0=$(date +%s)
 say() { echo "== [$(( $(date +%s) - T0 ))s] $*"; }
 fill() {  # template -> file with this run's settings
-    sed -e "s#@PRESET@#$PRESET#g" -e "s#@STEPS@#$2#g" -e "s#@DECAY@#$STEPS#g" -e "s#@K@#$K#g" \
+    sed -e "s#@FED@#fed#g" -e "s#@PRESET@#$PRESET#g" -e "s#@STEPS@#$2#g" -e "s#@DECAY@#$STEPS#g" -e "s#@K@#$K#g" \
         -e "s#@EVERY@#$HOT_START#g" -e "s#@INIT@#${3:-null}#g" "$HERE/configs/$1" > "$4"
 }
 

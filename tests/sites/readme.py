@@ -144,7 +144,7 @@ class SiteRunner:
     def _command(self, line: str, timeout_s: float) -> None:
         primary, others, admin = self._targets
         names = self._names(line)
-        first = primary or next((n for n in names if n in self._clusters()), None)
+        first = primary or next(iter(names), None)
         runs = [(primary or "admin", line)]
         for other in others:
             runs.append((other if not admin else "admin", _rename(line, first, other) if first else line))
@@ -154,9 +154,10 @@ class SiteRunner:
     def _clusters(self) -> set[str]:
         return set(self.sites.namespaces) | {p.name[5:] for p in self.root.glob("site-*")}
 
-    @staticmethod
-    def _names(line: str) -> list[str]:
-        return re.findall(r"\b([A-Z])\b", line.split("#")[0])
+    def _names(self, line: str) -> list[str]:
+        """The sites' names that `line` mentions (`A`, `G1`: standing alone), in order."""
+        words = re.findall(r"(?<![A-Za-z0-9])([A-Z][A-Z0-9]*)(?![A-Za-z0-9])", _strip_comment(line))
+        return [w for w in words if w in self._clusters()]
 
     def run(self, place: str, line: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess | None:
         """Run one command line at `place` ("admin" or a cluster); fail with its output unless it exits 0."""
