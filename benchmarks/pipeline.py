@@ -14,15 +14,15 @@ Targets (issue 5): Scenario I pattern >= 0.95 of intra-cluster throughput; Scena
     .venv/bin/python benchmarks/pipeline.py --repeats 3     # interleaved rounds: steadier on a shared machine
     .venv/bin/python benchmarks/pipeline.py --steps 60 --rates 170,60,20 --hidden 1024
     .venv/bin/python benchmarks/pipeline.py --efficiency --repeats 3   # step time against the ideal
-    .venv/bin/python benchmarks/pipeline.py --efficiency --stale       # and with one-step-stale weights
+    .venv/bin/python benchmarks/pipeline.py --efficiency --stale 1,2   # and with 1 and 2 steps of stale weights
 
 `--efficiency` runs Scenario II only, through links shaped to 5, 10 and 60 Mbit/s (`--rates`) with 20 ms delay each
 way (`--delay-ms`), uncompressed and with the compressed codecs, and prints per rate and codec the measured step
 against the ideal step max(compute, wire): compute is the busier cluster's computing time per step (step time
 less the time it waits on its peer), wire the time the shaped link needs for one step's bytes in its busier
-direction (each direction is shaped on its own). Target: step / ideal <= 1.1. `--stale` adds each configuration
-with `train.stale_weights: 1` (the upstream cluster runs the next step's forwards while the gradients are on the
-link; nebula/pipeline/stale.py).
+direction (each direction is shaped on its own). Target: step / ideal <= 1.1. `--stale 1,2` adds each configuration
+with `train.stale_weights: 1` and `2` (the upstream cluster runs the next steps' forwards while the gradients are on
+the link; nebula/pipeline/stale.py).
 """
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def efficiency(args: argparse.Namespace, root: Path) -> None:
     """Measured step against max(compute, wire) per link rate and codec (Scenario II); see the module docstring."""
     rates = [float(r) for r in args.rates.split(",") if r]
     codecs = ["none", args.codec]
-    schedules = [0, 1] if args.stale else [0]
+    schedules = [0] + [int(n) for n in args.stale.split(",") if n]
     load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
     feds = {rate: Federation(root / f"fed-{rate:g}", ["A", "B"], rate, args.delay_ms) for rate in rates}
     runs: dict[tuple, list[dict]] = {(rate, codec, st): [] for rate in rates for codec in codecs for st in schedules}
@@ -156,7 +156,7 @@ def efficiency(args: argparse.Namespace, root: Path) -> None:
         wire = statistics.median(r["busier_direction_bytes"] for r in rs) * 8 / (rate * 1e6)
         ideal = max(compute, wire)
         codec_s = codec if codec == "none" else f"{codec}/{args.backward}"
-        print(f"{f'{rate:g} Mb/s':>10}{codec_s:>14}{('stale' if st else 'sync'):>9}{step * 1e3:>9.1f}{compute * 1e3:>9.1f}{wire * 1e3:>9.1f}"
+        print(f"{f'{rate:g} Mb/s':>10}{codec_s:>14}{(f'stale {st}' if st else 'sync'):>9}{step * 1e3:>9.1f}{compute * 1e3:>9.1f}{wire * 1e3:>9.1f}"
               f"{step / ideal:>12.2f}{ideal / step:>12.2f}")
     print("step/ideal: measured step / max(compute, wire) (target <= 1.1); efficiency: its inverse")
 
@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer-timeout-s", type=float, default=40.0)
     ap.add_argument("--keep", default=None, help="keep run directories here (default: a temporary directory)")
     ap.add_argument("--efficiency", action="store_true", help="step time against max(compute, wire); see above")
-    ap.add_argument("--stale", action="store_true",
-                    help="with --efficiency: each configuration also with train.stale_weights: 1")
+    ap.add_argument("--stale", default="", metavar="N,..",
+                    help="with --efficiency: each configuration also with train.stale_weights: N (e.g. 1,2)")
     args = ap.parse_args(argv)
     if args.efficiency:
         if "--rates" not in (argv if argv is not None else sys.argv):

@@ -90,9 +90,9 @@ class JobConfig:
             raise ValueError(f"peer_timeout_s={self.peer_timeout_s} and startup_timeout_s={self.startup_timeout_s} "
                              "must be > 0")
         if self.train.stale_weights and (self.mode != "pipeline" or any(c.pipeline for c in self.clusters)):
-            raise ValueError(f"train.stale_weights=1 delays updates between the clusters of mode pipeline; this job "
-                             f"is mode {self.mode}" + (" with a layer pipeline inside a cluster" if self.mode ==
-                                                       "pipeline" else "") + ": set train.stale_weights: 0")
+            inside = " with a layer pipeline inside a cluster" if self.mode == "pipeline" else ""
+            raise ValueError(f"train.stale_weights={self.train.stale_weights} delays updates between the clusters "
+                             f"of mode pipeline; this job is mode {self.mode}{inside}: set train.stale_weights: 0")
         if self.mode == "data_parallel":
             self._check_data_parallel()
             return

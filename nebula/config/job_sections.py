@@ -100,6 +100,9 @@ class RecipeSpec:
             raise ValueError(f"recipe.factory {self.factory!r} must be 'module:attr', e.g. 'recipes.toy:ToyRecipe'")
 
 
+MAX_STALE = 4  # steps in flight with stale weights: each holds a copy of the upstream stages' parameters
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainSpec:
     """Training loop: steps, batch split and seed (shared by all clusters, which keeps their data aligned)."""
@@ -108,8 +111,8 @@ class TrainSpec:
     global_batch: int  # examples per optimizer step over all ranks of a stage's cluster
     micro_batches: int = 1  # micro-batches per rank and step (the pipeline depth)
     seed: int = 0
-    # 1: clusters before the last start a step's forwards before the previous step's gradients are back, with
-    # one-step-stale weights (PipeDream-2BW, nebula/pipeline/stale.py); 0: synchronous steps
+    # N >= 1: clusters before the last start a step's forwards before the previous N steps' gradients are back, with
+    # N-step-stale weights (PipeDream-2BW's weight stashing, nebula/pipeline/stale.py); 0: synchronous steps
     stale_weights: int = 0
 
     def __post_init__(self) -> None:
@@ -117,9 +120,9 @@ class TrainSpec:
             raise ValueError(f"train.steps={self.steps} must be >= 1")
         if self.global_batch < 1 or self.micro_batches < 1:
             raise ValueError("train.global_batch and train.micro_batches must be >= 1")
-        if isinstance(self.stale_weights, bool) or self.stale_weights not in (0, 1):
-            raise ValueError(f"train.stale_weights={self.stale_weights!r} must be 0 (synchronous steps) or 1 "
-                             "(one-step-stale weights before the last cluster)")
+        if isinstance(self.stale_weights, bool) or self.stale_weights not in range(MAX_STALE + 1):
+            raise ValueError(f"train.stale_weights={self.stale_weights!r} must be 0 (synchronous steps) or a number "
+                             f"of steps from 1 to {MAX_STALE} (N-step-stale weights before the last cluster)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

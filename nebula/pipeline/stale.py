@@ -1,22 +1,24 @@
-"""One-step-stale weights across steps (`train.stale_weights: 1`), PipeDream-2BW's delayed update with weight stashing.
+"""Stale weights across steps (`train.stale_weights: N`), PipeDream-2BW's delayed update with weight stashing.
 
 In the synchronous schedule (`PipelineHooks`) an upstream cluster cannot start step k+1 before every gradient of
 step k is back and its optimizer has stepped, so every step pays at least one WAN round trip plus the pipeline's
 fill and drain. With stale weights an upstream rank runs step k+1's forwards at once, sending its activations while
-step k's gradients are still on the link, then runs step k's backwards (their gradients have arrived meanwhile) and
-steps its optimizer. What that computes, exactly: the forwards of step k run on a stash, a copy of the weights taken
-when they start, and step k's backwards run on that same stash, so the gradient is consistent with the forward;
-it is applied to the weights one step later:
+step k's gradients are still on the link, then runs the backwards of step k+1-N (their gradients have arrived
+meanwhile) and steps its optimizer. What that computes, exactly: the forwards of step k run on a stash, a copy of the
+weights taken when they start, and step k's backwards run on that same stash, so the gradient is consistent with the
+forward; it is applied to the weights N steps later:
 
-    w(k+1) = w(k) - update(grad f(stash(k-1)))    for the clusters before the last,
+    w(k+1) = w(k) - update(grad f(stash(k-N)))    for the clusters before the last,
 
 while the last cluster, which computes the loss, steps synchronously. Both sides drain at a checkpoint step and at
 the last step (the pending backwards run and the optimizer steps before the step ends), so a checkpoint holds no
 pending work and a resumed run computes what the uninterrupted one did. The stash costs one copy of the upstream
-stages' parameters per step in flight.
+stages' parameters per step in flight (N+1). Why N > 1: a step's last gradient comes back one WAN round trip after
+the last cluster finishes with it, so with N steps in flight the round trip is shared by N+1 steps.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,11 +86,12 @@ class _Pending:
 
 
 class StalePipelineHooks(PipelineHooks):
-    """The pipeline mode with one-step-stale weights on every cluster but the last (see the module docstring)."""
+    """The pipeline mode with N-step-stale weights on every cluster but the last (see the module docstring)."""
 
     def bind(self, runner: Any) -> None:
         super().bind(runner)
-        self.pending: _Pending | None = None
+        self.delay = int(runner.cfg.train.stale_weights)
+        self.pending: deque[_Pending] = deque()
 
     def step(self, step: int) -> float | None:
         r = self.r
@@ -112,17 +115,14 @@ class StalePipelineHooks(PipelineHooks):
                 totals.append(total)
         finally:
             stash.swap_out()
-        self._apply()  # the previous step's backwards: its gradients came back while these forwards ran
-        self.pending = _Pending(step, totals, stash)
-        if self._drains_after(step):
-            self._apply()
+        self.pending.append(_Pending(step, totals, stash))
+        while len(self.pending) > (0 if self._drains_after(step) else self.delay):
+            self._apply()  # the oldest step's backwards: its gradients came back while these forwards ran
         return None  # the loss is the last cluster's to report
 
     def _apply(self) -> None:
-        """Run the pending step's backwards (each waits for its gradient) and step the optimizers with them."""
-        p, self.pending = self.pending, None
-        if p is None:
-            return
+        """Run the oldest pending step's backwards (each waits for its gradient) and step the optimizers."""
+        p = self.pending.popleft()
         r = self.r
         for total in p.totals:
             if total is not None:
@@ -139,9 +139,10 @@ class StalePipelineHooks(PipelineHooks):
         return done == cfg.train.steps or bool(ck.dir and ck.every and done % ck.every == 0)
 
     def finish(self) -> None:
-        self._apply()
+        while self.pending:
+            self._apply()
 
     def discard(self) -> None:
         """Forget pending work (a recovery that rolls back to a checkpoint)."""
-        self.pending = None
+        self.pending.clear()
         self.r.stages.clear_grad()

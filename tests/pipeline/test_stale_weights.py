@@ -1,6 +1,6 @@
-"""train.stale_weights: 1 (PipeDream-2BW's delayed update): the upstream cluster sends step k+1's activations before
+"""train.stale_weights: N (PipeDream-2BW's delayed update): the upstream cluster sends step k+N's activations before
 it takes step k's gradients, and what two clusters compute over links equals the stated update rule computed in one
-process: w(k+1) = w(k) - adam(grad f(w(k-1))) upstream, synchronous downstream, drained at checkpoints."""
+process: w(k+1) = w(k) - adam(grad f(stash(k-N))) upstream, synchronous downstream, drained at checkpoints."""
 from __future__ import annotations
 
 import dataclasses
@@ -24,11 +24,12 @@ _STEP = struct.Struct("<q")  # a boundary message starts with its key's step
 
 
 class _Gate:
-    """Step k's gradients reach cluster A only once A has sent step k+1's first activation (or k ends a drain)."""
+    """Step k's gradients reach cluster A only once A has sent step k+lead's first activation, or a drain comes
+    first."""
 
-    def __init__(self, drains: set[int]) -> None:
+    def __init__(self, drains: set[int], lead: int = 1) -> None:
         self.sent_steps: set[int] = set()
-        self.drains = drains
+        self.drains, self.lead = drains, lead
         self.cond = threading.Condition()
 
     def sent(self, step: int) -> None:
@@ -38,7 +39,9 @@ class _Gate:
 
     def wait(self, step: int, timeout_s: float) -> bool:
         with self.cond:
-            return self.cond.wait_for(lambda: step + 1 in self.sent_steps or step + 1 in self.drains, timeout_s)
+            ahead = range(step + 1, step + self.lead + 1)
+            return self.cond.wait_for(lambda: step + self.lead in self.sent_steps
+                                      or any(s in self.drains for s in ahead), timeout_s)
 
 
 class _ActLink(QueueLink):
@@ -79,13 +82,13 @@ def _two_clusters(cfg, tmp_path, gate: _Gate) -> dict[int, float]:
 
 def _reference(cfg, tmp_path) -> dict[int, float]:
     """The update rule in one process: A's gradient of step k is computed at step k's weights and applied after
-    step k+1's forwards (at once on a drain step); B steps at once."""
+    step k+N's forwards (at a drain, every pending one is applied); B steps at once."""
     recipe = load_recipe(cfg.recipe)
     a = ClusterStages(cfg, "A", recipe, ("embed",), 0, 0, 1, tmp_path)
     b = ClusterStages(cfg, "B", recipe, ("head",), 1, 0, 1, tmp_path)
     params = list(a.items[0].layer.parameters())
     drains = {s for s in range(1, STEPS + 1) if s == STEPS or s % cfg.checkpoint.every == 0}
-    pending, losses = None, {}
+    pending, losses = [], {}
     for k in range(STEPS):
         ids = step_ids(k, seed=cfg.train.seed, num_examples=recipe.num_examples, global_batch=cfg.train.global_batch)
         total = 0.0
@@ -98,11 +101,11 @@ def _reference(cfg, tmp_path) -> dict[int, float]:
         losses[k] = total
         grads = [p.grad.numpy().copy() for p in params]
         a.clear_grad()
-        for g in ([pending] if pending is not None else []) + ([grads] if k + 1 in drains else []):
-            for p, v in zip(params, g):
+        pending.append(grads)
+        while len(pending) > (0 if k + 1 in drains else cfg.train.stale_weights):
+            for p, v in zip(params, pending.pop(0)):
                 p._set_grad_ivar(paddle.to_tensor(v))
             a.optimizer_step()
-        pending = None if k + 1 in drains else grads
     return losses
 
 
@@ -115,9 +118,12 @@ def cfg(tmp_path):
                                checkpoint=dataclasses.replace(c.checkpoint, dir=str(tmp_path / "ck"), every=EVERY))
 
 
-def test_two_clusters_overlap_steps_and_compute_the_delayed_update(cfg, tmp_path):
+@pytest.mark.parametrize("delay", [1, 2])
+def test_two_clusters_overlap_steps_and_compute_the_delayed_update(cfg, tmp_path, delay):
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, stale_weights=delay))
     drains = {s for s in range(1, STEPS + 1) if s == STEPS or s % EVERY == 0}
-    got = _two_clusters(cfg, tmp_path / "run", _Gate(drains))  # completes only if A sends k+1 before taking k
+    # completes only if A sends step k+delay before it takes step k's gradients
+    got = _two_clusters(cfg, tmp_path / "run", _Gate(drains, lead=delay))
     ref = _reference(cfg, tmp_path / "ref")
     assert sorted(got) == list(range(STEPS))
     for k in range(STEPS):
@@ -127,10 +133,13 @@ def test_two_clusters_overlap_steps_and_compute_the_delayed_update(cfg, tmp_path
     assert any(abs(got[k] - sync[k]) > 1e-4 for k in range(2, STEPS)), "stale and synchronous runs agree"
 
 
-def test_synchronous_steps_wait_for_the_gradients(cfg, tmp_path):
-    sync = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, stale_weights=0), peer_timeout_s=3.0)
+@pytest.mark.parametrize("delay", [0, 1])
+def test_fewer_steps_in_flight_wait_for_the_gradients(cfg, tmp_path, delay):
+    """The gate is real: with fewer steps in flight than it holds back, A waits for a gradient that never comes."""
+    less = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, stale_weights=delay), peer_timeout_s=3.0,
+                               checkpoint=dataclasses.replace(cfg.checkpoint, every=0))
     with pytest.raises((PeerLost, TimeoutError)):
-        _two_clusters(sync, tmp_path / "run", _Gate(set()))
+        _two_clusters(less, tmp_path / "run", _Gate({STEPS}, lead=delay + 1))
 
 
 @pytest.mark.parametrize("mode_extra, word", [({"mode": "oneway"}, "oneway"),
@@ -140,12 +149,12 @@ def test_stale_weights_refused_outside_the_pipeline_mode(tmp_path, mode_extra, w
     job = toy_job(tmp_path, clusters=[{"id": "A"}, {"id": "B"}], stages=stages, **mode_extra)
     text = job.read_text().replace("seed: 3", "seed: 3\n  stale_weights: 1")
     job.write_text(text)
-    with pytest.raises(Exception, match=rf"train.stale_weights=1 .* mode {word}.*set train.stale_weights: 0"):
+    with pytest.raises(Exception, match=rf"train.stale_weights=1 .* mode {word}: set train.stale_weights: 0"):
         load_job_config(job)
 
 
 def test_stale_weights_value_checked(tmp_path):
     job = toy_job(tmp_path, clusters=[{"id": "A"}, {"id": "B"}], stages=TWO_STAGES)
-    job.write_text(job.read_text().replace("seed: 3", "seed: 3\n  stale_weights: 2"))
-    with pytest.raises(Exception, match=r"train.stale_weights=2 must be 0 .* or 1"):
+    job.write_text(job.read_text().replace("seed: 3", "seed: 3\n  stale_weights: 5"))
+    with pytest.raises(Exception, match=r"train.stale_weights=5 must be 0 .* from 1 to 4"):
         load_job_config(job)
