@@ -23,6 +23,9 @@ MODES: dict[str, dict[str, Any]] = {
     "pipeline": {"stages": [{"name": "embed", "cluster": "A"}, {"name": "head", "cluster": "B"}]},
     "oneway": {"stages": [{"name": "gen", "cluster": "A"}, {"name": "disc", "cluster": "B"}], "mode": "oneway",
                "oneway": {"k": 2, "sync_lag": 1}, "recipe_args": {"oneway": True}},
+    "oneway3": {"stages": [{"name": "gen1", "cluster": "A"}, {"name": "gen2", "cluster": "B"},
+                           {"name": "disc", "cluster": "C"}], "mode": "oneway", "oneway": {"k": 1, "sync_lag": 1},
+                "recipe_args": {"oneway": True, "num_stages": 3}},
     "data_parallel": {"stages": [], "mode": "data_parallel",
                       "data_parallel": {"sync_every": 1, "outer": {"algorithm": "average", "codec": "none"}}},
 }
@@ -116,12 +119,9 @@ def same_loss_each_time(records: list[dict]) -> dict[int, float]:
     return first
 
 
-def redone(tmp: Path, clusters: Sequence[str], resumed: int) -> int:
-    """Steps that were done before the recovery and done again after it: from `resumed` to the newest step any
-    cluster had done before the recovery began."""
-    done = 0
-    for c in clusters:
-        steps = [r["step"] for r in metrics(tmp, c)]
-        cut = next((i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]), len(steps))
-        done = max(done, steps[cut - 1] + 1 if cut else 0)
-    return done - resumed
+def redone(tmp: Path, clusters: Sequence[str], recovered: dict) -> int:
+    """Steps done before a recovery and done again after it: from the step resumed from to the newest step any
+    cluster had done before the recovery (`recovered`: a survivor's event; every step recorded before the
+    agreement was done before it, every step after it, after)."""
+    before = [r["step"] for c in clusters for r in metrics(tmp, c) if r["time"] < recovered["time"]]
+    return max(before) + 1 - recovered["step"]
