@@ -147,3 +147,21 @@ def test_oneway_three_clusters_a_sender_cluster_killed_and_launched_again(procs,
     for s in range(STEPS):
         got = (losses["A"][s], losses["B"][s], losses["C"][s])
         assert got == pytest.approx((*ref_gen[s], ref[s]), rel=1e-5, abs=1e-6), (s, got, ref_gen[s], ref[s])
+
+
+def test_a_killed_cluster_not_launched_again_ends_the_others_with_exit_3_and_todays_message(procs, tmp_path):
+    """The bound: cluster B is killed and nobody launches it again; A pauses, waits recovery_timeout_s, then exits
+    3 with one line naming B, the bound and what to do (today's message)."""
+    workers = start_switches(procs, tmp_path / "fed", ["A", "B"])
+    job = recovery_job(tmp_path, "pipeline", workers, steps=STEPS, peer_timeout_s=3, recovery_timeout_s=6)
+    a = start_rank(procs, job, "A", tmp_path / "A.log")
+    b = start_rank(procs, job, "B", tmp_path / "B.log")
+    wait_steps(tmp_path, "B", 2 * EVERY + 2, 120, [a, b])
+    kill_cluster(b)
+    assert a.wait(180) == 3, (tmp_path / "A.log").read_text()[-3000:]
+    lines = [line for line in (tmp_path / "A.log").read_text().splitlines() if line.startswith("nebula: ")]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("nebula: peer cluster B lost: peer cluster B did not come back within "
+                               "recovery_timeout_s=6 s"), lines[0]
+    assert "Restart all clusters of the job: they resume from the last common checkpoint" in lines[0]
+    assert not [e for e in events(tmp_path, "A") if e["event"] == "recovered"]  # it waited; nothing was agreed
