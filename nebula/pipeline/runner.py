@@ -280,9 +280,10 @@ class StageRunner:
             "step": step, "cluster": self.cluster, "rank": self.rank, "loss": loss,
             "step_s": round(step_s, 6), "wait_s": round(wait, 6), "compute_s": round(max(step_s - wait, 0.0), 6),
             "bytes_sent": sum(s.bytes_sent for s in stats), "bytes_recv": sum(s.bytes_recv for s in stats),
-            # boundary messages (each delivered once by the channels: summed over a run, what one side sent is
-            # what its peer received)
+            # boundary messages sent, taken by this step, and delivered twice (each step's messages are the peer's
+            # of the same step, or of oneway.sync_lag + 1 steps before for a one-way sender's sync tensors)
             "messages_sent": sum(s.messages_sent for s in stats), "messages_recv": sum(s.messages_recv for s in stats),
+            "messages_dup": sum(s.messages_dup for s in stats),
             "raw_bytes_sent": sum(s.raw_bytes_sent for s in stats),
             "codec_s": round(sum(s.codec_s for s in stats), 6),
             "link_bytes_per_s": self._link_rate(),

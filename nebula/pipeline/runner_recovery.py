@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from nebula.pipeline.links import PeerLost
+from nebula.pipeline.metrics import MetricsWriter
 
 __all__ = ["StepAbandoned", "PauseRequested", "ClusterFence", "RankRecovery"]
 
@@ -127,11 +128,9 @@ class RankRecovery:
                                      state_dir=Path(cfg.checkpoint.dir) / "recovery")
         self.tag = ""  # the agreed round's tag: names the boundary channels
         self.recoveries = 0
-        self._events = None
-        if cfg.metrics.dir:
-            path = Path(cfg.metrics.dir) / "recovery" / f"{runner.cluster}.rank{runner.rank}.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._events = path.open("a", encoding="utf-8")
+        # one line per agreement in <metrics.dir>/recovery/<cluster>.rank<r>.jsonl (benchmarks and tests)
+        self._events = MetricsWriter(str(Path(cfg.metrics.dir) / "recovery") if cfg.metrics.dir else None,
+                                     runner.cluster, runner.rank)
 
     # ---- decisions --------------------------------------------------------------------------------------------
     def start(self, steps: Sequence[int]) -> int:
@@ -214,17 +213,11 @@ class RankRecovery:
             self.fence.publish(name, doc)
 
     def _event(self, what: str, decision: dict, t0: float, **extra: Any) -> None:
-        """One line per agreement in `<metrics.dir>/recovery/<cluster>.rank<r>.jsonl` (benchmarks and tests)."""
-        if self._events is None:
-            return
-        rec = {"event": what, "cluster": self.cluster, "rank": self.rank, "step": decision["step"],
-               "epoch": decision["epoch"], "tag": decision["tag"], "wait_s": round(time.monotonic() - t0, 3),
-               "launch": self.coord.incarnation.count if self.coord is not None else None, "time": time.time(),
-               **extra}
-        self._events.write(json.dumps(rec, sort_keys=True) + "\n")
-        self._events.flush()
+        """One line per agreement (the recovery events file)."""
+        self._events.write({"event": what, "cluster": self.cluster, "rank": self.rank, "step": decision["step"],
+                            "epoch": decision["epoch"], "tag": decision["tag"],
+                            "wait_s": round(time.monotonic() - t0, 3), "time": time.time(),
+                            "launch": self.coord.incarnation.count if self.coord is not None else None, **extra})
 
     def close(self) -> None:
-        if self._events is not None:
-            self._events.close()
-            self._events = None
+        self._events.close()

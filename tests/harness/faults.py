@@ -139,16 +139,20 @@ def free_port() -> int:
 
 class FaultyWan:
     """Sites `clusters` in namespaces, each with its switch (provisioned under `root`), linked through delay
-    proxies; loss, rate and cuts through `sites`. `procs` starts (and reaps) every process."""
+    proxies; loss, rate and cuts through `sites`. `procs` starts (and reaps) every process. With
+    `namespaces=False` (no root) the switches run on loopback: delay, jitter and switch restarts only."""
 
     def __init__(self, root: Path, clusters: Sequence[str], procs: Any, *, delay_ms: float = 0.0,
                  jitter_ms: float = 0.0, loss_per_mille: int = 0, rate_mbit: float | None = None,
-                 name: str = "faultwan", seed: int = 0) -> None:
+                 name: str = "faultwan", seed: int = 0, namespaces: bool = True) -> None:
         from tests.harness.federation import LocalFederation
         from tests.harness.netns import Sites
 
+        if not namespaces and (loss_per_mille or rate_mbit is not None):
+            raise ValueError(f"loss_per_mille={loss_per_mille} and rate_mbit={rate_mbit} are the kernel's: they need "
+                             "network namespaces (root); leave them out with namespaces=False")
         self.clusters, self.procs = list(clusters), procs
-        self.sites = Sites(self.clusters, rate_mbit=rate_mbit, prefix=name[:8])
+        self.sites = Sites(self.clusters, rate_mbit=rate_mbit, prefix=name[:8]) if namespaces else None
         self.proxies: dict[str, Any] = {}
         try:
             routes: dict[str, list[str]] = {c: [] for c in self.clusters}
@@ -182,7 +186,7 @@ class FaultyWan:
                 str(jitter_ms), "--seed", str(seed)]
         for r in routes:
             args += ["--route", r]
-        p = self.procs.start(self.sites.argv(cluster, args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        p = self.procs.start([*self.fed.prefix(cluster), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         line = p.stdout.readline()
         if "proxying" not in line:
             raise RuntimeError(f"delay proxy of site {cluster} did not start: {line}{p.stdout.read()[-2000:]}")
@@ -191,7 +195,9 @@ class FaultyWan:
 
     # ---- faults ----
     def cut(self, cluster: str, seconds: float) -> None:
-        """Take the site off the WAN for `seconds` (blocks)."""
+        """Take the site off the WAN for `seconds` (blocks; needs namespaces)."""
+        if self.sites is None:
+            raise RuntimeError("link cuts need network namespaces (root): this WAN runs on loopback")
         self.sites.link_down(cluster)
         try:
             time.sleep(seconds)
@@ -217,7 +223,8 @@ class FaultyWan:
             fed.close()
         for p in self.proxies.values():
             self.procs.stop(p)
-        self.sites.close()
+        if self.sites is not None:
+            self.sites.close()
 
 
 class Schedule:

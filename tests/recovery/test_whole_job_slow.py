@@ -37,17 +37,24 @@ def _recovered_once(tmp_path, survivor: str, relaunched: str) -> dict:
     return rec[0]
 
 
+def _kill_and_launch_again(procs, tmp_path, job, killed: str, survivor: str) -> dict:
+    """Launch both clusters, SIGKILL every process of `killed` mid-run and launch it again; both finish; the
+    survivor's recovered event (one recovery, at most one checkpoint interval redone)."""
+    p = {c: launch(procs, job, c) for c in sorted((killed, survivor))}
+    wait_steps(tmp_path, survivor, 2 * EVERY + 2, 300, list(p.values()))
+    kill_cluster(p[killed], tmp_path / "metrics" / "log" / killed / "ranks")
+    p[killed] = launch(procs, job, killed)
+    done = {c: finish(q, 400) for c, q in p.items()}
+    assert all(code == 0 for code, _ in done.values()), "".join(out[-3000:] for _, out in done.values())
+    recovered = _recovered_once(tmp_path, survivor, killed)
+    assert 0 <= redone(tmp_path, "AB", recovered) <= EVERY
+    return recovered
+
+
 def test_pipeline_two_ranks_per_cluster_the_upstream_cluster_killed_and_launched_again(procs, tmp_path):
     workers = start_switches(procs, tmp_path / "fed", ["A", "B"])
     job = recovery_job(tmp_path, "pipeline", workers, steps=STEPS, procs={"A": 2, "B": 2}, peer_timeout_s=6)
-    pa, pb = launch(procs, job, "A"), launch(procs, job, "B")
-    wait_steps(tmp_path, "A", 2 * EVERY + 2, 300, [pa, pb])
-    kill_cluster(pa, tmp_path / "metrics" / "log" / "A" / "ranks")
-    pa = launch(procs, job, "A")
-    (ca, oa), (cb, ob) = finish(pa, 400), finish(pb, 400)
-    assert ca == 0 and cb == 0, oa[-3000:] + ob[-3000:]
-    recovered = _recovered_once(tmp_path, "B", "A")
-    assert 0 <= redone(tmp_path, "AB", recovered) <= EVERY
+    _kill_and_launch_again(procs, tmp_path, job, killed="A", survivor="B")
     ref = _reference(tmp_path, steps=STEPS, stages=TWO_STAGES_IN_A)
     for rank in (0, 1):
         losses = same_loss_each_time(metrics(tmp_path, "B", rank))
@@ -82,14 +89,7 @@ def test_data_parallel_a_killed_cluster_launched_again(procs, tmp_path):
     args = {"optimizer": "sgd", "lr": 0.5}
     job = recovery_job(tmp_path, "data_parallel", workers, steps=STEPS, procs={"A": 2, "B": 1}, peer_timeout_s=6,
                        global_batch=16, micro_batches=1, recipe_args=args)
-    pa, pb = launch(procs, job, "A"), launch(procs, job, "B")
-    wait_steps(tmp_path, "B", 2 * EVERY + 2, 300, [pa, pb])
-    kill_cluster(pb, tmp_path / "metrics" / "log" / "B" / "ranks")
-    pb = launch(procs, job, "B")
-    (ca, oa), (cb, ob) = finish(pa, 400), finish(pb, 400)
-    assert ca == 0 and cb == 0, oa[-3000:] + ob[-3000:]
-    recovered = _recovered_once(tmp_path, "A", "B")
-    assert 0 <= redone(tmp_path, "AB", recovered) <= EVERY
+    _kill_and_launch_again(procs, tmp_path, job, killed="B", survivor="A")
     a, b = same_loss_each_time(metrics(tmp_path, "A")), same_loss_each_time(metrics(tmp_path, "B"))
     assert same_loss_each_time(metrics(tmp_path, "A", 1)) == a
     assert sorted(a) == sorted(b) == list(range(STEPS))
