@@ -20,6 +20,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--elastic", action="store_true",
                    help="layer pipeline: when a rank leaves, relaunch with one rank fewer on a new allocation, "
                         "resuming from the last per-layer checkpoint")
+    p.add_argument("--supervise", action="store_true",
+                   help="launch the cluster again whenever it stops without finishing (killed, its switch gone, a "
+                        "peer lost): with recovery_timeout_s in the job, the other clusters wait and resume with it")
+    p.add_argument("--max-restarts", type=int, default=10,
+                   help="with --supervise: give up after this many failed launches in a row (default 10)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,6 +37,11 @@ def run(args: argparse.Namespace) -> int:
             print(" ".join(build_command(args.job, cfg, args.cluster, intra=args.intra, node_rank=args.node_rank,
                                          log_dir=args.log_dir)))
             return 0
+        if args.supervise:
+            from nebula.launch.supervise import supervise
+
+            return supervise(args.job, args.cluster, max_restarts=args.max_restarts, node_rank=args.node_rank,
+                             log_dir=args.log_dir, report=lambda line: print(line, file=sys.stderr, flush=True))
         if args.elastic:
             from nebula.launch.elastic import launch_elastic
 

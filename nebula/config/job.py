@@ -60,6 +60,9 @@ class JobConfig:
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
     peer_timeout_s: float = 120.0  # how long a rank waits for a silent peer cluster before exiting
     startup_timeout_s: float = 600.0  # how long a starting rank waits for the peer clusters to start
+    # whole-job recovery (docs/recovery.md): a lost peer cluster is waited for this long at the step boundary, all
+    # clusters then resume from the newest checkpoint every one holds; 0 = off (a lost peer ends the job, exit 3)
+    recovery_timeout_s: float = 0.0
     # cut between clusters by an allocator instead of by hand: a method name or an AllocationSpec mapping
     allocation: Any = None
 
@@ -93,6 +96,7 @@ class JobConfig:
             inside = " with a layer pipeline inside a cluster" if self.mode == "pipeline" else ""
             raise ValueError(f"train.stale_weights={self.train.stale_weights} delays updates between the clusters "
                              f"of mode pipeline; this job is mode {self.mode}{inside}: set train.stale_weights: 0")
+        self._check_recovery()
         if self.mode == "data_parallel":
             self._check_data_parallel()
             return
@@ -107,6 +111,22 @@ class JobConfig:
             raise ValueError(f"stages visit a cluster twice ({' -> '.join(segs)}); give each cluster one contiguous "
                              "run of stages")
         self._check_pairing(segs)
+
+    def _check_recovery(self) -> None:
+        """Recovery resumes every cluster from a checkpoint all of them hold: it needs checkpoints to resume from."""
+        t, ck = self.recovery_timeout_s, self.checkpoint
+        if t < 0:
+            raise ValueError(f"recovery_timeout_s={t} must be >= 0 (0 turns recovery off)")
+        if t == 0:
+            return
+        if self.mode == "oneway" and self.oneway.k == "auto":
+            raise ValueError(f"recovery_timeout_s={t:g} with oneway.k: auto: a relaunched cluster cannot probe k "
+                             "while the others wait for it; set oneway.k to a number (the one auto chose is in the "
+                             "receiver's log), or recovery_timeout_s: 0")
+        if not ck.dir or not ck.every or not ck.resume:
+            raise ValueError(f"recovery_timeout_s={t:g} resumes every cluster from a common checkpoint: set "
+                             f"checkpoint.dir, checkpoint.every > 0 and checkpoint.resume: true (now dir={ck.dir!r}, "
+                             f"every={ck.every}, resume={ck.resume}), or recovery_timeout_s: 0")
 
     def _check_pairing(self, segs: list[str]) -> None:
         if self.mode == "oneway":

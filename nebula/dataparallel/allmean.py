@@ -66,12 +66,25 @@ class ModelMismatch(ValueError):
     """Two clusters hold models (or plans) that cannot be averaged; the message names what differs."""
 
 
+class _LeaderMessenger(Messenger):
+    """The leaders' messages on one channel name per peer (a new name per recovery round)."""
+
+    def __init__(self, ep: Endpoint, name: str) -> None:
+        super().__init__(ep, inbox=TO_LEADER)
+        self.name = name
+
+    def channel(self, peer: Peer, epoch: int | None = None) -> Any:
+        return self.ep.channel(peer.cluster, peer.rank, self.name)
+
+
 class ClusterMean:
-    """The leader of `cluster` among `clusters` (job order): `agree()` once, then `mean()` as often as needed."""
+    """The leader of `cluster` among `clusters` (job order): `agree()` once, then `mean()` as often as needed.
+    `channel` names the leaders' channels (whole-job recovery opens new ones in every round, so nothing a leader
+    sent before a recovery is read after it)."""
 
     def __init__(self, ep: Endpoint, clusters: list[str], *, rank: int = 0, codec: str = "none",
-                 timeout_s: float = 120.0, startup_timeout_s: float = 600.0) -> None:
-        self.mb = Messenger(ep, inbox=TO_LEADER)
+                 timeout_s: float = 120.0, startup_timeout_s: float = 600.0, channel: str | None = None) -> None:
+        self.mb = Messenger(ep, inbox=TO_LEADER) if channel is None else _LeaderMessenger(ep, channel)
         self.me = ep.cluster
         self.order = list(clusters)
         if self.me not in self.order:

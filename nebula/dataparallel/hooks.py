@@ -9,7 +9,10 @@ outer momentum stay identical everywhere. Data: step s's `global_batch * num_clu
 permutation) are cut into one block of `global_batch` per cluster, in job order, so each cluster trains on its own
 share; with `sync_every: 1`, average and plain SGD this is synchronous data parallelism over all clusters' data.
 Checkpoints hold each cluster's replica, its inner optimizer and the outer state (anchor, momentum, last sync); a
-restarted job resumes from the newest step every cluster holds. The codec's own state (error-feedback residuals,
+restarted job resumes from the newest step every cluster holds; with `recovery_timeout_s` the clusters agree on it
+through the switches (whole-job recovery, docs/recovery.md), the leaders talk on channels of the recovery round, and
+a cluster's other ranks wait for their leader's mean at a meeting in the job's TCP store, which a leader that lost
+a peer cluster releases. The codec's own state (error-feedback residuals,
 low-rank warm starts) is not saved: it restarts from zero, so with such a codec a resumed run differs slightly.
 """
 from __future__ import annotations
@@ -54,6 +57,7 @@ class DataParallelHooks(PipelineHooks):
 
     def __init__(self, cfg: JobConfig) -> None:
         self.dp = cfg.data_parallel
+        self.recovery_on = cfg.recovery_timeout_s > 0
         self.order = [c.id for c in cfg.clusters]
         self.mean: ClusterMean | None = None
         self.anchor: dict[str, np.ndarray] = {}
@@ -70,6 +74,23 @@ class DataParallelHooks(PipelineHooks):
         return rank_micro_batches(mine, rank=rank, world_size=world, micro_batches=t.micro_batches)
 
     # ---- start: resume from the newest checkpoint every cluster holds, else one initial model for all ---------
+    def bind(self, runner: Any) -> None:
+        super().bind(runner)
+        cfg = runner.cfg
+        if runner.rank == 0 and len(self.order) > 1:  # the leader's connection (no stage map: no boundaries)
+            from nebula.channel import Endpoint
+
+            runner.endpoint = Endpoint.connect(runner.spec.worker, job=cfg.job, rank=0,
+                                               timeout_s=cfg.startup_timeout_s)
+
+    def clusters(self) -> list[str]:
+        return list(self.order)
+
+    def checkpoint_steps(self) -> list[int]:
+        """Checkpoints with the outer state (older ones cannot resume the outer optimizer)."""
+        ck = self.r.cfg.checkpoint
+        return ckpt.local_steps(ck.dir, self.r.cluster, self.r.stages.names, extra=True) if ck.dir else []
+
     def agree(self, steps: list[int]) -> int:
         return -1  # the pipeline's resume agrees along boundaries; the leaders agree in start_step instead
 
@@ -78,21 +99,18 @@ class DataParallelHooks(PipelineHooks):
         cfg = r.cfg
         start = r.checkpoint_start()  # checkpoint.init_from, if given
         ck = cfg.checkpoint
-        steps = []
-        if ck.resume and ck.dir:  # checkpoints with the outer state (older ones cannot resume the outer optimizer)
-            steps = ckpt.local_steps(ck.dir, r.cluster, r.stages.names, extra=True)
+        steps = r.resume_steps(extra=True)
         params = r.stages.params()
         mine = {k: p.numpy() for k, p in params.items()}
         adopted, resume = None, max(steps, default=-1)
         if r.rank == 0 and len(self.order) > 1:
-            from nebula.channel import Endpoint
-
-            r.endpoint = Endpoint.connect(r.spec.worker, job=cfg.job, rank=0, timeout_s=cfg.startup_timeout_s)
+            tag = r.recovery.tag if r.recovery is not None else ""
             self.mean = ClusterMean(r.endpoint, self.order, codec=self.dp.outer.codec, timeout_s=cfg.peer_timeout_s,
-                                    startup_timeout_s=cfg.startup_timeout_s)
+                                    startup_timeout_s=cfg.startup_timeout_s, channel=f"dp.{tag}" if tag else None)
             plan = {"sync_every": self.dp.sync_every, "outer": dataclasses.asdict(self.dp.outer),
                     "steps": cfg.train.steps, "global_batch": cfg.train.global_batch, "start": start}
             adopted, resume = self._guard(lambda: self.mean.agree(mine, plan, steps))
+        self._meet("start")
         resume = self._broadcast_int(resume)
         if resume >= 0:  # replica, inner optimizer and outer state (anchor, momentum, last sync) of that step
             d = ckpt.step_dir(ck.dir, resume)
@@ -104,7 +122,7 @@ class DataParallelHooks(PipelineHooks):
             log.info("cluster %s rank %d: resumed from checkpoint step %d (last sync at step %d)", r.cluster,
                      r.rank, start, self.last_sync)
             return start
-        self.last_sync = start
+        self.last_sync, self.buf = start, None
         self.anchor = self._broadcast(adopted, mine)
         for k, p in params.items():
             p.set_value(self.anchor[k])
@@ -137,6 +155,7 @@ class DataParallelHooks(PipelineHooks):
         if self.mean is not None:
             n = self.r.cfg.train.global_batch * (done - self.last_sync)
             mean = self._guard(lambda: self.mean.mean(delta, n))
+        self._meet(f"sync/{done}")
         mean = self._broadcast(mean, delta)
         out = self.dp.outer
         if out.algorithm == "average":
@@ -152,6 +171,15 @@ class DataParallelHooks(PipelineHooks):
                        "wan_bytes": sent}
 
     # ---- helpers ----------------------------------------------------------------------------------------
+    def _meet(self, name: str) -> None:
+        """With recovery, the ranks wait for their leader's WAN exchange in the job's TCP store, not in a gloo
+        broadcast (which gives up after 30 s, and which a leader that lost a peer cluster would never join: it
+        gives the round up instead, and the others stop with StepAbandoned)."""
+        r = self.r
+        if r.recovery is not None and r.recovery.fence is not None:
+            wait = max(r.cfg.peer_timeout_s, r.cfg.startup_timeout_s) + 60.0
+            r.recovery.fence.meet(f"dp/{name}", timeout_s=wait)
+
     def _guard(self, fn: Any) -> Any:
         """Run a WAN exchange; a silent cluster becomes PeerLost, a differing model a ConfigError."""
         try:

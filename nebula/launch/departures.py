@@ -12,7 +12,8 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["RANK_DIR_ENV", "DepartureWatch", "record_rank", "record_failure", "failures", "clear_failures"]
+__all__ = ["RANK_DIR_ENV", "DepartureWatch", "record_rank", "record_failure", "failures", "failure_codes",
+           "clear_failures"]
 
 RANK_DIR_ENV = "NEBULA_RANK_DIR"  # set by the launcher for its ranks
 POLL_S = 0.05
@@ -43,12 +44,14 @@ def record_rank() -> Path | None:
     return path
 
 
-def record_failure(line: str) -> bool:
-    """Leave this rank's one-line reason for stopping to the launcher; False when not started by the launcher (then
-    the rank prints it itself)."""
+def record_failure(line: str, code: int | None = None) -> bool:
+    """Leave this rank's one-line reason for stopping (and its exit code) to the launcher; False when not started
+    by the launcher (then the rank prints it itself)."""
     path = _rank_file("failed")
     if path is not None:
         _write(path, line.replace("\n", " ") + "\n")
+        if code is not None:
+            _write(path.with_suffix(".code"), f"{int(code)}\n")
     return path is not None
 
 
@@ -59,10 +62,22 @@ def failures(rank_dir: str | Path) -> list[str]:
     return list(dict.fromkeys(line for line in lines if line))
 
 
+def failure_codes(rank_dir: str | Path) -> set[int]:
+    """The exit codes the ranks of the last launch recorded with their reasons (none: killed, or crashed)."""
+    codes = set()
+    for f in Path(rank_dir).glob("rank*.code"):
+        try:
+            codes.add(int(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    return codes
+
+
 def clear_failures(rank_dir: str | Path) -> None:
     """Forget the reasons of an earlier launch."""
-    for f in Path(rank_dir).glob("rank*.failed"):
-        f.unlink(missing_ok=True)
+    for pattern in ("rank*.failed", "rank*.code"):
+        for f in Path(rank_dir).glob(pattern):
+            f.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

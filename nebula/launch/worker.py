@@ -13,6 +13,7 @@ from pathlib import Path
 EXIT_PEER_LOST = 3  # a peer cluster stayed silent past peer_timeout_s: restart all clusters to resume
 EXIT_CONFIG = 2  # the clusters disagree on something the job needs (checked before training): fix and restart
 EXIT_SWITCH = 4  # this cluster's switch did not answer (not started, or another endpoint or key): start it, retry
+EXIT_SUPERSEDED = 5  # a newer launch of this cluster took over (whole-job recovery): this older one must not restart
 
 
 def die_with_launcher() -> None:
@@ -33,10 +34,10 @@ def die_with_launcher() -> None:
 
 def _stop(code: int, line: str) -> int:
     """Stop this rank with one line saying why: left to the launcher, which prints it once (or printed here when
-    the rank was not started by `nebula launch`)."""
+    the rank was not started by `nebula launch`), with the exit code (a supervisor restarts by it)."""
     from nebula.launch.departures import record_failure
 
-    if not record_failure(line):
+    if not record_failure(line, code):
         print(line, file=sys.stderr, flush=True)
     return code
 
@@ -58,10 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     from nebula.launch.preflight import load_for_cluster
     from nebula.modes import run
     from nebula.pipeline.links import PeerLost, PeerNeverCame
+    from nebula.recovery.driver import RecoveryAbandoned, RecoverySuperseded
 
     cfg = load_for_cluster(args.job, args.cluster, intra=args.intra)  # as the launcher loaded it: the same cut
     try:
         res = run(cfg, args.cluster, workdir=Path(args.job).resolve().parent)
+    except RecoveryAbandoned as exc:  # the lost cluster did not come back within recovery_timeout_s
+        return _stop(EXIT_PEER_LOST, f"nebula: peer cluster {exc.cluster} lost: {exc}")
+    except RecoverySuperseded as exc:
+        return _stop(EXIT_SUPERSEDED, f"nebula: cluster {args.cluster}: {exc}")
     except PeerLost as exc:
         return _stop(EXIT_PEER_LOST, f"nebula: {exc}" if isinstance(exc, PeerNeverCame)
                      else f"nebula: peer cluster {exc.cluster} lost: {exc}")

@@ -6,7 +6,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -89,6 +89,9 @@ class ClusterStages:
         import paddle
 
         self.world = world
+        # called before the gradients' all-reduce (whole-job recovery: the cluster's ranks vote in the store that
+        # every one of them got its step's data, so none enters an all-reduce a sibling that lost its peer skips)
+        self.before_reduce: Callable[[], None] | None = None
         spec = cfg.cluster(cluster)
         self.items: list[LocalStage] = []
         for i, name in enumerate(names):
@@ -133,6 +136,8 @@ class ClusterStages:
 
     def optimizer_step(self) -> None:
         """All-reduce the gradients over the cluster's ranks, step every optimizer, clear the gradients."""
+        if self.before_reduce is not None:
+            self.before_reduce()
         if self.world > 1:
             from paddle.distributed.fleet.utils.hybrid_parallel_util import fused_allreduce_gradients
 

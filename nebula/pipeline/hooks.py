@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from nebula.pipeline import checkpoint as ckpt
 from nebula.pipeline.cluster_stages import mean_over_ranks
 from nebula.pipeline.data import rank_micro_batches, step_ids
 from nebula.pipeline.links import Link
@@ -49,6 +50,17 @@ class RunHooks:
     def wired(self) -> None:
         """Called once the boundaries are up (process groups the mode needs are made here)."""
 
+    def clusters(self) -> list[str]:
+        """The clusters taking part in the job (whole-job recovery agrees among them)."""
+        return [c for c, _ in self.r.cfg.segments]
+
+    def checkpoint_steps(self) -> list[int]:
+        """This cluster's committed, verified checkpoint steps that the mode can resume from."""
+        ck = self.r.cfg.checkpoint
+        if not ck.dir:
+            return []
+        return ckpt.local_steps(ck.dir, self.r.cluster, self.r.stages.names)
+
     def agree(self, steps: list[int]) -> int:
         """The newest checkpoint step every cluster holds (-1: none); also the start barrier."""
         return max(steps) if steps else -1
@@ -73,6 +85,9 @@ class RunHooks:
 
     def finish(self) -> None:
         """Called after the last step, before the boundaries close."""
+
+    def abandon(self) -> None:
+        """Forget the work of steps a recovery abandoned (the runner then resumes from a checkpoint)."""
 
     def record_fields(self) -> dict[str, Any]:
         """The mode's fields in this step's metrics record."""

@@ -131,15 +131,17 @@ class LinkStats:
     bytes_sent: int = 0
     bytes_recv: int = 0
     messages_sent: int = 0
-    messages_recv: int = 0
+    messages_recv: int = 0  # taken by the step (not when they arrive: a sender may run ahead)
     codec_s: float = 0.0  # encode + decode time, spent in background threads
     raw_bytes_sent: int = 0  # what was sent before its codec: bytes_sent over this is the compression achieved
+    messages_dup: int = 0  # arrived under a key whose message still waited (a message delivered twice)
 
     def take(self) -> "LinkStats":
         """Return a copy and reset the counters."""
         out = LinkStats(self.bytes_sent, self.bytes_recv, self.messages_sent, self.messages_recv, self.codec_s,
-                        self.raw_bytes_sent)
+                        self.raw_bytes_sent, self.messages_dup)
         self.bytes_sent = self.bytes_recv = self.messages_sent = self.messages_recv = self.raw_bytes_sent = 0
+        self.messages_dup = 0
         self.codec_s = 0.0
         return out
 
@@ -257,7 +259,7 @@ class LinkReceiver:
                 return
             with self._cond:
                 self.stats.bytes_recv += len(view)
-                self.stats.messages_recv += 1
+                self.stats.messages_dup += key in self._items
                 self._items[key] = array
                 self._error = None
                 self._last_heard = time.monotonic()
@@ -292,6 +294,7 @@ class LinkReceiver:
                                 f"; {self._error}" if self._error else "")
                     next_warn += 10.0
                 self._cond.wait(timeout=min(1.0, limit))
+            self.stats.messages_recv += 1
             return self._items.pop(key)
 
     def _never_came(self, limit: float) -> PeerNeverCame:

@@ -5,12 +5,19 @@ A run mode (`nebula.modes`) hands the runner its `RunHooks` (`nebula.pipeline.ho
 Scenario II schedule, the one-way mode's scatter (`nebula.pipeline.oneway`), or cross-cluster data parallelism's
 outer steps (`nebula.dataparallel`). Ranks of a cluster are data parallel: gradients are averaged over the
 cluster's process group after the micro-batches. See docs/architecture.md, "Run modes".
+
+With `recovery_timeout_s` set, the runner takes part in whole-job recovery (docs/recovery.md): the clusters agree
+through the switches where to start, every step boundary checks whether another cluster began a recovery, and a
+lost peer cluster (or such a request) stops the step: the partial step is dropped, the clusters agree on the newest
+checkpoint all hold, the boundaries are opened again on channels of the new round, and training goes on from there.
+Recovery lives at the step boundary only (`nebula.pipeline.runner_recovery`); a step itself knows nothing of it.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +28,9 @@ from nebula.pipeline import checkpoint as ckpt
 from nebula.pipeline.cluster_stages import ClusterStages, join_cluster
 from nebula.pipeline.hooks import PipelineHooks, RunHooks, Wiring
 from nebula.pipeline.links import ChannelLink, Link
+from nebula.pipeline.links import PeerLost
 from nebula.pipeline.metrics import MetricsWriter
+from nebula.pipeline.runner_recovery import PauseRequested, RankRecovery, StepAbandoned
 from nebula.pipeline.stage import load_recipe
 from nebula.pipeline.stale import StalePipelineHooks
 
@@ -39,6 +48,7 @@ class RunResult:
     end_step: int
     losses: dict[int, float] = field(default_factory=dict)
     checkpoints: list[int] = field(default_factory=list)
+    recoveries: list[int] = field(default_factory=list)  # the step resumed from after each recovery
 
 
 class StageRunner:
@@ -58,9 +68,19 @@ class StageRunner:
         self.scatter_wait = 0.0  # time receivers spend in the intra-cluster scatter (one-way mode)
         self.prev = self.next = None
         self.endpoint: Any = None
+        self.step = 0
+        self.workdir = workdir
+        self.agreed: int | None = None  # with recovery: the step the clusters agreed to start or resume from
         hooks.bind(self)  # (the one-way mode resolves `k: auto` here, before wiring)
-        self._wire(wiring)
-        hooks.wired()
+        self.recovery: RankRecovery | None = None
+        clusters = hooks.clusters()
+        if cfg.recovery_timeout_s > 0 and wiring is None and len(clusters) > 1:
+            self.recovery = RankRecovery(self, clusters)  # the boundaries are wired once the clusters agreed
+            if self.recovery.fence is not None:
+                self.stages.before_reduce = self.recovery.fence.vote
+        else:
+            self._wire(wiring)
+            hooks.wired()
         self.metrics = MetricsWriter(cfg.metrics.dir, cluster, self.rank)
 
     # ---- wiring -------------------------------------------------------------------------------------------
@@ -89,8 +109,11 @@ class StageRunner:
         return out
 
     def links(self, peer: str, peer_rank: int, name: str) -> dict[str, Link]:
-        """The activation, gradient and control links to `peer_rank` of cluster `peer`, on channels `name.*`."""
+        """The activation, gradient and control links to `peer_rank` of cluster `peer`, on channels `name.*` (with
+        recovery, `name.<round tag>.*`: new channels in every recovery round)."""
         ep = self.connect()
+        if self.recovery is not None and self.recovery.tag:
+            name = f"{name}.{self.recovery.tag}"
         return {kind: ChannelLink(ep, peer, peer_rank, f"{name}.{kind}") for kind in ("act", "grad", "ctl")}
 
     def connect(self) -> Any:
@@ -105,12 +128,19 @@ class StageRunner:
         return self.endpoint
 
     # ---- checkpoints --------------------------------------------------------------------------------------
+    def resume_steps(self, *, extra: bool = False) -> list[int]:
+        """The checkpoint steps this cluster offers to resume from: with recovery, the one the clusters agreed on
+        (none for -1); else its own verified checkpoints (`extra`: those holding the mode's extra state)."""
+        if self.agreed is not None:
+            return [self.agreed] if self.agreed >= 0 else []
+        ck = self.cfg.checkpoint
+        return ckpt.local_steps(ck.dir, self.cluster, self.stages.names, extra=extra) if ck.resume and ck.dir else []
+
     def checkpoint_start(self) -> int:
         """Load the newest checkpoint every cluster holds (agreed by the hooks), else `checkpoint.init_from`; the
         step to start from."""
         ck = self.cfg.checkpoint
-        steps = ckpt.local_steps(ck.dir, self.cluster, self.stages.names) if ck.resume and ck.dir else []
-        chosen = self.hooks.agree(steps)
+        chosen = self.hooks.agree(self.resume_steps())
         if chosen >= 0:
             start = ckpt.load(ckpt.step_dir(ck.dir, chosen), self.stages.states())
             log.info("cluster %s rank %d: resumed from checkpoint step %d", self.cluster, self.rank, start)
@@ -136,7 +166,7 @@ class StageRunner:
     def run(self) -> RunResult:
         cfg = self.cfg
         try:
-            start = self.hooks.start_step()
+            start = self._start()
         except BaseException:
             # flush what the start-up already sent: a peer whose handshake this rank refuses still gets this
             # rank's own (and can name the problem itself) instead of waiting out its start-up timeout for it
@@ -149,35 +179,97 @@ class StageRunner:
             from tqdm import tqdm
 
             bar = tqdm(total=cfg.train.steps, initial=start, desc=f"{cfg.job}@{self.cluster}", unit="step")
+        self.step = start  # the step being run (or next, at a boundary)
         try:
-            for step in range(start, cfg.train.steps):
-                for b in self.boundaries():
-                    b.wait_s = 0.0
-                self.scatter_wait = 0.0
-                t0 = time.perf_counter()
-                with self.stages.no_sync():
-                    loss = self.hooks.step(step)
-                for b in self.boundaries():
-                    b.flush()
-                self._record(step, loss, time.perf_counter() - t0, result)
-                self._maybe_save(step + 1, result)
-                if bar is not None:
-                    bar.update(1)
-                    if loss is not None:
-                        bar.set_postfix(loss=f"{loss:.4f}")
-            self.hooks.finish()
+            while True:
+                try:
+                    self._train(result, bar)
+                    self.hooks.finish()
+                    break
+                except Exception as exc:
+                    self.step = self._recover_from(exc, self.step, result)
+                    if bar is not None:
+                        bar.n = self.step
             result.end_step = cfg.train.steps
-        except Exception as exc:
-            lost = next((b.lost for b in self.boundaries() if b.lost is not None), None)
-            if lost is not None and lost is not exc:
-                raise lost from None  # the cause, not paddle's wrapping of an error raised inside backward
-            raise
         finally:
             if bar is not None:
                 bar.close()
             with contextlib.suppress(Exception):
                 self.close()
         return result
+
+    def _train(self, result: RunResult, bar: Any) -> None:
+        """Steps from `self.step` to the end; with recovery, a pause another cluster asked for stops at a
+        boundary."""
+        while (step := self.step) < self.cfg.train.steps:
+            for b in self.boundaries():
+                b.wait_s = 0.0
+            self.scatter_wait = 0.0
+            t0 = time.perf_counter()
+            with self.stages.no_sync():
+                loss = self.hooks.step(step)
+            for b in self.boundaries():
+                b.flush()
+            self._record(step, loss, time.perf_counter() - t0, result)
+            self._maybe_save(step + 1, result)
+            self.step = step + 1
+            if bar is not None:
+                bar.update(1)
+                if loss is not None:
+                    bar.set_postfix(loss=f"{loss:.4f}")
+            if self.recovery is not None and self.step < self.cfg.train.steps and self.recovery.pause_at(self.step):
+                raise PauseRequested(f"cluster {self.cluster}: another cluster began a recovery")
+
+    def _cause(self, exc: BaseException) -> BaseException | None:
+        """What stopped the step when recovery can handle it (a lost peer, a sibling that gave the step up, a
+        pause), else None; a PeerLost raised inside backward is found on its boundary (paddle wraps it)."""
+        lost = next((b.lost for b in self.boundaries() if b.lost is not None), None)
+        if lost is not None:
+            return lost
+        if isinstance(exc, (PeerLost, StepAbandoned, PauseRequested)):
+            return exc
+        return None
+
+    def _recover_from(self, exc: Exception, step: int, result: RunResult) -> int:
+        """Recover from `exc` if recovery can (again, when the resume itself loses a peer), else raise it."""
+        while True:
+            cause = self._cause(exc)
+            if self.recovery is None or cause is None:
+                if cause is not None and cause is not exc:
+                    raise cause from None  # the cause, not paddle's wrapping of an error raised inside backward
+                raise exc
+            try:
+                return self._recover(step, cause, result)
+            except Exception as again:  # noqa: BLE001 - a peer lost while resuming: the next round
+                exc = again
+
+    def _start(self) -> int:
+        """The first step: with recovery, after the clusters agreed where to start (then the boundaries are
+        wired on the round's channels); the hooks' own start-up (handshakes, loading) follows."""
+        if self.recovery is not None:
+            self.agreed = self.recovery.start(self.hooks.checkpoint_steps())
+            self._wire(None)
+            self.hooks.wired()
+        return self.hooks.start_step()
+
+    def _recover(self, step: int, cause: BaseException, result: RunResult) -> int:
+        """Drop the partial step, agree with the other clusters, reopen the boundaries on the new round's channels
+        and load the agreed checkpoint; the step to go on from."""
+        old = self.boundaries()
+        self.prev = self.next = None
+        for b in old:  # (a send to a lost peer may never complete: never wait for it here)
+            threading.Thread(target=b.close, name="close-abandoned-boundary", daemon=True).start()
+        self.hooks.abandon()
+        self.agreed = self.recovery.recover(step, cause, self.hooks.checkpoint_steps)
+        if self.agreed < 0:  # no common checkpoint: the initial model again
+            self.stages = ClusterStages(self.cfg, self.cluster, self.recipe, tuple(self.stages.names),
+                                        self.stages.items[0].index, self.rank, self.world, self.workdir)
+            if self.recovery.fence is not None:
+                self.stages.before_reduce = self.recovery.fence.vote
+        self._wire(None)
+        start = self.hooks.start_step()
+        result.recoveries.append(start)
+        return start
 
     def boundaries(self) -> list[Any]:
         """This rank's boundaries (previous, next), those it has."""
@@ -190,6 +282,10 @@ class StageRunner:
             "step": step, "cluster": self.cluster, "rank": self.rank, "loss": loss,
             "step_s": round(step_s, 6), "wait_s": round(wait, 6), "compute_s": round(max(step_s - wait, 0.0), 6),
             "bytes_sent": sum(s.bytes_sent for s in stats), "bytes_recv": sum(s.bytes_recv for s in stats),
+            # boundary messages sent, taken by this step, and delivered twice (each step's messages are the peer's
+            # of the same step, or of oneway.sync_lag + 1 steps before for a one-way sender's sync tensors)
+            "messages_sent": sum(s.messages_sent for s in stats), "messages_recv": sum(s.messages_recv for s in stats),
+            "messages_dup": sum(s.messages_dup for s in stats),
             "raw_bytes_sent": sum(s.raw_bytes_sent for s in stats),
             "codec_s": round(sum(s.codec_s for s in stats), 6),
             "link_bytes_per_s": self._link_rate(),
@@ -211,6 +307,8 @@ class StageRunner:
         for b in self.boundaries():
             b.close()
         self.metrics.close()
+        if self.recovery is not None:
+            self.recovery.close()
         if self.endpoint is not None:
             self.endpoint.close()
 

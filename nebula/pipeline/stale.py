@@ -142,7 +142,6 @@ class StalePipelineHooks(PipelineHooks):
         while self.pending:
             self._apply()
 
-    def discard(self) -> None:
-        """Forget pending work (a recovery that rolls back to a checkpoint)."""
+    def abandon(self) -> None:
+        """Forget the pending steps (their graphs hang on the abandoned boundaries); checkpoints hold none."""
         self.pending.clear()
-        self.r.stages.clear_grad()

@@ -12,6 +12,7 @@ such by every receiver.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Union
@@ -72,6 +73,14 @@ class Round:
 
     def with_incarnation(self, index: int, inc: Incarnation) -> Round:
         return Round(self.epoch, self.view[:index] + (inc,) + self.view[index + 1:])
+
+    @property
+    def tag(self) -> str:
+        """A short name of this round, the same on every cluster (`r<epoch>-<digest of the view>`): channels named
+        with it are new in every round, so nothing sent in an abandoned round is read in the next. The view is part
+        of it because a round can keep its epoch and gain a newer launch of a cluster."""
+        view = ",".join(f"{i.count}:{i.nonce}" for i in self.view)
+        return f"r{self.epoch}-{hashlib.sha256(view.encode()).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,7 +131,8 @@ class ToyLayers(LayeredModel):
 
 
 class ToyRecipe(Recipe):
-    """Toy MLP in `num_stages` stages named embed, mid1..., head (or gen, disc with oneway=True).
+    """Toy MLP in `num_stages` stages named embed, mid1..., head (with oneway=True: senders gen, or gen1, gen2, ...
+    for several sender clusters, and the receiver disc).
 
     `depth` adds hidden layers to every stage (more compute per byte on the boundary, for benchmarks).
     `layered()` gives the MLP as `num_layers` layers (for allocation and in-cluster layer pipelines); with
@@ -154,15 +155,14 @@ class ToyRecipe(Recipe):
             self.bounds = list(bounds)
         if num_stages < 2:
             raise ValueError(f"num_stages={num_stages} must be >= 2")
-        if oneway and num_stages != 2:
-            raise ValueError("oneway=True needs num_stages=2 (sender, receiver)")
         if oneway and bounds is not None:
             raise ValueError("bounds cut the layered MLP; oneway=True has its own two stages, drop one of them")
         self.dim, self.hidden, self.classes, self.lr = dim, hidden, classes, lr
         self.data_seed, self.oneway, self.depth = data_seed, oneway, depth
         self.num_examples = num_examples
-        if oneway:
-            self.stage_names = ("gen", "disc")
+        if oneway:  # every stage but the last is a sender (one per sender cluster, M3)
+            self.stage_names = ("gen", "disc") if num_stages == 2 else (
+                *(f"gen{i}" for i in range(1, num_stages)), "disc")
         else:
             self.stage_names = ("embed", *(f"mid{i}" for i in range(1, num_stages - 1)), "head")
 
@@ -176,4 +176,6 @@ class ToyRecipe(Recipe):
             return RangeRecipe(self.layered(), self.bounds, self.stage_names).stage(name)
         i = list(self.stage_names).index(name)
         pos = "first" if i == 0 else "last" if i == len(self.stage_names) - 1 else "middle"
+        if self.oneway and pos == "middle":
+            pos = "first"  # another sender
         return ToyStage(self, pos)

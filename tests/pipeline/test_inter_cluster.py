@@ -49,7 +49,8 @@ def test_two_clusters_two_ranks_each_match_single_process(procs, tmp_path):
 def test_two_clusters_two_ranks_each_with_stale_weights_compute_the_delayed_update(procs, tmp_path):
     """train.stale_weights: 1 through real switches and two ranks per cluster: the losses of the delayed update
     rule computed in one process (tests/pipeline/test_stale_weights.py), with drains at the checkpoints."""
-    from tests.pipeline.test_stale_weights import EVERY, MBS, STEPS as S, _reference
+    from tests.pipeline.helpers import stale_reference
+    from tests.pipeline.test_stale_weights import EVERY, MBS, STEPS as S
 
     workers = start_switches(procs, tmp_path / "fed", ["A", "B"])
     job = toy_job(tmp_path, steps=S, stages=TWO_STAGES, peer_timeout_s=60, micro_batches=MBS,
@@ -61,7 +62,7 @@ def test_two_clusters_two_ranks_each_with_stale_weights_compute_the_delayed_upda
     (ca, outa), (cb, outb) = finish(pa, 240), finish(pb, 240)
     assert ca == 0 and cb == 0, outa[-3000:] + outb[-3000:]
     cfg = load_job_config(job)
-    ref = _reference(cfg, tmp_path / "ref")
+    ref = stale_reference(cfg, tmp_path / "ref")
     got = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "metrics" / "B.rank0.jsonl")}
     assert sorted(got) == list(range(S))
     for s in range(S):

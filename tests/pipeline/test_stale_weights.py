@@ -8,16 +8,11 @@ import queue
 import struct
 import threading
 
-import numpy as np
-import paddle
 import pytest
 
 from nebula.config.job import load_job_config
-from nebula.pipeline.cluster_stages import ClusterStages
-from nebula.pipeline.data import rank_micro_batches, step_ids
 from nebula.pipeline.links import PeerLost, QueueLink
-from nebula.pipeline.stage import load_recipe
-from tests.pipeline.helpers import TWO_STAGES, run_two_clusters, toy_job
+from tests.pipeline.helpers import TWO_STAGES, run_two_clusters, stale_reference, toy_job
 
 STEPS, EVERY, MBS = 7, 3, 2
 _STEP = struct.Struct("<q")  # a boundary message starts with its key's step
@@ -80,35 +75,6 @@ def _two_clusters(cfg, tmp_path, gate: _Gate) -> dict[int, float]:
     return run_two_clusters(cfg, wa, wb, tmp_path, a_ready=lambda: not a_to_b.empty(), timeout_s=120)[1].losses
 
 
-def _reference(cfg, tmp_path) -> dict[int, float]:
-    """The update rule in one process: A's gradient of step k is computed at step k's weights and applied after
-    step k+N's forwards (at a drain, every pending one is applied); B steps at once."""
-    recipe = load_recipe(cfg.recipe)
-    a = ClusterStages(cfg, "A", recipe, ("embed",), 0, 0, 1, tmp_path)
-    b = ClusterStages(cfg, "B", recipe, ("head",), 1, 0, 1, tmp_path)
-    params = list(a.items[0].layer.parameters())
-    drains = {s for s in range(1, STEPS + 1) if s == STEPS or s % cfg.checkpoint.every == 0}
-    pending, losses = [], {}
-    for k in range(STEPS):
-        ids = step_ids(k, seed=cfg.train.seed, num_examples=recipe.num_examples, global_batch=cfg.train.global_batch)
-        total = 0.0
-        for mb in rank_micro_batches(ids, rank=0, world_size=1, micro_batches=MBS):
-            h = a.forward(mb, None).send
-            loss = b.forward(mb, h).loss / MBS
-            loss.backward()
-            total += float(loss.numpy())
-        b.optimizer_step()
-        losses[k] = total
-        grads = [p.grad.numpy().copy() for p in params]
-        a.clear_grad()
-        pending.append(grads)
-        while len(pending) > (0 if k + 1 in drains else cfg.train.stale_weights):
-            for p, v in zip(params, pending.pop(0)):
-                p._set_grad_ivar(paddle.to_tensor(v))
-            a.optimizer_step()
-    return losses
-
-
 @pytest.fixture
 def cfg(tmp_path):
     job = toy_job(tmp_path, clusters=[{"id": "A"}, {"id": "B"}], stages=TWO_STAGES, steps=STEPS, micro_batches=MBS,
@@ -124,11 +90,11 @@ def test_two_clusters_overlap_steps_and_compute_the_delayed_update(cfg, tmp_path
     drains = {s for s in range(1, STEPS + 1) if s == STEPS or s % EVERY == 0}
     # completes only if A sends step k+delay before it takes step k's gradients
     got = _two_clusters(cfg, tmp_path / "run", _Gate(drains, lead=delay))
-    ref = _reference(cfg, tmp_path / "ref")
+    ref = stale_reference(cfg, tmp_path / "ref")
     assert sorted(got) == list(range(STEPS))
     for k in range(STEPS):
         assert got[k] == pytest.approx(ref[k], rel=1e-5, abs=1e-6), (k, got, ref)
-    sync = _reference(dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, every=1)),
+    sync = stale_reference(dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, every=1)),
                       tmp_path / "sync")  # a drain every step is the synchronous schedule
     assert any(abs(got[k] - sync[k]) > 1e-4 for k in range(2, STEPS)), "stale and synchronous runs agree"
 

@@ -59,8 +59,13 @@ class Scatter:
         return out[0]
 
     def meet(self, name: str, n: int) -> None:
-        """Barrier of `n` receiver ranks kept in the job's TCP store (bounded by peer_timeout_s)."""
+        """Barrier of `n` receiver ranks kept in the job's TCP store (bounded by peer_timeout_s); with whole-job
+        recovery, in the recovery round's fence (a root that lost its sender cluster releases its receivers)."""
         if n < 2:
+            return
+        recovery = getattr(self.r, "recovery", None)
+        if recovery is not None and recovery.fence is not None:
+            recovery.fence.meet(f"oneway/{name}", n, timeout_s=self.r.cfg.peer_timeout_s + 60.0)
             return
         if self._store_sync is None:
             from nebula.pipeline.groups import StoreBarrier, job_store
