@@ -120,11 +120,16 @@ class SecAggServer:
         return frozenset(h for h in self.holders[client] if h in self.shared and h != client)
 
     # -- stage 3 -----------------------------------------------------------------------------------------------
+    def check_masked(self, client: str, round_: int) -> None:
+        """SecAggRefused unless a masked input of `client` for `round_` is taken now: what a combiner checks before
+        it takes the words in."""
+        self._check(client, round_, "mask", self.shared)
+        if client in self.masked:
+            raise self._refuse(client, "sent a masked input twice")
+
     def receive_masked(self, msg: MaskedInput) -> None:
         """Take one masked input and add it to the running sum (mod 2^b)."""
-        self._check(msg.client, msg.round, "mask", self.shared)
-        if msg.client in self.masked:
-            raise self._refuse(msg.client, "sent a masked input twice")
+        self.check_masked(msg.client, msg.round)
         q = self.params.quantizer
         w = msg.words
         if not isinstance(w, np.ndarray) or w.dtype != q.dtype or w.shape != self._acc.shape:
