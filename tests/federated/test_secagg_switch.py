@@ -6,8 +6,10 @@ import json
 
 import numpy as np
 
-from tests.federated.harness import federation, run_job, write_job
 from nebula.federated.trail import ModelTrail
+from tests.federated.harness import (federation, run_job, start_client, start_clients, start_cluster, wait_exit,
+                                     write_job)
+from tests.federated.toy_client import make_client
 
 SECURE = {"protocol": "secagg+", "clip_range": 1000.0, "max_weight": 1000}
 
@@ -45,3 +47,55 @@ def test_secagg_fedavg_equals_plain_fedavg_within_the_stated_quantisation_bound(
         assert [r["outcome"] for r in sums] == ["summed"] and len(sums[0]["detail"]["survivors"]) == 3
         # the combiner never took an update in the clear
         assert all(r["detail"].get("masked") for r in _audit(tmp_path, c, "secure") if r["action"] == "fl.update")
+
+
+def _survivors_mean(job_clients: dict[str, list[int]]) -> dict[str, np.ndarray]:
+    """FedAvg in float64 of the named toy clients' fits from the zero model (every toy client holds 200 examples)."""
+    fits = []
+    for cluster, idx in job_clients.items():
+        for i in idx:
+            c = make_client(cluster, i, {})
+            fits.append(c.fit(c.get_parameters({}), {})[0])
+    return {k: np.mean([f[k].astype(np.float64) for f in fits], axis=0) for k in fits[0]}
+
+
+def test_dropouts_mid_round_close_with_the_survivors_sum_and_a_late_client_is_refused_and_audited(procs, tmp_path):
+    """Of ten clients, two die during their training (after sharing their keys) and one sends its masked input
+    after the round's deadline: 30% drop out of round 1, which still closes with the seven survivors' sum (their
+    masks and the dead clients' pairwise masks removed from the shares of the others); the late input is refused
+    and audited. Round 2 goes on with those still there."""
+    workers = federation(procs, tmp_path)
+    behaviours = {"A/1": "crash", "B/3": "crash"}
+    # B's clients take 5 s to train in every round, so round 2 is still running when A/4 comes back (10 s)
+    sleeps = {"A/4": 10.0, **{f"B/{i}": 5.0 for i in (0, 1, 2, 4)}}
+    job = write_job(tmp_path, workers, {"A": 5, "B": 5}, rounds=2, deadline_s=8,
+                    secure_aggregation={**SECURE, "max_dropout": 0.3},
+                    client={"factory": "tests.federated.toy_client:make_client",
+                            "args": {"behaviours": behaviours, "sleep_s": sleeps}})
+    actors = [start_cluster(procs, job, c) for c in "AB"]
+    crashing = [start_client(procs, job, "A", 1), start_client(procs, job, "B", 3)]
+    clients = [start_clients(procs, job, "A", [0, 2, 3, 4]), start_clients(procs, job, "B", [0, 1, 2, 4])]
+    out = wait_exit(actors[0], 120)
+    wait_exit(actors[1], 30)
+    for p in clients:
+        wait_exit(p, 30)
+    assert [p.wait(10) for p in crashing] == [3, 3]
+    with ModelTrail(tmp_path / "fl" / "trail") as t:
+        r1, r2 = t.rounds()
+        v2, _ = t.load(2)
+    assert r1.status == "valid" and r1.num_updates == 7, out
+    assert r1.detail["secure"]["dropped"] == ["A/3", "A/6", "B/5"]
+    assert sorted(r1.detail["missing"]) == ["A/3", "A/6", "B/5"]
+    want = _survivors_mean({"A": [0, 2, 3], "B": [0, 1, 2, 4]})
+    bound = r1.detail["secure"]["error_bound"]
+    for k in want:
+        ulp = np.spacing(np.abs(want[k]).astype(np.float32)).astype(np.float64)
+        assert (np.abs(v2[k] - want[k]) <= bound + 4 * ulp).all(), k
+    # round 2: the dead and the late are not asked again until heard from; the late one was heard from
+    assert r2.status == "valid" and r2.num_updates == 7 and r2.detail["secure"]["dropped"] == []
+    audit = _audit(tmp_path, "A")
+    late = [r for r in audit if r["action"] == "fl.secagg" and r["outcome"] == "refused"
+            and "A/6" in [r["target"], *r["detail"].get("clients", [])]]
+    assert late and "late" in late[0]["detail"]["reason"], [r for r in audit if r["action"] == "fl.secagg"]
+    summed = [r["detail"] for r in audit if r["action"] == "fl.secagg" and r["outcome"] == "summed"]
+    assert summed[0]["dropped"] == ["A/3", "A/6"] and summed[0]["survivors"] == ["A/2", "A/4", "A/5"]
