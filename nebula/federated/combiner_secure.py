@@ -1,9 +1,10 @@
 """A combiner's synchronous round with secure aggregation (`SecureRound`): the I/O around the pure
 `SecureRoundState`. The task carries the round's fresh session and its clients; then the stages follow, each
-closed when every client still in the round has answered or its time is up: the keys and the shares (each at most
-`secure_aggregation.stage_timeout_s`, and at most a quarter of the round's deadline), the masked inputs (until the
-round's deadline) and the unmasking shares (`stage_timeout_s` more). Every refusal is answered with its reason and
-audited as `fl.secagg` (an asked client's first one by one, what a sender can repeat counted), as in a plain round.
+closed when every client still in the round has answered or its time is up: the keys and the shares (each once
+`secure_aggregation.stage_timeout_s` pass without a new answer, and within half the round's deadline), the masked
+inputs (until the round's deadline) and the unmasking shares (as the keys, within UNMASK_STAGES x stage_timeout_s;
+the reducer waits one stage_timeout_s more for the sum). Every refusal is answered with its reason and audited
+as `fl.secagg` (an asked client's first one by one, what a sender can repeat counted), as in a plain round.
 """
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from nebula.federated.secagg import word_bits_for_codec
 from nebula.federated.secure_state import SecureRoundState
 from nebula.federated.transport import Peer
 
-__all__ = ["SecureRound"]
+__all__ = ["SecureRound", "UNMASK_STAGES"]
 
 log = logging.getLogger(__name__)
+UNMASK_STAGES = 2  # the unmask stage lasts at most this many stage_timeout_s
 
 
 class SecureRound(SyncRound):
@@ -47,24 +49,46 @@ class SecureRound(SyncRound):
         st, cfg = self.state, self.c.job.secure_aggregation
         if st.server is None:
             return None
-        key_s = min(cfg.stage_timeout_s, self.cmd.deadline_s / 4)
+        t0 = time.monotonic()
         for close in (st.close_keys, st.close_shares):
-            command = self.pump(min(self.deadline, time.monotonic() + key_s))
+            command = self.pump_stage(min(self.deadline, time.monotonic() + self.cmd.deadline_s / 2),
+                                      cfg.stage_timeout_s)
             if command is not None:
                 return command
+            self._closing(t0)
             self.send_stage(close())
         command = self.pump(self.deadline)
         if command is not None:
             return command
+        self._closing(t0)
         self.send_stage(st.close_masked())
-        return self.pump(time.monotonic() + cfg.stage_timeout_s)
+        command = self.pump_stage(time.monotonic() + UNMASK_STAGES * cfg.stage_timeout_s, cfg.stage_timeout_s)
+        self._closing(t0)
+        return command
+
+    def _closing(self, t0: float) -> None:
+        s = self.state.server
+        log.info("combiner %s: round %d: %s stage closed after %.2f s (keys %d, shares %d, masked %d, unmasking %d "
+                 "of %d clients)", self.c.cluster, self.state.round, s.stage, time.monotonic() - t0, len(s.keys),
+                 len(s.shared), len(s.masked), len(s.responded), len(s.params.clients))
+
+    def pump_stage(self, until: float, quiet_s: float) -> Message | None:
+        """Serve a stage until every client still in it has answered, or `quiet_s` pass without a new answer (a
+        large model to many clients takes a while to go out: the stage waits while answers keep coming), or
+        `until`; a command of the controller that came meanwhile, or None."""
+        st = self.state
+        while True:
+            before = st.answers()
+            command = self.pump(min(until, time.monotonic() + quiet_s))
+            if command is not None or not st.waiting() or time.monotonic() >= until or st.answers() == before:
+                return command
 
     def send_stage(self, messages: dict[str, Message]) -> None:
         """Each client's answer at the end of a stage, naming its process."""
         for who, msg in messages.items():
             peer = Peer.parse(who)
             msg = dataclasses.replace(msg, to=self.c.nonces.get(peer))
-            self.state.protocol_bytes += len(to_json(msg))
+            self.state.bytes_out += len(to_json(msg))
             self.c.mb.send(peer, msg)
 
     def on_secure(self, peer: Peer, msg: Message, parts: list | None = None) -> None:
@@ -76,7 +100,7 @@ class SecureRound(SyncRound):
         if isinstance(msg, MaskedUpdate) or (isinstance(msg, Malformed) and msg.claimed == MaskedUpdate.TYPE):
             return self.on_masked(peer, msg, parts)
         if not isinstance(msg, Malformed):
-            st.protocol_bytes += len(to_json(msg))
+            st.bytes_in += len(to_json(msg))
         why = st.take(who, msg)
         if why is not None:
             self.refuse(peer, msg, why)
@@ -84,6 +108,8 @@ class SecureRound(SyncRound):
     def on_masked(self, peer: Peer, msg: MaskedUpdate | Malformed, parts: list | None) -> None:
         """A masked update: its header checked, its words pulled (unless pushed) and added to the sum."""
         who, st, mb = str(peer), self.state, self.c.mb
+        if not isinstance(msg, Malformed):
+            st.bytes_in += len(to_json(msg))
         why = st.check_masked(who, msg, job=self.c.job.job)
         if why is not None:
             return self.refuse(peer, msg, why)

@@ -20,6 +20,7 @@ import numpy as np
 
 from nebula.channel import Endpoint
 from nebula.federated.controller_async import run_async
+from nebula.federated.combiner_secure import UNMASK_STAGES
 from nebula.federated.controller_base import ControllerBase
 from nebula.federated.controller_privacy import RoundPrivacy
 from nebula.federated.messages import ModelCopy, Partial, StartRound
@@ -110,7 +111,8 @@ class Controller(ControllerBase):
         secure = job.secure_aggregation
         red = Reduction(weights, coded=job.update_codec != "none" or secure is not None, update_codec=job.update_codec,
                         validity=job.validity, expected_examples=expected_examples)
-        unmask_s = secure.stage_timeout_s if secure is not None else 0.0  # the combiners' last stage
+        # the combiners' unmask stage, then their sum (nebula.federated.combiner_secure)
+        unmask_s = (UNMASK_STAGES + 1) * secure.stage_timeout_s if secure is not None else 0.0
         self._take_partials(r, assignment, red, t0 + job.deadline_s + REPORT_GRACE_S + unmask_s)
         metrics = red.metrics()
         privacy = self.privacy.spend() if self.privacy is not None and red.num_updates else None

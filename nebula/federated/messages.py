@@ -130,7 +130,9 @@ class Partial(Message):
     # under differential privacy, its number of updates: every client weighs the same)
     error_bound: float = 0.0  # secure aggregation: the fixed-point rounding's bound on each value of the mean
     dropped: tuple[str, ...] = ()  # secure aggregation: clients that shared keys but sent no masked input
-    protocol_bytes: int = 0  # secure aggregation: its key, share and unmask messages, both ways
+    # secure aggregation: the bytes of its stage messages (keys, shares, masked headers, unmasking shares) from the
+    # clients and to them; the masked words count in update_bytes, the model as without it
+    protocol_bytes: tuple[int, int] = (0, 0)
 
 
 @TO_CONTROLLER.message("async_update")

@@ -35,7 +35,7 @@ class Reduction:
         self.broken = False  # a half-folded partial cannot be taken out again: the round is invalid
         self.examples = 0  # what the folded partials' clients hold (their weights may differ: see `weight`)
         self.dropped: list[str] = []  # secure aggregation: clients whose masks were removed after they dropped
-        self.protocol_bytes = 0  # secure aggregation: its stage messages at every combiner
+        self.protocol_bytes = [0, 0]  # secure aggregation: its stage messages at every combiner, from and to clients
         self._bounds = 0.0  # Σ weight · error bound of the partials
 
     def refusal(self, p: Partial) -> str | None:
@@ -69,7 +69,7 @@ class Reduction:
         self.eval_examples += p.eval_examples
         self.examples += p.num_examples
         self.dropped += p.dropped
-        self.protocol_bytes += p.protocol_bytes
+        self.protocol_bytes = [a + b for a, b in zip(self.protocol_bytes, p.protocol_bytes)]
         if p.num_updates:
             self._bounds += p.error_bound * (p.num_examples if p.weight is None else p.weight)
 

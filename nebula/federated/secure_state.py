@@ -39,7 +39,7 @@ class SecureRoundState(RoundState):
         self.names = [t[0] for t in self.tensors]
         self.like = {t[0]: np.empty(tuple(t[2]), np.dtype(t[1])) for t in self.tensors}
         self.claimed = dict(claimed)
-        self.protocol_bytes = 0
+        self.bytes_in = self.bytes_out = 0  # the stage messages from the clients and to them
         self.abandoned: str | None = None  # why the round cannot run or could not unmask
         self.server: SecAggServer | None = None
         length = sum(int(np.prod(t[2], dtype=np.int64)) for t in self.tensors)
@@ -62,6 +62,11 @@ class SecureRoundState(RoundState):
         want = {"advertise": set(self.params.clients) - set(s.keys), "share_keys": set(s.holders) - set(s.shared),
                 "mask": set(s.shared) - s.masked, "unmask": set(s.requests) - s.responded}[s.stage]
         return bool(want - out)
+
+    def answers(self) -> int:
+        """How many stage messages the round has taken or refused so far (a stage that gains none is quiet)."""
+        s = self.server
+        return len(s.keys) + len(s.shared) + len(s.masked) + len(s.responded) + len(self.rejected)
 
     # -- stages 1, 2 and 4: small messages -----------------------------------------------------------------------
     def take(self, who: str, msg: Message) -> Refusal | None:
@@ -193,5 +198,5 @@ class SecureRoundState(RoundState):
                       rejected=tuple(rejected + counted), missing=tuple(str(p) for p in self.missing()),
                       metrics=metrics, eval_examples=self.eval_examples, update_bytes=self.update_bytes,
                       delta=True, checkpoint=checkpoint, weight=count, error_bound=bound,
-                      dropped=result.dropped if result is not None else (), protocol_bytes=self.protocol_bytes)
+                      dropped=result.dropped if result is not None else (), protocol_bytes=(self.bytes_in, self.bytes_out))
         return msg, weights

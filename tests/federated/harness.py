@@ -26,6 +26,7 @@ def write_job(tmp: Path, workers: dict[str, Path], num_clients: dict[str, int], 
         "startup_timeout_s": 60,
     }
     doc.update(over)
+    tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path

@@ -6,8 +6,11 @@ import json
 
 import numpy as np
 
+from nebula.channel import Endpoint
+from nebula.federated.messages import ClientHello, SecureKeys, Stop, TrainTask
 from nebula.federated.trail import ModelTrail
-from tests.federated.harness import (federation, run_job, start_client, start_clients, start_cluster, wait_exit,
+from nebula.federated.transport import PUSH_BYTES, Messenger, Peer
+from tests.federated.harness import (federation, start_client, start_clients, start_cluster, wait_exit,
                                      write_job)
 from tests.federated.toy_client import make_client
 
@@ -21,13 +24,15 @@ def _audit(tmp_path, cluster: str, job_dir: str = "fl") -> list[dict]:
 def test_secagg_fedavg_equals_plain_fedavg_within_the_stated_quantisation_bound(procs, tmp_path):
     workers = federation(procs, tmp_path)
     n = {"A": 3, "B": 3}
-    plain = write_job(tmp_path, workers, n, job="plain", rounds=1, validity={"min_updates": 6},
-                      controller={"cluster": "A", "dir": str(tmp_path / "plain")})
-    run_job(procs, plain)
-    # a coarse fixed point (clip_range 1000: 2^19 steps per unit) so that the rounding is the visible difference
-    secure = write_job(tmp_path, workers, n, job="secure", rounds=1, validity={"min_updates": 6},
-                       secure_aggregation=SECURE, controller={"cluster": "A", "dir": str(tmp_path / "secure")})
-    out = run_job(procs, secure)
+    # the same clients, one job with and one without secure aggregation, side by side on the same switches; a
+    # coarse fixed point (clip_range 1000: 2^19 steps per unit) so that the rounding is the visible difference
+    jobs = [write_job(tmp_path / name, workers, n, job=name, rounds=1, validity={"min_updates": 6},
+                      controller={"cluster": "A", "dir": str(tmp_path / name)}, **over)
+            for name, over in (("plain", {}), ("secure", {"secure_aggregation": SECURE}))]
+    started = [[start_cluster(procs, j, c) for c in "AB"] + [start_clients(procs, j, c) for c in "AB"] for j in jobs]
+    out = wait_exit(started[1][0], 120)
+    for p in started[0] + started[1][1:]:
+        wait_exit(p, 60)
     with ModelTrail(tmp_path / "plain" / "trail") as t:
         want, _ = t.load(2)
     with ModelTrail(tmp_path / "secure" / "trail") as t:
@@ -66,9 +71,9 @@ def test_dropouts_mid_round_close_with_the_survivors_sum_and_a_late_client_is_re
     and audited. Round 2 goes on with those still there."""
     workers = federation(procs, tmp_path)
     behaviours = {"A/1": "crash", "B/3": "crash"}
-    # B's clients take 5 s to train in every round, so round 2 is still running when A/4 comes back (10 s)
-    sleeps = {"A/4": 10.0, **{f"B/{i}": 5.0 for i in (0, 1, 2, 4)}}
-    job = write_job(tmp_path, workers, {"A": 5, "B": 5}, rounds=2, deadline_s=8,
+    # B's clients take 4.5 s to train in every round, so round 2 (from 6 s) still runs when A/4 comes back (7.5 s)
+    sleeps = {"A/4": 7.5, **{f"B/{i}": 4.5 for i in (0, 1, 2, 4)}}
+    job = write_job(tmp_path, workers, {"A": 5, "B": 5}, rounds=2, deadline_s=6,
                     secure_aggregation={**SECURE, "max_dropout": 0.3},
                     client={"factory": "tests.federated.toy_client:make_client",
                             "args": {"behaviours": behaviours, "sleep_s": sleeps}})
@@ -99,3 +104,38 @@ def test_dropouts_mid_round_close_with_the_survivors_sum_and_a_late_client_is_re
     assert late and "late" in late[0]["detail"]["reason"], [r for r in audit if r["action"] == "fl.secagg"]
     summed = [r["detail"] for r in audit if r["action"] == "fl.secagg" and r["outcome"] == "summed"]
     assert summed[0]["dropped"] == ["A/3", "A/6"] and summed[0]["survivors"] == ["A/2", "A/4", "A/5"]
+
+
+def test_a_client_of_a_secure_job_sends_nothing_in_the_clear_whatever_its_combiner_asks(procs, tmp_path):
+    """A combiner (here the test, speaking as A's combiner rank through the real switch) that asks for an update in
+    the clear, or for a secure round too small to hide anyone, gets nothing from a client whose job file sets
+    secure_aggregation; a proper secure task gets its keys."""
+    workers = federation(procs, tmp_path, clusters=("A",))
+    job = write_job(tmp_path, workers, {"A": 3}, secure_aggregation=SECURE)
+    client = start_client(procs, job, "A", 0)
+    me, model = Peer("A", 2), {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
+    ep = Endpoint.connect(workers["A"], job="fltest", rank=1, timeout_s=30)
+    try:
+        mb = Messenger(ep, 4096, Peer("A", 0))
+        got = mb.poll([me], 30)
+        assert got is not None and isinstance(got[1], ClientHello)
+        nonce = got[1].nonce
+
+        def task(round_: int, **secure) -> object:
+            mb.send_model(me, TrainTask(round=round_, version=1, deadline_s=5, push_bytes=PUSH_BYTES, to=nonce,
+                                        **secure), model, inline=True)
+            return mb.poll([me], 3)
+
+        assert task(1) is None  # in the clear: refused
+        assert task(2, session=bytes(16), cohort=("A/2", "A/3")) is None  # two clients cannot hide one
+        assert task(3, session=bytes(16), cohort=("A/9", "A/3", "A/4")) is None  # not among them
+        keys = task(4, session=bytes(16), cohort=("A/2", "A/3", "A/4"))
+        assert keys is not None and isinstance(keys[1], SecureKeys) and keys[1].round == 4
+        mb.send(me, Stop(to=nonce))
+        assert ep.flush(30)
+    finally:
+        ep.close(flush_s=1)
+    out = wait_exit(client, 30)
+    assert "round 1 not joined: the combiner asks for an update in the clear" in out
+    assert "round 2 not joined: secure aggregation needs at least 3 clients" in out
+    assert "round 3 not joined: secagg round 3: client 'A/2' is not among the round's 3 clients" in out

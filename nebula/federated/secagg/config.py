@@ -5,9 +5,9 @@
 `clip_range` bounds each parameter's change a client sends (larger ones are clipped: pick it above the typical
 per-round change, e.g. from an unmasked trial round); `max_weight` caps a client's num_examples in the weighted
 mean (1: unweighted); `max_dropout` is the fraction of a combiner's clients the round must survive losing, which
-sets the default degree; `degree` and `threshold` (0: derived) override the graph. `stage_timeout_s` is how long a
-combiner waits for the clients that have not answered a key stage (at most a quarter of the round's deadline) and
-the unmask stage; the masked inputs themselves are waited for until the round's deadline.
+sets the default degree; `degree` and `threshold` (0: derived) override the graph. `stage_timeout_s`: a combiner
+closes a key stage or the unmask stage once this long passes without a new answer from the clients still in it
+(a key stage within half the round's deadline); the masked inputs are waited for until the round's deadline.
 """
 from __future__ import annotations
 
