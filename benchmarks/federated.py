@@ -13,6 +13,11 @@
 - codec: the same task with each --codecs update codec (clients send their change encoded, error feedback kept
   per client): update bytes per round (client -> combiner; WAN bytes where clients are remote from their combiner)
   and accuracy after each round.
+- flower: round time on the encrypted path (clients over CURVE to their switch and combiner, the controller
+  behind mutual TLS between two switches) against Flower's FedAvg (legacy gRPC, server-authenticated TLS) for
+  --flower-sizes, the same four-tensor model and fixed updates; the Flower column where an interpreter has `flwr`
+  (an optional extra, not a dependency: `python -m venv /work/venv-flwr && /work/venv-flwr/bin/pip install flwr`,
+  or --flwr-python).
 - robust: the same task with 0, 10% and 20% byzantine clients (their update's change scaled by 10 or by -1,
   sign-flipped; the attackers are the clients holding the most examples) under fedavg, trimmed_mean, median,
   krum and multi_krum.
@@ -47,30 +52,33 @@ BIN = Path(sys.executable).parent
 class _LightClient:
     """A client with a small model whose local training is a fixed wait (cross-device clients)."""
 
-    def __init__(self, seed: int, train_s: float, size: int) -> None:
+    def __init__(self, seed: int, train_s: float, size: int, tensors: int = 1) -> None:
         self.rng = np.random.default_rng(seed)
-        self.train_s, self.size = train_s, size
+        self.train_s, self.size, self.tensors = train_s, size, tensors
 
     def num_examples(self) -> int:
         return 100
 
     def get_parameters(self, config):
-        return {"w": np.zeros(self.size, np.float32)}
+        q = self.size // self.tensors  # (the first tensor takes the remainder)
+        return {f"w{i}" if self.tensors > 1 else "w": np.zeros(q + (self.size - q * self.tensors if i == 0 else 0),
+                                                                 np.float32) for i in range(self.tensors)}
 
     def fit(self, parameters, config):
         time.sleep(self.train_s)
-        return {"w": parameters["w"] + np.float32(self.rng.normal() * 0.01)}, 100, {}
+        return {k: v + np.float32(self.rng.normal() * 0.01) for k, v in parameters.items()}, 100, {}
 
     def evaluate(self, parameters, config):
         return 0.0, 1, {}
 
 
-def light_client(cluster: str, index: int, num_clients: dict, train_s: float = 0.0, size: int = 1000):
+def light_client(cluster: str, index: int, num_clients: dict, train_s: float = 0.0, size: int = 1000,
+                 tensors: int = 1):
     """Factory of the lightweight client (see _LightClient)."""
     from nebula.federated.client import Client
 
     cls = type("LightClient", (_LightClient, Client), {})
-    return cls(seed=index, train_s=train_s, size=size)
+    return cls(seed=index, train_s=train_s, size=size, tensors=tensors)
 
 
 # ---- a federation of real processes
@@ -166,7 +174,7 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int) -> list[dict]:
+def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int, size: int = 1000) -> list[dict]:
     """Median round time (rounds 2..) of one combiner with each number of clients, and the CPU seconds per round
     the combiner's process (with the controller), the switch and the client processes used from the end of round
     1 to the last round: what each client costs them, whatever else the machine runs."""
@@ -175,7 +183,7 @@ def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int) -
         fed = _Fed(["A"])
         try:
             job = fed.job({"A": n}, rounds=rounds, client={"factory": "benchmarks.federated:light_client",
-                                                            "args": {"train_s": train_s}})
+                                                            "args": {"train_s": train_s, "size": size}})
             switch = fed.procs[0]
             ctl = fed.py("-m", "nebula.federated.run", "cluster", str(job), "--cluster", "A")
             threading.Thread(target=lambda: [None for _ in ctl.stdout], daemon=True).start()
@@ -188,6 +196,7 @@ def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int) -
                     each = [_cpu_s(p.pid) for p in clients]
                     cpu[done] = (_cpu_s(ctl.pid), _cpu_s(switch.pid), None if None in each else sum(each))
                 time.sleep(0.2)
+            switch_peak = _mem(switch.pid)["VmHWM"]
             ctl.wait(60)
             if ctl.returncode:
                 raise RuntimeError(f"controller exit {ctl.returncode}")
@@ -196,10 +205,78 @@ def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int) -
             per = [(cpu[last][i] - cpu[1][i]) / max(1, last - 1) for i in (0, 1, 2)]
             rows.append({"clients": n, "round_s": statistics.median(times), "rounds": len(times),
                          "updates": _rounds(fed)[-1].num_updates, "combiner_cpu_s": per[0], "switch_cpu_s": per[1],
-                         "clients_cpu_s": per[2]})
+                         "clients_cpu_s": per[2], "switch_peak_mb": switch_peak / 1e6})
             print(f"  {rows[-1]} (round times {[round(t, 2) for t in times]})", file=sys.stderr, flush=True)
         finally:
             fed.close()
+    return rows
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def flower_python(given: str | None) -> str | None:
+    """An interpreter that has `flwr`: `given`, else /work/venv-flwr's, else this one if it has it (None: none)."""
+    for py in ([given] if given else []) + [str(Path("/work/venv-flwr/bin/python")), sys.executable]:
+        if Path(py).exists() and subprocess.run([py, "-c", "import flwr"], capture_output=True).returncode == 0:
+            return py
+    return None
+
+
+def _flower_round_s(py: str, floats: int, n: int, rounds: int, per_proc: int, tmp: Path) -> list[float]:
+    """Round times of Flower's FedAvg (legacy gRPC, server-authenticated TLS) over `n` clients of the same model."""
+    port, script = _free_port(), str(REPO / "benchmarks" / "_flower.py")
+    common = ["--port", str(port), "--floats", str(floats), "--certs", str(tmp / "flower-certs")]
+    subprocess.run([py, "-c", f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import _flower; "
+                    f"_flower.certificates(__import__('pathlib').Path({str(tmp / 'flower-certs')!r}))"], check=True)
+    server = subprocess.Popen([py, script, "server", "--clients", str(n), "--rounds", str(rounds), *common],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    time.sleep(3)  # (the gRPC server binds)
+    procs = [subprocess.Popen([py, script, "clients", "--count", str(min(per_proc, n - s)), *common],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+             for s in range(0, n, per_proc)]
+    try:
+        out, _ = server.communicate(timeout=1800)
+    finally:
+        for p in procs + [server]:
+            if p.poll() is None:
+                os.killpg(p.pid, 15)
+    return json.loads(out.strip().splitlines()[-1])["round_s"]
+
+
+def bench_flower(sizes: list[tuple[int, int]], rounds: int, per_proc: int, py: str | None) -> list[dict]:
+    """Median round time (rounds 2..) of Nebula on the encrypted path (clients over CURVE to their switch and
+    combiner in cluster B, the controller in cluster A behind mutual TLS between the switches) and of Flower, for
+    each (floats, clients); the same four-tensor model, fixed updates, FedAvg."""
+    rows = []
+    for floats, n in sizes:
+        fed = _Fed(["A", "B"])
+        try:
+            for c in ("A", "B"):  # CURVE over TCP instead of the same-host IPC path
+                wy = fed.dir / "prov" / c / "worker.yaml"
+                wy.write_text(yaml.safe_dump({**yaml.safe_load(wy.read_text()), "transport": "tcp"}))
+            job = fed.job({"A": 0, "B": n}, rounds=rounds, client={
+                "factory": "benchmarks.federated:light_client", "args": {"size": floats, "tensors": 4}})
+            runs = [fed.py("-m", "nebula.federated.run", "cluster", str(job), "--cluster", c) for c in ("A", "B")]
+            for r in runs:
+                threading.Thread(target=lambda q=r: [None for _ in q.stdout], daemon=True).start()
+            _client_procs(fed, job, "B", n, per_proc)
+            runs[0].wait(1800)
+            if runs[0].returncode:
+                raise RuntimeError(f"controller exit {runs[0].returncode}")
+            nebula = statistics.median(r.duration_s for r in _rounds(fed)[1:])
+            switch_peak = max(_mem(p.pid)["VmHWM"] for p in fed.procs[:2]) / 1e6
+        finally:
+            fed.close()
+        flower = statistics.median(_flower_round_s(py, floats, n, rounds, per_proc, fed.dir)) if py else None
+        rows.append({"floats": floats, "clients": n, "nebula_s": nebula, "flower_s": flower,
+                     "switch_peak_mb": switch_peak})
+        print(f"  {rows[-1]}", file=sys.stderr, flush=True)
     return rows
 
 
@@ -386,6 +463,11 @@ def main() -> None:
     p.add_argument("--train-s", type=float, default=5.0, help="lightweight clients' training time per round")
     p.add_argument("--per-proc", type=int, default=100, help="lightweight clients per process")
     p.add_argument("--scale-rounds", type=int, default=4)
+    p.add_argument("--scale-size", type=int, default=1000, help="float32 values in each scale client's model")
+    p.add_argument("--flower-sizes", default="1000000x10,1000000x50",
+                   help="FLOATSxCLIENTS runs of --only flower (Nebula's encrypted path against Flower)")
+    p.add_argument("--flower-rounds", type=int, default=5)
+    p.add_argument("--flwr-python", default=None, help="an interpreter with flwr (default: /work/venv-flwr's)")
     p.add_argument("--mem-mb", type=int, default=256)
     p.add_argument("--mem-clients", type=int, default=4)
     p.add_argument("--wan-clients", type=int, default=6)
@@ -400,16 +482,35 @@ def main() -> None:
     only = set(args.only.split(","))
     sys.path.insert(0, str(REPO))
     if "scale" in only:
-        rows = bench_scale([int(c) for c in args.counts.split(",")], args.train_s, args.per_proc, args.scale_rounds)
-        print(f"\n## Round time, one combiner, lightweight clients (training {args.train_s:.1f} s each)")
+        load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        rows = bench_scale([int(c) for c in args.counts.split(",")], args.train_s, args.per_proc, args.scale_rounds,
+                           args.scale_size)
+        print(f"\n## Round time, one combiner, lightweight clients (training {args.train_s:.1f} s each, models of "
+              f"{args.scale_size} float32; load average {load0} before, "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after)")
         print("| clients | median round s | updates per round | combiner+controller CPU s per round | "
-              "switch CPU s per round | client processes' CPU s per round |\n| ---: | ---: | ---: | ---: | ---: | ---: |")
+              "switch CPU s per round | client processes' CPU s per round | switch peak RSS MB |\n"
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
             print(f"| {r['clients']} | {r['round_s']:.2f} | {r['updates']} | {r['combiner_cpu_s']:.2f} | "
-                  f"{r['switch_cpu_s']:.2f} | {r['clients_cpu_s']:.2f} |")
+                  f"{r['switch_cpu_s']:.2f} | {r['clients_cpu_s']:.2f} | {r['switch_peak_mb']:.0f} |")
         if len(rows) >= 2:
             print(f"\nratio {rows[-1]['clients']} / {rows[0]['clients']} clients: "
                   f"{rows[-1]['round_s'] / rows[0]['round_s']:.2f}x (target <= 1.5x; FEDn reports 2x)")
+    if "flower" in only:
+        py = flower_python(args.flwr_python)
+        load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        sizes = [tuple(int(x) for x in s.split("x")) for s in args.flower_sizes.split(",")]
+        rows = bench_flower(sizes, args.flower_rounds, args.per_proc, py)
+        print(f"\n## Round time on the encrypted path against Flower (median of rounds 2-{args.flower_rounds}; "
+              f"load average {load0} before, {' '.join(f'{x:.2f}' for x in os.getloadavg())} after)")
+        if py is None:
+            print("Flower: not measured: no interpreter with flwr (pip install flwr, e.g. into /work/venv-flwr)")
+        print("| model floats | clients | Nebula s | Flower s | Nebula / Flower | Nebula switch peak RSS MB |\n"
+              "| ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in rows:
+            fl = f"{r['flower_s']:.2f} | {r['nebula_s'] / r['flower_s']:.2f}" if r["flower_s"] else "- | -"
+            print(f"| {r['floats']} | {r['clients']} | {r['nebula_s']:.2f} | {fl} | {r['switch_peak_mb']:.0f} |")
     if "memory" in only:
         r = bench_memory(args.mem_mb, args.mem_clients)
         print("\n## Combiner memory while aggregating")

@@ -13,6 +13,13 @@ Targets (issue 5): Scenario I pattern >= 0.95 of intra-cluster throughput; Scena
     .venv/bin/python benchmarks/pipeline.py                 # short default run (a few minutes)
     .venv/bin/python benchmarks/pipeline.py --repeats 3     # interleaved rounds: steadier on a shared machine
     .venv/bin/python benchmarks/pipeline.py --steps 60 --rates 170,60,20 --hidden 1024
+    .venv/bin/python benchmarks/pipeline.py --efficiency --repeats 3   # step time against the ideal
+
+`--efficiency` runs Scenario II only, through links shaped to 5, 10 and 60 Mbit/s (`--rates`) with 20 ms delay each
+way (`--delay-ms`), uncompressed and with the compressed codecs, and prints per rate and codec the measured step
+against the ideal step max(compute, wire): compute is the busier cluster's computing time per step (step time
+less the time it waits on its peer), wire the time the shaped link needs for one step's bytes in its busier
+direction (each direction is shaped on its own). Target: step / ideal <= 1.1.
 """
 from __future__ import annotations
 
@@ -110,7 +117,43 @@ def run_one(job: Path, inter: bool) -> dict:
     return {"step_s": step, "wait_frac": wait if inter else 0.0,
             "bytes_per_step": statistics.mean(r["bytes_sent"] for r in a) + (
                 statistics.mean(r["bytes_sent"] for r in b) if inter else 0),
-            "compute_s": statistics.median(r["compute_s"] for r in b)}
+            "compute_s": max(statistics.median(r["compute_s"] for r in recs) for recs in (a, b)),
+            # each direction of the link is shaped on its own: the busier one bounds the step
+            "busier_direction_bytes": max(statistics.mean(r["bytes_sent"] for r in recs) for recs in (a, b))}
+
+
+def efficiency(args: argparse.Namespace, root: Path) -> None:
+    """Measured step against max(compute, wire) per link rate and codec (Scenario II); see the module docstring."""
+    rates = [float(r) for r in args.rates.split(",") if r]
+    codecs = ["none", args.codec]
+    load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    feds = {rate: Federation(root / f"fed-{rate:g}", ["A", "B"], rate, args.delay_ms) for rate in rates}
+    runs: dict[tuple, list[dict]] = {(rate, codec): [] for rate in rates for codec in codecs}
+    try:
+        for rep in range(args.repeats):
+            for rate, codec in runs:  # every configuration once per round: load hits all alike
+                job = _job(root / f"r{rep}-{rate:g}-{codec}", args, oneway=False, inter=True, fed=feds[rate],
+                           codec=codec)
+                runs[(rate, codec)].append(run_one(job, True))
+    finally:
+        for fed in feds.values():
+            fed.close()
+    print(f"\nmodel: toy MLP dim={args.dim} hidden={args.hidden} depth={args.depth}/stage, global batch "
+          f"{args.global_batch}, {args.micro_batches} micro-batches, {args.steps} steps ({WARMUP} warm-up), two "
+          f"clusters, link delay {args.delay_ms:g} ms each way, {args.repeats} alternating round(s); medians; load "
+          f"average {load0} before, {' '.join(f'{x:.2f}' for x in os.getloadavg())} after")
+    hdr = f"{'link':>10}{'codec':>14}{'step ms':>9}{'compute':>9}{'wire ms':>9}{'step/ideal':>12}{'efficiency':>12}"
+    print(hdr)
+    print("-" * len(hdr))
+    for (rate, codec), rs in runs.items():
+        step = statistics.median(r["step_s"] for r in rs)
+        compute = statistics.median(r["compute_s"] for r in rs)
+        wire = statistics.median(r["busier_direction_bytes"] for r in rs) * 8 / (rate * 1e6)
+        ideal = max(compute, wire)
+        codec_s = codec if codec == "none" else f"{codec}/{args.backward}"
+        print(f"{f'{rate:g} Mb/s':>10}{codec_s:>14}{step * 1e3:>9.1f}{compute * 1e3:>9.1f}{wire * 1e3:>9.1f}"
+              f"{step / ideal:>12.2f}{ideal / step:>12.2f}")
+    print("step/ideal: measured step / max(compute, wire) (target <= 1.1); efficiency: its inverse")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +172,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds; medians over rounds are printed")
     ap.add_argument("--peer-timeout-s", type=float, default=40.0)
     ap.add_argument("--keep", default=None, help="keep run directories here (default: a temporary directory)")
+    ap.add_argument("--efficiency", action="store_true", help="step time against max(compute, wire); see above")
     args = ap.parse_args(argv)
+    if args.efficiency:
+        if "--rates" not in (argv if argv is not None else sys.argv):
+            args.rates = "5,10,60"
+        if "--delay-ms" not in (argv if argv is not None else sys.argv):
+            args.delay_ms = 20.0
+        root = Path(args.keep or tempfile.mkdtemp(prefix="nebula-bench-efficiency-"))
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            efficiency(args, root)
+        finally:
+            if not args.keep:
+                shutil.rmtree(root, ignore_errors=True)
+        return 0
     rates: list[float | None] = [None] + [float(r) for r in args.rates.split(",") if r]
     root = Path(args.keep or tempfile.mkdtemp(prefix="nebula-bench-pipeline-"))
     root.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,13 @@ kernel-shaped link between two network namespaces.
 
     .venv/bin/python benchmarks/relay.py                 # default run (a few minutes at most)
     .venv/bin/python benchmarks/relay.py --bulk-mib 1024 # the 1 GiB bulk case of the issue
+    .venv/bin/python benchmarks/relay.py --vs-tunnels    # only: Nebula against stunnel, socat and raw TLS
+
+`--vs-tunnels` compares the full path with what a user could run instead: two stunnel relays and two socat relays
+(sender -> relay -> mutual TLS -> relay -> receiver; `apt-get install stunnel4 socat`, else skipped with a message)
+and one raw TLS stream, at 16 KiB, 64 KiB, 1 MiB and 16 MiB: MB/s, ratio to stunnel, CPU ms per MiB (every process
+of the path), and the latency each relay hop adds (p50 at 64 KiB, over raw TLS); medians of `--reps` repetitions
+in which the paths take turns (their order rotates), with the load average before and after.
 """
 from __future__ import annotations
 
@@ -23,7 +30,6 @@ import selectors
 import signal
 import socket
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -41,10 +47,10 @@ from nebula.channel import Endpoint  # noqa: E402
 from security.provision import provision  # noqa: E402
 from security.tls import client_context, server_context  # noqa: E402
 from tests.harness.netns import NetnsError, Sites as WanNamespaces  # noqa: E402
+from _tunnels import Framed, PlainRelayPair, missing  # noqa: E402  (benchmarks/ is this script's directory)
 
 KIB, MIB = 1024, 1024**2
 SIZES = [KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]
-_LEN = struct.Struct("!Q")
 
 
 def _plan(size: int, budget_bytes: int) -> tuple[int, int]:
@@ -65,7 +71,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 # ---- transports under test: each gives send(bytes) and recv() -> bytes, one sender and one receiver thread ----
 
-class TLSPair:
+class TLSPair(Framed):
     """One raw TLS stream on loopback with length-prefixed messages (the same certificates as the switches)."""
 
     def __init__(self, fed: dict) -> None:
@@ -92,25 +98,6 @@ class TLSPair:
         self.rx = box["s"]
         for s in (self.tx, self.rx):
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def send(self, data: bytes) -> None:
-        self.tx.sendall(_LEN.pack(len(data)))
-        self.tx.sendall(data)
-
-    def _exact(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = self.rx.recv_into(view[got:], n - got)
-            if not k:
-                raise ConnectionError("closed")
-            got += k
-        return buf
-
-    def recv(self) -> bytes:
-        (n,) = _LEN.unpack(self._exact(8))
-        return self._exact(n)
 
     def close(self) -> None:
         self.tx.close()
@@ -359,6 +346,76 @@ def _bulk_rank(worker_yaml: str, role: str, nbytes: int, events, go) -> None:
         ep.close(flush_s=0)
 
 
+TUNNEL_SIZES = [16 * KIB, 64 * KIB, MIB, 16 * MIB]
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def vs_tunnels(fed: dict, switches: Switches, reps: int, budget_mib: int) -> None:
+    """Print the full path against stunnel, socat and raw TLS (see the module's docstring)."""
+    load0 = _load()
+    skipped = missing()
+    paths = {"nebula": FullPath(fed), "tls": TLSPair(fed)}
+    for kind in ("stunnel", "socat"):
+        if kind not in skipped:
+            paths[kind] = PlainRelayPair(kind, fed)
+    pids = {"nebula": [os.getpid()] + [p.pid for p in switches.procs], "tls": [os.getpid()],
+            **{k: [os.getpid()] + paths[k].pids for k in ("stunnel", "socat") if k in paths}}
+    latency(paths["nebula"], 1024, 20)
+    names = list(paths)
+    got: dict = {(n, s): {"mbs": [], "cpu": []} for n in names for s in TUNNEL_SIZES}
+    lat: dict = {n: [] for n in names}
+    try:
+        for rep in range(reps):
+            order = names[rep % len(names):] + names[:rep % len(names)]  # each path goes first in turn
+            for size in TUNNEL_SIZES:
+                n = max(8, min(4000, budget_mib * MIB // size))
+                for name in order:
+                    cpu = {"pids": pids[name]}
+                    try:
+                        mbs = throughput(paths[name], size, n, cpu)
+                    except OSError as exc:  # (a relay lost its connection: a fresh pair, the size measured again)
+                        if name not in ("stunnel", "socat"):
+                            raise
+                        print(f"  {name} relay failed ({exc}); starting it again", file=sys.stderr, flush=True)
+                        paths[name].close()
+                        paths[name] = PlainRelayPair(name, fed)
+                        pids[name] = [os.getpid()] + paths[name].pids
+                        cpu = {"pids": pids[name]}
+                        mbs = throughput(paths[name], size, n, cpu)
+                    got[(name, size)]["mbs"].append(mbs)
+                    got[(name, size)]["cpu"].append(cpu["ms_per_mib"])
+                    time.sleep(0.2)
+            for name in order:
+                lat[name].append(_pct(latency(paths[name], 64 * KIB, 60), 0.5) * 1e3)
+            print(f"  repetition {rep + 1}/{reps} done (load average {_load()})", file=sys.stderr, flush=True)
+    finally:
+        for p in paths.values():
+            p.close()
+    med = {k: {m: statistics.median(v[m]) for m in v} for k, v in got.items()}
+    p50 = {n: statistics.median(v) for n, v in lat.items()}
+    cols = [n for n in ("nebula", "stunnel", "socat", "tls") if n in paths]
+    print(f"\nNebula full path (worker -> switch -> TLS -> switch -> worker, shared memory as provisioned) against "
+          f"stunnel, socat and raw TLS on loopback; median of {reps} alternating repetitions; load average "
+          f"{load0} before, {_load()} after")
+    for why in skipped.values():
+        print(f"  skipped: {why}")
+    ref = "stunnel" if "stunnel" in paths else "tls"
+    print(f"{'message':>9} " + " ".join(f"{c + ' MB/s':>13}" for c in cols) + f" {'nebula/' + ref:>15} "
+          + " ".join(f"{c + ' ms/MiB':>15}" for c in cols) + f" {'CPU nebula/' + ref:>19}")
+    for size in TUNNEL_SIZES:
+        r = {c: med[(c, size)] for c in cols}
+        print(f"{_label(size):>9} " + " ".join(f"{r[c]['mbs']:13.0f}" for c in cols)
+              + f" {r['nebula']['mbs'] / r[ref]['mbs']:15.2f} " + " ".join(f"{r[c]['cpu']:15.2f}" for c in cols)
+              + f" {r['nebula']['cpu'] / r[ref]['cpu']:19.2f}")
+    hops = "   ".join(f"{c} {(p50[c] - p50['tls']) / 2:.3f} ms" for c in cols if c != "tls")
+    print(f"added latency per relay hop, p50 at 64 KiB over raw TLS ({p50['tls']:.3f} ms): {hops}")
+    print("targets: nebula/stunnel MB/s >= 1 at every size; CPU nebula/stunnel <= 1.5 at 64 KiB; nebula hop "
+          "<= 0.5 ms")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget-mib", type=int, default=64, help="bytes streamed per size for throughput")
@@ -366,12 +423,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shaped-mib", type=int, default=12, help="bytes sent through the 60 Mbit/s shaper")
     ap.add_argument("--max-size-mib", type=int, default=64)
     ap.add_argument("--chunk-kib", type=int, default=None, help="link.chunk_bytes of both switches (default: config)")
+    ap.add_argument("--vs-tunnels", action="store_true", help="only the comparison with stunnel, socat, raw TLS")
+    ap.add_argument("--reps", type=int, default=5, help="alternating repetitions of --vs-tunnels")
     args = ap.parse_args(argv)
     sizes = [s for s in SIZES if s <= args.max_size_mib * MIB]
     tmp = Path(tempfile.mkdtemp(prefix="nebula-relay-bench-"))
     fed = provision("bench", ["A", "B"], tmp / "fed")
     chunk = (lambda c, d: d.setdefault("link", {}).update(chunk_bytes=args.chunk_kib * KIB)) if args.chunk_kib else None
     switches = Switches(fed, edit=chunk)
+    if args.vs_tunnels:
+        try:
+            vs_tunnels(fed, switches, args.reps, args.budget_mib)
+        finally:
+            switches.close()
+        return 0
     switch_pids = {c: p.pid for c, p in zip(("A", "B"), switches.procs)}
     rows = []
     try:

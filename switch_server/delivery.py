@@ -79,11 +79,6 @@ class Delivery:
         except zmq.ZMQError:  # full or gone: the worker stops waiting for the answer after a moment anyway
             pass
 
-    def pending_cap(self) -> int:
-        """Bytes one account may have held for its ranks that have not connected (limits.pending_bytes)."""
-        cfg = self.host.cfg
-        return cfg.limits.pending_bytes or cfg.link.memory_cap_bytes // 8
-
     def deliver(self, addr: Address, ident: bytes | None, lane: Lane, head: bytes, payload: Any,
                 origin: Origin | None, party: Party | None = None, src: Source | None = None) -> bool:
         """Queue a frame for the worker at `addr` (connection `ident`, None if that rank has not said hello:
@@ -99,7 +94,7 @@ class Delivery:
             return True
         if ident is None:
             held = self.pending_bytes.get(addr[0], 0)
-            if held + n > self.pending_cap():
+            if held + n > self.host.budgets.pending:
                 return False
             self.pending_bytes[addr[0]] = held + n
         self.host.budget.charge(n, party, hold=False)  # (senders are held back by credit and the link's own queue)
@@ -228,7 +223,7 @@ class Delivery:
             head, payload = entry.head, entry.payload
             off = None
             if shm is not None and entry.data and len(payload) >= SHM_MIN_BYTES:
-                off = shm.down.alloc(len(payload))  # (None when the worker still holds too much: inline then)
+                off = shm.down_alloc(len(payload))  # (None when the worker still holds too much: inline then)
             if off is not None:
                 shm.arena.down[off : off + len(payload)] = payload
                 parts = [ident, head, SHM_TAG, pack_desc(shm.arena.token, off, len(payload))]

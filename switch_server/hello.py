@@ -12,7 +12,7 @@ from typing import Any, Callable
 from nebula.wire import Frame
 from switch_server.host import LocalHost
 from switch_server.incarnations import Incarnations
-from switch_server.localshm import WorkerShm
+from switch_server.localshm import ArenaLedger, WorkerShm
 from switch_server.registry import Registration, Registry, stage_routes
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,7 @@ class HelloDesk:
         self.keys = keys  # the accepted worker keys now (hot reload changes them)
         self.shm_bytes = shm_bytes
         self.on_release = on_release
+        self.arenas = ArenaLedger(server.budgets.arenas)
 
     def take(self, frame: Frame, ident: bytes, name: str, account: str
              ) -> tuple[Registration, bool, Registration | None] | None:
@@ -83,8 +84,9 @@ class HelloDesk:
         if not self.shm_bytes or not isinstance(mapped, int) or isinstance(mapped, bool):
             return welcome
         if reg.shm is None:
+            self.arenas.budget = self.server.budgets.arenas  # (a reload may change it)
             try:
-                reg.shm = WorkerShm(reg.ident, self.shm_bytes, self.on_release)
+                reg.shm = WorkerShm(reg.ident, self.shm_bytes, self.on_release, self.arenas)
             except OSError as exc:
                 log.warning("no shared-memory arena for worker %s (%s); its payloads go through the socket", reg.name,
                             exc)

@@ -7,6 +7,7 @@ __all__ = ["Host", "LinkHost", "LocalHost", "Origin"]
 from typing import Any, Callable, Protocol
 
 from nebula.config import SwitchConfig
+from nebula.config.budgets import Budgets
 from switch_server.budget import MemoryBudget
 from switch_server.metrics import SwitchMetrics
 from switch_server.shaper import TokenBucket
@@ -28,6 +29,7 @@ class Host(Protocol):
     cfg: SwitchConfig
     metrics: SwitchMetrics
     budget: MemoryBudget
+    budgets: Budgets  # nebula.config.budgets.resolve(cfg), renewed on reload
 
     def audit(self, actor: str, action: str, target: str, outcome: str = "ok", detail: dict | None = None) -> None:
         """Append one audit record."""

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import zmq
 
 from nebula.config import ConfigError, split_host_port
+from nebula.config.budgets import resolve
 from nebula.config.switch import load_switch_config
 from switch_server.authz import PeerPolicy
 from switch_server.peers import SwitchError, cut_untrusted, mtime
@@ -99,7 +100,7 @@ def reload(server: Any) -> bool:
         log.error("reload refused, keeping the running configuration: %s", exc)
         _outcome(server, "error", {"reason": str(exc)[:300]})
         return False
-    server.budget.set_cap(new.link.memory_cap_bytes)
+    server.set_budgets(resolve(new))
     server.policy = PeerPolicy(new)
     new_peers = {p.cluster: p for p in new.peers}
     for cluster in list(server.links):

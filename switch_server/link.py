@@ -14,14 +14,15 @@ import random
 import ssl
 import time
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any
 
 from nebula.config import PeerConfig, split_host_port
-from nebula.wire import ChannelKey, Dispatcher, FrameType, Lane, WireError, encode_frame, relink
+from nebula.wire import ChannelKey, Dispatcher, FrameType, Lane, WireError, encode_frame
 from switch_server.budget import Party
 from switch_server.fairlanes import FairLanes
 from switch_server.framestream import FrameStream, write_frame
 from switch_server.host import LinkHost
+from switch_server.linkwriter import Unacked, write_loop, write_through
 from switch_server.shaper import TokenBucket, min_rate
 from switch_server.tlstransport import open_connection
 
@@ -30,23 +31,8 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 15.0  # a link with no frame (not even a PONG or ACK) for this long is considered dead
 PING_EVERY_S = 1.0
-WRITE_HIGH_WATER = 256 * 1024
-# bulk frames written but not yet acknowledged are capped, so that socket buffers never hold more than this
-# ahead of an activation that arrives later (higher lanes are not capped)
-BULK_INFLIGHT_BYTES = 1024**2
-SMALL_FRAME_BYTES = 64 * 1024  # bytes in the transport before we wait: keeps lane priorities meaningful
 CHECKPOINT_MIN_S = 1.0  # a peer's audit checkpoints are taken at most this often per connection
 HOLD_S = 2.0  # an account whose frames the peer drops (its ranks there are not connected) waits this long
-
-
-class Unacked(NamedTuple):
-    """A frame sent on a link and kept until the peer acknowledges its link sequence number."""
-
-    link_seq: int
-    lane: Lane
-    head: bytes
-    payload: Any
-    nbytes: int
 
 
 class OutboundLink:
@@ -70,6 +56,7 @@ class OutboundLink:
         self.task: asyncio.Task | None = None
         self.stopping = False
         self.writer: FrameStream | None = None
+        self.parked: FrameStream | None = None  # the connection whose write loop waits on an empty queue
         self.peer_serial: int | None = None
         self.peer_not_after = 0.0
         self.sent_bytes = 0  # this session, for credit
@@ -107,6 +94,8 @@ class OutboundLink:
     def enqueue(self, lane: Lane, head: bytes, payload: Any, party: Party | None = None) -> None:
         """Queue a frame for this peer (charged to `party`, e.g. the local account that sent it)."""
         n = len(head) + len(payload)
+        if self.parked is not None and write_through(self, lane, head, payload, party, n):
+            return
         self.lanes.push(lane, (head, payload, party), n)
         self.server.budget.charge(n, party)
         self.wake.set()
@@ -203,117 +192,12 @@ class OutboundLink:
         reader_task = asyncio.create_task(reader.serve(IDLE_TIMEOUT_S))
         ping_task = asyncio.create_task(self._pinger(writer))
         try:
-            await self._writer(writer, resend, reader_task)
+            await write_loop(self, writer, resend, reader_task)
         finally:
             reader_task.cancel()
             ping_task.cancel()
             await asyncio.gather(reader_task, ping_task, return_exceptions=True)
         return True
-
-    async def _writer(self, writer: FrameStream, resend: deque, reader_task: asyncio.Task) -> None:
-        server = self.server
-        cap = server.cfg.link.retransmit_buffer_bytes
-        # at least two chunks in flight, so the bulk lane never degrades to stop-and-wait
-        bulk_cap = max(BULK_INFLIGHT_BYTES, 2 * server.cfg.link.chunk_bytes)
-        delay_line: deque[tuple[float, bytes, Any]] = deque()
-        wire_wake = asyncio.Event()
-        wire_task = asyncio.create_task(self._wire(writer, delay_line, wire_wake)) if self.delay_s > 0 else None
-        transport = writer.transport
-        reader_task.add_done_callback(lambda _t: self.wake.set())
-        batch: list[Any] = []  # small frames go out in one TLS write: one record and one syscall for many
-        popped: Any = None
-        batch_bytes = 0
-        burst = 0
-        try:
-            while not reader_task.done():
-                if transport.is_closing():
-                    raise ConnectionResetError("connection to the peer was lost")
-                if resend and self.sent_bytes < self.credit:  # (resent frames use credit like new ones)
-                    seq, lane, head, payload, n = resend.popleft()
-                elif (not resend and self.lanes and self.rtx_bytes < cap and self.sent_bytes < self.credit
-                      and not (self.rtx_bytes >= bulk_cap and self.lanes.only_bulk())
-                      and (popped := self.lanes.pop()) is not None):
-                    lane, (head, payload, party), n = popped
-                    seq = self.next_seq
-                    self.next_seq += 1
-                    head = relink(head, seq)
-                    self.rtx.append(Unacked(seq, lane, head, payload, n))
-                    self.rtx_bytes += n
-                    server.budget.release(n, party)
-                else:
-                    if batch:
-                        writer.write(b"".join(batch))
-                        batch, batch_bytes = [], 0
-                    # a suspended coroutine's locals keep the last frame alive: drop it, so that a worker's
-                    # shared-memory region goes back as soon as the peer has it (nebula.wire.shm)
-                    head = payload = popped = None
-                    self.wake.clear()
-                    release = self.lanes.next_release()  # (an account held back may go again then)
-                    try:
-                        await asyncio.wait_for(self.wake.wait(), None if release is None
-                                               else max(0.0, release - time.monotonic()) + 0.001)
-                    except asyncio.TimeoutError:
-                        pass
-                    continue
-                self.sent_bytes += n
-                self.bytes_out += n
-                server.metrics.count(self.cluster, lane, "out", n)
-                wait = self.bucket.take(n)
-                if wait > 0:
-                    if batch:
-                        writer.write(b"".join(batch))
-                        batch, batch_bytes = [], 0
-                    await asyncio.sleep(wait)
-                if wire_task is not None:
-                    delay_line.append((time.monotonic() + self.delay_s, head, payload))
-                    wire_wake.set()
-                    if wire_task.done():
-                        wire_task.result()
-                    continue
-                if n < SMALL_FRAME_BYTES:
-                    batch.append(head)
-                    if payload:
-                        batch.append(payload)
-                    batch_bytes += n
-                    if batch_bytes < SMALL_FRAME_BYTES:
-                        continue
-                    writer.write(b"".join(batch))
-                    batch, batch_bytes = [], 0
-                else:
-                    if batch:
-                        writer.write(b"".join(batch))
-                        batch, batch_bytes = [], 0
-                    write_frame(writer, head, payload)
-                burst += 1
-                if transport.get_write_buffer_size() > WRITE_HIGH_WATER:
-                    await writer.drain()
-                elif burst >= 16:  # let acknowledgements and connection loss be seen between bursts
-                    burst = 0
-                    await asyncio.sleep(0)
-            reader_task.result()  # raises what ended the reader
-        finally:
-            if wire_task is not None:
-                wire_task.cancel()
-                await asyncio.gather(wire_task, return_exceptions=True)
-
-    async def _wire(self, writer: FrameStream, line: deque, wake: asyncio.Event) -> None:
-        """Emulated propagation delay: each frame leaves `delay_ms` after it was scheduled."""
-        while True:
-            if not line:
-                wake.clear()
-                await wake.wait()
-                continue
-            due, head, payload = line[0]
-            now = time.monotonic()
-            if due > now:
-                await asyncio.sleep(due - now)
-            line.popleft()
-            if writer.transport.is_closing():
-                raise ConnectionResetError("connection to the peer was lost")
-            write_frame(writer, head, payload)
-            head = payload = None  # (see _writer)
-            if writer.transport.get_write_buffer_size() > WRITE_HIGH_WATER:
-                await writer.drain()
 
     async def _pinger(self, writer: FrameStream) -> None:
         while not writer.transport.is_closing():

@@ -2,9 +2,10 @@
 nothing here refers to them, in batches; downward regions allocated for the worker."""
 from __future__ import annotations
 
-__all__ = ["ShmReleases", "WorkerShm"]
+__all__ = ["ArenaLedger", "ShmReleases", "WorkerShm"]
 
 import asyncio
+import mmap
 import os
 import weakref
 from typing import Callable
@@ -14,12 +15,44 @@ import numpy as np
 from nebula.wire.shm import RELEASE_DELAY_S, Arena, ReleaseBatch, Ring, read_desc
 
 
+class ArenaLedger:
+    """Bytes of all live arenas (both halves, `used`) and of their pages in memory (`resident`), against the
+    switch's budget for them (`Budgets.arenas`). A page is in memory once a payload touched it, and stays so; while
+    the arenas' pages in memory pass the budget (`lean`), the pages of every region handed back go back to the
+    kernel at once, so what arenas hold follows the bytes in flight, not the number of workers (below the budget,
+    pages are kept: touching them again costs a page fault and a zeroed page each)."""
+
+    __slots__ = ("used", "resident", "budget")
+
+    def __init__(self, budget: int) -> None:
+        self.used = 0
+        self.resident = 0
+        self.budget = budget
+
+    @property
+    def lean(self) -> bool:
+        """Whether freed regions give their pages back now."""
+        return self.resident > self.budget
+
+    def take(self, nbytes: int) -> None:
+        """Count a new arena of `nbytes`."""
+        self.used += nbytes
+
+    def give(self, nbytes: int) -> None:
+        """An arena of `nbytes` is gone."""
+        self.used -= nbytes
+
+
 class WorkerShm:
     """One worker connection's arena: releases its upward regions, allocates downward regions for it."""
 
-    def __init__(self, ident: bytes, half: int, on_release: Callable[[WorkerShm, bool], None]) -> None:
+    def __init__(self, ident: bytes, half: int, on_release: Callable[[WorkerShm, bool], None],
+                 ledger: ArenaLedger | None = None) -> None:
         self.ident = ident  # the connection it belongs to
+        self.ledger = ledger or ArenaLedger(1 << 62)  # counts this arena until `close`
         self.arena = Arena.create(half)
+        self.ledger.take(2 * half)
+        self.pages = bytearray(-(-2 * half // mmap.PAGESIZE))  # 1: the page is in memory (as far as we know)
         self.down = Ring(half)
         self.ready = False  # the worker has mapped it: downward payloads may use it
         self.closed = False
@@ -38,15 +71,48 @@ class WorkerShm:
         if found is None:
             return None
         off, region = found
+        self._touch(off, len(region))
         arr = np.frombuffer(region, dtype=np.uint8)
         weakref.finalize(arr, self._released, off, len(region)).atexit = False
         return memoryview(arr)
 
+    def down_alloc(self, n: int) -> int | None:
+        """Offset of `n` bytes of the downward half for a payload to the worker (None: no room now)."""
+        off = self.down.alloc(n)
+        if off is not None:
+            self._touch(self.arena.half + off, n)
+        return off
+
+    def _touch(self, start: int, n: int) -> None:
+        first, last = start // mmap.PAGESIZE, (start + n - 1) // mmap.PAGESIZE + 1
+        new = self.pages.count(0, first, last)
+        if new:
+            self.pages[first:last] = b"\x01" * (last - first)
+            self.ledger.resident += new * mmap.PAGESIZE
+
+    def _discard(self, half: memoryview, off: int, n: int) -> None:
+        start, end = self.arena.discard(half, off, n)
+        first, last = start // mmap.PAGESIZE, end // mmap.PAGESIZE
+        if last > first:
+            self.ledger.resident -= self.pages.count(1, first, last) * mmap.PAGESIZE
+            self.pages[first:last] = bytes(last - first)
+
     def _released(self, off: int, n: int) -> None:
+        if self.ledger.lean and not self.closed:
+            self._discard(self.arena.up, off, n)  # (before the worker learns the region is free)
         self._on_release(self, self.releases.add(off, n))
+
+    def down_free(self, off: int) -> None:
+        """The worker is done with a downward region (SHM_RELEASE); an unknown offset is a stale release."""
+        n = self.down.free(off)
+        if n and self.ledger.lean and not self.closed:
+            self._discard(self.arena.down, off, n)
 
     def close(self) -> None:
         """The connection is gone: its arena goes with the last view of it."""
+        if not self.closed:
+            self.ledger.give(2 * self.arena.half)
+            self.ledger.resident -= self.pages.count(1) * mmap.PAGESIZE
         self.closed = True
         self.arena.close_fd()
 

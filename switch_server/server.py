@@ -6,40 +6,36 @@ __all__ = ["SwitchError", "SwitchServer", "load_curve_keys", "status_path"]
 import asyncio
 import logging
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
 import zmq.auth
 
 from nebula.config import PeerConfig, SwitchConfig
-from nebula.wire import ChannelKey, FrameType, Lane, encode_frame
+from nebula.config.budgets import Budgets, resolve
 from security.audit import AuditLog, safe_text
 from security.errors import AuditError
 from switch_server.auditlimit import AuditThrottle
 from switch_server.authz import PeerPolicy
 from switch_server.budget import ALL, MemoryBudget, Party
 from switch_server.checkpoints import CheckpointExchange
-from switch_server.host import Origin
 from switch_server.incarnations import Incarnations
-from switch_server.lifecycle import bind, reload, reload_crl
+from switch_server.lifecycle import bind, reload
 from switch_server.link import OutboundLink
 from switch_server.local import LocalSide
 from switch_server.metrics import SwitchMetrics
-from switch_server.memtrim import MemoryTrim, free_heap_bytes
-from switch_server.peers import PeerTrust, SwitchError, accept_peer, cut_untrusted
+from switch_server.memtrim import MemoryTrim
+from switch_server.peers import PeerTrust, SwitchError, accept_peer
 from switch_server.routegrants import RouteGrants
+from switch_server.router import Router
 from switch_server.session import InboundSession
 from switch_server.shaper import TokenBucket
 from switch_server.state import SwitchState, state_dir
 from switch_server.status import status_path, switch_status
 from switch_server.tlstransport import Listener  # (the WAN listener, bound by lifecycle.bind)
+from switch_server.upkeep import upkeep
 
 log = logging.getLogger(__name__)
-
-STATUS_EVERY_S = 1.0
-CHECKPOINT_EVERY_S = 30.0
-CRL_POLL_S = 5.0  # the CRL file is re-read this often, so a revoked live peer is cut well within 60 s
 
 
 def load_curve_keys(path: str) -> tuple[bytes, bytes]:
@@ -74,7 +70,8 @@ class SwitchServer:
         self.state = SwitchState(state_dir(cfg))
         self.metrics = SwitchMetrics()
         self.epoch = 0
-        self.budget = MemoryBudget(cfg.link.memory_cap_bytes, self._hold)
+        self.budgets = resolve(cfg)
+        self.budget = MemoryBudget(self.budgets.memory_cap, self._hold)
         self.links: dict[str, OutboundLink] = {}
         self.sessions: dict[str, InboundSession] = {}
         self.accepting: set[asyncio.Task] = set()  # connections in their TLS handshake or session
@@ -103,6 +100,11 @@ class SwitchServer:
         self.route_grants = RouteGrants(cfg.accounts_home, self._route_grants_reloaded)  # fail closed if unreadable
         public, secret = load_curve_keys(cfg.local.curve_secret_key)
         self.incs = Incarnations(self.state)
+        self.router = Router(self)
+        self.route, self.route_refused, self.refuse_remote = (self.router.route, self.router.route_refused,
+                                                              self.router.refuse_remote)
+        self.incarnation_ended, self.peer_incarnation_ended = (self.router.incarnation_ended,
+                                                               self.router.peer_incarnation_ended)
         self.local = LocalSide(self, cfg.local, public, secret, self.incs)
 
     # ---- lifecycle ----
@@ -197,95 +199,8 @@ class SwitchServer:
         if party == ALL:
             self.local.hold_back(held)
 
-    # ---- routing ----
-    def route(self, frame: Any, head: bytes, payload: Any, origin: Origin | None,
-              from_peer: str | None = None, party: Party | None = None,
-              stages: tuple[str, ...] = ()) -> tuple[str, str] | None:
-        """Send a DATA/ACK/ERROR frame on towards its destination, its bytes charged to `party` (the local account
-        that sent it; `stages`: those its job runs here and at the destination cluster, checked against the
-        account's stage grants); return (code, reason) if it cannot go anywhere."""
-        t = frame.type
-        if t == FrameType.ERROR:
-            ch = frame.meta.get("channel")
-            if ch is None:
-                log.warning("peer %s reports: %s: %s", from_peer, frame.meta["code"], frame.meta["message"])
-                if origin is not None:
-                    origin.release(len(head) + len(payload))
-                return None
-            key = ChannelKey.from_meta(ch)
-        else:
-            key = frame.key()
-        src = None
-        if t == FrameType.DATA:
-            cluster, rank, lane = key.dst_cluster, key.dst_rank, frame.header.lane
-            src = (key.src_cluster, key.src_rank, frame.meta.get("inc", 0))
-        else:
-            cluster, rank, lane = key.src_cluster, key.src_rank, Lane.CONTROL
-        if cluster == self.cfg.cluster:
-            if t == FrameType.ACK:
-                refused = self.local.ack_refusal(frame)
-                if refused is not None:
-                    if refused[2]:
-                        return refused[0], refused[1]
-                    self.metrics.refused.labels(reason=refused[0]).inc()  # (quietly: an earlier start's ACK)
-                    if origin is not None:
-                        origin.release(len(head) + len(payload))
-                    return None
-            return self.local.deliver(key, rank, lane, head, payload, origin, party, src)
-        if from_peer is not None:
-            return "unknown_destination", f"switch {self.cfg.cluster} does not relay to cluster {cluster!r}"
-        if t in (FrameType.DATA, FrameType.ACK):  # (every frame a worker sends to another cluster)
-            why = self.route_grants.refusal(key.account, cluster, stages)
-            if why is not None:
-                return self.route_refused(key.account, cluster, why, stages)
-        link = self.links.get(cluster)
-        if link is None:
-            known = ", ".join(sorted(self.links)) or "none"
-            return "unknown_destination", f"no route to cluster {cluster!r}; this switch knows: {known}"
-        link.enqueue(lane, head, payload, party)
-        return None
-
-    def incarnation_ended(self, account: str, job: str, rank: int, inc: int) -> None:
-        """A start of one of our ranks ended (BYE, replaced by a later start, or long silent): what it sent that
-        waits for ranks not connected, here or at any peer, expires (it is meant for no later start of them)."""
-        self.local.delivery.sender_ended(account, job, self.cfg.cluster, rank, inc)
-        head = encode_frame(FrameType.ENDED, {"account": account, "job": job, "rank": rank, "inc": inc})
-        for link in self.links.values():
-            link.enqueue(Lane.CONTROL, head, b"")
-
-    def peer_incarnation_ended(self, peer: str, meta: dict[str, Any]) -> None:
-        """A peer says a start of one of its ranks ended."""
-        n = self.local.delivery.sender_ended(meta["account"], meta["job"], peer, meta["rank"], meta["inc"])
-        if n:
-            log.info("dropped %d frames held from ended start %d of %s/%d (job %s)", n, meta["inc"], peer,
-                     meta["rank"], meta["job"])
-
-    def route_refused(self, account: str, cluster: str, why: str, stages: tuple[str, ...] = ()) -> tuple[str, str]:
-        """Count and audit (rate-limited) a local worker's frame (or registration) to a cluster or stage its
-        account holds no grant for."""
-        known = cluster if cluster in self.links or cluster == self.cfg.cluster else "unknown"  # (bounded labels)
-        self.metrics.route_refused.labels(account=account, cluster=known).inc()
-        detail: dict[str, Any] = {"account": account, "cluster": cluster, "reason": why}
-        if stages:
-            detail["stages"] = list(stages)
-        self.audit_limited(("route_refused", account, known, bool(stages)), self.actor, "route_refused", account,
-                           "denied", detail)
-        return "not_authorized", why
-
     def _route_grants_reloaded(self, outcome: str, home: str, detail: dict) -> None:
         self.audit(self.actor, "route_grants_reload", home, outcome, detail)
-
-    def refuse_remote(self, frame: Any, code: str, message: str) -> None:
-        """Tell the original sender (a worker of a peer cluster) why its frame was refused here."""
-        self.metrics.refused.labels(reason=code).inc()
-        if frame.type not in (FrameType.DATA, FrameType.ACK):
-            return
-        key = frame.key()
-        head = encode_frame(FrameType.ERROR, {"code": code, "message": message, "channel": key.to_meta()},
-                            seq=frame.header.seq)
-        link = self.links.get(key.src_cluster)
-        if link is not None:
-            link.enqueue(Lane.CONTROL, head, b"")
 
     def account_bucket(self, account: str) -> TokenBucket:
         """Token bucket of `account` (limits.account_rate_mbit)."""
@@ -296,9 +211,15 @@ class SwitchServer:
 
     def link_window(self) -> int:
         """Bytes one peer may have queued here before it runs out of credit."""
-        configured = self.cfg.limits.peer_memory_bytes
-        share = configured or self.cfg.link.memory_cap_bytes // max(1, len(self.cfg.peers))
-        return max(self.cfg.link.chunk_bytes * 4, share)
+        return self.budgets.peer_window
+
+    def set_budgets(self, budgets: Budgets) -> None:
+        """Enforce new budgets (hot reload): the total cap, and every local account's share."""
+        self.budgets = budgets
+        self.budget.set_cap(budgets.memory_cap)
+        for party, share in self.budget.shares.items():
+            if party[0] == "account":
+                share.cap_bytes = budgets.account
 
     def link_in_state(self, cluster: str) -> dict[str, int]:
         """Receive state of `cluster`'s link: its epoch and the last link sequence number received."""
@@ -328,33 +249,7 @@ class SwitchServer:
 
     # ---- periodic work and status ----
     async def _periodic(self) -> None:
-        last_cp = time.monotonic()
-        last_crl = time.monotonic()
-        while True:
-            await asyncio.sleep(STATUS_EVERY_S)
-            try:
-                now = time.monotonic()
-                self.local.sweep()
-                self.route_grants.refresh()  # (revocations apply also while no worker sends)
-                self.metrics.cert_expiry.set(self.trust.cert_not_after - time.time())
-                for c, link in self.links.items():
-                    self.metrics.queue_bytes.labels(peer=c).set(link.queued_bytes())
-                self.metrics.queue_bytes.labels(peer="local").set(self.budget.used)
-                if now - last_crl >= CRL_POLL_S:
-                    last_crl = now
-                    if self.trust.crl_changed(self.cfg):
-                        reload_crl(self)
-                if now - last_cp >= CHECKPOINT_EVERY_S:
-                    last_cp = now
-                    for link in self.links.values():
-                        if link.up:
-                            link.send_checkpoint()
-                cut_untrusted(self)  # (certificates expire while sessions live)
-                self.audit_limited.flush()
-                self._trim.maybe(free_heap_bytes(), now)
-                self.write_status()
-            except Exception:
-                log.exception("periodic maintenance failed")
+        await upkeep(self)
 
     def status(self) -> dict[str, Any]:
         """Snapshot of links, sessions, queues and throughput."""

@@ -207,7 +207,8 @@ class Channel:
             if inbox.errors:
                 raise inbox.errors.popleft()
             item = inbox.ready.popleft()
-        self.ep._io.consumed(self)
+            inbox.taken += 1
+        self.ep._io.consumed(self.rx_key.id)
         if item.error is not None:  # a message refused on arrival, in its place in the stream
             raise item.error
         return item.data, item.parts

@@ -127,10 +127,9 @@ class LimitsConfig:
 
     peer_rate_mbit: float | None = None
     account_rate_mbit: float | None = None
-    # memory budgets within link.memory_cap_bytes (None: derived from it): one peer's frames queued here (its
-    # credit window; default the cap over the number of peers), one local account's queued frames while other
-    # accounts are active (default half the cap), frames held for one account's ranks that have not connected yet
-    # (default an eighth of the cap)
+    # memory budgets within link.memory_cap_bytes (None: derived from it by nebula.config.budgets.resolve): one
+    # peer's frames queued here (its credit window), one local account's queued frames while other accounts are
+    # active, frames held for one account's ranks that have not connected yet
     peer_memory_bytes: int | None = None
     account_memory_bytes: int | None = None
     pending_bytes: int | None = None

@@ -146,11 +146,11 @@ class Ring:
         self.used += n
         return off
 
-    def free(self, off: int) -> bool:
-        """Release the allocation at `off`; False if there is none (a stale or forged release)."""
+    def free(self, off: int) -> int:
+        """Release the allocation at `off`; its length, or 0 if there is none (a stale or forged release)."""
         entry = self._at.pop(off, None)
         if entry is None:
-            return False
+            return 0
         entry[2] = True
         self.used -= entry[1]
         live = self._live
@@ -158,7 +158,7 @@ class Ring:
             live.popleft()
         if not live:
             self._head = 0
-        return True
+        return entry[1]
 
 
 class Arena:
@@ -214,6 +214,18 @@ class Arena:
         if off < 0 or n <= 0 or off + n > self.half:
             raise WireError("bad_shm", f"shared-memory region [{off}, {off + n}) is outside the arena's {self.half} bytes")
         return half[off : off + n]
+
+    def discard(self, half: memoryview, off: int, n: int) -> tuple[int, int]:
+        """Give the whole pages of a free region of `half` (`up` or `down`) back to the kernel: they read as zeros
+        until written again. Only for a region no one uses: the other side must not have it (for a region the
+        other side allocates, call this before telling it the region is free). Returns the byte range of the arena
+        given back."""
+        base = (0 if half is self.up else self.half) + off
+        start = -(-base // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (base + n) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start:
+            self._map.madvise(mmap.MADV_REMOVE, start, end - start)
+        return start, max(start, end)
 
     def close_fd(self) -> None:
         """Close the switch's descriptor (the mapping stays until nothing refers to it)."""

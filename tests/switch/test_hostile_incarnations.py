@@ -195,7 +195,6 @@ _BEHIND = textwrap.dedent("""
     time.time = lambda: _t() - 86400.0  # this host's clock is a day behind
     time.time_ns = lambda: _tn() - 86400 * 10**9
     from nebula.channel import Endpoint
-from nebula.config.switch import load_switch_config
     with Endpoint.connect(sys.argv[1], job="j", rank=0) as ep:
         ep.channel("B", 0, "x").send(b"two from a slow clock").result(30)
         assert ep.flush(30)

@@ -240,3 +240,18 @@ def test_the_switch_answers_a_workers_bye(two_switches, federation):
         mon.close(0)
         s.close(0)
         ctx.term()
+
+
+def test_a_one_message_window_moves_on_each_consumption(two_switches):
+    """A sender whose window holds one message sends the next only when the receiver's application has consumed
+    the last: with acknowledgements coalesced and consumption counted by the application (nebula.channel.acks),
+    each consumption still reaches the sender, without waiting for the resend timer (10 s)."""
+    fed = two_switches[0]
+    with Endpoint.connect(worker_yaml(fed, "A"), job="w", rank=0, window_bytes=1000) as ea, \
+            Endpoint.connect(worker_yaml(fed, "B"), job="w", rank=0) as eb:
+        tx, rx = ea.channel("B", 0, "win"), eb.channel("A", 0, "win")
+        msgs = [bytes([i]) * 800 for i in range(30)]
+        for m in msgs:
+            tx.send(m)
+        assert [rx.recv(timeout_s=5) for _ in msgs] == msgs
+        assert ea.flush(timeout_s=30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import time
 from pathlib import Path
 
@@ -291,3 +292,47 @@ def test_restarted_switch_offers_a_new_arena_and_nothing_is_lost(procs, federati
         assert _status(a, lambda s: s["shm_bytes"]["in"] > 0)["shm_workers"] >= 1
     with pytest.raises(ChannelError):
         ca.send(b"closed").result(timeout=5)
+
+
+def _arena_rss(pid: int) -> int:
+    """Bytes of a process's shared-memory arenas resident in its memory (its smaps)."""
+    total, inside = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):  # a mapping's first line; its fields follow
+            inside = "nebula-shm-" in line
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
+def test_arenas_past_the_memory_budget_give_freed_pages_back(procs, federation):
+    """Three workers move 4.8 MB through switch A's arenas, more than its link.memory_cap_bytes (2 MiB): once their
+    pages in memory pass it, every region handed back returns its pages at once, so the arenas end up holding
+    about the budget, and every message arrived."""
+    edit_yaml(Path(federation["clusters"]["A"]["switch_yaml"]),
+              lambda d: (d["local"].update(shm_bytes=1 << 20), d["link"].update(memory_cap_bytes=2 << 20)))
+    a = start_switch(procs, Path(federation["clusters"]["A"]["switch_yaml"]))
+    start_switch(procs, Path(federation["clusters"]["B"]["switch_yaml"]))
+    msgs = [os.urandom(200_000) for _ in range(4)]
+    with Endpoint.connect(worker_yaml(federation, "B"), job="j", rank=9) as eb:
+        eps = [Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=r) for r in range(3)]
+        try:
+            assert all(ep._io.shm.arena is not None for ep in eps)
+            for r, ep in enumerate(eps):  # up through each worker's arena, and down through it
+                for m in msgs:
+                    ep.channel("B", 9, f"c{r}").send(m)
+                    eb.channel("A", r, f"c{r}").send(m)
+            for r, ep in enumerate(eps):
+                assert [eb.channel("A", r, f"c{r}").recv(timeout_s=60) for _ in msgs] == msgs
+                assert [ep.channel("B", 9, f"c{r}").recv(timeout_s=60) for _ in msgs] == msgs
+            st = _status(a, lambda s: s["shm_bytes"]["in"] >= 3 * sum(map(len, msgs))
+                         and s["shm_bytes"]["out"] >= 3 * sum(map(len, msgs)))
+            assert st["shm_workers"] == 3
+            deadline = time.monotonic() + 30
+            limit = (2 << 20) + 256 * 1024  # (the budget, and pages that regions share at their ends)
+            while _arena_rss(a.proc.pid) > limit and time.monotonic() < deadline:
+                time.sleep(0.1)  # (regions come back in batches, once the peer link has them)
+            assert _arena_rss(a.proc.pid) <= limit
+        finally:
+            for ep in eps:
+                ep.close(flush_s=0)

@@ -144,3 +144,52 @@ def test_fuzz_mutated_valid_frames(frame, flips, cut):
     else:
         if f.type in (FrameType.DATA, FrameType.ACK):
             assert f.header.channel_id == f.key().id  # anything accepted is internally consistent
+
+
+def _outcome(buf: bytes):
+    try:
+        f = decode_frame(buf)
+    except WireError as exc:
+        return exc.code
+    return f.header, f.meta, bytes(f.payload), f.key() if f.type in (FrameType.DATA, FrameType.ACK) else None
+
+
+def test_a_meta_parsed_before_is_still_checked_against_each_new_header():
+    """DATA and ACK metas are parsed once per distinct meta (nebula.wire.meta keeps them); a repeat of the same meta
+    bytes under another header still gets every check that involves the header."""
+    meta = KEY.to_meta()
+    assert decode_frame(data_frame(b"x"), b"x").key() == KEY  # (now kept)
+    with pytest.raises(WireError) as err:
+        decode_frame(encode_frame(FrameType.DATA, meta, b"x", channel_id=KEY.id ^ 1), b"x")
+    assert err.value.code == "bad_channel"
+    ack = {**meta, "consumed": 2}
+    assert decode_frame(encode_frame(FrameType.ACK, ack, channel_id=KEY.id, seq=5)).meta["consumed"] == 2
+    with pytest.raises(WireError, match="cannot consume more than it has"):
+        decode_frame(encode_frame(FrameType.ACK, ack, channel_id=KEY.id, seq=1))
+    parts = {**meta, "parts": [1, 2]}
+    assert decode_frame(encode_frame(FrameType.DATA, parts, b"xyz", channel_id=KEY.id), b"xyz").meta["parts"] == [1, 2]
+    for kw in (dict(chunk_index=1, chunk_count=2, total_len=6), dict(chunk_count=2, total_len=4)):
+        with pytest.raises(WireError, match="parts"):
+            decode_frame(encode_frame(FrameType.DATA, parts, b"xyz", channel_id=KEY.id, **kw), b"xyz")
+
+
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(VALID + [encode_frame(FrameType.ACK, {**KEY.to_meta(), "consumed": 3}, channel_id=KEY.id,
+                                             seq=4)]),
+       st.lists(st.tuples(st.integers(0, 300), st.integers(0, 255)), max_size=4), st.integers(0, 600))
+def test_fuzz_a_kept_meta_decodes_as_a_fresh_one(frame, flips, cut):
+    """Whatever the bytes, a frame decodes the same (or is refused with the same code) whether its meta was parsed
+    before or not."""
+    from nebula.wire import meta as meta_mod
+
+    buf = bytearray(frame)
+    for pos, val in flips:
+        if pos < len(buf):
+            buf[pos] = val
+    buf = bytes(buf[: cut if cut < len(buf) else len(buf)])
+    meta_mod._cache.clear()
+    cold = _outcome(buf)
+    assert _outcome(buf) == cold
+    for other in VALID:  # a kept meta under the original header, then the mutated one again
+        _outcome(other)
+    assert _outcome(buf) == cold
