@@ -1,6 +1,8 @@
 """Federated job files: paths resolved against the file, unknown keys and bad values named with the fix."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -114,3 +116,19 @@ def test_privacy_combinations_that_do_not_hold_are_refused_in_one_line(tmp_path,
         load_federated_job(_write(tmp_path, **over))
     msg = str(e.value)
     assert needle in msg and "job.yaml" in msg and "\n" not in msg, msg
+
+
+def test_the_privacy_settings_the_readme_shows_load_as_printed(tmp_path):
+    from tests.sites.readme import blocks, section
+
+    readme = Path(__file__).resolve().parents[2] / "recipes" / "federated" / "README.md"
+    (code,) = [c for lang, c in blocks(section(readme, "## Privacy: secure aggregation")) if lang == "yaml"]
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump({**BASE, "clusters": THREE}) + code)
+    job = load_federated_job(f)
+    sa, dp = job.secure_aggregation, job.differential_privacy
+    assert (sa.protocol, sa.clip_range, sa.max_weight, sa.max_dropout, sa.stage_timeout_s) == ("secagg+", 0.05, 1, 0.1,
+                                                                                             10.0)
+    assert (dp.clip_norm, dp.noise_multiplier, dp.mode, dp.delta, dp.accountant, dp.target_epsilon) == \
+        (0.5, 1.1, "distributed", 1e-5, "rdp", 8.0)
+    assert job.strategy.name == "fedadagrad" and job.strategy.options == {"eta": 0.1, "beta_1": 0.9, "tau": 0.001}

@@ -3,13 +3,15 @@ Each combiner learns only its clients' sum; the reducer adds the sums."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 
 from nebula.channel import Endpoint
-from nebula.federated.messages import ClientHello, SecureKeys, Stop, TrainTask
+from nebula.federated.messages import (ClientHello, GetParameters, Parameters, SecureKeys, Stop, TrainTask,
+                                      UpdateDropped)
 from nebula.federated.trail import ModelTrail
-from nebula.federated.transport import PUSH_BYTES, Messenger, Peer
+from nebula.federated.transport import FIRST_CLIENT_RANK, PUSH_BYTES, Messenger, Peer
 from tests.federated.harness import (federation, start_client, start_clients, start_cluster, wait_exit,
                                      write_job)
 from tests.federated.toy_client import make_client
@@ -139,3 +141,57 @@ def test_a_client_of_a_secure_job_sends_nothing_in_the_clear_whatever_its_combin
     assert "round 1 not joined: the combiner asks for an update in the clear" in out
     assert "round 2 not joined: secure aggregation needs at least 3 clients" in out
     assert "round 3 not joined: secagg round 3: client 'A/2' is not among the round's 3 clients" in out
+
+
+def test_a_round_client_s_bad_keys_and_another_round_s_keys_are_refused_told_and_audited(procs, tmp_path):
+    """The test speaks as client A/5 of a secure round through the real switch: its malformed public keys are
+    refused (it is out of the round, told why, audited one by one with the reason) and its repeated keys of
+    another round are counted and audited with theirs; the three honest clients' round still closes with their sum."""
+    workers = federation(procs, tmp_path, clusters=("A",))
+    job = write_job(tmp_path, workers, {"A": 4}, rounds=1, deadline_s=10, secure_aggregation=SECURE,
+                    validity={"min_updates": 3}, initial_clients=3)
+    actor = start_cluster(procs, job, "A")
+    honest = start_clients(procs, job, "A", [0, 1, 2])
+    me = Peer("A", FIRST_CLIENT_RANK + 3)
+    combiner, nonce = Peer("A", 1), "f" * 16
+    ep = Endpoint.connect(workers["A"], job="fltest", rank=me.rank, timeout_s=30)
+    told = []
+    try:
+        mb = Messenger(ep, 4096, Peer("A", 0))
+        mb.send(combiner, ClientHello(job="fltest", num_examples=200, nonce=nonce))
+        task = None
+        while task is None:
+            got = mb.poll([Peer("A", 0), combiner], 60)
+            assert got is not None, "no task for the test's client"
+            peer, msg, _ = got
+            if isinstance(msg, GetParameters):  # the controller asks for an initial model: the toy client's
+                c = make_client("A", 3, {})
+                mb.send_model(peer, Parameters(job="fltest", run=msg.run), c.get_parameters({}))
+            elif isinstance(msg, TrainTask):
+                task = msg
+        assert task.session is not None and str(me) in task.cohort
+        mb.send(combiner, SecureKeys(round=task.round, cipher_pk=b"x" * 5, mask_pk=b"y" * 5))
+        for _ in range(3):
+            mb.send(combiner, SecureKeys(round=task.round + 7, cipher_pk=bytes(32), mask_pk=bytes(32)))
+        end = time.monotonic() + 30
+        while len(told) < 4 and time.monotonic() < end:
+            got = mb.poll([combiner], 1)
+            if got is not None and isinstance(got[1], UpdateDropped):
+                told.append(got[1].reason)
+    finally:
+        ep.close(flush_s=1)
+    out = wait_exit(actor, 90)
+    wait_exit(honest, 30)
+    assert len(told) == 4 and all("\n" not in r for r in told), told
+    with ModelTrail(tmp_path / "fl" / "trail") as t:
+        (r1,) = t.rounds()
+    assert r1.status == "valid" and r1.num_updates == 3, out
+    refused = [r for r in _audit(tmp_path, "A") if r["action"] == "fl.secagg" and r["outcome"] == "refused"]
+    first = [r for r in refused if r["target"] == str(me) and "count" not in r["detail"]]
+    assert len(first) == 1 and first[0]["detail"]["round"] == task.round, refused
+    assert "key" in first[0]["detail"]["reason"] and first[0]["detail"]["reason"] == told[0]
+    counted = [r for r in refused if r["detail"].get("kind") == "late"]
+    assert counted and counted[0]["detail"]["count"] == 3 and counted[0]["detail"]["clients"] == [str(me)], refused
+    assert "round" in counted[0]["detail"]["reason"]
+    summed = [r["detail"] for r in _audit(tmp_path, "A") if r["action"] == "fl.secagg" and r["outcome"] == "summed"]
+    assert summed[0]["survivors"] == ["A/2", "A/3", "A/4"]
