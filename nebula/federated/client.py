@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from nebula.channel import Endpoint
+from nebula.federated.client_api import Client, Weights
 from nebula.federated.config import FederatedJob
 from nebula.federated.intake import NONE_CODEC, UpdateEncoder
 from nebula.federated.client_secure import Answers, for_me, mb_peers, privatize_weights, train_secure
@@ -34,29 +35,6 @@ UPDATE_WINDOW_PIECES = 4  # pieces of an update in flight between a client and i
 # a client is one of many, idle most of the time: it says HELLO to its switch every 2.5 s, not every 1 s (the
 # switch answers each with a WELCOME: a thousand clients cost it 400 instead of 1000 of each a second)
 CLIENT_HEARTBEAT_S = 2.5
-Weights = dict[str, np.ndarray]
-
-
-class Client:
-    """A federated client. Subclass it: `get_parameters`, `fit` and `evaluate` (Flower's names and returns)."""
-
-    def num_examples(self) -> int:
-        """Training examples this client holds (the validity policy counts them)."""
-        raise NotImplementedError
-
-    def get_parameters(self, config: Mapping[str, Any]) -> Weights:
-        """The local model's weights (asked once, to initialise an empty trail)."""
-        raise NotImplementedError
-
-    def fit(self, parameters: Weights, config: Mapping[str, Any]) -> tuple[Weights, int, dict]:
-        """Train from `parameters` on local data: (new weights, examples used, metrics)."""
-        raise NotImplementedError
-
-    def evaluate(self, parameters: Weights, config: Mapping[str, Any]) -> tuple[float, int, dict]:
-        """Evaluate `parameters` on local held-out data: (loss, examples, metrics)."""
-        raise NotImplementedError
-
-
 class PaddleClient(Client):
     """A `Client` training a user-supplied `paddle.nn.Layer` classifier on local arrays (x, y).
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
+from nebula.federated.client_api import Client, Weights
 from nebula.federated.config import FederatedJob
 from nebula.federated.messages import (ANY_START, MASKED_TENSOR, GetParameters, MaskedUpdate, PullUpdate,
                                        SecureDelivery, SecureKeys, SecureReveal, SecureRoster, SecureShares,
@@ -26,13 +27,9 @@ from nebula.federated.secagg import (AdvertiseKeys, EncryptedShare, KeyRoster, S
                                      ShareDelivery, UnmaskRequest, flatten, word_bits_for_codec)
 from nebula.federated.transport import COMBINER_RANK, CONTROLLER_RANK, Messenger, Peer, fits_inline, manifest
 
-if TYPE_CHECKING:
-    from nebula.federated.client import Client
-
 __all__ = ["Answers", "train_secure", "privatize_weights", "mb_peers", "for_me"]
 
 log = logging.getLogger(__name__)
-Weights = dict[str, np.ndarray]
 
 
 def mb_peers(job: FederatedJob) -> list[Peer]:
