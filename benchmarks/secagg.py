@@ -322,8 +322,8 @@ def main() -> None:
         print(f"\n## DP-FedAvg on the recipe's task: {a.dp_clients} non-IID clients (alpha={a.alpha}), "
               f"{a.dp_per_round} a round, {a.dp_rounds} rounds, clip_norm {a.clip_norm}, central noise, delta 1e-5 "
               f"(load average {load()})")
-        print("| target epsilon | noise multiplier | epsilon spent (RDP) | median client change norm | accuracy after "
-              "round " + " | ".join(str(i) for i in (1, a.dp_rounds // 2, a.dp_rounds)) + " |\n"
+        print("| target epsilon | noise multiplier | epsilon spent (RDP) | median client change norm | "
+              + " | ".join(f"accuracy after round {i}" for i in (1, a.dp_rounds // 2, a.dp_rounds)) + " |\n"
               "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
             acc = r["accuracy"]
