@@ -14,7 +14,8 @@
   rounds 2.. run without them. Round time: the median of rounds 2.. (no dropouts), and round 1's time past the
   deadline (what dropouts add once the deadline has passed: plain FedAvg reports, secagg+ unmasks). Bytes per
   client from the round records: the update's pieces, and secagg+'s stage messages (keys, shares, masked header,
-  unmasking shares) up and down; the model's download is the same for both.
+  unmasking shares) up and down; the model's download is the same for both. CPU seconds per round of the
+  combiner (with the controller), the switch and the clients' processes, which here share this machine's cores.
 - accuracy: the recipe's task (recipes/federated: its data, model and client training) simulated in one process
   with `--dp-clients` non-IID clients, `--dp-per-round` a round, under client-level DP-FedAvg (clip to
   `--clip-norm`, central Gaussian noise) at each `--epsilons` (the noise multiplier that spends it in `--dp-rounds`
@@ -36,6 +37,7 @@ import argparse
 import math
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -148,6 +150,24 @@ def light_client(cluster: str, index: int, num_clients: dict, train_s: float = 0
     return cls(seed=index, train_s=train_s, size=size, crash=index in crash)
 
 
+def _cpu_rounds(fed, procs: list, rounds: int, timeout_s: float) -> tuple[float, float, float]:
+    """CPU seconds per round, from the end of round 1 to the end of the last, of procs[0] (the combiner with the
+    controller), procs[1] (the switch) and the rest together (the surviving clients' processes)."""
+    from benchmarks.federated import _cpu_s, _rounds
+
+    marks: dict[int, list[float]] = {}
+    end = time.monotonic() + timeout_s
+    while procs[0].poll() is None and time.monotonic() < end and rounds not in marks:
+        done = len(_rounds(fed)) if (fed.dir / "fl" / "trail" / "trail.db").exists() else 0
+        if done in (1, rounds) and done not in marks:
+            marks[done] = [_cpu_s(p.pid) or 0.0 for p in procs]
+        time.sleep(0.2)
+    if 1 not in marks or rounds not in marks:
+        raise RuntimeError(f"the run ended before round {rounds} was recorded")
+    per = [(b - a) / (rounds - 1) for a, b in zip(marks[1], marks[rounds])]
+    return per[0], per[1], sum(per[2:])
+
+
 def bench_switch(n: int, d: int, dropout: float, secure: bool, train_s: float, per_proc: int, rounds: int,
                  deadline_s: float) -> dict:
     """Rounds of `n` clients with a `d`-parameter model through one switch; `dropout` of them die in round 1."""
@@ -165,13 +185,14 @@ def bench_switch(n: int, d: int, dropout: float, secure: bool, train_s: float, p
         survivors = [i for i in range(n) if i not in crash]
         code = ("import sys; from nebula.federated.run import run_clients; "
                 "run_clients(sys.argv[1], sys.argv[2], [int(i) for i in sys.argv[3].split(',')])")
-        for at in range(0, len(survivors), per_proc):
-            fed.py("-c", code, str(job), "A", ",".join(map(str, survivors[at:at + per_proc])))
+        procs = [fed.py("-c", code, str(job), "A", ",".join(map(str, survivors[at:at + per_proc])))
+                 for at in range(0, len(survivors), per_proc)]
         if crash:
             fed.py("-c", code, str(job), "A", ",".join(map(str, crash)))
-        out, _ = ctl.communicate(timeout=rounds * (deadline_s + 200) + 600)
-        if ctl.returncode:
-            raise RuntimeError(out[-3000:])
+        threading.Thread(target=lambda: [None for _ in ctl.stdout], daemon=True).start()
+        cpu = _cpu_rounds(fed, [ctl, fed.procs[0], *procs], rounds, rounds * (deadline_s + 200) + 600)
+        if ctl.wait(60):
+            raise RuntimeError(f"controller exit {ctl.returncode}")
         rs = _rounds(fed)
         first, rest = rs[0], rs[1:]
         ups = [r.detail["update_bytes"] / r.num_updates for r in rest]
@@ -182,7 +203,8 @@ def bench_switch(n: int, d: int, dropout: float, secure: bool, train_s: float, p
                 "dropped", first.detail.get("missing", []))),
             "update_bytes": statistics.mean(ups), "stage_up": statistics.mean(b[0] / r.num_updates for b, r in
                                                                               zip(sec, rest)),
-            "stage_down": statistics.mean(b[1] / r.num_updates for b, r in zip(sec, rest)), "load": load()}
+            "stage_down": statistics.mean(b[1] / r.num_updates for b, r in zip(sec, rest)), "load": load(),
+            "combiner_cpu_s": cpu[0], "switch_cpu_s": cpu[1], "clients_cpu_s": cpu[2]}
     finally:
         fed.close()
 
@@ -295,14 +317,18 @@ def main() -> None:
               f"{a.train_s:g} s, {a.dropout:.0%} of the clients die in round 1 (deadline {a.deadline_s:g} s)")
         print("| clients | aggregation | round s (median, rounds 2..) | vs plain | round 1 s past the deadline | "
               "dropped | update bytes per client | stage bytes up per client | stage bytes down per client | "
-              "load average after |\n| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+              "CPU s per round: combiner, switch, clients | load average after |\n"
+              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
         for r in rows:
             base = next(b for b in rows if b["clients"] == r["clients"] and b["protocol"] == "plain")
             print(f"| {r['clients']} | {r['protocol']} | {r['round_s']:.2f} | {r['round_s'] / base['round_s']:.2f}x | "
                   f"{r['after_deadline_s']:.2f} | {r['dropped']} | {r['update_bytes']:.0f} | {r['stage_up']:.0f} | "
-                  f"{r['stage_down']:.0f} | {r['load']} |")
+                  f"{r['stage_down']:.0f} | {r['combiner_cpu_s']:.1f}, {r['switch_cpu_s']:.1f}, "
+                  f"{r['clients_cpu_s']:.1f} | {r['load']} |")
         print("update bytes: the pieces of an update (plain: float32 weights; secagg+: the masked 32-bit words and the "
-              "count word);\nstage bytes: secagg+'s key, share, masked-header and unmask messages as JSON")
+              "count word);\nstage bytes: secagg+'s key, share, masked-header and unmask messages as JSON; CPU s: from "
+              "/proc, per round from the end of round 1 to the last (the combiner's process with the controller, the "
+              "switch, the surviving clients' processes together)")
     if "accuracy" in only:
         data = a.data
         if data is None:
