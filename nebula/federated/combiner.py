@@ -47,11 +47,7 @@ class Combiner(CombinerBase):
                 self.flush_if_due()
                 if got is None:
                     continue
-                peer, msg, parts = got
-                if peer != self.controller:
-                    self.from_client(peer, msg, None, parts)
-                    continue
-                cmd = self.command(msg)
+                cmd = self.take(got)
                 if isinstance(cmd, Stop):
                     self.stop(cmd)
                     return

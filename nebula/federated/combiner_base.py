@@ -129,6 +129,15 @@ class CombinerBase:
         """A message to a client's process (naming its nonce, so no later process of the rank takes it)."""
         self.mb.send(peer, dataclasses.replace(msg, to=self.nonces.get(peer)))
 
+    def take(self, got: tuple[Peer, Message, list | None], rnd=None) -> Message | None:
+        """One polled message served: a client's here (within round `rnd`, if any); the controller's command of
+        this run returned, to be served by the caller (see `command`)."""
+        peer, msg, parts = got
+        if peer != self.controller:
+            self.from_client(peer, msg, rnd, parts)
+            return None
+        return self.command(msg)
+
     def from_client(self, peer: Peer, msg: Message, rnd=None, parts: list | None = None) -> None:
         """A client's message (`parts`: the pieces that came inline with it); `rnd`: the round in progress."""
         self.missed.discard(peer)  # heard from: offered again

@@ -67,13 +67,7 @@ class SyncRound:
         comb = self.c
         while self.state.waiting() and time.monotonic() < until:
             got = comb.mb.poll(comb.listen, min(1.0, max(0.0, until - time.monotonic())))
-            if got is None:
-                continue
-            peer, msg, parts = got
-            if peer != comb.controller:
-                comb.from_client(peer, msg, self, parts)
-                continue
-            command = comb.command(msg)
+            command = None if got is None else comb.take(got, self)
             if command is not None:
                 return command
         return None
