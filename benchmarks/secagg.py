@@ -1,21 +1,43 @@
-"""SecAgg+ protocol cost per round against plain summation: compute time and bytes per client, server time.
+"""Secure aggregation's cost and differential privacy's accuracy, side by side with plain FedAvg in one run.
 
-Runs the pure protocol (nebula.federated.secagg) for every client of one combiner in this process, with a
-`--params`-parameter update and `--dropout` of the clients vanishing after sharing keys (the costly case: the
-server rebuilds their mask keys and strips their pairwise masks from each surviving neighbour's input). Plain
-summation is the combiner adding the survivors' float32 updates. Times are side by side in one run on this
-machine; clients run in parallel in a real round, so the protocol's share of a round is about one client's time
-plus the server's. Bytes are payload (keys, sealed shares, words, shares), not framing; the global model's
-download is the same for both and left out.
+- pure: SecAgg+ protocol cost per round against plain summation: compute time and bytes per client, server time.
+  Runs the pure protocol (nebula.federated.secagg) for every client of one combiner in this process, with a
+  `--params`-parameter update and `--dropout` of the clients vanishing after sharing keys (the costly case: the
+  server rebuilds their mask keys and strips their pairwise masks from each surviving neighbour's input). Plain
+  summation is the combiner adding the survivors' float32 updates. Clients run in parallel in a real round, so the
+  protocol's share of a round is about one client's time plus the server's. Bytes are payload (keys, sealed
+  shares, words, shares), not framing; the global model's download is the same for both and left out.
+- switch: whole rounds through a real switch server: one cluster, its combiner and the controller, `--clients`
+  lightweight clients (threads of processes of `--per-proc`, each its own switch connection; their training is a
+  fixed `--train-s` wait) with a `--params`-parameter model, plain FedAvg against secure_aggregation: secagg+.
+  `--dropout` of the clients (one process of their own) die in round 1 while training, after sharing their keys;
+  rounds 2.. run without them. Round time: the median of rounds 2.. (no dropouts), and round 1's time past the
+  deadline (what dropouts add once the deadline has passed: plain FedAvg reports, secagg+ unmasks). Bytes per
+  client from the round records: the update's pieces, and secagg+'s stage messages (keys, shares, masked header,
+  unmasking shares) up and down; the model's download is the same for both. CPU seconds per round of the
+  combiner (with the controller), the switch and the clients' processes, which here share this machine's cores.
+- accuracy: the recipe's task (recipes/federated: its data, model and client training) simulated in one process
+  with `--dp-clients` non-IID clients, `--dp-per-round` a round, under client-level DP-FedAvg (clip to
+  `--clip-norm`, central Gaussian noise) at each `--epsilons` (the noise multiplier that spends it in `--dp-rounds`
+  rounds at delta 1e-5, from the RDP accountant) and without DP, against the central baseline.
 
-    python benchmarks/secagg.py --clients 100 500 --params 1000000 --dropout 0.1
+    PYTHONPATH=. .venv/bin/python benchmarks/secagg.py --only pure --clients 100 500 --params 1000000 --dropout 0.1
+    PYTHONPATH=. .venv/bin/python benchmarks/secagg.py --only switch --clients 100 500 --params 1000000 --dropout 0.1
+    PYTHONPATH=. .venv/bin/python benchmarks/secagg.py --only accuracy --data langid.npz
+
+The load average is printed with every table: the machine may be shared.
 """
 from __future__ import annotations
 
-import argparse
 import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse
+import math
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -90,24 +112,252 @@ def measure(n: int, d: int, dropout: float, seed: int = 0) -> dict:
             "plain_up": 4 * d}
 
 
+def load() -> str:
+    """The load average now, as printed beside every table."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+# ---- whole rounds through a switch server ------------------------------------------------------------------------
+class _Light:
+    """A client whose training is a fixed wait and whose change is small noise; `crash` dies while training."""
+
+    def __init__(self, seed: int, train_s: float, size: int, crash: bool) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.train_s, self.size, self.crash = train_s, size, crash
+
+    def num_examples(self) -> int:
+        return 100
+
+    def get_parameters(self, config):
+        return {"w": np.zeros(self.size, np.float32)}
+
+    def fit(self, parameters, config):
+        if self.crash:
+            os._exit(3)
+        time.sleep(self.train_s)
+        return {"w": parameters["w"] + self.rng.normal(0, 0.01, self.size).astype(np.float32)}, 100, {}
+
+    def evaluate(self, parameters, config):
+        return 0.0, 1, {}
+
+
+def light_client(cluster: str, index: int, num_clients: dict, train_s: float = 0.0, size: int = 1000,
+                 crash: tuple = ()):
+    """Factory of the lightweight client named in the benchmark's job file (`benchmarks.secagg:light_client`)."""
+    from nebula.federated.client import Client
+
+    cls = type("LightClient", (_Light, Client), {})
+    return cls(seed=index, train_s=train_s, size=size, crash=index in crash)
+
+
+def _cpu_rounds(fed, procs: list, rounds: int, timeout_s: float) -> tuple[float, float, float]:
+    """CPU seconds per round, from the end of round 1 to the end of the last, of procs[0] (the combiner with the
+    controller), procs[1] (the switch) and the rest together (the surviving clients' processes)."""
+    from benchmarks.federated import _cpu_s, _rounds
+
+    marks: dict[int, list[float]] = {}
+    end = time.monotonic() + timeout_s
+    while procs[0].poll() is None and time.monotonic() < end and rounds not in marks:
+        done = len(_rounds(fed)) if (fed.dir / "fl" / "trail" / "trail.db").exists() else 0
+        if done in (1, rounds) and done not in marks:
+            marks[done] = [_cpu_s(p.pid) or 0.0 for p in procs]
+        time.sleep(0.2)
+    if 1 not in marks or rounds not in marks:
+        raise RuntimeError(f"the run ended before round {rounds} was recorded")
+    per = [(b - a) / (rounds - 1) for a, b in zip(marks[1], marks[rounds])]
+    return per[0], per[1], sum(per[2:])
+
+
+def bench_switch(n: int, d: int, dropout: float, secure: bool, train_s: float, per_proc: int, rounds: int,
+                 deadline_s: float) -> dict:
+    """Rounds of `n` clients with a `d`-parameter model through one switch; `dropout` of them die in round 1."""
+    from benchmarks.federated import _Fed, _client_procs, _rounds
+
+    fed = _Fed(["A"])
+    try:
+        crash = list(range(n - round(dropout * n), n))
+        over = {"secure_aggregation": {"protocol": "secagg+", "clip_range": 0.1, "max_weight": 1000,
+                                       "max_dropout": max(dropout, 0.01), "stage_timeout_s": 30}} if secure else {}
+        job = fed.job({"A": n}, rounds=rounds, deadline_s=deadline_s, piece_bytes=4 * 1024**2, max_update_norm=None,
+                      client={"factory": "benchmarks.secagg:light_client",
+                              "args": {"train_s": train_s, "size": d, "crash": crash}}, **over)
+        ctl = fed.py("-m", "nebula.federated.run", "cluster", str(job), "--cluster", "A")
+        survivors = [i for i in range(n) if i not in crash]
+        code = ("import sys; from nebula.federated.run import run_clients; "
+                "run_clients(sys.argv[1], sys.argv[2], [int(i) for i in sys.argv[3].split(',')])")
+        procs = [fed.py("-c", code, str(job), "A", ",".join(map(str, survivors[at:at + per_proc])))
+                 for at in range(0, len(survivors), per_proc)]
+        if crash:
+            fed.py("-c", code, str(job), "A", ",".join(map(str, crash)))
+        threading.Thread(target=lambda: [None for _ in ctl.stdout], daemon=True).start()
+        cpu = _cpu_rounds(fed, [ctl, fed.procs[0], *procs], rounds, rounds * (deadline_s + 200) + 600)
+        if ctl.wait(60):
+            raise RuntimeError(f"controller exit {ctl.returncode}")
+        rs = _rounds(fed)
+        first, rest = rs[0], rs[1:]
+        ups = [r.detail["update_bytes"] / r.num_updates for r in rest]
+        sec = [r.detail.get("secure", {}).get("protocol_bytes", [0, 0]) for r in rest]
+        return {"clients": n, "protocol": "secagg+" if secure else "plain", "round_s": statistics.median(
+            r.duration_s for r in rest), "updates": [r.num_updates for r in rs], "status": [r.status for r in rs],
+            "after_deadline_s": first.duration_s - deadline_s, "dropped": len(first.detail.get("secure", {}).get(
+                "dropped", first.detail.get("missing", []))),
+            "update_bytes": statistics.mean(ups), "stage_up": statistics.mean(b[0] / r.num_updates for b, r in
+                                                                              zip(sec, rest)),
+            "stage_down": statistics.mean(b[1] / r.num_updates for b, r in zip(sec, rest)), "load": load(),
+            "combiner_cpu_s": cpu[0], "switch_cpu_s": cpu[1], "clients_cpu_s": cpu[2]}
+    finally:
+        fed.close()
+
+
+# ---- differential privacy's accuracy on the recipe's task --------------------------------------------------------
+def bench_dp_accuracy(data_path: str, epsilons: list[float], num_clients: int, per_round: int, rounds: int,
+                      clip_norm: float, alpha: float, lr: float, local_epochs: int, seed: int = 0) -> list[dict]:
+    """Held-out accuracy after `rounds` rounds of DP-FedAvg at each epsilon (None: no DP), central noise."""
+    import paddle
+    import paddle.nn.functional as F
+
+    from nebula.federated.privacy import (DPConfig, PrivacyAccountant, add_gaussian_noise, clip_update,
+                                          noise_for_epsilon, server_noise_std)
+    from recipes.federated.central import test_accuracy
+    from recipes.federated.data import densify, dirichlet_split, load_prepared
+    from recipes.federated.model import LangIdModel
+
+    d = load_prepared(data_path)
+    y = d["train_labels"]
+    x = densify(d["train_indices"], d["train_indptr"], np.arange(len(y)))
+    parts = [p for p in dirichlet_split(y, num_clients, alpha, seed) if len(p)]
+    q = per_round / len(parts)
+    rows = []
+    for eps in epsilons:
+        paddle.seed(seed)
+        model = LangIdModel(num_langs=len(d["langs"]), seed=seed)
+        weights = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+        z = noise_for_epsilon(eps, rounds, q, 1e-5) if eps else 0.0
+        cfg = DPConfig(clip_norm=clip_norm, noise_multiplier=z) if eps else None
+        rng = np.random.default_rng(seed + 1)
+        norms, accs = [], []
+        for _ in range(rounds):
+            chosen = rng.choice(len(parts), per_round, replace=False)
+            total = {k: np.zeros(v.shape, np.float64) for k, v in weights.items()}
+            for i in chosen:
+                model.set_state_dict({k: paddle.to_tensor(v) for k, v in weights.items()})
+                opt = paddle.optimizer.SGD(learning_rate=lr, parameters=model.parameters())
+                idx = parts[i]
+                for _ in range(local_epochs):
+                    for b in range(0, len(idx), 32):
+                        sel = idx[b:b + 32]
+                        loss = F.cross_entropy(model(paddle.to_tensor(x[sel])),
+                                               paddle.to_tensor(y[sel].reshape(-1, 1)))
+                        loss.backward()
+                        opt.step()
+                        opt.clear_grad()
+                change = {k: v.numpy().astype(np.float64) - weights[k] for k, v in model.state_dict().items()}
+                if cfg is not None:
+                    change, norm = clip_update(change, clip_norm)
+                    norms.append(norm)
+                for k in total:
+                    total[k] += change[k]
+            if cfg is not None:  # central DP: N(0, (zC)^2) on the sum of the clipped changes
+                total = add_gaussian_noise(total, server_noise_std(cfg), rng)
+            weights = {k: (weights[k] + total[k] / per_round).astype(np.float32) for k in weights}
+            model.set_state_dict({k: paddle.to_tensor(v) for k, v in weights.items()})
+            accs.append(test_accuracy(model, d))
+        spent = PrivacyAccountant(z, q, 1e-5, "rdp", rounds).epsilon() if eps else None
+        rows.append({"epsilon": eps, "noise_multiplier": z, "epsilon_spent": spent, "accuracy": accs,
+                     "median_norm": statistics.median(norms) if norms else None, "load": load()})
+        print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="pure,switch", help="pure,switch,accuracy")
     ap.add_argument("--clients", type=int, nargs="+", default=[100, 500])
     ap.add_argument("--params", type=int, default=1_000_000)
     ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--train-s", type=float, default=5.0, help="switch: the clients' training time per round")
+    ap.add_argument("--per-proc", type=int, default=50, help="switch: lightweight clients per process")
+    ap.add_argument("--rounds", type=int, default=3, help="switch: rounds per run (round 1 has the dropouts)")
+    ap.add_argument("--deadline-s", type=float, default=120.0, help="switch: the round deadline")
+    ap.add_argument("--data", help="accuracy: prepared recipe data (.npz); made in a temporary directory if left out")
+    ap.add_argument("--epsilons", default="0,8,4,1", help="accuracy: target epsilons (0: no DP)")
+    ap.add_argument("--dp-clients", type=int, default=1000)
+    ap.add_argument("--dp-per-round", type=int, default=200)
+    ap.add_argument("--dp-rounds", type=int, default=20)
+    ap.add_argument("--clip-norm", type=float, default=0.5)
+    ap.add_argument("--lr", type=float, default=0.5, help="accuracy: the clients' SGD learning rate")
+    ap.add_argument("--local-epochs", type=int, default=2)
+    ap.add_argument("--alpha", type=float, default=0.1)
     a = ap.parse_args()
-    print(f"SecAgg+ vs plain summation: {a.params:,} parameters, {a.dropout:.0%} of clients drop after sharing keys")
-    print(f"{'clients':>7} {'k':>4} {'t':>4} {'client s':>9} {'max s':>7} {'server s':>9} {'plain s':>8} "
-          f"{'compute x':>9} {'up MB':>7} {'down KB':>8} {'up x':>6}")
-    for n in a.clients:
-        r = measure(n, a.params, a.dropout)
-        ratio = (r["client_max"] + r["server"]) / r["plain_server"]
-        print(f"{r['n']:>7} {r['degree']:>4} {r['threshold']:>4} {r['client_mean']:>9.3f} {r['client_max']:>7.3f} "
-              f"{r['server']:>9.2f} {r['plain_server']:>8.3f} {ratio:>9.1f} {r['up'] / 1e6:>7.3f} "
-              f"{r['down'] / 1e3:>8.1f} {r['up'] / r['plain_up']:>6.3f}")
-    print("client s: one survivor's protocol compute (mean, max); server s: the combiner's; plain s: adding the "
-          "survivors' float32 updates;\ncompute x: (client max + server) / plain, protocol compute only (no training, "
-          "no network); up x: bytes a client sends / a float32 update's")
+    only = set(a.only.split(","))
+    if "pure" in only:
+        print(f"\n## SecAgg+ protocol compute vs plain summation: {a.params:,} parameters, {a.dropout:.0%} of clients "
+              f"drop after sharing keys (load average {load()})")
+        print(f"| clients | k | t | client s | max s | server s | plain s | compute x | up MB | down KB | up x |\n"
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for n in a.clients:
+            r = measure(n, a.params, a.dropout)
+            ratio = (r["client_max"] + r["server"]) / r["plain_server"]
+            print(f"| {r['n']} | {r['degree']} | {r['threshold']} | {r['client_mean']:.3f} | {r['client_max']:.3f} | "
+                  f"{r['server']:.2f} | {r['plain_server']:.3f} | {ratio:.1f} | {r['up'] / 1e6:.3f} | "
+                  f"{r['down'] / 1e3:.1f} | {r['up'] / r['plain_up']:.3f} |")
+        print("client s: one survivor's protocol compute (mean, max); server s: the combiner's; plain s: adding the "
+              "survivors' float32 updates;\ncompute x: (client max + server) / plain, protocol compute only (no "
+              "training, no network); up x: bytes a client sends / a float32 update's")
+    if "switch" in only:
+        rows = []
+        for n in a.clients:
+            for secure in (False, True):
+                print(f"  {n} clients, {'secagg+' if secure else 'plain'}: load average {load()}", file=sys.stderr,
+                      flush=True)
+                rows.append(bench_switch(n, a.params, a.dropout, secure, a.train_s, a.per_proc, a.rounds,
+                                         a.deadline_s))
+                print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+        print(f"\n## Rounds through a switch server: one combiner, {a.params:,}-parameter model, training "
+              f"{a.train_s:g} s, {a.dropout:.0%} of the clients die in round 1 (deadline {a.deadline_s:g} s)")
+        print("| clients | aggregation | round s (median, rounds 2..) | vs plain | round 1 s past the deadline | "
+              "dropped | update bytes per client | stage bytes up per client | stage bytes down per client | "
+              "CPU s per round: combiner, switch, clients | load average after |\n"
+              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+        for r in rows:
+            base = next(b for b in rows if b["clients"] == r["clients"] and b["protocol"] == "plain")
+            print(f"| {r['clients']} | {r['protocol']} | {r['round_s']:.2f} | {r['round_s'] / base['round_s']:.2f}x | "
+                  f"{r['after_deadline_s']:.2f} | {r['dropped']} | {r['update_bytes']:.0f} | {r['stage_up']:.0f} | "
+                  f"{r['stage_down']:.0f} | {r['combiner_cpu_s']:.1f}, {r['switch_cpu_s']:.1f}, "
+                  f"{r['clients_cpu_s']:.1f} | {r['load']} |")
+        print("update bytes: the pieces of an update (plain: float32 weights; secagg+: the masked 32-bit words and the "
+              "count word);\nstage bytes: secagg+'s key, share, masked-header and unmask messages as JSON; CPU s: from "
+              "/proc, per round from the end of round 1 to the last (the combiner's process with the controller, the "
+              "switch, the surviving clients' processes together)")
+    if "accuracy" in only:
+        data = a.data
+        if data is None:
+            import tempfile
+
+            from recipes.federated.data import prepare
+
+            data = str(Path(tempfile.mkdtemp(prefix="secagg-data-")) / "langid.npz")
+            prepare(data)
+        from recipes.federated.central import train_central
+
+        eps = [float(e) for e in a.epsilons.split(",")]
+        rows = bench_dp_accuracy(data, eps, a.dp_clients, a.dp_per_round, a.dp_rounds, a.clip_norm, a.alpha, a.lr,
+                                 a.local_epochs)
+        epochs = max(1, math.ceil(a.dp_rounds * a.dp_per_round / a.dp_clients))
+        central = train_central(data, epochs)
+        print(f"\n## DP-FedAvg on the recipe's task: {a.dp_clients} non-IID clients (alpha={a.alpha}), "
+              f"{a.dp_per_round} a round, {a.dp_rounds} rounds, clip_norm {a.clip_norm}, central noise, delta 1e-5 "
+              f"(load average {load()})")
+        print("| target epsilon | noise multiplier | epsilon spent (RDP) | median client change norm | "
+              + " | ".join(f"accuracy after round {i}" for i in (1, a.dp_rounds // 2, a.dp_rounds)) + " |\n"
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for r in rows:
+            acc = r["accuracy"]
+            spent = "-" if r["epsilon_spent"] is None else f"{r['epsilon_spent']:.3f}"
+            norm = "-" if r["median_norm"] is None else f"{r['median_norm']:.3f}"
+            print(f"| {r['epsilon'] or 'no DP'} | {r['noise_multiplier']:.3f} | {spent} | {norm} | {acc[0]:.4f} | "
+                  f"{acc[a.dp_rounds // 2 - 1]:.4f} | {acc[-1]:.4f} |")
+        print(f"| central baseline ({epochs} epochs of all data) | | | | | | {central[-1]:.4f} |")
 
 
 if __name__ == "__main__":

@@ -80,11 +80,24 @@ def _status(args: argparse.Namespace) -> int:
         age = f", updated {time.time() - doc['updated']:.0f} s ago" if "updated" in doc else ""
         of = "" if algorithm != "rounds" else f" of {job.rounds}"
         print(f"job {doc['job']} ({algorithm}): {doc['state']}, round {doc.get('round', 0)}{of}{age}")
+        if doc.get("reason"):
+            print(f"reason: {doc['reason']}")
+        if doc.get("privacy"):
+            print(_privacy_line(doc["privacy"]))
         if doc.get("result"):
             print(f"result: {json.dumps(doc['result'])}")
         if doc["head"]:
             print(f"head: version {doc['head']['version']} (round {doc['head']['round']}) {doc['head']['metrics']}")
     return 0
+
+
+def _privacy_line(p: dict) -> str:
+    """One line of where a job's privacy budget stands."""
+    eps = "inf" if p.get("epsilon") is None else f"{p['epsilon']:.4f}"
+    target = "" if p.get("target_epsilon") is None else f", target {p['target_epsilon']:g}"
+    return (f"privacy: epsilon {eps} at delta {p['delta']:g} after {p['rounds']} rounds ({p['mode']} DP, "
+            f"noise multiplier {p['noise_multiplier']:g}, sampling rate {p['sampling_rate']:g}, "
+            f"{p['accountant']}{target})")
 
 
 def _rounds(args: argparse.Namespace) -> int:
@@ -94,13 +107,16 @@ def _rounds(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{f: getattr(r, f) for f in r.__slots__} for r in rows]))
         return 0
+    private = any("privacy" in r.detail for r in rows)
     print(f"{'round':>5} {'status':8} {'version':>7} {'updates':>7} {'examples':>8} {'seconds':>8} {'accuracy':>8}  "
-          "rejected / why")
+          + (f"{'epsilon':>8}  " if private else "") + "rejected / why")
     for r in rows:
         acc = r.detail.get("parent_accuracy")
         why = "; ".join(f"{x['client']}: {x['reason']}" for x in r.rejected) or (r.detail.get("why") or "")
+        eps = (r.detail.get("privacy") or {}).get("epsilon")
+        eps = f"{'-' if eps is None else f'{eps:.4f}':>8}  " if private else ""
         print(f"{r.round:>5} {r.status:8} {r.version or '-':>7} {r.num_updates:>7} {r.num_examples:>8} "
-              f"{r.duration_s:>8.2f} {'-' if acc is None else f'{acc:.3f}':>8}  {why}")
+              f"{r.duration_s:>8.2f} {'-' if acc is None else f'{acc:.3f}':>8}  {eps}{why}")
     return 0
 
 

@@ -17,10 +17,13 @@ from typing import Any, Mapping
 import numpy as np
 
 from nebula.channel import Endpoint
+from nebula.federated.client_api import Client, Weights
 from nebula.federated.config import FederatedJob
 from nebula.federated.intake import NONE_CODEC, UpdateEncoder
+from nebula.federated.client_secure import Answers, for_me, mb_peers, privatize_weights, train_secure
 from nebula.federated.messages import (ANY_START, ClientHello, ClientUpdate, GetParameters, HelloRefused,
-                                       Parameters, PullUpdate, Stop, TrainTask, UpdateDropped)
+                                       Parameters, PullUpdate, Stop, TrainTask)
+from nebula.federated.privacy import noise_rng
 from nebula.federated.protocol import Message, to_json
 from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Messenger, Peer,
                                         fits_inline, manifest)
@@ -32,29 +35,6 @@ UPDATE_WINDOW_PIECES = 4  # pieces of an update in flight between a client and i
 # a client is one of many, idle most of the time: it says HELLO to its switch every 2.5 s, not every 1 s (the
 # switch answers each with a WELCOME: a thousand clients cost it 400 instead of 1000 of each a second)
 CLIENT_HEARTBEAT_S = 2.5
-Weights = dict[str, np.ndarray]
-
-
-class Client:
-    """A federated client. Subclass it: `get_parameters`, `fit` and `evaluate` (Flower's names and returns)."""
-
-    def num_examples(self) -> int:
-        """Training examples this client holds (the validity policy counts them)."""
-        raise NotImplementedError
-
-    def get_parameters(self, config: Mapping[str, Any]) -> Weights:
-        """The local model's weights (asked once, to initialise an empty trail)."""
-        raise NotImplementedError
-
-    def fit(self, parameters: Weights, config: Mapping[str, Any]) -> tuple[Weights, int, dict]:
-        """Train from `parameters` on local data: (new weights, examples used, metrics)."""
-        raise NotImplementedError
-
-    def evaluate(self, parameters: Weights, config: Mapping[str, Any]) -> tuple[float, int, dict]:
-        """Evaluate `parameters` on local held-out data: (loss, examples, metrics)."""
-        raise NotImplementedError
-
-
 class PaddleClient(Client):
     """A `Client` training a user-supplied `paddle.nn.Layer` classifier on local arrays (x, y).
 
@@ -146,6 +126,9 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
                  incarnation=_next_incarnation(job, cluster, index))
     mb.watch()  # an idle client sleeps until a message comes
     encoder = UpdateEncoder(job.update_codec, job.piece_bytes) if job.update_codec != NONE_CODEC else None
+    if encoder is not None and job.secure_aggregation is not None:
+        encoder = None  # masked words stand in for the codec (nebula.federated.secagg.compose)
+    rng = noise_rng() if job.differential_privacy is not None else None
     combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
     controller = Peer(job.controller.cluster, CONTROLLER_RANK)
     listen = mb_peers(job)
@@ -169,7 +152,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
             if isinstance(msg, GetParameters) and peer == controller:  # the initial model: the answer names the run
                 mb.send_model(peer, Parameters(job=job.job, run=msg.run), client.get_parameters({}))
                 continue
-            if not _for_me(msg, nonce, me, peer):
+            if not for_me(msg, nonce, me, peer):
                 continue
             if isinstance(msg, Stop):
                 break
@@ -177,7 +160,10 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
                 log.warning("%s: combiner %s refused us: %s", me, peer, msg.reason)
             elif isinstance(msg, TrainTask):
                 last = peer
-                ok, pending = _train(mb, peer, msg, client, job, me, encoder, parts, nonce)
+                if job.secure_aggregation is not None:
+                    ok, pending = train_secure(mb, peer, msg, client, job, me, parts, nonce, rng)
+                else:
+                    ok, pending = _train(mb, peer, msg, client, job, me, encoder, parts, nonce, rng)
                 trained += ok
             else:  # an answer to an update we gave up on (the round moved on): nothing to do
                 log.debug("%s: ignoring %s from %s", me, msg.TYPE, peer)
@@ -186,26 +172,31 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     return trained
 
 
-def _for_me(msg: Message, nonce: str, me: str, peer: Peer) -> bool:
-    """Whether a message is addressed to this process (a stop may also be to any process of this incarnation)."""
-    to = getattr(msg, "to", None)
-    if to == nonce or (to == ANY_START and isinstance(msg, Stop)):
-        return True
-    log.info("%s: ignoring a %s from %s addressed to another process (%s)", me, msg.TYPE[:32] or "malformed message",
-             peer, str(to)[:32])
-    return False
-
-
 def _train(mb: Messenger, peer: Peer, task: TrainTask, client: Client, job: FederatedJob, me: str,
-           encoder: UpdateEncoder | None = None, parts: list | None = None, nonce: str = "") -> tuple[bool, Any]:
+           encoder: UpdateEncoder | None = None, parts: list | None = None, nonce: str = "",
+           rng: np.random.Generator | None = None) -> tuple[bool, Any]:
     """Run one task (`parts`: the model's pieces that came with it): evaluate, fit, announce, stream on request
     (compressed with `encoder`, if any). (trained?, a task that came meanwhile)."""
+    if task.session is not None:  # the combiner runs secure aggregation, this client's job file does not
+        log.warning("%s: round %s asks for secure aggregation, which this client's job file does not set; give "
+                    "every actor the same job file", me, task.round)
+        return False, None
     params = mb.recv_model(peer, task, job.deadline_s, inline=parts)
     config = dict(task.config)
-    loss, n_eval, em = client.evaluate(params, config)
+    dp = job.differential_privacy
+    metrics: dict = {}
+    if dp is None:  # under differential privacy no metric leaves the client: the accountant counts none
+        loss, n_eval, em = client.evaluate(params, config)
+        metrics = {"eval_loss": loss, "eval_examples": n_eval, **em}
     weights, n, fm = client.fit(params, config)
+    if dp is not None:
+        try:
+            weights = privatize_weights(dp, params, weights, rng)
+        except ValueError as exc:
+            log.warning("%s: round %s: %s", me, task.round, exc)
+            return False, None
     update = ClientUpdate(job=job.job, round=task.round, version=task.version, num_examples=n,
-                          metrics={"eval_loss": loss, "eval_examples": n_eval, **em, **fm},
+                          metrics=metrics if dp is not None else {**metrics, **fm},
                           codec=None if encoder is None else encoder.spec)
     # small: one message, the pieces (raw, or each piece's change encoded, error feedback kept per piece) inside
     # it, no pull round trip; a combiner refuses pushed pieces that do not come with their header
@@ -227,36 +218,12 @@ def _train(mb: Messenger, peer: Peer, task: TrainTask, client: Client, job: Fede
             for frames in encoder.frames(weights, params):
                 mb.send_parts(peer, frames)
 
-    deadline = time.monotonic() + job.deadline_s + 10
-    others = [p for p in mb_peers(job) if p != peer]
-    while time.monotonic() < deadline:
-        got = mb.poll([peer, *others], min(1.0, max(0.0, deadline - time.monotonic())), primary=peer)
-        if got is None:
-            continue
-        src, answer, _ = got
-        if isinstance(answer, GetParameters):
-            return False, got
-        if not _for_me(answer, nonce, me, src):
-            continue
-        if src != peer:  # another combiner (ours is gone, we were reassigned)
-            if isinstance(answer, (TrainTask, Stop)):
-                return False, got
-            continue
-        if isinstance(answer, PullUpdate):
-            send()
-            return True, None
-        if isinstance(answer, UpdateDropped):
-            log.warning("%s: update of round %s refused: %s", me, task.round, answer.reason)
-            return False, None
-        if isinstance(answer, (TrainTask, Stop)):  # the round moved on without our update
-            return False, got
-    log.warning("%s: combiner %s did not answer the update of round %s", me, peer, task.round)
-    return False, None
-
-
-def mb_peers(job: FederatedJob) -> list[Peer]:
-    """Everyone a client listens to: every combiner and the controller."""
-    return [*(Peer(c.id, COMBINER_RANK) for c in job.clusters), Peer(job.controller.cluster, CONTROLLER_RANK)]
+    status, got = Answers(mb, peer, job, me, nonce).wait((PullUpdate,), time.monotonic() + job.deadline_s + 10,
+                                                         f"update of round {task.round}")
+    if status == "ok":
+        send()
+        return True, None
+    return False, got if status == "pending" else None
 
 
 def _next_incarnation(job: FederatedJob, cluster: str, index: int) -> int:

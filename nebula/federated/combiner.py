@@ -4,7 +4,7 @@ worth of memory for streaming strategies), and hands the partial with its exampl
 
 How it checks updates, counts refusals, and knows its run: `nebula.federated.combiner_base` (the rules:
 `nebula.federated.checks`); a round's state: `nebula.federated.round_state`, its I/O:
-`nebula.federated.combiner_rounds`; the messages: `nebula.federated.messages`.
+`nebula.federated.combiner_rounds` (with secure aggregation: `secure_state`, `combiner_secure`); the messages: `nebula.federated.messages`.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from nebula.channel import Endpoint
 from nebula.federated._actor import ActorAudit, JobGrants
 from nebula.federated.combiner_base import ANY_START, CombinerBase, client_peers
 from nebula.federated.combiner_rounds import SyncRound, serve_async
+from nebula.federated.combiner_secure import SecureRound
 from nebula.federated.intake import spool_dir
 from nebula.federated.messages import StartAsync, StartRound, Stop
 from nebula.federated.transport import COMBINER_RANK, Messenger
@@ -46,16 +47,12 @@ class Combiner(CombinerBase):
                 self.flush_if_due()
                 if got is None:
                     continue
-                peer, msg, parts = got
-                if peer != self.controller:
-                    self.from_client(peer, msg, None, parts)
-                    continue
-                cmd = self.command(msg)
+                cmd = self.take(got)
                 if isinstance(cmd, Stop):
                     self.stop(cmd)
                     return
                 if isinstance(cmd, StartRound):
-                    command = SyncRound.serve(self, cmd)
+                    command = (SecureRound if self.job.secure_aggregation else SyncRound).serve(self, cmd)
                 elif isinstance(cmd, StartAsync) and serve_async(self, cmd) == "stop":
                     return
         finally:

@@ -23,8 +23,8 @@ from pathlib import Path
 from nebula.federated._actor import ActorAudit, JobGrants, RefusalTally
 from nebula.federated.checks import NONCE_CHARS, Refusal, check_hello
 from nebula.federated.config import FederatedJob
-from nebula.federated.messages import (ANY_START, Bye, ClientHello, ClientUpdate, HelloRefused, StatusAnswer,
-                                       StatusRequest, Stop, UpdateDropped)
+from nebula.federated.messages import (ANY_START, SECURE_FROM_CLIENT, Bye, ClientHello, ClientUpdate, HelloRefused,
+                                       StatusAnswer, StatusRequest, Stop, UpdateDropped)
 from nebula.federated.protocol import Malformed, Message
 from nebula.federated.strategy import get_strategy
 from nebula.federated.transport import CLIENT_WINDOW, CONTROLLER_RANK, FIRST_CLIENT_RANK, Messenger, Peer
@@ -32,6 +32,7 @@ from nebula.federated.transport import CLIENT_WINDOW, CONTROLLER_RANK, FIRST_CLI
 __all__ = ["CombinerBase", "client_peers", "ANY_START", "FLUSH_S"]
 
 log = logging.getLogger(__name__)
+_SECURE = frozenset(m.TYPE for m in SECURE_FROM_CLIENT)
 FLUSH_S = 10.0  # counted refusals are written to the audit log at least this often (and with every round)
 
 
@@ -128,17 +129,30 @@ class CombinerBase:
         """A message to a client's process (naming its nonce, so no later process of the rank takes it)."""
         self.mb.send(peer, dataclasses.replace(msg, to=self.nonces.get(peer)))
 
+    def take(self, got: tuple[Peer, Message, list | None], rnd=None) -> Message | None:
+        """One polled message served: a client's here (within round `rnd`, if any); the controller's command of
+        this run returned, to be served by the caller (see `command`)."""
+        peer, msg, parts = got
+        if peer != self.controller:
+            self.from_client(peer, msg, rnd, parts)
+            return None
+        return self.command(msg)
+
     def from_client(self, peer: Peer, msg: Message, rnd=None, parts: list | None = None) -> None:
         """A client's message (`parts`: the pieces that came inline with it); `rnd`: the round in progress."""
         self.missed.discard(peer)  # heard from: offered again
         update = isinstance(msg, ClientUpdate) or (isinstance(msg, Malformed) and msg.claimed == "update")
+        secure = isinstance(msg, SECURE_FROM_CLIENT) or (isinstance(msg, Malformed) and msg.claimed in _SECURE)
         if isinstance(msg, ClientHello):
             self.hello(peer, msg, rnd)
-        elif update and rnd is None:
+        elif (update or secure) and rnd is None:
             self.refuse(peer, msg, Refusal("late", "late: no round in progress at this combiner; a synchronous "
-                                           "round never averages updates of another round"))
+                                           "round never averages updates of another round"),
+                        action="fl.secagg" if secure else "fl.update")
         elif update:
             rnd.on_update(peer, msg, parts)
+        elif secure:
+            rnd.on_secure(peer, msg, parts)
 
     def hello(self, peer: Peer, msg: ClientHello, rnd=None) -> None:
         why = check_hello(msg, job=self.job.job, max_examples=self.job.max_examples_per_client)
@@ -165,18 +179,18 @@ class CombinerBase:
         cluster's answer (from the status answers) and assigns no client of a refused cluster to any combiner."""
         return None if self.grants is None else self.grants.refusal(self.mb.ep.cfg.account, self.job.job)
 
-    def refuse(self, peer: Peer, msg: ClientUpdate | Malformed, why: Refusal, counted: bool = True) -> None:
-        """Refuse an update and tell the client; audited one by one, or `counted`. Nothing is read or waited for:
-        pushed pieces come inside the header's message, and any other message that follows a refused header is
-        dropped as it comes, being no header."""
+    def refuse(self, peer: Peer, msg: Message, why: Refusal, counted: bool = True, action: str = "fl.update"
+               ) -> None:
+        """Refuse an update (or, as `action` fl.secagg, a secure aggregation stage message) and tell the client;
+        audited one by one, or `counted`. Nothing is read or waited for: pushed pieces come inside the header's
+        message, and any other message that follows a refused header is dropped as it comes, being no header."""
         rnd, version = (msg.head.get("round"), msg.head.get("version")) if isinstance(msg, Malformed) \
-            else (msg.round, msg.version)
+            else (getattr(msg, "round", None), getattr(msg, "version", None))
         if counted:
-            log.info("combiner %s: refused update of %s: %s", self.cluster, peer, why)
-            self.tally.add("fl.update", why, str(peer))
+            log.info("combiner %s: refused %s of %s: %s", self.cluster, action, peer, why)
+            self.tally.add(action, why, str(peer))
         else:
-            log.warning("combiner %s: refused update of %s: %s", self.cluster, peer, why)
-            self.audit.record("fl.update", str(peer), "refused",
-                              {"reason": str(why), "round": rnd, "version": version})
+            log.warning("combiner %s: refused %s of %s: %s", self.cluster, action, peer, why)
+            self.audit.record(action, str(peer), "refused", {"reason": str(why), "round": rnd, "version": version})
         self.to_client(peer, UpdateDropped(round=rnd if isinstance(rnd, int) and not isinstance(rnd, bool) else None,
                                            reason=str(why)))

@@ -46,38 +46,53 @@ class SyncRound:
         del weights  # the round drops it once fanned out
         try:
             rnd.fan_out()
-            while rnd.state.waiting() and time.monotonic() < deadline:
-                got = mb.poll(comb.listen, min(1.0, max(0.0, deadline - time.monotonic())))
-                if got is None:
-                    continue
-                peer, msg, parts = got
-                if peer != comb.controller:
-                    comb.from_client(peer, msg, rnd, parts)
-                    continue
-                command = comb.command(msg)
-                if command is not None:
-                    log.warning("combiner %s: round %d given up: the controller sent a %s", comb.cluster, cmd.round,
-                                command.TYPE)
-                    return command
+            command = rnd.collect()
+            if command is not None:
+                log.warning("combiner %s: round %d given up: the controller sent a %s", comb.cluster, cmd.round,
+                            command.TYPE)
+                return command
             rnd.report()
             return None
         finally:
             if rnd.base is not None:
                 rnd.base.close()
 
+    def collect(self) -> Message | None:
+        """Take the clients' answers until the deadline; a command of the controller that came meanwhile, or None."""
+        return self.pump(self.deadline)
+
+    def pump(self, until: float) -> Message | None:
+        """Serve the clients' messages while the round waits for one and `until` (a monotonic time) has not come;
+        a command of the controller that came meanwhile (ending the round), or None."""
+        comb = self.c
+        while self.state.waiting() and time.monotonic() < until:
+            got = comb.mb.poll(comb.listen, min(1.0, max(0.0, until - time.monotonic())))
+            command = None if got is None else comb.take(got, self)
+            if command is not None:
+                return command
+        return None
+
     def __init__(self, comb: Combiner, cmd: StartRound, weights: dict[str, np.ndarray], deadline: float) -> None:
         self.c, self.cmd, self.weights, self.deadline = comb, cmd, weights, deadline
         job = comb.job
-        self.state = RoundState(job=job.job, round=cmd.round, version=cmd.version,
-                                asked=[Peer.parse(s) for s in cmd.clients], weights=weights, strategy=comb.strategy,
-                                max_examples=job.max_examples_per_client)
+        self.state = self.make_state(asked=[Peer.parse(s) for s in cmd.clients], job=job.job, round=cmd.round,
+                                     version=cmd.version, weights=weights, strategy=comb.strategy,
+                                     max_examples=job.max_examples_per_client)
         # each update's change from this model is measured (raw updates; a coded update is a change already)
-        measure = job.max_update_norm is not None and job.update_codec == NONE_CODEC
+        measure = job.max_update_norm is not None and job.update_codec == NONE_CODEC and not job.secure_aggregation
         self.base = GlobalModel(weights, comb.spool) if measure else None
 
+    def make_state(self, **kw) -> RoundState:
+        """The round's pure state (under differential privacy every update weighs the same)."""
+        return RoundState(**kw, unit_weight=self.c.job.differential_privacy is not None)
+
+    def task(self) -> TrainTask:
+        """The round's task, as every asked client gets it (each naming its own process)."""
+        return TrainTask(round=self.cmd.round, version=self.cmd.version, config=self.cmd.config,
+                         deadline_s=max(0.0, self.deadline - time.monotonic()), push_bytes=PUSH_BYTES)
+
     def fan_out(self) -> None:
-        task = TrainTask(round=self.cmd.round, version=self.cmd.version, config=self.cmd.config,
-                    deadline_s=max(0.0, self.deadline - time.monotonic()), push_bytes=PUSH_BYTES)
+        task = self.task()
         mb = self.c.mb
         big = sum(w.nbytes for w in self.weights.values()) > 64 * 1024**2
         for p in self.state.asked:
@@ -117,6 +132,11 @@ class SyncRound:
             upd.close()
         self.c.audit.record("fl.update", who, "accepted", {"round": st.round, "num_examples": msg.num_examples,
                                                            "norm": upd.norm})
+
+    def on_secure(self, peer: Peer, msg: Message, parts: list | None = None) -> None:
+        """A secure aggregation stage message in a round without it: refused, counted."""
+        self.c.refuse(peer, msg, Refusal("uninvited", f"round {self.state.round} does not use secure aggregation; "
+                                         "give the client this job's file"), action="fl.secagg")
 
     def report(self) -> None:
         c, st = self.c, self.state

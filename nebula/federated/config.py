@@ -29,6 +29,15 @@ Example::
                                                # num_clients={cluster: n}, seed=<job seed> and client.args
     fedoptima: {omega: 8, max_rounds: 10}      # FedOptima's options (nebula.federated.fedoptima.config)
     owl: {distribution: owl, rounds: 5}        # OWL's options (nebula.federated.owl.config)
+    secure_aggregation: {protocol: secagg+, clip_range: 1.0, max_weight: 1000}   # null: off (secagg.config)
+    differential_privacy: {clip_norm: 1.0, noise_multiplier: 1.0, mode: central, delta: 1.0e-5,
+                           target_epsilon: 8, accountant: rdp}                   # null: off (privacy.mechanism)
+
+`secure_aggregation` and `differential_privacy` apply to FEDn's synchronous rounds, with a strategy whose
+combiners only add (fedavg, fedprox, fedadam, fedyogi, fedadagrad); secure aggregation masks 32-bit words
+(`update_codec: none`) or 16-bit ones (`fp16`, `bf16`), and needs at least 3 clients at each combiner with any;
+differential privacy weighs every client the same (with secure aggregation: `max_weight: 1`), and its
+`distributed` mode needs secure aggregation. Anything else is refused at load, in one line.
 
 Every count that sizes memory is bounded (`MAX_CLIENTS` clients per cluster) and every number of seconds or norm
 must be finite: a bad value is one line naming its key path and the limit.
@@ -45,6 +54,8 @@ from nebula.config.fields import CodecSpec
 from nebula.config.schema import ConfigError, check_fields, from_dict
 from nebula.federated.fedoptima.config import FedOptimaSpec
 from nebula.federated.owl.config import OwlSpec
+from nebula.federated.privacy.mechanism import DPConfig
+from nebula.federated.secagg.config import SecAggConfig
 
 __all__ = ["FederatedJob", "FederatedCluster", "ControllerSpec", "ClientSpec", "ValiditySpec", "StrategySpec",
            "load_federated_job", "MAX_CLIENTS", "MAX_WAIT_S", "ALGORITHMS"]
@@ -185,6 +196,10 @@ class FederatedJob:
     task: str = ""
     fedoptima: FedOptimaSpec = field(default_factory=FedOptimaSpec)
     owl: OwlSpec = field(default_factory=OwlSpec)
+    # privacy (FEDn's synchronous rounds only): each combiner learns only its clients' sum, the reducer sums of
+    # sums (nebula.federated.secagg); client-level DP with an accountant (nebula.federated.privacy). None: off
+    secure_aggregation: SecAggConfig | None = None
+    differential_privacy: DPConfig | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -223,6 +238,44 @@ class FederatedJob:
                 raise ValueError(f"update_codec {self.update_codec!r} needs a synchronous strategy (the combiner "
                                  f"of an asynchronous one keeps no base model to add changes to); drop it or use "
                                  f"fedavg")
+        if self.secure_aggregation is not None or self.differential_privacy is not None:
+            self._check_privacy()
+
+    def _check_privacy(self) -> None:
+        """The combinations secure aggregation and differential privacy refuse (one line each, with the fix)."""
+        from nebula.federated.secagg.compose import check_codec_precision, check_strategy, word_bits_for_codec
+        from nebula.federated.secagg.messages import MIN_CLIENTS
+        from nebula.federated.secagg.quantize import Quantizer
+        from nebula.federated.strategy import Strategy, get_strategy
+
+        sa, dp = self.secure_aggregation, self.differential_privacy
+        if self.algorithm != "rounds":
+            raise ValueError(f"secure_aggregation and differential_privacy apply to algorithm: rounds, not "
+                             f"{self.algorithm}; drop them or run FEDn's rounds")
+        strategy = get_strategy(self.strategy.name, self.strategy.options)
+        if sa is not None:
+            check_strategy(strategy)
+            bits = word_bits_for_codec(self.update_codec)
+            for i, c in enumerate(self.clusters):
+                if 0 < c.num_clients < MIN_CLIENTS:
+                    raise ValueError(f"clusters[{i}] ({c.id}): num_clients={c.num_clients}, but secure_aggregation "
+                                     f"needs at least {MIN_CLIENTS} clients at each combiner to hide one in a sum; "
+                                     "give the cluster more clients (or none) or drop secure_aggregation")
+                if c.num_clients:
+                    check_codec_precision(self.update_codec, Quantizer(sa.clip_range, c.num_clients, sa.max_weight,
+                                                                       bits))
+        if dp is None:
+            return
+        if not strategy.synchronous or type(strategy).combine is not Strategy.combine:
+            raise ValueError(f"differential_privacy calibrates its noise to a sum of clipped updates, which strategy "
+                             f"{strategy.name!r} does not take; use fedavg, fedprox, fedadam, fedyogi or fedadagrad")
+        if dp.mode == "distributed" and sa is None:
+            raise ValueError("differential_privacy.mode=distributed splits the noise among the clients of a secure "
+                             "sum; add secure_aggregation: {protocol: secagg+} or use mode: central or local")
+        if sa is not None and sa.max_weight != 1:
+            raise ValueError(f"differential_privacy needs a fixed weighting (one client's data size must not move "
+                             f"the mean's denominator), but secure_aggregation.max_weight={sa.max_weight}; set "
+                             "secure_aggregation.max_weight: 1 (every client weighs the same)")
 
     def _check_dtypes(self) -> None:
         import numpy as np

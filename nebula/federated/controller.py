@@ -20,7 +20,9 @@ import numpy as np
 
 from nebula.channel import Endpoint
 from nebula.federated.controller_async import run_async
+from nebula.federated.combiner_secure import UNMASK_STAGES
 from nebula.federated.controller_base import ControllerBase
+from nebula.federated.controller_privacy import RoundPrivacy
 from nebula.federated.messages import ModelCopy, Partial, StartRound
 from nebula.federated.reduction import Reduction
 from nebula.federated.trail import ModelTrail, RoundRecord
@@ -31,6 +33,7 @@ from nebula.federated.witness import CombinerWitness
 __all__ = ["Controller", "REPORT_GRACE_S"]
 
 log = logging.getLogger(__name__)
+STOPPED = "stopped"  # a round the privacy budget forbade (recorded in the trail with the reason)
 REPORT_GRACE_S = 3.0  # partials later than deadline + this are not waited for (the round ends within deadline + 5 s)
 
 
@@ -51,7 +54,9 @@ class Controller(ControllerBase):
             head = self.trail.head()
             if head is None:
                 head = self.trail.get(self.initialise())
-            done = max([r.round for r in self.trail.rounds()] + [head.round])
+            if self.job.differential_privacy is not None:
+                self.privacy = RoundPrivacy(self.job, self.trail)
+            done = max([r.round for r in self.trail.rounds() if r.status != STOPPED] + [head.round])
             self.audit.record("fl.start", self.job.job, "ok", {"head": head.version, "next_round": done + 1})
             self.write_status("running", done, head.version)
             if not self.strategy.synchronous:
@@ -60,6 +65,10 @@ class Controller(ControllerBase):
                 for r in range(done + 1, self.job.rounds + 1):
                     if self.stop_requested():
                         self.write_status("stopped", r - 1, self.trail.head().version)
+                        break
+                    budget = self.privacy.budget() if self.privacy is not None else None
+                    if budget is not None and not budget.may_continue:
+                        self._budget_spent(r, budget.reason)
                         break
                     self._round(r)
                 else:
@@ -99,13 +108,20 @@ class Controller(ControllerBase):
                 self.mb.send_model(comb, ModelCopy(round=r, to=self.nonces[comb]), weights)
         home = job.controller.cluster
         self.wan_bytes.append(sum(n - sent_before.get(c, 0) for c, n in self.mb.sent_bytes.items() if c != home))
-        red = Reduction(weights, coded=job.update_codec != "none", update_codec=job.update_codec,
+        secure = job.secure_aggregation
+        red = Reduction(weights, coded=job.update_codec != "none" or secure is not None, update_codec=job.update_codec,
                         validity=job.validity, expected_examples=expected_examples)
-        self._take_partials(r, assignment, red, t0 + job.deadline_s + REPORT_GRACE_S)
+        # the combiners' unmask stage, then their sum (nebula.federated.combiner_secure)
+        unmask_s = (UNMASK_STAGES + 1) * secure.stage_timeout_s if secure is not None else 0.0
+        self._take_partials(r, assignment, red, t0 + job.deadline_s + REPORT_GRACE_S + unmask_s)
         metrics = red.metrics()
+        privacy = self.privacy.spend() if self.privacy is not None and red.num_updates else None
+        if privacy is not None:
+            metrics.update(epsilon=privacy["epsilon"], delta=privacy["delta"])
         why, version = red.invalid(), None
         if why is None:
-            new, state = self.strategy.server_step(weights, red.result(), state)
+            noise = (self.privacy.noise_std(), self.privacy.rng) if self.privacy is not None else (0.0, None)
+            new, state = self.strategy.server_step(weights, red.result(*noise), state)
             bad = next((k for k, v in new.items() if not np.isfinite(v).all()), None)
             if bad is not None:  # finite updates can still overflow together: never commit such a model
                 why = f"the new model's {bad!r} holds NaN or Inf (the updates overflowed); lower max_update_norm"
@@ -121,12 +137,31 @@ class Controller(ControllerBase):
                     "expected_examples": expected_examples,
                     "assignment": {str(c): [str(p) for p in v] for c, v in assignment.items()}, **metrics,
                     "wan_bytes": self.wan_bytes[-1], "update_bytes": red.update_bytes,
-                    "update_norm_max": red.norm_max}))
+                    "update_norm_max": red.norm_max, **self._privacy_detail(red, privacy)}))
         self.audit.record("fl.round", str(r), "valid" if why is None else "invalid",
                           {"version": version, "num_updates": red.num_updates, "why": why})
         log.info("round %d: %s, %d updates, %d examples, %.2f s %s", r, "valid" if why is None else f"invalid ({why})",
                  red.num_updates, red.num_examples, duration, json.dumps(metrics))
         self.write_status("running", r, self.trail.head().version)
+
+    def _privacy_detail(self, red: Reduction, privacy: dict | None) -> dict:
+        """What the round's record keeps of secure aggregation and differential privacy."""
+        out: dict = {}
+        if self.job.secure_aggregation is not None:
+            out["secure"] = {"error_bound": red.error_bound, "dropped": sorted(red.dropped),
+                             "protocol_bytes": red.protocol_bytes, "weight": red.weight}
+        if self.privacy is not None:
+            out["privacy"] = privacy or self.privacy.describe()
+        return out
+
+    def _budget_spent(self, r: int, reason: str) -> None:
+        """The job's target_epsilon forbids round `r`: the trail, the audit log and the status say why it stops."""
+        log.warning("controller: %s", reason)
+        self.trail.record_round(RoundRecord(
+            round=r, status=STOPPED, version=None, num_updates=0, num_examples=0, rejected=[], started=time.time(),
+            duration_s=0.0, detail={"why": reason, "privacy": self.privacy.describe()}))
+        self.audit.record("fl.stop", self.job.job, "budget", {"round": r, "reason": reason})
+        self.write_status("stopped", r - 1, self.trail.head().version, reason=reason)
 
     def _take_partials(self, r: int, assignment: dict[Peer, list[Peer]], red: Reduction, give_up: float) -> None:
         """Take the combiners' partials of round `r` until all came or `give_up` (a monotonic time)."""

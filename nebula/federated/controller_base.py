@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nebula.federated._actor import ActorAudit
 from nebula.federated.config import FederatedJob
+from nebula.federated.controller_privacy import RoundPrivacy
 from nebula.federated.initial import fetch_initial, load_initial_model
 from nebula.federated.messages import Bye, StatusAnswer, StatusRequest, Stop
 from nebula.federated.protocol import Malformed, Message
@@ -59,6 +60,7 @@ class ControllerBase:
         # cluster -> why its account home refuses the job (None: granted); only clusters with an accounts_home
         self.grant_of: dict[str, str | None] = {}
         self.guarded = {c.id for c in job.clusters if c.accounts_home}
+        self.privacy: RoundPrivacy | None = None  # differential privacy (set by run() once the trail is open)
 
     def _next_epoch(self) -> int:
         """This start's epoch: one more than the last start's (kept beside the trail)."""
@@ -186,7 +188,10 @@ class ControllerBase:
     def assign(self, live: list[Peer], roster: dict[Peer, int], r: int) -> dict[Peer, list[Peer]]:
         clients = sorted(roster)
         k = self.job.clients_per_round or len(clients)
-        chosen = sorted(random.Random(self.job.seed * 100003 + r).sample(clients, min(k, len(clients))))
+        if self.privacy is not None:  # an unpredictable sample, at most the accounted rate
+            chosen = self.privacy.sample(clients, k)
+        else:
+            chosen = sorted(random.Random(self.job.seed * 100003 + r).sample(clients, min(k, len(clients))))
         out: dict[Peer, list[Peer]] = {c: [] for c in live}
         for p in chosen:
             if self._client_refusal(p) is not None:  # its own cluster grants it no part: through no combiner
@@ -202,9 +207,14 @@ class ControllerBase:
             out[target].append(p)
         return {c: v for c, v in out.items() if v}
 
-    def write_status(self, state: str, r: int, version: int) -> None:
-        self.files.write_status({"job": self.job.job, "state": state, "round": r, "rounds": self.job.rounds,
-                                 "head_version": version, "pid": os.getpid()})
+    def write_status(self, state: str, r: int, version: int, reason: str | None = None) -> None:
+        doc = {"job": self.job.job, "state": state, "round": r, "rounds": self.job.rounds, "head_version": version,
+               "pid": os.getpid()}
+        if reason is not None:
+            doc["reason"] = reason
+        if self.privacy is not None:
+            doc["privacy"] = self.privacy.describe()
+        self.files.write_status(doc)
 
     def stop_requested(self) -> bool:
         """Whether `nebula fl stop` asked this run to end."""

@@ -5,6 +5,12 @@ Every command of the controller names the run (`run`: the controller start's epo
 where it is one combiner's business, the combiner process (`to`: the nonce of its latest status answer); every
 message of a combiner to a client names the client process (`to`: the nonce of its hello, or ANY_START for a stop
 to whichever process of the client's next incarnation is there).
+
+A round with secure aggregation (nebula.federated.secagg) adds four stages between a client and its combiner, each
+a type of these families wrapping the secagg dataclass of that stage (a client's own name is never a field: the
+combiner takes it from the channel the message came on): `sa_keys` (AdvertiseKeys), `sa_roster` (KeyRoster),
+`sa_shares` (ShareKeys), `sa_delivery` (ShareDelivery), `sa_masked` (MaskedInput: the words follow as a model of
+one tensor, pushed inline or pulled like an update), `sa_unmask` (UnmaskRequest), `sa_reveal` (UnmaskResponse).
 """
 from __future__ import annotations
 
@@ -15,7 +21,9 @@ from nebula.federated.protocol import MessageFamily, Message, Untrusted
 
 __all__ = ["TO_CONTROLLER", "TO_COMBINER", "TO_CLIENT", "ANY_START", "StatusRequest", "StartRound", "ModelCopy",
            "StartAsync", "NewModel", "Stop", "StatusAnswer", "Partial", "AsyncUpdate", "Bye", "ClientHello",
-           "ClientUpdate", "TrainTask", "HelloRefused", "UpdateDropped", "PullUpdate", "GetParameters", "Parameters"]
+           "ClientUpdate", "TrainTask", "HelloRefused", "UpdateDropped", "PullUpdate", "GetParameters", "Parameters",
+           "SecureKeys", "SecureRoster", "SecureShares", "SecureDelivery", "MaskedUpdate", "SecureUnmask",
+           "SecureReveal", "SECURE_FROM_CLIENT", "MASKED_TENSOR"]
 
 TO_CONTROLLER = MessageFamily("controller")
 TO_COMBINER = MessageFamily("combiner")
@@ -118,6 +126,13 @@ class Partial(Message):
     update_norm_max: float = 0.0
     delta: bool = False  # the mean of the clients' changes (an update codec), not of their weights
     checkpoint: str | None = None
+    weight: int | None = None  # its weight in the reducer's mean, when not num_examples (a secure sum's count;
+    # under differential privacy, its number of updates: every client weighs the same)
+    error_bound: float = 0.0  # secure aggregation: the fixed-point rounding's bound on each value of the mean
+    dropped: tuple[str, ...] = ()  # secure aggregation: clients that shared keys but sent no masked input
+    # secure aggregation: the bytes of its stage messages (keys, shares, masked headers, unmasking shares) from the
+    # clients and to them; the masked words count in update_bytes, the model as without it
+    protocol_bytes: tuple[int, int] = (0, 0)
 
 
 @TO_CONTROLLER.message("async_update")
@@ -181,6 +196,10 @@ class TrainTask(Message):
     deadline_s: float
     push_bytes: int = 0  # an update up to this size is pushed with its header
     to: str | None = None
+    # secure aggregation: the round's fresh session bytes and its clients at this combiner; the client derives
+    # every other parameter from its own job file (nebula.federated.secagg.SecAggConfig.round_params)
+    session: bytes | None = None
+    cohort: tuple[str, ...] = ()
 
 
 @TO_CLIENT.message("refused")
@@ -213,3 +232,77 @@ class GetParameters(Message):
     """The controller asks for the client's model (the initial model of an empty trail); the answer names `run`."""
 
     run: str
+
+
+# ---- secure aggregation's stages: a client and its combiner (nebula.federated.secagg.messages) ------------------
+MASKED_TENSOR = "masked"  # the one tensor of a masked update: words of the update, then the count word
+
+
+@TO_COMBINER.message("sa_keys")
+class SecureKeys(Message):
+    """Stage 1: the client's two fresh X25519 public keys of this round (secagg.AdvertiseKeys)."""
+
+    round: int
+    cipher_pk: bytes
+    mask_pk: bytes
+
+
+@TO_CLIENT.message("sa_roster")
+class SecureRoster(Message):
+    """Stage 1's answer: (client, cipher key, mask key) of the receiver and its neighbours that advertised."""
+
+    round: int
+    keys: tuple[tuple[str, bytes, bytes], ...]
+    to: str | None = None
+
+
+@TO_COMBINER.message("sa_shares")
+class SecureShares(Message):
+    """Stage 2: a commitment to the self-mask seed and (receiver, sealed shares) for each neighbour."""
+
+    round: int
+    seed_commitment: bytes
+    shares: tuple[tuple[str, bytes], ...]
+
+
+@TO_CLIENT.message("sa_delivery")
+class SecureDelivery(Message):
+    """Stage 2's answer: (sender, sealed shares) sealed for the receiver by its neighbours that shared."""
+
+    round: int
+    shares: tuple[tuple[str, bytes], ...]
+    to: str | None = None
+
+
+@TO_COMBINER.message("sa_masked")
+class MaskedUpdate(Message):
+    """Stage 3: the masked update; its words follow as the one tensor MASKED_TENSOR (inline when `pushed`, else
+    when pulled). `metrics`: the client's evaluation of the round's model (none under differential privacy)."""
+
+    job: str
+    round: int
+    version: int
+    metrics: Untrusted = None
+    pushed: bool = False
+
+
+@TO_CLIENT.message("sa_unmask")
+class SecureUnmask(Message):
+    """Stage 3's answer: among the receiver's neighbours, who sent a masked input and who did not."""
+
+    round: int
+    survivors: tuple[str, ...]
+    dropped: tuple[str, ...]
+    to: str | None = None
+
+
+@TO_COMBINER.message("sa_reveal")
+class SecureReveal(Message):
+    """Stage 4: (owner, share) of the survivors' self-mask seeds and of the dropped clients' mask keys."""
+
+    round: int
+    seed_shares: tuple[tuple[str, bytes], ...]
+    key_shares: tuple[tuple[str, bytes], ...]
+
+
+SECURE_FROM_CLIENT = (SecureKeys, SecureShares, MaskedUpdate, SecureReveal)

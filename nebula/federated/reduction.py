@@ -10,6 +10,7 @@ import numpy as np
 from nebula.federated.aggregate import RunningMean
 from nebula.federated.config import ValiditySpec
 from nebula.federated.messages import Partial
+from nebula.federated.privacy import add_gaussian_noise
 
 __all__ = ["Reduction"]
 
@@ -32,6 +33,10 @@ class Reduction:
         self.lost: list[str] = []  # combiners whose partial never came or broke off
         self.metric_sums: dict[str, float] = {}
         self.broken = False  # a half-folded partial cannot be taken out again: the round is invalid
+        self.examples = 0  # what the folded partials' clients hold (their weights may differ: see `weight`)
+        self.dropped: list[str] = []  # secure aggregation: clients whose masks were removed after they dropped
+        self.protocol_bytes = [0, 0]  # secure aggregation: its stage messages at every combiner, from and to clients
+        self._bounds = 0.0  # Σ weight · error bound of the partials
 
     def refusal(self, p: Partial) -> str | None:
         """Why a partial cannot be folded (it averages what the job does not), or None."""
@@ -43,7 +48,7 @@ class Reduction:
     def begin(self, p: Partial, who: str) -> None:
         """Its pieces come next (each to `self.mean.add_part`)."""
         if p.num_updates:
-            self.mean.begin(p.num_examples, who)
+            self.mean.begin(p.num_examples if p.weight is None else p.weight, who)
 
     def lose(self, combiner: str, broken: bool = False, clients: list[str] | None = None) -> None:
         """A combiner's partial did not come (its `clients` are missing) or broke off mid-transfer (`broken`)."""
@@ -62,10 +67,26 @@ class Reduction:
         for k, v in p.metrics.items():
             self.metric_sums[k] = self.metric_sums.get(k, 0.0) + float(v) * p.eval_examples
         self.eval_examples += p.eval_examples
+        self.examples += p.num_examples
+        self.dropped += p.dropped
+        self.protocol_bytes = [a + b for a, b in zip(self.protocol_bytes, p.protocol_bytes)]
+        if p.num_updates:
+            self._bounds += p.error_bound * (p.num_examples if p.weight is None else p.weight)
 
     @property
     def num_examples(self) -> int:
+        return self.examples
+
+    @property
+    def weight(self) -> int:
+        """The total weight of the mean: the examples, the secure sums' counts, or (under differential privacy)
+        the number of updates."""
         return self.mean.num_examples
+
+    @property
+    def error_bound(self) -> float:
+        """Secure aggregation: the bound on each value of the mean from the combiners' fixed-point rounding."""
+        return self._bounds / self.weight if self.weight else 0.0
 
     def metrics(self) -> dict[str, float]:
         """The clients' evaluation of the round's model (the parent of the next), weighted by eval examples."""
@@ -85,7 +106,11 @@ class Reduction:
                     f"{self.expected_examples} expected")
         return None
 
-    def result(self) -> Weights:
-        """The example-weighted mean of the partials, as weights (a coded round's mean change added to the model)."""
+    def result(self, noise_std: float = 0.0, rng: np.random.Generator | None = None) -> Weights:
+        """The weighted mean of the partials, as weights (a coded round's mean change added to the model). With
+        `noise_std` (central differential privacy: the std of the noise on the sum), the mean gets N(0, (noise_std
+        / weight)²) on every value, the sum's noise divided by the mean's denominator."""
         mean = self.mean.result()
+        if noise_std:
+            mean = add_gaussian_noise(mean, noise_std / self.weight, rng)
         return {k: self.weights[k] + mean[k] for k in self.weights} if self.coded else mean

@@ -28,7 +28,7 @@ class RoundState:
     """Round `round` from model `version` (whose `weights` give the layout), asked of `asked`."""
 
     def __init__(self, *, job: str, round: int, version: int, asked: Iterable[Peer], weights: Weights,
-                 strategy: Strategy, max_examples: int) -> None:
+                 strategy: Strategy, max_examples: int, unit_weight: bool = False) -> None:
         self.job, self.round, self.version = job, round, version
         self.asked = list(asked)
         self.expected = {str(p) for p in self.asked}
@@ -45,6 +45,9 @@ class RoundState:
         self.eval_examples = 0
         self.update_bytes = 0  # what the accepted updates' pieces took on the wire
         self.norm_max = 0.0  # the largest change among the accepted updates (to choose max_update_norm by)
+        # differential privacy: every update weighs the same (the mean's denominator is the number of updates)
+        self.unit_weight = unit_weight
+        self.examples = 0  # what the folded updates claim to hold
 
     def waiting(self) -> bool:
         """Whether an asked client has not answered yet."""
@@ -91,6 +94,8 @@ class RoundState:
         self.update_bytes += nbytes
         self.norm_max = max(self.norm_max, norm or 0.0)
         n = int(upd.num_examples)
+        self.examples += n
+        n = 1 if self.unit_weight else n
         if self.mean is not None:  # checked whole, folded piece by piece
             self.mean.begin(n, who)
             for k, off, v in pieces:
@@ -119,15 +124,16 @@ class RoundState:
         """The round's report to the controller and the partial model (None without updates); `counted` are the
         refusals counted since the last round."""
         if self.mean is not None:
-            num_updates, num_examples = self.mean.num_updates, self.mean.num_examples
+            num_updates = self.mean.num_updates
             weights = self.mean.mean if num_updates else None
         else:
-            num_updates, num_examples = len(self.kept), sum(n for _, n in self.kept)
+            num_updates = len(self.kept)
             weights = self.strategy.combine(self.kept, self.names) if self.kept else None
         metrics = {k: v / self.eval_examples for k, v in self.metrics.items()} if self.eval_examples else {}
         msg = Partial(run=run, round=self.round, version=self.version, num_updates=num_updates,
-                      num_examples=num_examples, clients=tuple(sorted(self.accepted)),
+                      num_examples=self.examples, clients=tuple(sorted(self.accepted)),
                       rejected=tuple(self.rejected + counted), missing=tuple(str(p) for p in self.missing()),
                       metrics=metrics, eval_examples=self.eval_examples, update_bytes=self.update_bytes,
-                      update_norm_max=self.norm_max, delta=delta, checkpoint=checkpoint)
+                      update_norm_max=self.norm_max, delta=delta, checkpoint=checkpoint,
+                      weight=num_updates if self.unit_weight and num_updates else None)
         return msg, weights

@@ -26,6 +26,7 @@ def write_job(tmp: Path, workers: dict[str, Path], num_clients: dict[str, int], 
         "startup_timeout_s": 60,
     }
     doc.update(over)
+    tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -42,9 +43,14 @@ def start_client(procs, job: Path, cluster: str, index: int) -> subprocess.Popen
     return p
 
 
-def start_clients(procs, job: Path, cluster: str) -> subprocess.Popen:
-    """Start every client of `cluster` in one process (a thread and a switch connection each)."""
-    return procs.python("-m", "nebula.federated.run", "clients", str(job), "--cluster", cluster)
+def start_clients(procs, job: Path, cluster: str, indices: list[int] | None = None) -> subprocess.Popen:
+    """Start every client of `cluster` (or those of `indices`) in one process (a thread and a switch connection
+    each)."""
+    if indices is None:
+        return procs.python("-m", "nebula.federated.run", "clients", str(job), "--cluster", cluster)
+    code = ("import sys; from nebula.federated.run import run_clients; "
+            "run_clients(sys.argv[1], sys.argv[2], [int(i) for i in sys.argv[3].split(',')])")
+    return procs.python("-c", code, str(job), cluster, ",".join(map(str, indices)))
 
 
 def wait_exit(p: subprocess.Popen, timeout_s: float) -> str:

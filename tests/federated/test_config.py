@@ -1,6 +1,8 @@
 """Federated job files: paths resolved against the file, unknown keys and bad values named with the fix."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -58,3 +60,75 @@ def test_bad_job_files_are_refused_with_the_key_and_the_fix(tmp_path, over, need
     assert needle in str(e.value) and "job.yaml" in str(e.value)
     if "(line" in needle:
         assert "is not a finite number" in str(e.value)
+
+
+SA = {"protocol": "secagg+"}
+DPS = {"clip_norm": 1.0, "noise_multiplier": 1.0}
+THREE = [{"id": "A", "worker": "w.yaml", "num_clients": 3}]
+
+
+def test_privacy_sections_load_with_their_defaults(tmp_path):
+    job = load_federated_job(_write(tmp_path, clusters=THREE, secure_aggregation={**SA, "max_weight": 1},
+                                    differential_privacy={**DPS, "mode": "distributed"},
+                                    strategy={"name": "fedadagrad"}))
+    sa, dp = job.secure_aggregation, job.differential_privacy
+    assert (sa.clip_range, sa.max_weight, sa.max_dropout, sa.degree, sa.threshold, sa.stage_timeout_s) == \
+        (1.0, 1, 0.1, 0, 0, 10.0)
+    assert (dp.mode, dp.delta, dp.target_epsilon, dp.accountant) == ("distributed", 1e-5, None, "rdp")
+    plain = load_federated_job(_write(tmp_path))
+    assert plain.secure_aggregation is None and plain.differential_privacy is None
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"secure_aggregation": {**SA, "protocol": "secagg"}}, "secure_aggregation.protocol='secagg' is not known"),
+    ({"secure_aggregation": {**SA, "stage_timeout_s": 0}}, "secure_aggregation.stage_timeout_s=0"),
+    ({"secure_aggregation": {**SA, "clip_range": 0}}, "secure_aggregation.clip_range=0"),
+    ({"secure_aggregation": SA, "strategy": {"name": "median"}}, "strategy 'median' needs every client's update"),
+    ({"secure_aggregation": SA, "strategy": {"name": "krum", "options": {"num_byzantine": 0}}},
+     "strategy 'krum' needs every client's update"),
+    ({"secure_aggregation": SA, "strategy": {"name": "fedasync"}}, "strategy 'fedasync' applies each client's"),
+    ({"secure_aggregation": SA, "update_codec": "ef(int8_block)"},
+     "update_codec 'ef(int8_block)' does not compose with secure_aggregation"),
+    ({"secure_aggregation": {**SA, "clip_range": 1000.0, "max_weight": 1}, "update_codec": "fp16",
+      "clusters": [{"id": "A", "worker": "w.yaml", "num_clients": 100}]},
+     "update_codec 'fp16' with 100 clients per combiner leaves"),
+    ({"secure_aggregation": SA, "clusters": [{"id": "A", "worker": "w.yaml", "num_clients": 2}]},
+     "clusters[0] (A): num_clients=2, but secure_aggregation needs at least 3 clients"),
+    ({"secure_aggregation": SA, "algorithm": "owl", "task": "m:f"}, "apply to algorithm: rounds, not owl"),
+    ({"differential_privacy": {**DPS, "clip_norm": -1}}, "differential_privacy.clip_norm=-1.0 must be > 0"),
+    ({"differential_privacy": {**DPS, "mode": "global"}}, "differential_privacy.mode='global' is not one of"),
+    ({"differential_privacy": {**DPS, "accountant": "moments"}}, "differential_privacy.accountant='moments'"),
+    ({"differential_privacy": {**DPS, "delta": 1}}, "differential_privacy.delta=1.0 must be in (0, 1)"),
+    ({"differential_privacy": {**DPS, "nois_multiplier": 1}}, "unknown key differential_privacy.nois_multiplier"),
+    ({"differential_privacy": {"clip_norm": 1.0}}, "missing required key differential_privacy.noise_multiplier"),
+    ({"differential_privacy": {**DPS, "mode": "distributed"}},
+     "differential_privacy.mode=distributed splits the noise among the clients of a secure sum"),
+    ({"differential_privacy": DPS, "secure_aggregation": SA},
+     "differential_privacy needs a fixed weighting (one client's data size must not move the mean's "
+     "denominator), but secure_aggregation.max_weight=1000; set secure_aggregation.max_weight: 1"),
+    ({"differential_privacy": DPS, "strategy": {"name": "trimmed_mean"}},
+     "differential_privacy calibrates its noise to a sum of clipped updates, which strategy 'trimmed_mean'"),
+    ({"differential_privacy": DPS, "strategy": {"name": "fedbuff"}}, "which strategy 'fedbuff' does not take"),
+])
+def test_privacy_combinations_that_do_not_hold_are_refused_in_one_line(tmp_path, over, needle):
+    over = {"clusters": THREE, **over}
+    with pytest.raises(ConfigError) as e:
+        load_federated_job(_write(tmp_path, **over))
+    msg = str(e.value)
+    assert needle in msg and "job.yaml" in msg and "\n" not in msg, msg
+
+
+def test_the_privacy_settings_the_readme_shows_load_as_printed(tmp_path):
+    from tests.sites.readme import blocks, section
+
+    readme = Path(__file__).resolve().parents[2] / "recipes" / "federated" / "README.md"
+    (code,) = [c for lang, c in blocks(section(readme, "## Privacy: secure aggregation")) if lang == "yaml"]
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump({**BASE, "clusters": THREE}) + code)
+    job = load_federated_job(f)
+    sa, dp = job.secure_aggregation, job.differential_privacy
+    assert (sa.protocol, sa.clip_range, sa.max_weight, sa.max_dropout, sa.stage_timeout_s) == ("secagg+", 0.05, 1, 0.1,
+                                                                                             10.0)
+    assert (dp.clip_norm, dp.noise_multiplier, dp.mode, dp.delta, dp.accountant, dp.target_epsilon) == \
+        (0.5, 1.1, "distributed", 1e-5, "rdp", 8.0)
+    assert job.strategy.name == "fedadagrad" and job.strategy.options == {"eta": 0.1, "beta_1": 0.9, "tau": 0.001}

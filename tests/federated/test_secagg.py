@@ -189,3 +189,13 @@ def test_disconnected_survivors_abandon_the_round_rather_than_reveal_partial_sum
     cut = [ring[0], ring[n // 2]]  # two opposite clients of the ring: two groups no mask joins remain
     with pytest.raises(SecAggRefused, match=r"fall into 2 groups no mask joins \(sizes \[5, 5\]\)"):
         run_round(params, xs, ns, after_shares=cut, seed=8)
+
+
+def test_reused_keystream_buffers_give_each_seed_its_own_stream():
+    seeds = [bytes([i]) * 32 for i in range(4)]
+    streams = crypto.Keystreams(1001, np.uint32)
+    fresh = [crypto.prg(s, 1001, np.uint32) for s in seeds]
+    assert len({f.tobytes() for f in fresh}) == 4
+    for s, f in zip(seeds, fresh):  # each call's words are the seed's, whatever the call before wrote
+        assert np.array_equal(streams.words(s), f)
+    assert np.array_equal(crypto.Keystreams(7, np.uint16).words(seeds[0]), fresh[0].view(np.uint16)[:7])

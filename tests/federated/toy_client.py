@@ -1,6 +1,7 @@
 """A numpy client for protocol tests: softmax regression on a synthetic, learnable task; misbehaviours by name."""
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -39,6 +40,8 @@ class ToyClient(Client):
         return z / z.sum(1, keepdims=True)
 
     def fit(self, parameters, config):
+        if self.behaviour == "crash":  # the process dies in the middle of its round (after any key exchange)
+            os._exit(3)
         if self.behaviour != "init_silent":
             time.sleep(self.sleep_s)
         p = {k: v.copy() for k, v in parameters.items()}

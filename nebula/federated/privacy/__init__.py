@@ -1,10 +1,25 @@
 """Differential privacy for the federated mode: client-level DP-FedAvg (clipping, Gaussian noise placed centrally,
-locally or distributed across the clients of a secure sum) and an accountant from `dp-accounting`."""
-from nebula.federated.privacy.accountant import BudgetStatus, PrivacyAccountant, sampling_rate_for
+locally or distributed across the clients of a secure sum) and an accountant from `dp-accounting`.
+
+The accountant (and `dp-accounting`, about a second to import) loads on first use: a job file with a
+`differential_privacy` section is read, and a client clips and adds its noise, without it."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from nebula.federated.privacy.mechanism import (ACCOUNTANTS, DP_MODES, DPConfig, add_gaussian_noise, clip_update,
                                                 client_noise_std, noise_rng, privatize_update, server_noise_std,
                                                 update_norm)
 
 __all__ = ["DPConfig", "DP_MODES", "ACCOUNTANTS", "clip_update", "update_norm", "client_noise_std",
            "server_noise_std", "add_gaussian_noise", "privatize_update", "noise_rng", "PrivacyAccountant",
-           "BudgetStatus", "sampling_rate_for"]
+           "BudgetStatus", "sampling_rate_for", "noise_for_epsilon"]
+
+_LAZY = {"PrivacyAccountant", "BudgetStatus", "sampling_rate_for", "noise_for_epsilon"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module("nebula.federated.privacy.accountant"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,13 +9,18 @@ distributions) is tighter.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
 import dp_accounting
 from dp_accounting import pld, rdp
 
-__all__ = ["PrivacyAccountant", "BudgetStatus", "sampling_rate_for"]
+# the RDP accountant logs a warning for each order whose series does not converge at small noise (and leaves it
+# out, which only loosens nothing: epsilon is the minimum over the orders kept); a controller would log dozens a round
+logging.getLogger("absl").setLevel(logging.ERROR)
+
+__all__ = ["PrivacyAccountant", "BudgetStatus", "sampling_rate_for", "noise_for_epsilon"]
 
 
 def sampling_rate_for(mode: str, clients_per_round: int, population: int) -> float:
@@ -108,3 +113,25 @@ class PrivacyAccountant:
         return {"accountant": self.kind, "noise_multiplier": self.noise_multiplier, "sampling_rate":
                 self.sampling_rate, "delta": self.delta, "rounds": self.rounds,
                 "epsilon": eps if math.isfinite(eps) else None}
+
+
+def noise_for_epsilon(target_epsilon: float, rounds: int, sampling_rate: float, delta: float, kind: str = "rdp",
+                      tolerance: float = 0.01) -> float:
+    """The smallest noise multiplier (to within `tolerance`, relative) whose ε at `delta` after `rounds` rounds
+    stays within `target_epsilon`: what to write as `noise_multiplier` for a budget (bisection; ε falls as the
+    noise grows)."""
+    if not target_epsilon > 0 or rounds < 1:
+        raise ValueError(f"target_epsilon={target_epsilon} must be > 0 and rounds={rounds} >= 1")
+
+    def eps(z: float) -> float:
+        return PrivacyAccountant(z, sampling_rate, delta, kind, rounds).epsilon()
+
+    lo, hi = 0.05, 1.0
+    while eps(hi) > target_epsilon:
+        lo, hi = hi, hi * 2
+        if hi > 1e4:
+            raise ValueError(f"no noise multiplier up to 1e4 reaches epsilon {target_epsilon} in {rounds} rounds")
+    while hi - lo > tolerance * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if eps(mid) <= target_epsilon else (mid, hi)
+    return hi

@@ -146,16 +146,17 @@ class SecAggClient:
             raise self._refuse(f"num_examples={num_examples!r} must be a positive integer")
         q = self.params.quantizer
         words = q.encode(vec, int(num_examples))
-        words += crypto.prg(self._seed, words.size, q.dtype)
+        streams = crypto.Keystreams(words.size, q.dtype)
+        words += streams.words(self._seed)
         for peer in held:
             if peer == self.client:
                 continue
             s = crypto.agree(self._mask_sk, self._roster[peer].mask_pk,
                              crypto.pair_info(MASK_PURPOSE, self.tag, self.client, peer))
             if mask_sign(self.client, peer) > 0:
-                words += crypto.prg(s, words.size, q.dtype)
+                words += streams.words(s)
             else:
-                words -= crypto.prg(s, words.size, q.dtype)
+                words -= streams.words(s)
         self._held, self.stage = held, "unmask"
         return MaskedInput(self.client, self.params.round, words)
 

@@ -1,14 +1,17 @@
 """The `secure_aggregation` section of a federated job file, and the per-round parameters it gives a combiner.
 
-    secure_aggregation: {protocol: secagg+, clip_range: 0.05, max_weight: 1000, max_dropout: 0.1}
+    secure_aggregation: {protocol: secagg+, clip_range: 0.05, max_weight: 1000, max_dropout: 0.1, stage_timeout_s: 10}
 
 `clip_range` bounds each parameter's change a client sends (larger ones are clipped: pick it above the typical
 per-round change, e.g. from an unmasked trial round); `max_weight` caps a client's num_examples in the weighted
 mean (1: unweighted); `max_dropout` is the fraction of a combiner's clients the round must survive losing, which
-sets the default degree; `degree` and `threshold` (0: derived) override the graph.
+sets the default degree; `degree` and `threshold` (0: derived) override the graph. `stage_timeout_s`: a combiner
+closes a key stage or the unmask stage once this long passes without a new answer from the clients still in it
+(a key stage within half the round's deadline); the masked inputs are waited for until the round's deadline.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -29,6 +32,7 @@ class SecAggConfig:
     max_dropout: float = 0.1
     degree: int = 0
     threshold: int = 0
+    stage_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.protocol != "secagg+":
@@ -38,6 +42,9 @@ class SecAggConfig:
         if self.degree < 0 or self.threshold < 0:
             raise ValueError(f"secure_aggregation.degree={self.degree} and threshold={self.threshold} must be >= 0 "
                              "(0: derived from the number of clients)")
+        if not (math.isfinite(self.stage_timeout_s) and 0 < self.stage_timeout_s <= 3600):
+            raise ValueError(f"secure_aggregation.stage_timeout_s={self.stage_timeout_s} must be a number of seconds "
+                             "in (0, 3600] (how long a combiner waits for the clients of a key or unmask stage)")
         Quantizer(self.clip_range, MIN_CLIENTS, self.max_weight)  # clip_range and max_weight alone
 
     def round_params(self, round_: int, clients: Sequence[str], vector_length: int, session: bytes,

@@ -18,8 +18,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-__all__ = ["KEY_BYTES", "NONCE_BYTES", "TAG_BYTES", "keypair", "public_key", "usable_public_key", "agree", "pair_info", "seal", "unseal",
-           "prg", "AuthenticationError"]
+__all__ = ["KEY_BYTES", "NONCE_BYTES", "TAG_BYTES", "keypair", "public_key", "usable_public_key", "agree", "pair_info",
+           "seal", "unseal", "prg", "Keystreams", "AuthenticationError"]
 
 KEY_BYTES = 32
 NONCE_BYTES = 12
@@ -89,10 +89,21 @@ def unseal(key: bytes, blob: bytes, aad: bytes) -> bytes:
 
 def prg(seed: bytes, count: int, dtype: np.dtype) -> np.ndarray:
     """`count` uniform words of unsigned `dtype` from the AES-256-CTR keystream of `seed` (32 bytes)."""
-    dtype = np.dtype(dtype)
-    n = count * dtype.itemsize
-    zeros = np.zeros(n, np.uint8)
-    out = np.empty(n + 15, np.uint8)  # update_into wants room for a block more than it writes
-    enc = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
-    written = enc.update_into(zeros, out)
-    return out[:written].view(dtype)
+    return Keystreams(count, dtype).words(seed)
+
+
+class Keystreams:
+    """`prg`'s words for many seeds of one length, written into the same buffers one after the other: a mask is
+    added as soon as it is made, and fresh pages for every stream can cost as much as the cipher itself."""
+
+    def __init__(self, count: int, dtype: np.dtype) -> None:
+        self.dtype = np.dtype(dtype)
+        n = count * self.dtype.itemsize
+        self._zeros = np.zeros(n, np.uint8)
+        self._out = np.empty(n + 15, np.uint8)  # update_into wants room for a block more than it writes
+
+    def words(self, seed: bytes) -> np.ndarray:
+        """The words of `seed`'s keystream: a view that the next call overwrites."""
+        enc = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor()
+        written = enc.update_into(self._zeros, self._out)
+        return self._out[:written].view(self.dtype)

@@ -120,11 +120,16 @@ class SecAggServer:
         return frozenset(h for h in self.holders[client] if h in self.shared and h != client)
 
     # -- stage 3 -----------------------------------------------------------------------------------------------
+    def check_masked(self, client: str, round_: int) -> None:
+        """SecAggRefused unless a masked input of `client` for `round_` is taken now: what a combiner checks before
+        it takes the words in."""
+        self._check(client, round_, "mask", self.shared)
+        if client in self.masked:
+            raise self._refuse(client, "sent a masked input twice")
+
     def receive_masked(self, msg: MaskedInput) -> None:
         """Take one masked input and add it to the running sum (mod 2^b)."""
-        self._check(msg.client, msg.round, "mask", self.shared)
-        if msg.client in self.masked:
-            raise self._refuse(msg.client, "sent a masked input twice")
+        self.check_masked(msg.client, msg.round)
         q = self.params.quantizer
         w = msg.words
         if not isinstance(w, np.ndarray) or w.dtype != q.dtype or w.shape != self._acc.shape:
@@ -186,12 +191,13 @@ class SecAggServer:
         self.stage = "done"
         acc = self._acc.copy()
         q = self.params.quantizer
+        streams = crypto.Keystreams(acc.size, q.dtype)
         for u in sorted(self.masked):
             seed = self._recover(u, self._seed_sh, "self-mask seed")
             if seed_commitment(self.tag, seed) != self.shared[u].seed_commitment:
                 raise SecAggRefused(f"secagg round {self.params.round}: the self-mask seed of {u!r} rebuilt from "
                                     "its shares fails its commitment (a holder sent a wrong share); abandoned")
-            acc -= crypto.prg(seed, acc.size, q.dtype)
+            acc -= streams.words(seed)
         dropped = tuple(sorted(set(self.shared) - self.masked))
         for w in dropped:
             sk = self._recover(w, self._key_sh, "mask key")
@@ -201,9 +207,9 @@ class SecAggServer:
             for v in sorted(self.partners(w) & self.masked):
                 s = crypto.agree(sk, self.keys[v].mask_pk, crypto.pair_info(MASK_PURPOSE, self.tag, w, v))
                 if mask_sign(v, w) > 0:  # v added this mask: take it away
-                    acc -= crypto.prg(s, acc.size, q.dtype)
+                    acc -= streams.words(s)
                 else:
-                    acc += crypto.prg(s, acc.size, q.dtype)
+                    acc += streams.words(s)
         vector, count = q.decode_sum(acc)
         return SecureSum(self.params.round, vector, count, q.max_weight, tuple(sorted(self.masked)), dropped,
                          q.error_bound(len(self.masked)))

@@ -1,0 +1,162 @@
+"""A client's part of a round with secure aggregation (`train_secure`) and of differential privacy
+(`privatize_weights`), and the waiting for its combiner's answers that every task shares (`Answers`).
+
+What a privacy-minded client does whatever its combiner asks: it runs the protocol its own job file names (a task
+without a session, in a job with `secure_aggregation`, gets nothing in the clear); it derives every parameter of the
+round but the session and the list of clients from that file (so no combiner can lower the threshold or the
+degree); it masks its change from the round's model, clipped and noised first under `differential_privacy`, and
+sends no evaluation metrics then (they would fall outside what the accountant counts).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from nebula.federated.client_api import Client, Weights
+from nebula.federated.config import FederatedJob
+from nebula.federated.messages import (ANY_START, MASKED_TENSOR, GetParameters, MaskedUpdate, PullUpdate,
+                                       SecureDelivery, SecureKeys, SecureReveal, SecureRoster, SecureShares,
+                                       SecureUnmask, Stop, TrainTask, UpdateDropped)
+from nebula.federated.privacy import DPConfig, privatize_update
+from nebula.federated.protocol import Message
+from nebula.federated.secagg import (AdvertiseKeys, EncryptedShare, KeyRoster, SecAggClient, SecAggRefused,
+                                     ShareDelivery, UnmaskRequest, flatten, word_bits_for_codec)
+from nebula.federated.transport import COMBINER_RANK, CONTROLLER_RANK, Messenger, Peer, fits_inline, manifest
+
+__all__ = ["Answers", "train_secure", "privatize_weights", "mb_peers", "for_me"]
+
+log = logging.getLogger(__name__)
+
+
+def mb_peers(job: FederatedJob) -> list[Peer]:
+    """Everyone a client listens to: every combiner and the controller."""
+    return [*(Peer(c.id, COMBINER_RANK) for c in job.clusters), Peer(job.controller.cluster, CONTROLLER_RANK)]
+
+
+def for_me(msg: Message, nonce: str, me: str, peer: Peer) -> bool:
+    """Whether a message is addressed to this process (a stop may also be to any process of this incarnation)."""
+    to = getattr(msg, "to", None)
+    if to == nonce or (to == ANY_START and isinstance(msg, Stop)):
+        return True
+    log.info("%s: ignoring a %s from %s addressed to another process (%s)", me, msg.TYPE[:32] or "malformed message",
+             peer, str(to)[:32])
+    return False
+
+
+class Answers:
+    """The answers of combiner `peer` to what this client sent for a task."""
+
+    def __init__(self, mb: Messenger, peer: Peer, job: FederatedJob, me: str, nonce: str) -> None:
+        self.mb, self.peer, self.me, self.nonce = mb, peer, me, nonce
+        self.others = [p for p in mb_peers(job) if p != peer]
+
+    def wait(self, want: tuple[type, ...], deadline: float, what: str) -> tuple[str, Any]:
+        """("ok", (message, parts)) for the next of the `want` types; ("pending", poll result) for a message that
+        ends the wait and is to be served next (a new task or a stop, the controller's request); ("dropped", its
+        refusal); ("timeout", None)."""
+        mb, peer = self.mb, self.peer
+        while time.monotonic() < deadline:
+            got = mb.poll([peer, *self.others], min(1.0, max(0.0, deadline - time.monotonic())), primary=peer)
+            if got is None:
+                continue
+            src, answer, parts = got
+            if isinstance(answer, GetParameters):
+                return "pending", got
+            if not for_me(answer, self.nonce, self.me, src):
+                continue
+            if src != peer:  # another combiner (ours is gone, we were reassigned)
+                if isinstance(answer, (TrainTask, Stop)):
+                    return "pending", got
+                continue
+            if isinstance(answer, want):
+                return "ok", (answer, parts)
+            if isinstance(answer, UpdateDropped):
+                log.warning("%s: %s refused: %s", self.me, what, answer.reason)
+                return "dropped", answer
+            if isinstance(answer, (TrainTask, Stop)):  # the round moved on without us
+                return "pending", got
+        log.warning("%s: combiner %s did not answer the %s", self.me, peer, what)
+        return "timeout", None
+
+
+def privatize_weights(dp: DPConfig, params: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+                      rng: np.random.Generator, min_clients: int = 1) -> Weights:
+    """The weights to send under differential privacy: the round's model plus the change clipped to clip_norm and
+    noised as the mode says. ValueError when `weights` is not shaped like the model (nothing unclipped leaves)."""
+    if [(k, np.shape(v)) for k, v in weights.items()] != [(k, np.shape(v)) for k, v in params.items()]:
+        raise ValueError("the trained model's tensors differ from the round's model; nothing is sent")
+    change = {k: np.asarray(weights[k], np.float64) - params[k] for k in params}
+    sent, _ = privatize_update(change, dp, rng, min_clients)
+    return {k: (params[k] + sent[k]).astype(params[k].dtype) for k in params}
+
+
+def _done(status: str, got: Any) -> tuple[bool, Any]:
+    return False, got if status == "pending" else None
+
+
+def train_secure(mb: Messenger, peer: Peer, task: TrainTask, client: Client, job: FederatedJob, me: str,
+                 parts: list | None, nonce: str, rng: np.random.Generator | None = None) -> tuple[bool, Any]:
+    """Run one task under secure aggregation: keys, shares, train, mask, unmask. (Took part?, a message that came
+    meanwhile and is to be served next.)"""
+    params = mb.recv_model(peer, task, job.deadline_s, inline=parts)
+    cfg, dp = job.secure_aggregation, job.differential_privacy
+    try:
+        if task.session is None:
+            raise SecAggRefused("the combiner asks for an update in the clear, but the job file sets "
+                                "secure_aggregation; nothing is sent")
+        length = sum(int(v.size) for v in params.values())
+        sa = SecAggClient(me, cfg.round_params(task.round, task.cohort, length, task.session,
+                                               word_bits_for_codec(job.update_codec)))
+    except (ValueError, SecAggRefused) as exc:
+        log.warning("%s: round %s not joined: %s", me, task.round, exc)
+        return False, None
+    ans, r = Answers(mb, peer, job, me, nonce), task.round
+    end = time.monotonic() + task.deadline_s + cfg.stage_timeout_s + 10
+    try:
+        keys = sa.advertise()
+        mb.send(peer, SecureKeys(round=r, cipher_pk=keys.cipher_pk, mask_pk=keys.mask_pk))
+        status, got = ans.wait((SecureRoster,), end, f"keys of round {r}")
+        if status != "ok":
+            return _done(status, got)
+        shared = sa.share_keys(KeyRoster(r, tuple(AdvertiseKeys(c, r, cpk, mpk) for c, cpk, mpk in got[0].keys)))
+        mb.send(peer, SecureShares(round=r, seed_commitment=shared.seed_commitment,
+                                   shares=tuple((e.receiver, e.ciphertext) for e in shared.shares)))
+        status, got = ans.wait((SecureDelivery,), end, f"shares of round {r}")
+        if status != "ok":
+            return _done(status, got)
+        delivery = ShareDelivery(r, tuple(EncryptedShare(s, me, c) for s, c in got[0].shares))
+        config = dict(task.config)
+        metrics: dict = {}
+        if dp is None:
+            loss, n_eval, em = client.evaluate(params, config)
+            metrics = {"eval_loss": loss, "eval_examples": n_eval, **em}
+        weights, n, fm = client.fit(params, config)
+        names = list(params)
+        change = flatten(weights, names) - flatten(params, names)
+        if dp is not None:
+            change = privatize_update({"change": change}, dp, rng, sa.params.threshold)[0]["change"]
+        masked = {MASKED_TENSOR: sa.mask(delivery, change, n).words}
+        head = MaskedUpdate(job=job.job, round=r, version=task.version,
+                            metrics=None if dp is not None else {**metrics, **fm})
+        if masked[MASKED_TENSOR].nbytes <= task.push_bytes and fits_inline(manifest(masked), job.piece_bytes):
+            mb.send_model(peer, dataclasses.replace(head, pushed=True), masked, inline=True)
+        else:
+            mb.send(peer, mb.model_header(head, masked))
+            status, got = ans.wait((PullUpdate,), end, f"masked update of round {r}")
+            if status != "ok":
+                return _done(status, got)
+            mb.send_pieces(peer, masked)
+        status, got = ans.wait((SecureUnmask,), end, f"masked update of round {r}")
+        if status != "ok":
+            return _done(status, got)
+        req = got[0]
+        shares = sa.unmask(UnmaskRequest(r, req.survivors, req.dropped))
+        mb.send(peer, SecureReveal(round=r, seed_shares=shares.seed_shares, key_shares=shares.key_shares))
+        return True, None
+    except (SecAggRefused, KeyError, ValueError) as exc:
+        log.warning("%s: left secure round %s: %s", me, r, exc)
+        return False, None

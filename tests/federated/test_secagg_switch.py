@@ -1,0 +1,201 @@
+"""Secure aggregation end to end: controller, combiners and clients as processes talking through TLS switch servers.
+Each combiner learns only its clients' sum; the reducer adds the sums."""
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from nebula.channel import Endpoint
+from nebula.federated.messages import (ClientHello, GetParameters, Parameters, SecureKeys, Stop, TrainTask,
+                                      UpdateDropped)
+from nebula.federated.trail import ModelTrail
+from nebula.federated.transport import FIRST_CLIENT_RANK, PUSH_BYTES, Messenger, Peer
+from tests.federated.harness import (federation, start_client, start_clients, start_cluster, wait_exit,
+                                     write_job)
+from tests.federated.toy_client import make_client
+
+SECURE = {"protocol": "secagg+", "clip_range": 1000.0, "max_weight": 1000}
+
+
+def _audit(tmp_path, cluster: str, job_dir: str = "fl") -> list[dict]:
+    return [json.loads(x) for x in (tmp_path / job_dir / f"combiner-{cluster}" / "audit.log").read_text().splitlines()]
+
+
+def test_secagg_fedavg_equals_plain_fedavg_within_the_stated_quantisation_bound(procs, tmp_path):
+    workers = federation(procs, tmp_path)
+    n = {"A": 3, "B": 3}
+    # the same clients, one job with and one without secure aggregation, side by side on the same switches; a
+    # coarse fixed point (clip_range 1000: 2^19 steps per unit) so that the rounding is the visible difference
+    jobs = [write_job(tmp_path / name, workers, n, job=name, rounds=1, validity={"min_updates": 6},
+                      controller={"cluster": "A", "dir": str(tmp_path / name)}, **over)
+            for name, over in (("plain", {}), ("secure", {"secure_aggregation": SECURE}))]
+    started = [[start_cluster(procs, j, c) for c in "AB"] + [start_clients(procs, j, c) for c in "AB"] for j in jobs]
+    out = wait_exit(started[1][0], 120)
+    for p in started[0] + started[1][1:]:
+        wait_exit(p, 60)
+    with ModelTrail(tmp_path / "plain" / "trail") as t:
+        want, _ = t.load(2)
+    with ModelTrail(tmp_path / "secure" / "trail") as t:
+        got, _ = t.load(2)
+        (r1,) = t.rounds()
+    assert r1.status == "valid" and r1.num_updates == 6 and r1.num_examples == 1200, out
+    bound = r1.detail["secure"]["error_bound"]
+    # the stated bound: n/(2s) on each combiner's sum of 3 (s = 2^19), times W/C = 1000/600 on its mean
+    assert bound == (3 / (2 * 2.0**19)) * 1000 / 600
+    for k in want:
+        diff = np.abs(got[k].astype(np.float64) - want[k])
+        ulp = np.spacing(np.abs(want[k]).astype(np.float32)).astype(np.float64)
+        assert (diff <= bound + 4 * ulp).all(), (k, diff.max(), bound)
+        assert diff.max() > 0  # the rounding is there, and bounded
+    for c in "AB":
+        sums = [r for r in _audit(tmp_path, c, "secure") if r["action"] == "fl.secagg"]
+        assert [r["outcome"] for r in sums] == ["summed"] and len(sums[0]["detail"]["survivors"]) == 3
+        # the combiner never took an update in the clear
+        assert all(r["detail"].get("masked") for r in _audit(tmp_path, c, "secure") if r["action"] == "fl.update")
+
+
+def _survivors_mean(job_clients: dict[str, list[int]]) -> dict[str, np.ndarray]:
+    """FedAvg in float64 of the named toy clients' fits from the zero model (every toy client holds 200 examples)."""
+    fits = []
+    for cluster, idx in job_clients.items():
+        for i in idx:
+            c = make_client(cluster, i, {})
+            fits.append(c.fit(c.get_parameters({}), {})[0])
+    return {k: np.mean([f[k].astype(np.float64) for f in fits], axis=0) for k in fits[0]}
+
+
+@pytest.mark.slow  # ~20 s of deadlines and sleeps; the same cases run fast in test_secagg (pure protocol)
+def test_dropouts_mid_round_close_with_the_survivors_sum_and_a_late_client_is_refused_and_audited(procs, tmp_path):
+    """Of ten clients, two die during their training (after sharing their keys) and one sends its masked input
+    after the round's deadline: 30% drop out of round 1, which still closes with the seven survivors' sum (their
+    masks and the dead clients' pairwise masks removed from the shares of the others); the late input is refused
+    and audited. Round 2 goes on with those still there."""
+    workers = federation(procs, tmp_path)
+    behaviours = {"A/1": "crash", "B/3": "crash"}
+    # B's clients take 4.5 s to train in every round, so round 2 (from 6 s) still runs when A/4 comes back (7.5 s)
+    sleeps = {"A/4": 7.5, **{f"B/{i}": 4.5 for i in (0, 1, 2, 4)}}
+    job = write_job(tmp_path, workers, {"A": 5, "B": 5}, rounds=2, deadline_s=6,
+                    secure_aggregation={**SECURE, "max_dropout": 0.3},
+                    client={"factory": "tests.federated.toy_client:make_client",
+                            "args": {"behaviours": behaviours, "sleep_s": sleeps}})
+    actors = [start_cluster(procs, job, c) for c in "AB"]
+    crashing = [start_client(procs, job, "A", 1), start_client(procs, job, "B", 3)]
+    clients = [start_clients(procs, job, "A", [0, 2, 3, 4]), start_clients(procs, job, "B", [0, 1, 2, 4])]
+    out = wait_exit(actors[0], 120)
+    wait_exit(actors[1], 30)
+    for p in clients:
+        wait_exit(p, 30)
+    assert [p.wait(10) for p in crashing] == [3, 3]
+    with ModelTrail(tmp_path / "fl" / "trail") as t:
+        r1, r2 = t.rounds()
+        v2, _ = t.load(2)
+    assert r1.status == "valid" and r1.num_updates == 7, out
+    assert r1.detail["secure"]["dropped"] == ["A/3", "A/6", "B/5"]
+    assert sorted(r1.detail["missing"]) == ["A/3", "A/6", "B/5"]
+    want = _survivors_mean({"A": [0, 2, 3], "B": [0, 1, 2, 4]})
+    bound = r1.detail["secure"]["error_bound"]
+    for k in want:
+        ulp = np.spacing(np.abs(want[k]).astype(np.float32)).astype(np.float64)
+        assert (np.abs(v2[k] - want[k]) <= bound + 4 * ulp).all(), k
+    # round 2: the dead and the late are not asked again until heard from; the late one was heard from
+    assert r2.status == "valid" and r2.num_updates == 7 and r2.detail["secure"]["dropped"] == []
+    audit = _audit(tmp_path, "A")
+    late = [r for r in audit if r["action"] == "fl.secagg" and r["outcome"] == "refused"
+            and "A/6" in [r["target"], *r["detail"].get("clients", [])]]
+    assert late and "late" in late[0]["detail"]["reason"], [r for r in audit if r["action"] == "fl.secagg"]
+    summed = [r["detail"] for r in audit if r["action"] == "fl.secagg" and r["outcome"] == "summed"]
+    assert summed[0]["dropped"] == ["A/3", "A/6"] and summed[0]["survivors"] == ["A/2", "A/4", "A/5"]
+
+
+def test_a_client_of_a_secure_job_sends_nothing_in_the_clear_whatever_its_combiner_asks(procs, tmp_path):
+    """A combiner (here the test, speaking as A's combiner rank through the real switch) that asks for an update in
+    the clear, or for a secure round too small to hide anyone, gets nothing from a client whose job file sets
+    secure_aggregation; a proper secure task gets its keys."""
+    workers = federation(procs, tmp_path, clusters=("A",))
+    job = write_job(tmp_path, workers, {"A": 3}, secure_aggregation=SECURE)
+    client = start_client(procs, job, "A", 0)
+    me, model = Peer("A", 2), {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
+    ep = Endpoint.connect(workers["A"], job="fltest", rank=1, timeout_s=30)
+    try:
+        mb = Messenger(ep, 4096, Peer("A", 0))
+        got = mb.poll([me], 30)
+        assert got is not None and isinstance(got[1], ClientHello)
+        nonce = got[1].nonce
+
+        def task(round_: int, **secure) -> None:
+            mb.send_model(me, TrainTask(round=round_, version=1, deadline_s=5, push_bytes=PUSH_BYTES, to=nonce,
+                                        **secure), model, inline=True)
+
+        task(1)  # in the clear: refused
+        task(2, session=bytes(16), cohort=("A/2", "A/3"))  # two clients cannot hide one
+        task(3, session=bytes(16), cohort=("A/9", "A/3", "A/4"))  # not among them
+        task(4, session=bytes(16), cohort=("A/2", "A/3", "A/4"))
+        # the client serves its tasks in order on this one channel: its first answer is the proper task's keys,
+        # so nothing was sent for the three before it
+        keys = mb.poll([me], 30)
+        assert keys is not None and isinstance(keys[1], SecureKeys) and keys[1].round == 4, keys
+        mb.send(me, Stop(to=nonce))
+        assert ep.flush(30)
+    finally:
+        ep.close(flush_s=1)
+    out = wait_exit(client, 30)
+    assert "round 1 not joined: the combiner asks for an update in the clear" in out
+    assert "round 2 not joined: secure aggregation needs at least 3 clients" in out
+    assert "round 3 not joined: secagg round 3: client 'A/2' is not among the round's 3 clients" in out
+
+
+def test_a_round_client_s_bad_keys_and_another_round_s_keys_are_refused_told_and_audited(procs, tmp_path):
+    """The test speaks as client A/5 of a secure round through the real switch: its malformed public keys are
+    refused (it is out of the round, told why, audited one by one with the reason) and its repeated keys of
+    another round are counted and audited with theirs; the three honest clients' round still closes with their sum."""
+    workers = federation(procs, tmp_path, clusters=("A",))
+    job = write_job(tmp_path, workers, {"A": 4}, rounds=1, deadline_s=10, secure_aggregation=SECURE,
+                    validity={"min_updates": 3}, initial_clients=3)
+    actor = start_cluster(procs, job, "A")
+    honest = start_clients(procs, job, "A", [0, 1, 2])
+    me = Peer("A", FIRST_CLIENT_RANK + 3)
+    combiner, nonce = Peer("A", 1), "f" * 16
+    ep = Endpoint.connect(workers["A"], job="fltest", rank=me.rank, timeout_s=30)
+    told = []
+    try:
+        mb = Messenger(ep, 4096, Peer("A", 0))
+        mb.send(combiner, ClientHello(job="fltest", num_examples=200, nonce=nonce))
+        task = None
+        while task is None:
+            got = mb.poll([Peer("A", 0), combiner], 60)
+            assert got is not None, "no task for the test's client"
+            peer, msg, _ = got
+            if isinstance(msg, GetParameters):  # the controller asks for an initial model: the toy client's
+                c = make_client("A", 3, {})
+                mb.send_model(peer, Parameters(job="fltest", run=msg.run), c.get_parameters({}))
+            elif isinstance(msg, TrainTask):
+                task = msg
+        assert task.session is not None and str(me) in task.cohort
+        mb.send(combiner, SecureKeys(round=task.round, cipher_pk=b"x" * 5, mask_pk=b"y" * 5))
+        for _ in range(3):
+            mb.send(combiner, SecureKeys(round=task.round + 7, cipher_pk=bytes(32), mask_pk=bytes(32)))
+        end = time.monotonic() + 30
+        while len(told) < 4 and time.monotonic() < end:
+            got = mb.poll([combiner], 1)
+            if got is not None and isinstance(got[1], UpdateDropped):
+                told.append(got[1].reason)
+    finally:
+        ep.close(flush_s=1)
+    out = wait_exit(actor, 90)
+    wait_exit(honest, 30)
+    assert len(told) == 4 and all("\n" not in r for r in told), told
+    with ModelTrail(tmp_path / "fl" / "trail") as t:
+        (r1,) = t.rounds()
+    assert r1.status == "valid" and r1.num_updates == 3, out
+    refused = [r for r in _audit(tmp_path, "A") if r["action"] == "fl.secagg" and r["outcome"] == "refused"]
+    first = [r for r in refused if r["target"] == str(me) and "count" not in r["detail"]]
+    assert len(first) == 1 and first[0]["detail"]["round"] == task.round, refused
+    assert "key" in first[0]["detail"]["reason"] and first[0]["detail"]["reason"] == told[0]
+    counted = [r for r in refused if r["detail"].get("kind") == "late"]
+    assert counted and counted[0]["detail"]["count"] == 3 and counted[0]["detail"]["clients"] == [str(me)], refused
+    assert "round" in counted[0]["detail"]["reason"]
+    summed = [r["detail"] for r in _audit(tmp_path, "A") if r["action"] == "fl.secagg" and r["outcome"] == "summed"]
+    assert summed[0]["survivors"] == ["A/2", "A/3", "A/4"]
