@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Sequence, TextIO
 
-__all__ = ["MetricsWriter", "read_metrics"]
+__all__ = ["MetricsWriter", "read_metrics", "boundary_fields"]
 
 
 class MetricsWriter:
@@ -35,3 +36,23 @@ class MetricsWriter:
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All records of a metrics file, in order."""
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def boundary_fields(boundaries: Sequence[Any], step_s: float, extra_wait_s: float = 0.0) -> dict[str, Any]:
+    """A step's record fields from this rank's boundaries (their counters are taken: the next step starts at 0):
+    time waiting on peers, compute, bytes and messages each way, codec time, the slowest link's throughput."""
+    wait = sum(b.wait_s for b in boundaries) + extra_wait_s
+    stats = [b.stats.take() for b in boundaries]
+    rates = [r for r in (b.outbox.link.throughput_bytes_per_s() for b in boundaries) if r]
+    return {
+        "step_s": round(step_s, 6), "wait_s": round(wait, 6), "compute_s": round(max(step_s - wait, 0.0), 6),
+        "bytes_sent": sum(s.bytes_sent for s in stats), "bytes_recv": sum(s.bytes_recv for s in stats),
+        # boundary messages sent, taken by this step, and delivered twice (each step's messages are the peer's
+        # of the same step, or of oneway.sync_lag + 1 steps before for a one-way sender's sync tensors)
+        "messages_sent": sum(s.messages_sent for s in stats), "messages_recv": sum(s.messages_recv for s in stats),
+        "messages_dup": sum(s.messages_dup for s in stats),
+        "raw_bytes_sent": sum(s.raw_bytes_sent for s in stats),
+        "codec_s": round(sum(s.codec_s for s in stats), 6),
+        "link_bytes_per_s": round(min(rates), 1) if rates else None,  # the lowest measured (None: none yet)
+        "time": time.time(),
+    }

@@ -29,7 +29,7 @@ from nebula.pipeline.cluster_stages import ClusterStages, join_cluster
 from nebula.pipeline.hooks import PipelineHooks, RunHooks, Wiring
 from nebula.pipeline.links import ChannelLink, Link
 from nebula.pipeline.links import PeerLost
-from nebula.pipeline.metrics import MetricsWriter
+from nebula.pipeline.metrics import MetricsWriter, boundary_fields
 from nebula.pipeline.runner_recovery import PauseRequested, RankRecovery, StepAbandoned
 from nebula.pipeline.stage import load_recipe
 from nebula.pipeline.stale import StalePipelineHooks
@@ -276,31 +276,12 @@ class StageRunner:
         return [b for b in (self.prev, self.next) if b is not None]
 
     def _record(self, step: int, loss: float | None, step_s: float, result: RunResult) -> None:
-        wait = sum(b.wait_s for b in self.boundaries()) + self.scatter_wait
-        stats = [b.stats.take() for b in self.boundaries()]
-        rec = {
-            "step": step, "cluster": self.cluster, "rank": self.rank, "loss": loss,
-            "step_s": round(step_s, 6), "wait_s": round(wait, 6), "compute_s": round(max(step_s - wait, 0.0), 6),
-            "bytes_sent": sum(s.bytes_sent for s in stats), "bytes_recv": sum(s.bytes_recv for s in stats),
-            # boundary messages sent, taken by this step, and delivered twice (each step's messages are the peer's
-            # of the same step, or of oneway.sync_lag + 1 steps before for a one-way sender's sync tensors)
-            "messages_sent": sum(s.messages_sent for s in stats), "messages_recv": sum(s.messages_recv for s in stats),
-            "messages_dup": sum(s.messages_dup for s in stats),
-            "raw_bytes_sent": sum(s.raw_bytes_sent for s in stats),
-            "codec_s": round(sum(s.codec_s for s in stats), 6),
-            "link_bytes_per_s": self._link_rate(),
-            "examples": self.cfg.train.global_batch // self.world, "time": time.time(),
-            **self.hooks.record_fields(),
-        }
+        rec = {"step": step, "cluster": self.cluster, "rank": self.rank, "loss": loss,
+               **boundary_fields(self.boundaries(), step_s, self.scatter_wait),
+               "examples": self.cfg.train.global_batch // self.world, **self.hooks.record_fields()}
         if loss is not None:
             result.losses[step] = loss
         self.metrics.write(rec)
-
-    def _link_rate(self) -> float | None:
-        """The lowest throughput measured on this rank's boundary links (None: none measured yet)."""
-        rates = [b.outbox.link.throughput_bytes_per_s() for b in self.boundaries()]
-        rates = [r for r in rates if r]
-        return round(min(rates), 1) if rates else None
 
     def close(self) -> None:
         """Flush and stop boundaries, close the metrics file and the switch connection."""
