@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 BYE_WAIT_S = 1.0  # how long a closing endpoint waits for its switch to answer BYE
 HEARTBEAT_S = 1.0  # HELLO (and the switch's WELCOME answer) this often
 MAX_HEARTBEAT_S = 2.5  # below the switch's RANK_HELD_S (3 s), and two missed WELCOMEs fit in SWITCH_SILENT_S
+# a predecessor killed without a word holds its rank at the switch for RANK_HELD_S (3 s) after its last HELLO; our
+# HELLOs keep asking, so a relaunched rank is welcomed within this however short its own timeout
+RANK_TAKEN_WAIT_S = 3.0 + MAX_HEARTBEAT_S + 1.0
 
 
 class IOThread:
@@ -85,7 +88,9 @@ class IOThread:
         """Block until the switch welcomed us; ChannelError naming the likely cause if it does not."""
         sw = self.switch
         if not sw.welcome.wait(timeout_s):
-            raise sw.fatal or sw.refusal or silent_switch(self.address, self.transport, timeout_s)
+            taken = sw.fatal is None and str(sw.refusal or "").startswith("rank_taken")
+            if not (taken and sw.welcome.wait(max(RANK_TAKEN_WAIT_S - timeout_s, 0.0))):
+                raise sw.fatal or sw.refusal or silent_switch(self.address, self.transport, timeout_s)
         if sw.fatal is not None:
             raise sw.fatal
 

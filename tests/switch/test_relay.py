@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -225,6 +227,20 @@ def test_one_rank_one_process(two_switches):
         assert first.rank == 4
     with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=4, timeout_s=2) as again:
         assert again.rank == 4
+
+
+def test_a_rank_killed_without_a_word_is_taken_by_its_relaunch_however_short_its_timeout(two_switches, procs):
+    """A rank killed with SIGKILL holds its place at the switch for a few seconds (it said no BYE); the process
+    launched in its place keeps asking and is welcomed, even with a connect timeout shorter than that hold."""
+    fed, a, b = two_switches
+    holder = ("import sys, time; from nebula.channel import Endpoint; "
+              "ep = Endpoint.connect(sys.argv[1], job='j', rank=5); print('ready', flush=True); time.sleep(600)")
+    p = procs.start([sys.executable, "-c", holder, str(worker_yaml(fed, "A"))], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    p.kill()
+    p.wait(10)
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=5, timeout_s=1) as again:
+        assert again.rank == 5
 
 
 def test_the_switch_answers_a_workers_bye(two_switches, federation):
