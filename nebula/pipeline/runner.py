@@ -71,8 +71,8 @@ class StageRunner:
         self.step = 0
         self.workdir = workdir
         self.agreed: int | None = None  # with recovery: the step the clusters agreed to start or resume from
+        self.recovery: RankRecovery | None = None  # (set before bind: `k: auto`'s probe opens channels there)
         hooks.bind(self)  # (the one-way mode resolves `k: auto` here, before wiring)
-        self.recovery: RankRecovery | None = None
         clusters = hooks.clusters()
         if cfg.recovery_timeout_s > 0 and wiring is None and len(clusters) > 1:
             self.recovery = RankRecovery(self, clusters)  # the boundaries are wired once the clusters agreed
