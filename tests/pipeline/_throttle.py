@@ -2,6 +2,7 @@
 RUN_MS + STOP_MS, until killed (the process is left running)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -14,14 +15,12 @@ def main(pid: int, run_ms: float, stop_ms: float) -> None:
         sys.exit(0)
 
     signal.signal(signal.SIGTERM, resume)
-    try:
+    with contextlib.suppress(ProcessLookupError):  # the starved process ended: so does its throttle
         while True:
             os.kill(pid, signal.SIGSTOP)
             time.sleep(stop_ms / 1000)
             os.kill(pid, signal.SIGCONT)
             time.sleep(run_ms / 1000)
-    except ProcessLookupError:
-        pass
 
 
 if __name__ == "__main__":

@@ -73,8 +73,9 @@ def _kill_repeatedly(procs, root: Path, kind: str, rounds: int, seed: int) -> tu
         assert zygote.stdout.readline().strip() == "saved"  # one save done: the kill below lands in a later one
         time.sleep(rng.uniform(0.0, 0.3))
         os.kill(pid, signal.SIGKILL)
-        while (line := zygote.stdout.readline().strip()) == "saved":
-            pass
+        line = zygote.stdout.readline().strip()
+        while line == "saved":  # saves the writer finished before the kill landed
+            line = zygote.stdout.readline().strip()
         assert line == "reaped", line
         partial += _partial(root)
         steps = _steps(kind, root)
