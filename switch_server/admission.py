@@ -22,7 +22,7 @@ def attribution_refusal(frame: Frame, reg: Registration, cluster: str) -> tuple[
     if inc != reg.inc:
         return "bad_incarnation", (f"frame names incarnation {inc}, but this connection is incarnation {reg.inc} of "
                                    f"rank {reg.rank} (given in its WELCOME)")
-    if t == FrameType.DATA and not reg.note_sent(frame.header.channel_id, frame.header.seq):
+    if t == FrameType.DATA and not reg.note_sent(frame.header.channel_id, frame.last_seq):
         return "too_many_channels", (f"rank {reg.rank} has opened {len(reg.sent)} sending channels on this switch, "
                                      "the most one connection may; reuse channels")
     return None

@@ -12,13 +12,39 @@ from typing import Any, NamedTuple
 from nebula.wire import FrameType, WireError, encode_frame
 from nebula.wire.shm import RELEASE_DELAY_S, SHM_MIN_BYTES, Arena, ReleaseBatch, Ring, pack_desc, read_desc
 
-__all__ = ["SHM_WAIT_S", "Region", "ArenaClient"]
+__all__ = ["SHM_WAIT_S", "Pieces", "Region", "ArenaClient"]
 
 log = logging.getLogger(__name__)
 
 # a full arena is waited on this long (the switch hands regions back as its link sends them); then payloads go
 # through the socket until it does
 SHM_WAIT_S = 0.05
+
+
+class Pieces:
+    """A payload in pieces (a batch frame's length table and messages): the arena takes the pieces one after
+    another, and only a payload that goes through the socket is joined, so a batch costs one copy, not two."""
+
+    __slots__ = ("parts", "nbytes")
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+        self.nbytes = sum(len(p) for p in parts)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def join(self) -> bytes:
+        """The payload in one piece."""
+        return b"".join(self.parts)
+
+    def write_to(self, dest: memoryview) -> None:
+        """Copy the pieces, in order, to the start of `dest`."""
+        off = 0
+        for p in self.parts:
+            n = len(p)
+            dest[off : off + n] = p
+            off += n
 
 
 class Region(NamedTuple):
@@ -81,7 +107,10 @@ class ArenaClient:
                 self.waiting = True
                 return False
             return True
-        self.arena.up[off : off + n] = payload
+        if isinstance(payload, Pieces):
+            payload.write_to(self.arena.up[off : off + n])
+        else:
+            self.arena.up[off : off + n] = payload
         return pack_desc(self.arena.token, off, n), off
 
     def unput(self, off: int) -> None:

@@ -140,6 +140,7 @@ class Channel:
         self.tx_key = ChannelKey(ep.job, cfg.account, cfg.cluster, ep.rank, peer_cluster, peer_rank, name)
         self.rx_key = ChannelKey(ep.job, cfg.account, peer_cluster, peer_rank, cfg.cluster, ep.rank, name)
         encode_meta(self.tx_key.to_meta())  # fails early on names too long for the wire
+        self.tx_id = self.tx_key.id  # (a hash: computed once, not per message)
         self._inbox = ep._io.register(self)
         self._coders: dict[str, Any] = {}  # by direction: stateful codecs keep their state per channel and direction
 
@@ -164,7 +165,7 @@ class Channel:
             fut.set_exception(ChannelError(
                 f"message of {len(view)} bytes exceeds the switch's link.max_message_bytes={limit}; split it"))
             return fut
-        self.ep._io.submit(self, OutMessage(view, parts, ln, fut))
+        self.ep._io.submit(self.tx_id, OutMessage(view, parts, ln, fut))
         return fut
 
     def recv_parts(self, timeout_s: float | None = None) -> list[memoryview]:

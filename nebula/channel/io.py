@@ -100,9 +100,9 @@ class IOThread:
         self._command(OpenChannel(ch, inbox))
         return inbox
 
-    def submit(self, ch: ChannelKeys, msg: OutMessage) -> None:
-        """Queue a message on the channel's sending stream."""
-        self._command(Submit(ch.tx_key.id, msg))
+    def submit(self, tx_id: int, msg: OutMessage) -> None:
+        """Queue a message on the sending stream `tx_id` (a channel's `tx_key.id`)."""
+        self._command(Submit(tx_id, msg))
 
     def consumed(self, cid: int) -> None:
         """The application took a message off the inbox of receiving channel `cid` (its `taken` already counts it).
@@ -289,3 +289,4 @@ class IOThread:
                 streams.open(cmd.channel, cmd.inbox)
             elif isinstance(cmd, Watch):
                 streams.watch()
+        streams.frame_submitted()  # (the burst's small messages share frames)

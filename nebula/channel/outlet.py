@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 import zmq
 
-from nebula.channel.arena import ArenaClient
+from nebula.channel.arena import ArenaClient, Pieces
 from nebula.channel.delivery import OutFrame
 from nebula.wire import Lane, next_lane
 from nebula.wire.shm import SHM_TAG
@@ -55,6 +55,8 @@ class Outlet:
                     return False
         try:
             if n:
+                if isinstance(payload, Pieces):
+                    payload = payload.join()
                 self.sock.send_multipart((head, payload), zmq.NOBLOCK, copy=n < 65536)
             else:
                 self.sock.send(head, zmq.NOBLOCK)

@@ -3,15 +3,19 @@ the window, chunking, acknowledgements, resends and restarted receivers."""
 from __future__ import annotations
 
 import math
+import struct
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from nebula.channel.arena import Pieces
 from nebula.channel.errors import ChannelError
 from nebula.wire import ChannelKey, FrameType, Lane, encode_frame, encode_meta
+from nebula.wire.meta import BATCH_ENTRY_BYTES, MAX_BATCH
 
-__all__ = ["RTO_S", "RTO_MAX_S", "RTO_BYTES_PER_S", "OutMessage", "OutFrame", "Admitted", "Sender"]
+__all__ = ["BATCH_BELOW_BYTES", "RTO_S", "RTO_MAX_S", "RTO_BYTES_PER_S", "OutMessage", "OutBatch", "OutFrame",
+           "Admitted", "Sender", "batches"]
 
 RTO_S = 10.0  # resend a message with no acknowledgement progress for this long (then doubling)
 RTO_MAX_S = 60.0
@@ -29,6 +33,7 @@ class OutMessage:
     progress: float = 0.0  # when it last made progress (framed, fully sent, acknowledgement progress)
     rto: float = RTO_S
     sent_at: float = 0.0  # when its first transmission was framed (the link throughput meter's start)
+    batch: OutBatch | None = None  # the batch frame it last went in (None: its last transmission was its own)
 
     def frame_sent(self, now: float) -> None:
         """One of its frames left for the switch; once all have, the future completes."""
@@ -39,12 +44,56 @@ class OutMessage:
                 self.future.set_result(None)
 
 
+# a message below this may share a DATA frame with the messages queued after it on its channel (up to the switch's
+# chunk_bytes in all): every hop's per-frame work (headers, checks, wake-ups, syscalls) is paid once per batch
+BATCH_BELOW_BYTES = 256 * 1024
+
+
+@dataclass(eq=False, slots=True)
+class OutBatch:
+    """The messages one batch frame carries."""
+
+    msgs: tuple[OutMessage, ...]
+
+    def frame_sent(self, now: float) -> None:
+        """The frame left for the switch: so did one frame of each of its messages."""
+        for m in self.msgs:
+            m.frame_sent(now)
+
+
 class OutFrame(NamedTuple):
-    """A frame waiting in a lane: head (header and meta), payload, and the message it belongs to (if any)."""
+    """A frame waiting in a lane: head (header and meta), payload, and the message(s) it belongs to (if any)."""
 
     head: bytes
     payload: Any
-    msg: OutMessage | None
+    msg: OutMessage | OutBatch | None
+
+
+def batches(msgs: list[OutMessage], chunk_bytes: int) -> list[list[OutMessage]]:
+    """`msgs` (admitted in sequence order) cut into runs that may each travel as one frame: consecutive sequence
+    numbers, one lane, no part lists, each message below BATCH_BELOW_BYTES, at most chunk_bytes and MAX_BATCH
+    messages a run. Nothing waits for a batch to fill: a run holds only what is queued already."""
+    out: list[list[OutMessage]] = []
+    run: list[OutMessage] = []
+    run_bytes = 0
+    limit = min(BATCH_BELOW_BYTES, chunk_bytes)
+    for m in msgs:
+        n = len(m.data) + BATCH_ENTRY_BYTES
+        small = m.parts is None and n <= limit
+        if (run and small and m.seq == run[-1].seq + 1 and m.lane == run[0].lane and len(run) < MAX_BATCH
+                and run_bytes + n <= chunk_bytes):
+            run.append(m)
+            run_bytes += n
+            continue
+        if run:
+            out.append(run)
+        run, run_bytes = [m], n
+        if not small:
+            out.append(run)
+            run, run_bytes = [], 0
+    if run:
+        out.append(run)
+    return out
 
 
 class Admitted(NamedTuple):
@@ -63,6 +112,7 @@ class Sender:
         self.inc = inc  # this endpoint's incarnation
         self.peer_inc = 0  # the receiver's, once an acknowledgement named it
         self.meta = self._meta()
+        self.batch_metas: dict[int, bytes] = {}  # by message count, for this meta
         self.window_bytes = window_bytes
         self.next_seq = 1
         self.unacked: dict[int, OutMessage] = {}  # by seq, in order
@@ -90,6 +140,7 @@ class Sender:
             self.relearn = self.peer_inc != 0
             self.peer_inc = inc
             self.meta = self._meta()
+            self.batch_metas.clear()
         return True
 
     def restart_stream(self) -> list[OutMessage]:
@@ -150,11 +201,32 @@ class Sender:
                                 chunk_index=i, chunk_count=count, total_len=total)
             out.append(OutFrame(head, payload, msg))
         msg.pending_frames += count
+        msg.batch = None
         msg.progress = now
         msg.sent_at = msg.sent_at or now
         # a large message may wait long behind others on a slow link: the fallback timer grows with its size
         msg.rto = max(msg.rto, RTO_S + total / RTO_BYTES_PER_S)
         return out
+
+    def batch_frame(self, msgs: list[OutMessage], now: float) -> OutFrame:
+        """One DATA frame carrying `msgs` (a run of `batches`, at least two): its payload is their lengths
+        (`BATCH_ENTRY_BYTES` each, big-endian), then their bytes; its sequence number is the first one's."""
+        k = len(msgs)
+        meta = self.batch_metas.get(k)
+        if meta is None:
+            meta = self.batch_metas[k] = encode_meta({**self.key.to_meta(), "inc": self.inc, "to": self.peer_inc,
+                                                      "batch": k})
+        payload = Pieces([struct.pack(f">{k}I", *[len(m.data) for m in msgs]), *[m.data for m in msgs]])
+        head = encode_frame(FrameType.DATA, meta, payload, lane=msgs[0].lane, channel_id=self.key.id,
+                            seq=msgs[0].seq, chunk_index=0, chunk_count=1, total_len=len(payload))
+        batch = OutBatch(tuple(msgs))
+        for m in msgs:
+            m.pending_frames += 1
+            m.batch = batch
+            m.progress = now
+            m.sent_at = m.sent_at or now
+            m.rto = max(m.rto, RTO_S + len(m.data) / RTO_BYTES_PER_S)
+        return OutFrame(head, payload, batch)
 
     def ack_refusal(self, recv_seq: int, consumed: int) -> str | None:
         """Why an acknowledgement cannot be true (it claims messages never sent, or more consumed than received),
@@ -194,17 +266,22 @@ class Sender:
         return admitted
 
     def on_refused(self, seq: int, err: ChannelError) -> list[OutMessage]:
-        """The switch refused message `seq`: fail its future, free its window share; returns newly admitted."""
-        msg = self.unacked.pop(seq, None)
+        """The switch refused the frame of message `seq`: fail the message (and those that shared its batch
+        frame, which a refusal names by its first), free their window shares; returns newly admitted."""
+        msg = self.unacked.get(seq)
         if msg is None:
             return []
-        for i, adm in enumerate(self.admitted):
-            if adm.seq == seq:
-                del self.admitted[i]
-                self.inflight -= adm.nbytes
-                break
-        if not msg.future.done():
-            msg.future.set_exception(err)
+        mates = msg.batch.msgs if msg.batch is not None and msg.batch.msgs[0] is msg else (msg,)
+        for m in mates:
+            if self.unacked.pop(m.seq, None) is None:
+                continue
+            for i, adm in enumerate(self.admitted):
+                if adm.seq == m.seq:
+                    del self.admitted[i]
+                    self.inflight -= adm.nbytes
+                    break
+            if not m.future.done():
+                m.future.set_exception(err)
         return self._admit()
 
     def _sent_and_admitted(self) -> list[OutMessage]:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Protocol
 from nebula.channel.acks import AckSchedule
 from nebula.channel.arena import ArenaClient, Region
 from nebula.channel.delivery import Delivered, OutMessage, Receiver, Sender
+from nebula.channel.sender import batches
 from nebula.channel.errors import ChannelError
 from nebula.channel.outlet import Outlet
 from nebula.channel.throughput import ThroughputMeter
@@ -67,6 +68,9 @@ class Streams:
         self.watch_cond = threading.Condition()
         self.bad_acks = 0  # acknowledgements refused as claiming more than was sent (a forged or broken peer)
         self.unacked = True  # some message may wait for its acknowledgement: check timeouts every 0.5 s
+        # messages submitted and admitted since the I/O thread last framed (`frame_submitted`): the commands of
+        # one wake-up are framed together, so that a burst of small messages shares frames
+        self.submitted: dict[int, list[OutMessage]] = {}
 
     # ---- commands of the application side ----
     def open(self, ch: ChannelKeys, inbox: Inbox) -> None:
@@ -89,10 +93,18 @@ class Streams:
         self.inboxes[cid] = inbox
 
     def submit(self, tx_id: int, msg: OutMessage) -> None:
-        """Queue a message on a sending stream."""
+        """Queue a message on a sending stream (framed by the next `frame_submitted`)."""
         self.unacked = True  # (until the next check finds every message acknowledged)
-        tx = self.tx[tx_id]
-        self.queue(tx, tx.submit(msg))
+        admitted = self.tx[tx_id].submit(msg)
+        if admitted:
+            self.submitted.setdefault(tx_id, []).extend(admitted)
+
+    def frame_submitted(self) -> None:
+        """Frame what `submit` admitted since the last call."""
+        if self.submitted:
+            for tx_id, msgs in self.submitted.items():
+                self.queue(self.tx[tx_id], msgs)
+            self.submitted.clear()
 
     def watch(self) -> None:
         """Start recording the channels that receive messages (those already holding some included)."""
@@ -117,10 +129,15 @@ class Streams:
 
     # ---- sending ----
     def queue(self, tx: Sender, msgs: list[OutMessage]) -> None:
-        """Frame `msgs` and queue the frames in their lanes."""
+        """Frame `msgs` (in sequence order; runs of small ones share frames) and queue the frames in their lanes."""
+        if not msgs:
+            return
         now = time.monotonic()
-        for msg in msgs:
-            self.out.push(msg.lane, tx.frames(msg, self.chunk_bytes, now))
+        for run in batches(msgs, self.chunk_bytes) if len(msgs) > 1 else [msgs]:
+            if len(run) > 1:
+                self.out.push(run[0].lane, (tx.batch_frame(run, now),))
+            else:
+                self.out.push(run[0].lane, tx.frames(run[0], self.chunk_bytes, now))
 
     def resend(self, tx: Sender, why: str) -> None:
         """Send every message of `tx` still unacknowledged again."""

@@ -14,7 +14,7 @@ __all__ = [
 ]
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sized
 
 from nebula.wire.header import (HEADER_BYTES, LANE_LEVEL, LANES, MAX_META_BYTES, MAX_PAYLOAD_BYTES, VERSION, FrameType,
                                 Header, Lane, WireError, lane_of, pack_header, relink, unpack_header)
@@ -34,6 +34,12 @@ class Frame:
     @property
     def type(self) -> FrameType:
         return self.header.type
+
+    @property
+    def last_seq(self) -> int:
+        """The highest message number the frame carries: a batch frame's (its meta's `batch`) runs from its
+        header's sequence number on; any other frame's is that number."""
+        return self.header.seq + self.meta.get("batch", 1) - 1
 
     def key(self) -> ChannelKey:
         """The channel key of a DATA or ACK frame (or an ERROR frame naming a channel)."""
@@ -89,7 +95,7 @@ def decode_frame(
 def encode_frame(
     ftype: FrameType,
     meta: dict[str, Any] | bytes | None = None,
-    payload: bytes | memoryview = b"",
+    payload: Sized = b"",
     *,
     lane: Lane = Lane.CONTROL,
     channel_id: int = 0,
@@ -99,7 +105,8 @@ def encode_frame(
     chunk_count: int = 1,
     total_len: int | None = None,
 ) -> bytes:
-    """Encode header+meta; the payload (not copied) is sent after it. `meta` may be pre-encoded JSON bytes."""
+    """Encode header+meta; the payload (only its length is read: it is sent after) follows. `meta` may be
+    pre-encoded JSON bytes."""
     raw = meta if isinstance(meta, bytes) else encode_meta(meta or {})
     plen = len(payload)
     h = Header(ftype, lane, 0, len(raw), channel_id, seq, link_seq, chunk_index, chunk_count, plen,

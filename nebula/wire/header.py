@@ -72,11 +72,18 @@ def lane_of(name: str | Lane | int) -> Lane:
     """Lane by name (`control`, `activation`, `gradient`, `bulk`) or number; ValueError names the choices."""
     if isinstance(name, Lane):
         return name
+    if isinstance(name, str):  # (every send names its lane: a look-up, not an enum construction)
+        lane = _LANE_BY_NAME.get(name)
+        if lane is not None:
+            return lane
     if isinstance(name, int) and not isinstance(name, bool) and 0 <= name < len(LANES):
         return Lane(name)
     if isinstance(name, str) and name in LANES:
         return Lane(LANES.index(name))
     raise ValueError(f"unknown lane {name!r}; use one of {', '.join(LANES)}")
+
+
+_LANE_BY_NAME = {name: Lane(i) for i, name in enumerate(LANES)}
 
 
 class Header(NamedTuple):

@@ -7,7 +7,8 @@ JSON parse and a key hash. A meta dict handed out is shared between frames: read
 """
 from __future__ import annotations
 
-__all__ = ["INC_MAX", "MAX_META_BYTES", "MAX_META_DEPTH", "MAX_NAME_CHARS", "MAX_OFFSETS", "MAX_PARTS",
+__all__ = ["BATCH_ENTRY_BYTES", "INC_MAX", "MAX_BATCH", "MAX_META_BYTES", "MAX_META_DEPTH", "MAX_NAME_CHARS",
+           "MAX_OFFSETS", "MAX_PARTS",
            "META_FIELDS", "ChannelKey", "channel_id", "encode_meta", "parse_meta"]
 
 import hashlib
@@ -21,6 +22,11 @@ MAX_META_DEPTH = 16  # nesting of arrays/objects in meta: deeper input would exh
 MAX_NAME_CHARS = 256
 MAX_PARTS = 512  # part lengths one DATA frame may list (Channel.send sends no part list beyond 500 parts)
 MAX_OFFSETS = 4096  # shared-memory regions one SHM_RELEASE may hand back
+# consecutive messages of one channel one DATA frame may carry (`batch`: their count; the payload opens with a table
+# of their lengths, BATCH_ENTRY_BYTES each, big-endian): a stream of small messages pays each hop's per-frame work
+# once per batch instead of once per message (nebula.channel.sender)
+MAX_BATCH = 256
+BATCH_ENTRY_BYTES = 4
 INC_MAX = (1 << 63) - 1
 # The fields each frame type's meta may carry; any other is refused, so that no frame can carry bytes the protocol
 # does not define (an ACK's meta is not a side channel around route grants).
@@ -28,7 +34,7 @@ _KEY_FIELDS = frozenset({"job", "account", "src", "dst", "name"})
 META_FIELDS: dict[int, frozenset[str]] = {
     1: frozenset({"job", "account", "name", "rank", "stages", "shm", "inc"}),  # HELLO
     2: frozenset({"boot", "cluster", "chunk_bytes", "max_message_bytes", "peers", "shm", "inc"}),  # WELCOME
-    3: _KEY_FIELDS | {"inc", "to", "parts"},  # DATA
+    3: _KEY_FIELDS | {"inc", "to", "parts", "batch"},  # DATA
     4: _KEY_FIELDS | {"inc", "to", "consumed"},  # ACK
     5: frozenset({"code", "message", "channel"}),  # ERROR
     6: frozenset({"cluster", "epoch"}),  # LINK_HELLO
@@ -229,6 +235,11 @@ def _check_keyed(h: Header, meta: dict[str, Any]) -> ChannelKey:
             _int(meta, field, 0, INC_MAX)
     if h.type == FrameType.ACK:
         _int(meta, "consumed")
+    elif "batch" in meta:
+        _int(meta, "batch", 2, MAX_BATCH)
+        if "parts" in meta:
+            raise WireError("bad_meta", "a DATA frame carries either 'parts' (one message's part lengths) or "
+                                        "'batch' (several whole messages), not both")
     elif "parts" in meta:
         parts = meta["parts"]
         if (not isinstance(parts, list) or len(parts) > MAX_PARTS
@@ -247,6 +258,11 @@ def _check_with_header(h: Header, meta: dict[str, Any], cid: int) -> None:
         if meta["consumed"] > h.seq:
             raise WireError("bad_meta", f"ACK says {meta['consumed']} messages were consumed of the {h.seq} "
                                         "received: a receiver cannot consume more than it has")
+    elif "batch" in meta:
+        if h.chunk_count != 1 or h.total_len < BATCH_ENTRY_BYTES * meta["batch"]:
+            raise WireError("bad_meta", f"a DATA frame of a batch of {meta['batch']} messages must be one chunk "
+                                        f"opening with their {BATCH_ENTRY_BYTES}-byte lengths; it declares "
+                                        f"{h.chunk_count} chunks of {h.total_len} bytes")
     elif "parts" in meta and (h.chunk_index != 0 or sum(meta["parts"]) != h.total_len):
         raise WireError("bad_meta", f"meta 'parts' must be at most {MAX_PARTS} part lengths summing to the "
                                     "message length, on chunk 0")

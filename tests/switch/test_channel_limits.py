@@ -2,6 +2,7 @@
 through two real switch servers: a hostile worker's forged frame is refused in its place and the stream goes on."""
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from nebula.channel import ChannelError, Endpoint
 from nebula.wire import ChannelKey, FrameType, encode_frame
 from tests.harness.federation import edit_yaml, start_switch
 from tests.switch.conftest import worker_yaml
-from tests.switch.test_relay import _raw_worker, raw_hello
+from tests.switch.test_relay import _next_error, _raw_worker, raw_hello
 
 B_MAX = 8 * 1024**2
 
@@ -40,6 +41,41 @@ def test_forged_chunk_count_is_refused_by_the_receiver_naming_channel_and_limit(
                 ch.recv(timeout_s=30)
             assert ch.recv(timeout_s=30) == b"after"  # the stream goes on after the refused message
             with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=1) as ea:  # and B serves everyone else
+                ea.channel("B", 0, "ok").send(b"still fine")
+                assert eb.channel("A", 1, "ok").recv(timeout_s=30) == b"still fine"
+    finally:
+        s.close(0)
+
+
+def test_a_forged_batch_is_refused_where_it_lies_and_the_stream_goes_on(two_switches):
+    """A worker that sends batch frames the protocol forbids is refused by its switch (bad_meta, named); one whose
+    length table lies passes the switches (they never read payloads) and is refused by the receiver, each of its
+    messages in its place, while the stream and every other worker go on."""
+    fed, a, _b = two_switches
+    s = _raw_worker(fed, "A")
+    try:
+        with Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
+            ch = eb.channel("A", 5, "raw")
+            inc = raw_hello(s)
+            key = ChannelKey("j", "nebula", "A", 5, "B", 0, "raw")
+            meta = {**key.to_meta(), "inc": inc}
+            for bad, why in (({"batch": 1}, "'batch'"), ({"batch": 2, "parts": [4, 4]}, "not both")):
+                body = struct.pack(">2I", 0, 0)
+                s.send_multipart([encode_frame(FrameType.DATA, {**meta, **bad}, body, channel_id=key.id, seq=1), body])
+                err = _next_error(s)
+                assert err["code"] == "bad_meta" and why in err["message"], err
+            lying = struct.pack(">2I", 3, 900) + b"abcdef"  # 903 bytes claimed, 6 there
+            s.send_multipart([encode_frame(FrameType.DATA, {**meta, "batch": 2}, lying, channel_id=key.id, seq=1),
+                              lying])
+            honest = struct.pack(">2I", 1, 2) + b"xyz"
+            s.send_multipart([encode_frame(FrameType.DATA, {**meta, "batch": 2}, honest, channel_id=key.id, seq=3),
+                              honest])
+            for seq in (1, 2):
+                with pytest.raises(ChannelError, match=rf"message #{seq} on channel 'raw' from A/5 .*batch of 2.*"
+                                                       "length table"):
+                    ch.recv(timeout_s=30)
+            assert [ch.recv(timeout_s=30), ch.recv(timeout_s=30)] == [b"x", b"yz"]
+            with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=1) as ea:
                 ea.channel("B", 0, "ok").send(b"still fine")
                 assert eb.channel("A", 1, "ok").recv(timeout_s=30) == b"still fine"
     finally:

@@ -119,8 +119,8 @@ def test_ipc_workers_move_payloads_through_shared_memory(two_switches):
         ca, cb = ea.channel("B", 1, "s"), eb.channel("A", 0, "s")
         for src, dst in ((ca, cb), (cb, ca)):
             msgs = [rng.randbytes(n) for n in sizes]
-            for m in msgs:
-                src.send(m, lane=rng.choice(["activation", "bulk"]))
+            for m in msgs:  # one at a time: messages queued together would share batch frames
+                src.send(m, lane=rng.choice(["activation", "bulk"])).result(timeout=60)
             assert [dst.recv(timeout_s=60) for _ in msgs] == msgs
         # the fixture's 256 KiB chunks split the larger messages; every chunk of at least SHM_MIN_BYTES went
         # through the arenas, up at the sending switch and down at the receiving one
