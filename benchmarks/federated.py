@@ -13,8 +13,9 @@
 - codec: the same task with each --codecs update codec (clients send their change encoded, error feedback kept
   per client): update bytes per round (client -> combiner; WAN bytes where clients are remote from their combiner)
   and accuracy after each round.
-- flower: round time on the encrypted path (clients over CURVE to their switch and combiner, the controller
-  behind mutual TLS between two switches) against Flower's FedAvg (legacy gRPC, server-authenticated TLS) for
+- flower: round time on the encrypted path (clients over CURVE to their switch, the combiner on its switch's host
+  and, a second time, on another host over CURVE too; the controller behind mutual TLS between two switches)
+  against Flower's FedAvg (legacy gRPC, server-authenticated TLS) for
   --flower-sizes, the same four-tensor model and fixed updates; the Flower column where an interpreter has `flwr`
   (an optional extra, not a dependency: `python -m venv /work/venv-flwr && /work/venv-flwr/bin/pip install flwr`,
   or --flwr-python).
@@ -240,34 +241,48 @@ def _flower_round_s(py: str, floats: int, n: int, rounds: int, per_proc: int, tm
 
 
 def bench_flower(sizes: list[tuple[int, int]], rounds: int, per_proc: int, py: str | None) -> list[dict]:
-    """Median round time (rounds 2..) of Nebula on the encrypted path (clients over CURVE to their switch and
-    combiner in cluster B, the controller in cluster A behind mutual TLS between the switches) and of Flower, for
-    each (floats, clients); the same four-tensor model, fixed updates, FedAvg."""
+    """Median round time (rounds 2..) of Nebula on the encrypted path and of Flower, for each (floats, clients);
+    the same four-tensor model, fixed updates, FedAvg. Nebula's clients reach their switch in cluster B over CURVE
+    (as from hosts of their own), the controller in cluster A is behind mutual TLS between the switches, and the
+    combiner is placed twice: on its switch's host (its worker file's `transport: auto` picks the same-host IPC
+    path, as on a real site) and on another host (CURVE as well: every model byte crosses CURVE twice)."""
     rows = []
     for floats, n in sizes:
-        fed = _Fed(["A", "B"])
-        try:
-            for c in ("A", "B"):  # CURVE over TCP instead of the same-host IPC path
-                wy = fed.dir / "prov" / c / "worker.yaml"
-                wy.write_text(yaml.safe_dump({**yaml.safe_load(wy.read_text()), "transport": "tcp"}))
-            job = fed.job({"A": 0, "B": n}, rounds=rounds, client={
-                "factory": "benchmarks.federated:light_client", "args": {"size": floats, "tensors": 4}})
-            runs = [fed.py("-m", "nebula.federated.run", "cluster", str(job), "--cluster", c) for c in ("A", "B")]
-            for r in runs:
-                threading.Thread(target=lambda q=r: [None for _ in q.stdout], daemon=True).start()
-            _client_procs(fed, job, "B", n, per_proc)
-            runs[0].wait(1800)
-            if runs[0].returncode:
-                raise RuntimeError(f"controller exit {runs[0].returncode}")
-            nebula = statistics.median(r.duration_s for r in _rounds(fed)[1:])
-            switch_peak = max(_mem(p.pid)["VmHWM"] for p in fed.switches) / 1e6
-        finally:
-            fed.close()
-        flower = statistics.median(_flower_round_s(py, floats, n, rounds, per_proc, fed.dir)) if py else None
-        rows.append({"floats": floats, "clients": n, "nebula_s": nebula, "flower_s": flower,
-                     "switch_peak_mb": switch_peak})
+        row: dict = {"floats": floats, "clients": n}
+        for combiner in ("switch_host", "remote"):
+            row[combiner], peak = _nebula_encrypted_round(floats, n, rounds, per_proc, combiner)
+            row["switch_peak_mb"] = max(row.get("switch_peak_mb", 0.0), peak)
+        tmp = Path(tempfile.mkdtemp(prefix="flower-bench-"))
+        row["flower_s"] = statistics.median(_flower_round_s(py, floats, n, rounds, per_proc, tmp)) if py else None
+        rows.append(row)
         print(f"  {rows[-1]}", file=sys.stderr, flush=True)
     return rows
+
+
+def _nebula_encrypted_round(floats: int, n: int, rounds: int, per_proc: int, combiner: str) -> tuple[float, float]:
+    """(median round s, switches' peak RSS MB) of one run of `bench_flower`'s Nebula path."""
+    fed = _Fed(["A", "B"])
+    try:
+        for c in ("A", "B"):
+            wy = fed.dir / "prov" / c / "worker.yaml"
+            doc = yaml.safe_load(wy.read_text())
+            (wy.parent / "worker-remote.yaml").write_text(yaml.safe_dump({**doc, "transport": "tcp"}))
+        job = fed.job({"A": 0, "B": n}, rounds=rounds, client={
+            "factory": "benchmarks.federated:light_client", "args": {"size": floats, "tensors": 4}})
+        remote = job.with_name("job-remote.yaml")  # the same job, as read on hosts other than the switches'
+        remote.write_text(job.read_text().replace("/worker.yaml", "/worker-remote.yaml"))
+        actors = job if combiner == "switch_host" else remote
+        runs = [fed.py("-m", "nebula.federated.run", "cluster", str(actors), "--cluster", c) for c in ("A", "B")]
+        for r in runs:
+            threading.Thread(target=lambda q=r: [None for _ in q.stdout], daemon=True).start()
+        _client_procs(fed, remote, "B", n, per_proc)
+        runs[0].wait(1800)
+        if runs[0].returncode:
+            raise RuntimeError(f"controller exit {runs[0].returncode}")
+        return (statistics.median(r.duration_s for r in _rounds(fed)[1:]),
+                max(_mem(p.pid)["VmHWM"] for p in fed.switches) / 1e6)
+    finally:
+        fed.close()
 
 
 def _mem(pid: int) -> dict[str, int]:
@@ -495,11 +510,13 @@ def main() -> None:
               f"load average {load0} before, {' '.join(f'{x:.2f}' for x in os.getloadavg())} after)")
         if py is None:
             print("Flower: not measured: no interpreter with flwr (pip install flwr, e.g. into /work/venv-flwr)")
-        print("| model floats | clients | Nebula s | Flower s | Nebula / Flower | Nebula switch peak RSS MB |\n"
-              "| ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| model floats | clients | Nebula s, combiner on the switch's host | combiner on another host | "
+              "Flower s | Nebula / Flower | Nebula switch peak RSS MB |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:
-            fl = f"{r['flower_s']:.2f} | {r['nebula_s'] / r['flower_s']:.2f}" if r["flower_s"] else "- | -"
-            print(f"| {r['floats']} | {r['clients']} | {r['nebula_s']:.2f} | {fl} | {r['switch_peak_mb']:.0f} |")
+            fl = (f"{r['flower_s']:.2f} | {r['switch_host'] / r['flower_s']:.2f}, {r['remote'] / r['flower_s']:.2f}"
+                  if r["flower_s"] else "- | -")
+            print(f"| {r['floats']} | {r['clients']} | {r['switch_host']:.2f} | {r['remote']:.2f} | {fl} | "
+                  f"{r['switch_peak_mb']:.0f} |")
     if "memory" in only:
         r = bench_memory(args.mem_mb, args.mem_clients)
         print("\n## Combiner memory while aggregating")
