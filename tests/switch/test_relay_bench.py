@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_relay_against_stunnel_and_socat_prints_its_table():
-    out = subprocess.run([sys.executable, "benchmarks/relay.py", "--vs-tunnels"], cwd=REPO, capture_output=True,
+    out = subprocess.run([sys.executable, "benchmarks/relay.py", "--vs-tunnels", "--reps", "3"], cwd=REPO, capture_output=True,
                          text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
