@@ -2,13 +2,12 @@
 dropped, chunks reassembled, messages delivered in order and exactly once, incarnations of both ends checked."""
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from nebula.channel.errors import ChannelError
-from nebula.wire import ChannelKey, Header
-from nebula.wire.meta import BATCH_ENTRY_BYTES
+from nebula.wire import ChannelKey, Header, WireError
+from nebula.wire.batch import unpack_table
 
 __all__ = ["MAX_AHEAD", "Delivered", "Reassembly", "Outcome", "Receiver"]
 
@@ -168,18 +167,18 @@ class Receiver:
         return self._complete(seq, Delivered(data, entry.parts), out)
 
     def _on_batch(self, h: Header, payload: Any, k: int, limit: int, region: Any, out: Outcome) -> Outcome:
-        """A frame carrying messages h.seq .. h.seq+k-1 whole (`nebula.channel.sender.batches`): each is taken as a
-        one-chunk message would be. A length table that does not add up to the payload refuses all k in place."""
+        """A frame carrying messages h.seq .. h.seq+k-1 whole (`nebula.wire.batch`): each is taken as a one-chunk
+        message would be. A table that does not describe the payload exactly refuses all k, each in its place."""
         if region is not None:
             out.release.append(region)  # (each message is copied out below)
-        table = k * BATCH_ENTRY_BYTES
         view = memoryview(payload)
-        lengths = struct.unpack_from(f">{k}I", view) if len(view) >= table else ()
-        bad = sum(lengths) + table != len(view)
-        off = table
+        try:
+            lengths, parts, off = unpack_table(view, k)
+            bad = None
+        except WireError as exc:
+            lengths, parts, off, bad = [0] * k, [None] * k, 0, str(exc)
         for i in range(k):
-            seq = h.seq + i
-            n = 0 if bad else lengths[i]
+            seq, n = h.seq + i, lengths[i]
             data, off = view[off : off + n], off + n
             if seq < self.expected or seq in self.complete:
                 out.ack = True  # a duplicate: acknowledged again, delivered once
@@ -190,14 +189,14 @@ class Receiver:
             partial = self.partial.pop(seq, None)  # (an earlier transmission in chunks: this one is whole)
             if partial is not None:
                 out.release.extend(partial.regions)
-            if bad:
-                self._refuse(seq, f"it came in a batch of {k} whose length table does not add up to the frame's "
-                                  f"{len(view)} bytes, so the frame is corrupt or forged", out, None)
+            if bad is not None:
+                self._refuse(seq, f"it came in a batch of {k} whose table is unsound ({bad}), so the frame is "
+                                  "corrupt or forged", out, None)
             elif n > limit:
                 self._refuse(seq, f"it declares {n} bytes, more than link.max_message_bytes={limit} of this "
                                   "cluster's switch", out, None)
             else:
-                self._complete(seq, Delivered(bytes(data), None), out)
+                self._complete(seq, Delivered(bytes(data), parts[i]), out)
         return out
 
     def _refusal(self, h: Header, limit: int) -> str | None:

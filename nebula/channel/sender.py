@@ -3,7 +3,6 @@ the window, chunking, acknowledgements, resends and restarted receivers."""
 from __future__ import annotations
 
 import math
-import struct
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from typing import Any, NamedTuple
 from nebula.channel.arena import Pieces
 from nebula.channel.errors import ChannelError
 from nebula.wire import ChannelKey, FrameType, Lane, encode_frame, encode_meta
-from nebula.wire.meta import BATCH_ENTRY_BYTES, MAX_BATCH
+from nebula.wire.batch import BATCH_ENTRY_BYTES, MAX_BATCH, pack_table
 
 __all__ = ["BATCH_BELOW_BYTES", "RTO_S", "RTO_MAX_S", "RTO_BYTES_PER_S", "OutMessage", "OutBatch", "OutFrame",
            "Admitted", "Sender", "batches"]
@@ -71,15 +70,15 @@ class OutFrame(NamedTuple):
 
 def batches(msgs: list[OutMessage], chunk_bytes: int) -> list[list[OutMessage]]:
     """`msgs` (admitted in sequence order) cut into runs that may each travel as one frame: consecutive sequence
-    numbers, one lane, no part lists, each message below BATCH_BELOW_BYTES, at most chunk_bytes and MAX_BATCH
-    messages a run. Nothing waits for a batch to fill: a run holds only what is queued already."""
+    numbers, one lane, each message below BATCH_BELOW_BYTES, at most chunk_bytes (with their table entries) and
+    MAX_BATCH messages a run. Nothing waits for a batch to fill: a run holds only what is queued already."""
     out: list[list[OutMessage]] = []
     run: list[OutMessage] = []
     run_bytes = 0
     limit = min(BATCH_BELOW_BYTES, chunk_bytes)
     for m in msgs:
-        n = len(m.data) + BATCH_ENTRY_BYTES
-        small = m.parts is None and n <= limit
+        n = len(m.data) + BATCH_ENTRY_BYTES * (2 + (len(m.parts) if m.parts is not None else 0))
+        small = n <= limit
         if (run and small and m.seq == run[-1].seq + 1 and m.lane == run[0].lane and len(run) < MAX_BATCH
                 and run_bytes + n <= chunk_bytes):
             run.append(m)
@@ -209,14 +208,14 @@ class Sender:
         return out
 
     def batch_frame(self, msgs: list[OutMessage], now: float) -> OutFrame:
-        """One DATA frame carrying `msgs` (a run of `batches`, at least two): its payload is their lengths
-        (`BATCH_ENTRY_BYTES` each, big-endian), then their bytes; its sequence number is the first one's."""
+        """One DATA frame carrying `msgs` (a run of `batches`, at least two): its payload is their table
+        (`nebula.wire.batch`), then their bytes; its sequence number is the first one's."""
         k = len(msgs)
         meta = self.batch_metas.get(k)
         if meta is None:
             meta = self.batch_metas[k] = encode_meta({**self.key.to_meta(), "inc": self.inc, "to": self.peer_inc,
                                                       "batch": k})
-        payload = Pieces([struct.pack(f">{k}I", *[len(m.data) for m in msgs]), *[m.data for m in msgs]])
+        payload = Pieces([pack_table([(len(m.data), m.parts) for m in msgs]), *[m.data for m in msgs]])
         head = encode_frame(FrameType.DATA, meta, payload, lane=msgs[0].lane, channel_id=self.key.id,
                             seq=msgs[0].seq, chunk_index=0, chunk_count=1, total_len=len(payload))
         batch = OutBatch(tuple(msgs))

@@ -47,6 +47,7 @@ class Controller(ControllerBase):
         epoch = self._next_epoch()
         self.run_id = f"{epoch}.{os.urandom(6).hex()}"
         self.mb = Messenger(ep, self.job.piece_bytes, Peer(cl.id, CONTROLLER_RANK), epoch)
+        self.mb.watch()  # woken by the message itself: a sweep with back-off found a partial up to 20 ms late
         self.trail = ModelTrail(self.dir / "trail")
         self.audit = ActorAudit(self.dir / "controller", cl.worker, "controller", cl.id, CONTROLLER_RANK)
         self.witness = CombinerWitness(self.dir / "controller", self.audit.log, self.audit.record)

@@ -24,6 +24,8 @@ MAX_PAYLOAD_BYTES = 64 * 1024**2  # hard ceiling for one chunk; links use a smal
 MAX_TOTAL_BYTES = 1 << 44
 MAX_CHUNKS = 1 << 31
 MAX_META_BYTES = 8192
+MAX_PARTS = 512  # part lengths one message may list (Channel.send sends no part list beyond 500 parts)
+MAX_BATCH = 256  # messages one batch frame may carry (nebula.wire.batch)
 
 
 class WireError(ValueError):

@@ -7,8 +7,7 @@ JSON parse and a key hash. A meta dict handed out is shared between frames: read
 """
 from __future__ import annotations
 
-__all__ = ["BATCH_ENTRY_BYTES", "INC_MAX", "MAX_BATCH", "MAX_META_BYTES", "MAX_META_DEPTH", "MAX_NAME_CHARS",
-           "MAX_OFFSETS", "MAX_PARTS",
+__all__ = ["INC_MAX", "MAX_META_BYTES", "MAX_META_DEPTH", "MAX_NAME_CHARS", "MAX_OFFSETS", "MAX_PARTS",
            "META_FIELDS", "ChannelKey", "channel_id", "encode_meta", "parse_meta"]
 
 import hashlib
@@ -16,17 +15,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from nebula.wire.header import MAX_META_BYTES, FrameType, Header, WireError
+from nebula.wire.batch import min_table_bytes
+from nebula.wire.header import MAX_BATCH, MAX_META_BYTES, MAX_PARTS, FrameType, Header, WireError
 
 MAX_META_DEPTH = 16  # nesting of arrays/objects in meta: deeper input would exhaust the JSON parser's recursion
 MAX_NAME_CHARS = 256
-MAX_PARTS = 512  # part lengths one DATA frame may list (Channel.send sends no part list beyond 500 parts)
 MAX_OFFSETS = 4096  # shared-memory regions one SHM_RELEASE may hand back
-# consecutive messages of one channel one DATA frame may carry (`batch`: their count; the payload opens with a table
-# of their lengths, BATCH_ENTRY_BYTES each, big-endian): a stream of small messages pays each hop's per-frame work
-# once per batch instead of once per message (nebula.channel.sender)
-MAX_BATCH = 256
-BATCH_ENTRY_BYTES = 4
 INC_MAX = (1 << 63) - 1
 # The fields each frame type's meta may carry; any other is refused, so that no frame can carry bytes the protocol
 # does not define (an ACK's meta is not a side channel around route grants).
@@ -259,9 +253,9 @@ def _check_with_header(h: Header, meta: dict[str, Any], cid: int) -> None:
             raise WireError("bad_meta", f"ACK says {meta['consumed']} messages were consumed of the {h.seq} "
                                         "received: a receiver cannot consume more than it has")
     elif "batch" in meta:
-        if h.chunk_count != 1 or h.total_len < BATCH_ENTRY_BYTES * meta["batch"]:
+        if h.chunk_count != 1 or h.total_len < min_table_bytes(meta["batch"]):
             raise WireError("bad_meta", f"a DATA frame of a batch of {meta['batch']} messages must be one chunk "
-                                        f"opening with their {BATCH_ENTRY_BYTES}-byte lengths; it declares "
+                                        f"opening with their table (nebula.wire.batch); it declares "
                                         f"{h.chunk_count} chunks of {h.total_len} bytes")
     elif "parts" in meta and (h.chunk_index != 0 or sum(meta["parts"]) != h.total_len):
         raise WireError("bad_meta", f"meta 'parts' must be at most {MAX_PARTS} part lengths summing to the "

@@ -44,7 +44,7 @@ def take(rx: Receiver, frames, limit: int = LIMIT) -> list:
     return got
 
 
-def test_only_consecutive_small_whole_messages_of_one_lane_share_a_frame():
+def test_only_consecutive_small_messages_of_one_lane_share_a_frame():
     tx = Sender(KEY, window_bytes=1 << 30)
     small, _ = submitted(tx, [b"a" * 100] * 3)
     big, _ = submitted(tx, [b"b" * BATCH_BELOW_BYTES])
@@ -52,7 +52,7 @@ def test_only_consecutive_small_whole_messages_of_one_lane_share_a_frame():
     parted, _ = submitted(tx, [b"d" * 10], parts=[4, 6])
     more, _ = submitted(tx, [b"e" * 10] * 2)
     runs = batches(small + big + grad + parted + more, CHUNK)
-    assert [[m.seq for m in r] for r in runs] == [[1, 2, 3], [4], [5, 6], [7], [8, 9]]
+    assert [[m.seq for m in r] for r in runs] == [[1, 2, 3], [4], [5, 6], [7, 8, 9]]
     # a gap in the numbering (a message refused meanwhile, or resends of a few) starts a new run
     assert [[m.seq for m in r] for r in batches(small[:1] + small[2:], CHUNK)] == [[1], [3]]
 
@@ -60,7 +60,8 @@ def test_only_consecutive_small_whole_messages_of_one_lane_share_a_frame():
 def test_a_run_stops_at_chunk_bytes_and_at_max_batch():
     tx = Sender(KEY, window_bytes=1 << 30)
     ms, _ = submitted(tx, [b"x" * 1000] * 10)
-    sizes = [len(r) for r in batches(ms, chunk_bytes=3 * 1004)]  # (each message also takes its length's 4 bytes)
+    # (each message also takes two 4-byte table entries: its length and its part count)
+    sizes = [len(r) for r in batches(ms, chunk_bytes=3 * 1008)]
     assert sizes == [3, 3, 3, 1]
     many, _ = submitted(tx, [b""] * (MAX_BATCH + 5))
     assert [len(r) for r in batches(many, CHUNK)] == [MAX_BATCH, 5]
@@ -116,8 +117,11 @@ def _alone(tx: Sender, m) -> tuple:
     return frame.header, bytes(f.payload), frame.meta
 
 
-def _forged(k: int, lengths: list[int], body: bytes, seq: int = 1) -> tuple:
-    payload = struct.pack(f">{len(lengths)}I", *lengths) + body
+def _forged(k: int, lengths: list[int], body: bytes, seq: int = 1, counts: list[int] | None = None,
+            part_lengths: list[int] = ()) -> tuple:
+    counts = counts if counts is not None else [0] * len(lengths)
+    table = [*lengths, *counts, *part_lengths]
+    payload = struct.pack(f">{len(table)}I", *table) + body
     meta = {**KEY.to_meta(), "batch": k}
     frame = decode_frame(encode_frame(FrameType.DATA, meta, payload, channel_id=KEY.id, seq=seq), payload)
     return frame.header, payload, frame.meta
@@ -128,7 +132,7 @@ def test_a_length_table_that_does_not_add_up_refuses_the_whole_batch_in_its_plac
     # three messages claimed, lengths summing past the payload: none may be cut out of it
     got = take(rx, [_forged(3, [2, 2, 400], b"aabbcc")])
     assert len(got) == 3 and all(g.error is not None for g in got)
-    assert "batch of 3" in str(got[0].error) and "length table" in str(got[0].error)
+    assert "batch of 3" in str(got[0].error) and "table" in str(got[0].error)
     # the stream goes on at #4; a table summing to less than the payload (bytes smuggled after the last message)
     # is refused the same way (a table shorter than its count never gets here: the frame parser refuses it)
     tx = Sender(KEY, window_bytes=1 << 30)
@@ -137,6 +141,22 @@ def test_a_length_table_that_does_not_add_up_refuses_the_whole_batch_in_its_plac
     assert [g.data for g in take(rx, [_alone(tx, m)])] == [b"after"]
     extra = take(rx, [_forged(2, [1, 1], b"ab" + b"smuggled", seq=5)])
     assert len(extra) == 2 and all(g.error is not None for g in extra) and rx.ack_state() == (6, 0)
+    # part lists that do not sum to their message, or claim more parts than the protocol allows
+    parts = take(rx, [_forged(2, [2, 1], b"abc", seq=7, counts=[2, 0], part_lengths=[1, 5])])
+    many = take(rx, [_forged(2, [0, 0], b"", seq=9, counts=[600, 0], part_lengths=[0] * 600)])
+    assert all(g.error is not None for g in parts + many) and rx.ack_state() == (10, 0)
+    assert "summing to 6" in str(parts[0].error) and "more than 512 parts" in str(many[0].error)
+
+
+def test_messages_sent_in_parts_keep_their_parts_in_a_batch():
+    tx, rx = Sender(KEY, window_bytes=1 << 30), Receiver(KEY)
+    ms = [msg(b"abcdef", [2, 0, 4]), msg(b"whole"), msg(b"xy", [1, 1])]
+    admitted = []
+    for m in ms:
+        admitted += tx.submit(m)
+    (run,) = batches(admitted, CHUNK)
+    got = take(rx, [on_wire(tx, run)])
+    assert [(g.data, g.parts) for g in got] == [(b"abcdef", [2, 0, 4]), (b"whole", None), (b"xy", [1, 1])]
 
 
 def test_a_batched_message_over_the_receivers_limit_is_refused_and_its_neighbours_arrive():

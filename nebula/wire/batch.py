@@ -1,0 +1,54 @@
+"""The payload of a batch frame (a DATA frame whose meta's `batch` is k, 2 <= k <= MAX_BATCH): k whole consecutive
+messages of one channel behind a table, 4-byte big-endian entries: their k lengths, their k part counts (0: sent as
+one part), then the part lengths of those that have parts, in order; then the messages' bytes.
+`nebula.channel.sender.batches` says which messages share a frame."""
+from __future__ import annotations
+
+__all__ = ["BATCH_ENTRY_BYTES", "MAX_BATCH", "min_table_bytes", "pack_table", "unpack_table"]
+
+
+import struct
+from typing import Any, Sequence
+
+from nebula.wire.header import MAX_BATCH, MAX_PARTS, WireError
+
+BATCH_ENTRY_BYTES = 4
+
+
+def min_table_bytes(k: int) -> int:
+    """The smallest table of a batch of `k` messages (lengths and part counts, no part lengths)."""
+    return 2 * k * BATCH_ENTRY_BYTES
+
+
+def pack_table(messages: Sequence[tuple[int, Sequence[int] | None]]) -> bytes:
+    """The table of messages given as (length, part lengths or None)."""
+    lengths = [n for n, _ in messages]
+    counts = [len(p) if p is not None else 0 for _, p in messages]
+    flat = [x for _, p in messages if p is not None for x in p]
+    return struct.pack(f">{len(lengths) + len(counts) + len(flat)}I", *lengths, *counts, *flat)
+
+
+def unpack_table(payload: Any, k: int) -> tuple[list[int], list[list[int] | None], int]:
+    """(lengths, part lists or None, table bytes) of a batch of `k`; WireError when the table does not describe
+    the payload exactly: every part list summing to its message, every message's bytes there, nothing after."""
+    view = memoryview(payload)
+    head = min_table_bytes(k)
+    if len(view) < head:
+        raise WireError("bad_batch", f"a batch of {k} needs a table of at least {head} bytes; the frame has {len(view)}")
+    fields = struct.unpack_from(f">{2 * k}I", view)
+    lengths, counts = list(fields[:k]), fields[k:]
+    if any(c > MAX_PARTS for c in counts):
+        raise WireError("bad_batch", f"a message of the batch lists more than {MAX_PARTS} parts")
+    table = head + BATCH_ENTRY_BYTES * sum(counts)
+    if table + sum(lengths) != len(view):
+        raise WireError("bad_batch", f"its length table (k={k}) does not add up to the frame's {len(view)} bytes")
+    flat = struct.unpack_from(f">{sum(counts)}I", view, head)
+    parts: list[list[int] | None] = []
+    at = 0
+    for n, c in zip(lengths, counts):
+        p = list(flat[at : at + c]) if c else None
+        at += c
+        if p is not None and sum(p) != n:
+            raise WireError("bad_batch", f"a message of {n} bytes lists parts summing to {sum(p)}")
+        parts.append(p)
+    return lengths, parts, table
