@@ -244,12 +244,20 @@ class Sender:
             return []
         progressed = False
         if recv_seq > self.acked:
+            # the link meter takes messages first sent together (one batch frame) as one delivery: they crossed
+            # the link as one, and counting them apart would start its acknowledgement clock after a whole batch
+            sent_at, nbytes = 0.0, 0
             for seq in range(self.acked + 1, recv_seq + 1):
                 msg = self.unacked.pop(seq, None)
-                if msg is not None and not msg.future.done():
+                if msg is None:
+                    continue
+                if not msg.future.done():
                     msg.future.set_result(None)
-                if msg is not None and self.meter is not None and msg.sent_at:
-                    self.meter.record(len(msg.data), msg.sent_at, now)
+                if msg.sent_at != sent_at:
+                    self._record(nbytes, sent_at, now)
+                    sent_at, nbytes = msg.sent_at, 0
+                nbytes += len(msg.data)
+            self._record(nbytes, sent_at, now)
             self.acked = recv_seq
             progressed = True
         admitted: list[OutMessage] = []
@@ -263,6 +271,10 @@ class Sender:
             # quadratic in a stream of small messages
             self.ack_progress = now
         return admitted
+
+    def _record(self, nbytes: int, sent_at: float, now: float) -> None:
+        if self.meter is not None and sent_at:
+            self.meter.record(nbytes, sent_at, now)
 
     def on_refused(self, seq: int, err: ChannelError) -> list[OutMessage]:
         """The switch refused the frame of message `seq`: fail the message (and those that shared its batch

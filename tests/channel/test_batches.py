@@ -110,10 +110,10 @@ def test_batches_lost_duplicated_reordered_and_resent_alone_deliver_everything_e
     assert tx.idle and [g.data for g in got] == data
 
 
-def _alone(tx: Sender, m) -> tuple:
-    (f,) = tx.frames(m, CHUNK, 0.0)
+def _alone(tx: Sender, m, now: float = 0.0) -> tuple:
+    (f,) = tx.frames(m, CHUNK, now)
     frame = decode_frame(f.head, f.payload)
-    m.frame_sent(0.0)
+    m.frame_sent(now)
     return frame.header, bytes(f.payload), frame.meta
 
 
@@ -196,3 +196,24 @@ def test_a_refusal_naming_a_batch_frame_fails_every_message_it_carried():
     _alone(tx, m5)
     tx.on_refused(5, ChannelError("not_authorized: no route"))
     assert sorted(tx.unacked) == [4, 6]
+
+
+def test_the_link_meter_sees_a_batch_as_one_delivery():
+    """Messages that crossed the link in one batch frame are acknowledged together: the throughput meter gets them
+    as one delivery of their bytes (apart, the first batch's bytes would seem to come after its clock started)."""
+
+    class Meter:
+        def __init__(self) -> None:
+            self.records: list[tuple] = []
+
+        def record(self, nbytes, sent_at, acked_at) -> None:
+            self.records.append((nbytes, sent_at, acked_at))
+
+    tx = Sender(KEY, window_bytes=1 << 30)
+    tx.meter = Meter()
+    ms, admitted = submitted(tx, [b"a" * 100] * 5)
+    on_wire(tx, admitted[:3], now=1.0)
+    _alone(tx, admitted[3], now=1.5)
+    on_wire(tx, admitted[4:] + submitted(tx, [b"b" * 10])[1], now=2.0)
+    tx.on_ack(6, 0, now=3.0)
+    assert tx.meter.records == [(300, 1.0, 3.0), (100, 1.5, 3.0), (110, 2.0, 3.0)]
