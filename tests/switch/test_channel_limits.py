@@ -2,6 +2,7 @@
 through two real switch servers: a hostile worker's forged frame is refused in its place and the stream goes on."""
 from __future__ import annotations
 
+import contextlib
 import struct
 from pathlib import Path
 
@@ -16,6 +17,20 @@ from tests.switch.test_relay import _next_error, _raw_worker, raw_hello
 B_MAX = 8 * 1024**2
 
 
+@contextlib.contextmanager
+def _hostile_sender(fed):
+    """A raw worker of A (rank 5, said HELLO) sending on channel 'raw' to B's rank 0, whose endpoint reads it:
+    (raw socket, B's endpoint, B's channel, the channel key, the DATA meta with the raw worker's incarnation)."""
+    s = _raw_worker(fed, "A")
+    try:
+        with Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
+            ch = eb.channel("A", 5, "raw")
+            key = ChannelKey("j", "nebula", "A", 5, "B", 0, "raw")
+            yield s, eb, ch, key, {**key.to_meta(), "inc": raw_hello(s)}
+    finally:
+        s.close(0)
+
+
 def test_forged_chunk_count_is_refused_by_the_receiver_naming_channel_and_limit(procs, federation):
     fed = federation
     # A relays messages up to its own limit (4 GiB by default); B's workers accept at most B_MAX
@@ -23,28 +38,20 @@ def test_forged_chunk_count_is_refused_by_the_receiver_naming_channel_and_limit(
               lambda d: d.setdefault("link", {}).update(max_message_bytes=B_MAX))
     start_switch(procs, Path(fed["clusters"]["A"]["switch_yaml"]))
     start_switch(procs, Path(fed["clusters"]["B"]["switch_yaml"]))
-    s = _raw_worker(fed, "A")
-    try:
-        with Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
-            ch = eb.channel("A", 5, "raw")
-            inc = raw_hello(s)
-            key = ChannelKey("j", "nebula", "A", 5, "B", 0, "raw")
-            meta = {**key.to_meta(), "inc": inc}
-            # one 10-byte chunk claiming to be the first of 2^31 chunks of a 1 GiB message: a receiver that sized
-            # its reassembly by the header would allocate 16 GiB of slots
-            s.send_multipart([encode_frame(FrameType.DATA, meta, b"y" * 10, channel_id=key.id, seq=1,
-                                           chunk_count=1 << 31, total_len=1 << 30), b"y" * 10])
-            s.send_multipart([encode_frame(FrameType.DATA, meta, b"after", channel_id=key.id, seq=2),
-                              b"after"])
-            with pytest.raises(ChannelError, match=rf"message #1 on channel 'raw' from A/5 .*1073741824 bytes.*"
-                                                   rf"link.max_message_bytes={B_MAX}.*split"):
-                ch.recv(timeout_s=30)
-            assert ch.recv(timeout_s=30) == b"after"  # the stream goes on after the refused message
-            with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=1) as ea:  # and B serves everyone else
-                ea.channel("B", 0, "ok").send(b"still fine")
-                assert eb.channel("A", 1, "ok").recv(timeout_s=30) == b"still fine"
-    finally:
-        s.close(0)
+    with _hostile_sender(fed) as (s, eb, ch, key, meta):
+        # one 10-byte chunk claiming to be the first of 2^31 chunks of a 1 GiB message: a receiver that sized
+        # its reassembly by the header would allocate 16 GiB of slots
+        s.send_multipart([encode_frame(FrameType.DATA, meta, b"y" * 10, channel_id=key.id, seq=1,
+                                       chunk_count=1 << 31, total_len=1 << 30), b"y" * 10])
+        s.send_multipart([encode_frame(FrameType.DATA, meta, b"after", channel_id=key.id, seq=2),
+                          b"after"])
+        with pytest.raises(ChannelError, match=rf"message #1 on channel 'raw' from A/5 .*1073741824 bytes.*"
+                                               rf"link.max_message_bytes={B_MAX}.*split"):
+            ch.recv(timeout_s=30)
+        assert ch.recv(timeout_s=30) == b"after"  # the stream goes on after the refused message
+        with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=1) as ea:  # and B serves everyone else
+            ea.channel("B", 0, "ok").send(b"still fine")
+            assert eb.channel("A", 1, "ok").recv(timeout_s=30) == b"still fine"
 
 
 def test_a_forged_batch_is_refused_where_it_lies_and_the_stream_goes_on(two_switches):
@@ -52,32 +59,24 @@ def test_a_forged_batch_is_refused_where_it_lies_and_the_stream_goes_on(two_swit
     length table lies passes the switches (they never read payloads) and is refused by the receiver, each of its
     messages in its place, while the stream and every other worker go on."""
     fed, a, _b = two_switches
-    s = _raw_worker(fed, "A")
-    try:
-        with Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
-            ch = eb.channel("A", 5, "raw")
-            inc = raw_hello(s)
-            key = ChannelKey("j", "nebula", "A", 5, "B", 0, "raw")
-            meta = {**key.to_meta(), "inc": inc}
-            for bad, why in (({"batch": 1}, "'batch'"), ({"batch": 2, "parts": [4, 4]}, "not both")):
-                body = struct.pack(">2I", 0, 0)
-                s.send_multipart([encode_frame(FrameType.DATA, {**meta, **bad}, body, channel_id=key.id, seq=1), body])
-                err = _next_error(s)
-                assert err["code"] == "bad_meta" and why in err["message"], err
-            lying = struct.pack(">4I", 3, 900, 0, 0) + b"abcdef"  # 903 bytes claimed, 6 there (nebula.wire.batch)
-            s.send_multipart([encode_frame(FrameType.DATA, {**meta, "batch": 2}, lying, channel_id=key.id, seq=1),
-                              lying])
-            honest = struct.pack(">6I", 1, 2, 0, 2, 1, 1) + b"xyz"  # the second in two parts
-            s.send_multipart([encode_frame(FrameType.DATA, {**meta, "batch": 2}, honest, channel_id=key.id, seq=3),
-                              honest])
-            for seq in (1, 2):
-                with pytest.raises(ChannelError, match=rf"message #{seq} on channel 'raw' from A/5 .*batch of 2 "
-                                                       "whose table is unsound"):
-                    ch.recv(timeout_s=30)
-            assert ch.recv(timeout_s=30) == b"x"
-            assert [bytes(p) for p in ch.recv_parts(timeout_s=30)] == [b"y", b"z"]
-            with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=1) as ea:
-                ea.channel("B", 0, "ok").send(b"still fine")
-                assert eb.channel("A", 1, "ok").recv(timeout_s=30) == b"still fine"
-    finally:
-        s.close(0)
+    with _hostile_sender(fed) as (s, eb, ch, key, meta):
+        for bad, why in (({"batch": 1}, "'batch'"), ({"batch": 2, "parts": [4, 4]}, "not both")):
+            body = struct.pack(">2I", 0, 0)
+            s.send_multipart([encode_frame(FrameType.DATA, {**meta, **bad}, body, channel_id=key.id, seq=1), body])
+            err = _next_error(s)
+            assert err["code"] == "bad_meta" and why in err["message"], err
+        lying = struct.pack(">4I", 3, 900, 0, 0) + b"abcdef"  # 903 bytes claimed, 6 there (nebula.wire.batch)
+        s.send_multipart([encode_frame(FrameType.DATA, {**meta, "batch": 2}, lying, channel_id=key.id, seq=1),
+                          lying])
+        honest = struct.pack(">6I", 1, 2, 0, 2, 1, 1) + b"xyz"  # the second in two parts
+        s.send_multipart([encode_frame(FrameType.DATA, {**meta, "batch": 2}, honest, channel_id=key.id, seq=3),
+                          honest])
+        for seq in (1, 2):
+            with pytest.raises(ChannelError, match=rf"message #{seq} on channel 'raw' from A/5 .*batch of 2 "
+                                                   "whose table is unsound"):
+                ch.recv(timeout_s=30)
+        assert ch.recv(timeout_s=30) == b"x"
+        assert [bytes(p) for p in ch.recv_parts(timeout_s=30)] == [b"y", b"z"]
+        with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=1) as ea:
+            ea.channel("B", 0, "ok").send(b"still fine")
+            assert eb.channel("A", 1, "ok").recv(timeout_s=30) == b"still fine"
