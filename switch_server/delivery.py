@@ -221,25 +221,32 @@ class Delivery:
                 break
             lane, entry, n = item
             head, payload = entry.head, entry.payload
-            off = None
+            off = placed = None
             if shm is not None and entry.data and len(payload) >= SHM_MIN_BYTES:
-                off = shm.down_alloc(len(payload))  # (None when the worker still holds too much: inline then)
+                off = placed = shm.placed_at(payload)  # (decrypted into this worker's arena: nothing to copy)
+                if off is None:
+                    off = shm.down_alloc(len(payload))  # (None when the worker still holds too much: inline then)
+                    if off is not None:
+                        shm.arena.down[off : off + len(payload)] = payload
             if off is not None:
-                shm.arena.down[off : off + len(payload)] = payload
                 parts = [ident, head, SHM_TAG, pack_desc(shm.arena.token, off, len(payload))]
             else:
                 parts = [ident, head, payload] if payload else [ident, head]
             try:
                 sock.send_multipart(parts, zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                if off is not None:
+                if placed is not None:
+                    shm.unhand(payload)
+                elif off is not None:
                     shm.down.free(off)
                 box.lanes.push_front(lane, entry, n)
                 box.retry = asyncio.get_running_loop().call_later(0.001, self.flush, ident)
                 return
             except zmq.ZMQError as exc:
                 if exc.errno == zmq.EHOSTUNREACH:  # the worker went away; its frames will be retransmitted end to end
-                    if off is not None:
+                    if placed is not None:
+                        shm.unhand(payload)
+                    elif off is not None:
                         shm.down.free(off)
                     box.lanes.push_front(lane, entry, n)
                     self._gone(ident)
@@ -249,4 +256,6 @@ class Delivery:
                 metrics.count("local", lane, "out", n)
                 if off is not None:
                     metrics.shm_bytes["out"] += len(payload)
+                    if placed is not None:
+                        metrics.shm_bytes["placed"] += len(payload)
             self._release(entry)

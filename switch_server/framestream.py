@@ -1,7 +1,9 @@
 """Peer-link stream: a buffered protocol that parses frames as TLS decrypts them, without StreamReader's copies.
 
 Small frames are parsed out of one reusable staging buffer; a large frame gets its own buffer and TLS decrypts
-the rest of it straight into that buffer, so its payload reaches the next hop as a view that was never copied.
+the rest of it straight into that buffer, so its payload reaches the next hop as a view that was never copied. A
+`placer` may name a better place for a large frame's payload once its head is in: a local worker's shared-memory
+arena, where the worker then reads it.
 """
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ __all__ = ["FrameStream", "write_frame"]
 
 import asyncio
 from collections import deque
-from typing import Any
+from dataclasses import replace
+from typing import Any, Callable
 
-from nebula.wire import HEADER_BYTES, WireError, decode_frame, unpack_header
+from nebula.wire import HEADER_BYTES, Frame, WireError, decode_frame, decode_head, unpack_header
 
 STAGING_BYTES = 256 * 1024
 # a frame at least this large is read into a buffer of its own (smaller ones are copied out of the staging buffer)
@@ -46,6 +49,9 @@ class FrameStream(asyncio.BufferedProtocol):
         self._drain_waiter: asyncio.Future | None = None
         self._lost = False
         self._handler: Any = None  # set by dispatch(): frames go to it as they are parsed
+        # (frame without payload, payload bytes) -> where to read that payload, or None: its own buffer
+        self.placer: Callable[[Frame, int], memoryview | None] | None = None
+        self._placed: tuple[bytes, Frame] | None = None  # head and frame of the placed payload being filled
         self._seen = 0  # frames handed to the handler
 
     # ---- protocol callbacks ----
@@ -118,11 +124,18 @@ class FrameStream(asyncio.BufferedProtocol):
             meta_end = HEADER_BYTES + h.meta_len
             need = meta_end + h.payload_len
             have = self._hi - lo
+            placed = (need >= OWN_BUFFER_BYTES and self.placer is not None and have >= meta_end
+                      and self._place(lo, meta_end, min(have, need)))
             if have >= need:
-                raw = bytes(view[lo : lo + need])
                 self._lo = lo + need
-                self._emit(raw, meta_end)
+                if placed:
+                    self._finish_body()
+                else:
+                    self._emit(bytes(view[lo : lo + need]), meta_end)
                 continue
+            if placed:
+                self._lo = self._hi = 0
+                return
             if need >= OWN_BUFFER_BYTES:
                 body = bytearray(need)
                 body[:have] = view[lo : self._hi]
@@ -135,10 +148,32 @@ class FrameStream(asyncio.BufferedProtocol):
         if self._lo == self._hi:
             self._lo = self._hi = 0
 
+    def _place(self, lo: int, meta_end: int, have: int) -> bool:
+        """Ask the placer for the payload's place; True if it gave one (the bytes already in are moved there)."""
+        head = bytes(self._view[lo : lo + meta_end])
+        try:
+            h, meta = decode_head(head, max_payload_bytes=self.max_payload)
+        except WireError:
+            return False  # (raised in its turn, once the frame is in)
+        frame = Frame(h, meta)
+        dest = self.placer(frame, h.payload_len)  # type: ignore[misc]
+        if dest is None or len(dest) != h.payload_len:
+            return False
+        got = have - meta_end
+        dest[:got] = self._view[lo + meta_end : lo + have]
+        self._placed, self._body_view, self._body_got = (head, frame), dest, got
+        return True
+
     def _finish_body(self) -> None:
-        body, meta_end = self._body, self._meta_end
-        self._body = self._body_view = None
+        body, meta_end, placed = self._body, self._meta_end, self._placed
+        payload = self._body_view
+        self._body = self._body_view = self._placed = None
         self._body_got = 0
+        if placed is not None:
+            if self._error is None:
+                head, frame = placed
+                self._deliver(replace(frame, payload=payload), head, payload)
+            return
         assert body is not None
         self._emit(body, meta_end)
 
@@ -147,7 +182,9 @@ class FrameStream(asyncio.BufferedProtocol):
             return
         head = bytes(raw[:meta_end]) if isinstance(raw, bytearray) else raw[:meta_end]
         payload: Any = memoryview(raw)[meta_end:] if len(raw) > meta_end else b""
-        frame = decode_frame(head, payload, max_payload_bytes=self.max_payload)
+        self._deliver(decode_frame(head, payload, max_payload_bytes=self.max_payload), head, payload)
+
+    def _deliver(self, frame: Frame, head: bytes, payload: Any) -> None:
         if self._handler is not None:
             self._dispatch((frame, head, payload))
         else:

@@ -77,6 +77,10 @@ class LinkHost(Host, Protocol):
     def refuse_remote(self, frame: Any, code: str, message: str) -> None:
         """Tell a peer cluster's worker why its frame was refused."""
 
+    def place(self, key: Any, nbytes: int) -> memoryview | None:
+        """Where a peer's payload of `nbytes` on channel `key` should be read: the shared-memory arena of the local
+        worker it is for, which then reads it there (None: into a buffer of its own)."""
+
     policy: Any  # switch_server.authz.PeerPolicy
     actor: str
 

@@ -43,6 +43,11 @@ class ArenaLedger:
         self.used -= nbytes
 
 
+class _Placed(np.ndarray):
+    """A downward region a peer's frame is decrypted into (`WorkerShm.place`); `owner`, `off` and `handed` ([bool]:
+    the worker was given it, and hands it back itself) ride on the array that backs the payload's view."""
+
+
 class WorkerShm:
     """One worker connection's arena: releases its upward regions, allocates downward regions for it."""
 
@@ -82,6 +87,40 @@ class WorkerShm:
         if off is not None:
             self._touch(self.arena.half + off, n)
         return off
+
+    def place(self, n: int) -> memoryview | None:
+        """A downward region of `n` bytes for a payload still to be read from a peer link, so that TLS decrypts it
+        where the worker reads it, and it is never copied here (None: no room, or the worker has not mapped the
+        arena). The region is handed back when the last view of it goes, unless `placed_at` gave it to the worker."""
+        if not self.ready or self.closed:
+            return None
+        off = self.down_alloc(n)
+        if off is None:
+            return None
+        arr = np.frombuffer(self.arena.down[off : off + n], dtype=np.uint8).view(_Placed)
+        arr.owner, arr.off, arr.handed = self, off, [False]
+        weakref.finalize(arr, self._unplace, off, arr.handed).atexit = False
+        return memoryview(arr)
+
+    def placed_at(self, payload: object) -> int | None:
+        """The offset of `payload` if `place` put it in this arena and it is not the worker's yet; from now on it
+        is (the worker hands it back): `unhand` if it could not be told."""
+        arr = payload.obj if isinstance(payload, memoryview) else None
+        if type(arr) is not _Placed or arr.owner is not self or arr.handed[0] or self.closed:
+            return None
+        arr.handed[0] = True
+        return arr.off
+
+    @staticmethod
+    def unhand(payload: object) -> None:
+        """The worker was not told of a placed payload after all: it is ours to hand back again."""
+        arr = payload.obj if isinstance(payload, memoryview) else None
+        if type(arr) is _Placed:
+            arr.handed[0] = False
+
+    def _unplace(self, off: int, handed: list[bool]) -> None:
+        if not handed[0] and not self.closed:
+            self.down_free(off)
 
     def _touch(self, start: int, n: int) -> None:
         first, last = start // mmap.PAGESIZE, (start + n - 1) // mmap.PAGESIZE + 1

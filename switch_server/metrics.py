@@ -18,7 +18,9 @@ class SwitchMetrics:
         r = self.registry = CollectorRegistry()
         # per-frame counts are plain integers read at scrape time: a labelled Counter takes a lock on every frame
         self._tally: dict[tuple[str, int, str], list[int]] = {}  # (peer, lane, direction) -> [bytes, frames]
-        self.shm_bytes = {"in": 0, "out": 0}  # local payload bytes that went through shared memory, not the socket
+        # local payload bytes that went through shared memory, not the socket; "placed": those of "out" that TLS
+        # decrypted straight into the worker's arena, never copied in the switch
+        self.shm_bytes = {"in": 0, "out": 0, "placed": 0}
         r.register(_TallyCollector(self._tally, self.shm_bytes))
         self.queue_bytes = Gauge("nebula_switch_queue_bytes", "Bytes queued towards a peer or the local side", ["peer"], registry=r)
         self.rtt = Gauge("nebula_switch_rtt_seconds", "Round-trip time to a peer switch", ["peer"], registry=r)
@@ -52,8 +54,8 @@ class SwitchMetrics:
 
 
 class _TallyCollector:
-    """Exposes SwitchMetrics' tallies as the counters nebula_switch_bytes, nebula_switch_frames and
-    nebula_switch_shared_memory_bytes."""
+    """Exposes SwitchMetrics' tallies as the counters nebula_switch_bytes, nebula_switch_frames,
+    nebula_switch_shared_memory_bytes and nebula_switch_shared_memory_placed_bytes."""
 
     def __init__(self, tally: dict, shm: dict) -> None:
         self.tally = tally
@@ -70,6 +72,10 @@ class _TallyCollector:
         yield frames
         shm = CounterMetricFamily("nebula_switch_shared_memory_bytes",
                                   "Local payload bytes carried through workers' shared-memory arenas", labels=["direction"])
-        for direction, b in list(self.shm.items()):
-            shm.add_metric([direction], b)
+        for direction in ("in", "out"):
+            shm.add_metric([direction], self.shm[direction])
         yield shm
+        placed = CounterMetricFamily("nebula_switch_shared_memory_placed_bytes",
+                                     "Of the bytes out, those a peer link decrypted straight into the worker's arena")
+        placed.add_metric([], self.shm["placed"])
+        yield placed

@@ -209,6 +209,10 @@ class SwitchServer:
             b = self.account_buckets[account] = TokenBucket(self.cfg.limits.account_rate_mbit)
         return b
 
+    def place(self, key: Any, nbytes: int) -> memoryview | None:
+        """See `LinkHost.place`."""
+        return self.local.place(key, nbytes)
+
     def link_window(self) -> int:
         """Bytes one peer may have queued here before it runs out of credit."""
         return self.budgets.peer_window

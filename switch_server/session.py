@@ -146,8 +146,20 @@ class InboundSession:
         self.link_state = st
         stream = self.writer
         stream.max_payload = server.cfg.link.chunk_bytes
+        stream.placer = self._place
         stream.dispatch(self.on_frame)
         await stream.serve(IDLE_TIMEOUT_S)
+
+    def _place(self, frame: Any, nbytes: int) -> memoryview | None:
+        """Where TLS should decrypt a large DATA frame's payload (its head parsed, its payload still coming): the
+        arena of the local worker it is for, so the payload is never copied here. Only a frame this peer may send
+        there is placed: a refused one never touches a worker's memory."""
+        try:
+            if frame.type != FrameType.DATA or self.server.policy.check(self.cluster, frame, self.peer_epoch):
+                return None
+            return self.server.place(frame.key(), nbytes)
+        except WireError:
+            return None
 
     def _on_routed(self, frame: Any, head: bytes, payload: Any) -> None:
         """A DATA, ACK or ERROR frame of the peer's (called as it is parsed): dedup by link sequence, then route."""

@@ -18,6 +18,7 @@ from nebula.channel import ChannelError, Endpoint
 from nebula.wire import ChannelKey, FrameType, WireError, decode_frame, encode_frame
 from nebula.wire.shm import SHM_MIN_BYTES, SHM_TAG, Arena, Ring, pack_desc, unpack_desc
 from security.curve import local_password
+from switch_server.framestream import OWN_BUFFER_BYTES
 from tests.switch.conftest import worker_yaml
 
 # ---- the allocator ----
@@ -123,11 +124,15 @@ def test_ipc_workers_move_payloads_through_shared_memory(two_switches):
                 src.send(m, lane=rng.choice(["activation", "bulk"])).result(timeout=60)
             assert [dst.recv(timeout_s=60) for _ in msgs] == msgs
         # the fixture's 256 KiB chunks split the larger messages; every chunk of at least SHM_MIN_BYTES went
-        # through the arenas, up at the sending switch and down at the receiving one
-        chunked = sum(n for n in sizes if n >= SHM_MIN_BYTES)
+        # through the arenas, up at the sending switch and down at the receiving one; every frame of at least
+        # OWN_BUFFER_BYTES was decrypted straight into the receiving worker's arena
+        chunks = [min(256 * 1024, n - i) for n in sizes for i in range(0, n, 256 * 1024)]
+        shm = sum(c for c in chunks if c >= SHM_MIN_BYTES)
+        placed = sum(c for c in chunks if c >= OWN_BUFFER_BYTES)
+        assert 0 < placed < shm
         for sw in (a, b):
-            st = _status(sw, lambda s: s["shm_bytes"]["in"] >= chunked and s["shm_bytes"]["out"] >= chunked)
-            assert st["shm_workers"] == 1 and st["shm_bytes"] == {"in": chunked, "out": chunked}
+            st = _status(sw, lambda s: s["shm_bytes"]["in"] >= shm and s["shm_bytes"]["out"] >= shm)
+            assert st["shm_workers"] == 1 and st["shm_bytes"] == {"in": shm, "out": shm, "placed": placed}
 
 
 def test_shared_memory_off_or_too_small_falls_back_to_the_socket(procs, federation):
@@ -149,8 +154,8 @@ def test_shared_memory_off_or_too_small_falls_back_to_the_socket(procs, federati
         cb.send(big)
         assert ca.recv(timeout_s=60) == big
     st = _status(a, lambda s: s["shm_bytes"]["in"] >= len(small))
-    assert st["shm_bytes"] == {"in": len(small), "out": 0}
-    assert _status(b, lambda s: True)["shm_bytes"] == {"in": 0, "out": 0}
+    assert st["shm_bytes"] == {"in": len(small), "out": 0, "placed": 0}
+    assert _status(b, lambda s: True)["shm_bytes"] == {"in": 0, "out": 0, "placed": 0}
 
 
 def test_full_arena_sends_through_the_socket_without_loss(procs, federation):

@@ -218,3 +218,49 @@ def test_framestream_dispatch_and_serve(federation):
         listener.close()
 
     asyncio.run(main())
+
+
+
+@pytest.mark.parametrize("piece", [16_384, 1_000, 4 << 20])
+def test_framestream_reads_large_payloads_where_its_placer_says(piece):
+    """A placer names where a large frame's payload is read, whether the frame comes in records (`piece` bytes at
+    a time) or is found whole in the staging buffer: the handler gets a view of that very buffer, byte for byte. A
+    frame the placer declines, and a small one (never offered), gets a buffer of its own."""
+    from nebula.wire import ChannelKey, FrameType, encode_frame
+    from switch_server.framestream import OWN_BUFFER_BYTES, STAGING_BYTES, FrameStream
+
+    key = ChannelKey("j", "acct", "B", 0, "A", 0, "s")
+    sizes = [OWN_BUFFER_BYTES, 300_000, 100, 70_000, 1 << 20, OWN_BUFFER_BYTES + 1, 5, 40_000]
+    payloads = [os.urandom(n) for n in sizes]
+    offered: list[int] = []
+    places: dict[int, bytearray] = {}
+
+    def placer(frame, n: int):
+        t = frame.header.seq
+        offered.append(t)
+        assert n == sizes[t] and frame.key() == key
+        if t % 2:
+            return None  # declined: read into a buffer of the stream's own
+        places[t] = bytearray(n)
+        return memoryview(places[t])
+
+    got: list = []
+    stream = FrameStream(2 << 20)
+    stream.connection_made(type("Transport", (), {"pause_reading": lambda self: None})())
+    stream.placer = placer
+    stream.dispatch(lambda frame, head, payload: got.append((frame.header.seq, payload)))
+    data = b"".join(encode_frame(FrameType.DATA, key.to_meta(), p, channel_id=key.id, seq=t) + p
+                    for t, p in enumerate(payloads))
+    pos = 0
+    while pos < len(data):  # as TLS hands records to the protocol
+        buf = stream.get_buffer(-1)
+        n = min(len(buf), piece, len(data) - pos)
+        buf[:n] = data[pos : pos + n]
+        stream.buffer_updated(n)
+        pos += n
+    assert stream.error is None and [t for t, _ in got] == list(range(len(sizes)))
+    for t, payload in got:
+        assert bytes(payload) == payloads[t]
+        assert (t in places) == (memoryview(payload).obj is places.get(t))  # read where the placer said
+    assert offered == [t for t, n in enumerate(sizes) if n >= OWN_BUFFER_BYTES - 200]
+    assert sorted(places) == [0, 4] and STAGING_BYTES < sizes[4]
