@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from nebula.channel.delivery import OutMessage
 from nebula.channel.errors import ChannelError, PeerUnavailable
 from nebula.channel.io import HEARTBEAT_S, IOThread
+from nebula.channel.sendfuture import SendFuture
 from nebula.config.worker import WorkerConfig, load_worker_config
 from nebula.wire import ChannelKey, encode_meta, lane_of
 
@@ -155,8 +156,7 @@ class Channel:
             view = memoryview(b"".join(items)) if len(items) != 1 else items[0]
             if len(parts) > 500:  # keep the part list inside one frame's meta
                 parts = None
-        fut: Future = Future()
-        fut.set_running_or_notify_cancel()
+        fut: Future = SendFuture()
         if self.ep._closed:
             fut.set_exception(ChannelError("endpoint is closed"))
             return fut
