@@ -192,8 +192,10 @@ class RunningMean:
             acc = self.mean[name] = np.zeros(shape, dtype)
         flat = acc.reshape(-1)
         seg = flat[offset : offset + part.size]
-        # in place: no temporary of the whole tensor, only of this part
-        seg += (part.reshape(-1).astype(dtype, copy=False) - seg) * dtype.type(self._factor)
+        # in place: no temporary of the whole tensor, and one (not three) of this part
+        step = np.subtract(part.reshape(-1), seg, dtype=dtype)
+        step *= dtype.type(self._factor)
+        seg += step
 
     def add(self, weights: Mapping[str, np.ndarray], num_examples: int, who: str = "update") -> None:
         """Fold one whole update in (checked against the first one, or against `like`)."""

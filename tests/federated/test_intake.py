@@ -2,6 +2,8 @@
 error feedback, through real switch servers."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from nebula.compress import encode_to_frames
 from nebula.config.schema import ConfigError
 from nebula.federated.aggregate import RunningMean
 from nebula.federated.config import load_federated_job
-from nebula.federated.intake import Refused, UpdateEncoder, receive_update
+from nebula.federated.intake import GlobalModel, Refused, UpdateEncoder, change_sumsq, receive_update
 from nebula.federated.messages import ClientUpdate
 from nebula.federated.trail import ModelTrail
 from nebula.federated.transport import Messenger, Peer, piece_plan, tensor_specs
@@ -63,6 +65,37 @@ def test_a_bad_last_piece_refuses_the_whole_update_and_the_channel_stays_in_step
     head = _send(cli, good)
     upd = receive_update(comb, Peer("A", 2), head, 10, codec="none", spool_dir=tmp_path)
     assert [float(v[0]) for _, _, v in upd.pieces()] == [2.0, 2.0, 2.0]
+
+
+def test_change_norms_match_float64_and_keep_nan_inf_and_overflow_apart():
+    rng = np.random.default_rng(1)
+    base = rng.normal(size=100_003).astype(np.float32)
+    vals = (base + rng.normal(scale=1e-3, size=base.size)).astype(np.float32)
+    exact = math.fsum((float(v) - float(b)) ** 2 for v, b in zip(vals.tolist(), base.tolist()))
+    assert change_sumsq(vals, base) == pytest.approx(exact, rel=1e-6)
+    assert change_sumsq(vals - base, None) == pytest.approx(exact, rel=1e-6)
+    assert change_sumsq(np.arange(5, dtype=np.int64), None) == 30.0  # other dtypes: summed in float64
+    huge = np.full(10, 1e20, np.float32)  # finite, but its float32 squares overflow: that block is redone in float64
+    assert change_sumsq(huge, None) == pytest.approx(10 * float(np.float32(1e20)) ** 2, rel=1e-6)
+    for bad in (np.nan, np.inf, -np.inf):
+        v = vals.copy()
+        v[77_777] = bad
+        assert not math.isfinite(change_sumsq(v, base))
+
+
+def test_nan_is_refused_when_the_change_is_measured_and_huge_finite_values_are_not(pair, tmp_path):
+    """With the global model at hand the norm pass stands in for the NaN/Inf scan: a NaN is still refused, and
+    finite values whose float32 squares overflow are measured (in float64), not mistaken for Inf."""
+    comb, cli = pair
+    base = GlobalModel({"a": np.zeros(3000, np.float32)}, tmp_path)
+    w = {"a": np.ones(3000, np.float32)}
+    w["a"][2500] = np.nan
+    with pytest.raises(Refused, match="'a' holds NaN or Inf"):
+        receive_update(comb, Peer("A", 2), _send(cli, w), 10, codec="none", spool_dir=tmp_path, base=base)
+    w = {"a": np.full(3000, 1e20, np.float32)}
+    upd = receive_update(comb, Peer("A", 2), _send(cli, w), 10, codec="none", spool_dir=tmp_path, base=base)
+    assert upd.norm == pytest.approx(math.sqrt(3000) * float(np.float32(1e20)), rel=1e-6)
+    upd.close()
 
 
 def test_compressed_pieces_decode_to_the_change_and_a_wrong_codec_is_refused(pair, tmp_path):
