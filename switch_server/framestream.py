@@ -27,12 +27,12 @@ def _expire(w: asyncio.Future) -> None:
         w.set_exception(asyncio.TimeoutError("no frame from the peer in time"))
 
 
-class FrameStream(asyncio.BufferedProtocol):
-    """Protocol of one peer-link connection: `await read_frame()` for parsed frames, `write`/`drain` to send."""
+class FrameParser:
+    """Frames out of the bytes of one stream: a staging buffer for small frames, a buffer of its own (or the
+    `placer`'s region) for each large one. `_deliver(frame, head, payload)` takes each frame as it is parsed."""
 
     def __init__(self, max_payload: int, staging_bytes: int = STAGING_BYTES) -> None:
         self.max_payload = max_payload
-        self.transport: Any = None
         self._buf = bytearray(staging_bytes)
         self._view = memoryview(self._buf)
         self._lo = 0  # unparsed bytes are _buf[_lo:_hi]
@@ -41,22 +41,10 @@ class FrameStream(asyncio.BufferedProtocol):
         self._body_view: memoryview | None = None
         self._body_got = 0
         self._meta_end = 0
-        self._frames: deque[tuple[Any, bytes, Any]] = deque()
-        self._error: BaseException | None = None
-        self._waiter: asyncio.Future | None = None
-        self._read_paused = False
-        self._write_paused = False
-        self._drain_waiter: asyncio.Future | None = None
-        self._lost = False
-        self._handler: Any = None  # set by dispatch(): frames go to it as they are parsed
+        self._error: BaseException | None = None  # what ended the stream: nothing after it is delivered
         # (frame without payload, payload bytes) -> where to read that payload, or None: its own buffer
         self.placer: Callable[[Frame, int], memoryview | None] | None = None
         self._placed: tuple[bytes, Frame] | None = None  # head and frame of the placed payload being filled
-        self._seen = 0  # frames handed to the handler
-
-    # ---- protocol callbacks ----
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._body_view is not None:
@@ -65,41 +53,15 @@ class FrameStream(asyncio.BufferedProtocol):
             self._compact()
         return self._view[self._hi :]
 
-    def buffer_updated(self, nbytes: int) -> None:
-        try:
-            if self._body_view is not None:
-                self._body_got += nbytes
-                if self._body_got == len(self._body_view):
-                    self._finish_body()
-            else:
-                self._hi += nbytes
-                self._parse()
-        except WireError as exc:
-            self._fail(exc)
-            self.transport.pause_reading()
-            return
-        self._wake()
-        if len(self._frames) >= MAX_QUEUED_FRAMES and not self._read_paused:
-            self._read_paused = True
-            self.transport.pause_reading()
-
-    def eof_received(self) -> bool:
-        self._fail(asyncio.IncompleteReadError(b"", None))
-        return False
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._lost = True
-        self._fail(ConnectionResetError(f"connection lost: {exc}") if exc else asyncio.IncompleteReadError(b"", None))
-        if self._drain_waiter is not None and not self._drain_waiter.done():
-            self._drain_waiter.set_exception(ConnectionResetError("connection lost"))
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        if self._drain_waiter is not None and not self._drain_waiter.done():
-            self._drain_waiter.set_result(None)
+    def _take(self, nbytes: int) -> None:
+        """`nbytes` more arrived where `get_buffer` said: parse what is complete (WireError if malformed)."""
+        if self._body_view is not None:
+            self._body_got += nbytes
+            if self._body_got == len(self._body_view):
+                self._finish_body()
+        else:
+            self._hi += nbytes
+            self._parse()
 
     def grow(self, staging_bytes: int = STAGING_BYTES) -> None:
         """Enlarge the staging buffer (a connection starts small until its peer has identified itself)."""
@@ -109,7 +71,6 @@ class FrameStream(asyncio.BufferedProtocol):
             buf[:n] = self._view[self._lo : self._hi]
             self._buf, self._view, self._lo, self._hi = buf, memoryview(buf), 0, n
 
-    # ---- parsing ----
     def _compact(self) -> None:
         n = self._hi - self._lo
         if self._lo:
@@ -183,6 +144,59 @@ class FrameStream(asyncio.BufferedProtocol):
         head = bytes(raw[:meta_end]) if isinstance(raw, bytearray) else raw[:meta_end]
         payload: Any = memoryview(raw)[meta_end:] if len(raw) > meta_end else b""
         self._deliver(decode_frame(head, payload, max_payload_bytes=self.max_payload), head, payload)
+
+    def _deliver(self, frame: Frame, head: bytes, payload: Any) -> None:
+        raise NotImplementedError
+
+
+class FrameStream(FrameParser, asyncio.BufferedProtocol):
+    """Protocol of one peer-link connection: `await read_frame()` for parsed frames, `write`/`drain` to send."""
+
+    def __init__(self, max_payload: int, staging_bytes: int = STAGING_BYTES) -> None:
+        super().__init__(max_payload, staging_bytes)
+        self.transport: Any = None
+        self._frames: deque[tuple[Any, bytes, Any]] = deque()
+        self._waiter: asyncio.Future | None = None
+        self._read_paused = False
+        self._write_paused = False
+        self._drain_waiter: asyncio.Future | None = None
+        self._lost = False
+        self._handler: Any = None  # set by dispatch(): frames go to it as they are parsed
+        self._seen = 0  # frames handed to the handler
+
+    # ---- protocol callbacks ----
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            self._take(nbytes)
+        except WireError as exc:
+            self._fail(exc)
+            self.transport.pause_reading()
+            return
+        self._wake()
+        if len(self._frames) >= MAX_QUEUED_FRAMES and not self._read_paused:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        self._fail(asyncio.IncompleteReadError(b"", None))
+        return False
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._lost = True
+        self._fail(ConnectionResetError(f"connection lost: {exc}") if exc else asyncio.IncompleteReadError(b"", None))
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_exception(ConnectionResetError("connection lost"))
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._drain_waiter is not None and not self._drain_waiter.done():
+            self._drain_waiter.set_result(None)
 
     def _deliver(self, frame: Frame, head: bytes, payload: Any) -> None:
         if self._handler is not None:

@@ -21,7 +21,7 @@ from nebula.config import LocalConfig
 from nebula.wire import (HEADER_BYTES, MAX_META_BYTES, ChannelKey, Dispatcher, Frame, FrameType, Lane, WireError,
                          decode_frame,
                          decode_head)
-from nebula.wire.shm import SHM_MIN_BYTES, SHM_TAG
+from nebula.wire.shm import SHM_TAG
 from switch_server.admission import ack_refusal, attribution_refusal
 from switch_server.budget import Party
 from switch_server.delivery import Delivery, Source
@@ -256,15 +256,6 @@ class LocalSide:
         if wait > 0:  # per-account rate limit: stop reading until the account's bucket has refilled
             self.throttled = True
             asyncio.get_running_loop().call_later(wait, self._unthrottle)
-
-    def place(self, key: ChannelKey, nbytes: int) -> memoryview | None:
-        """A region of the arena of the local worker that a peer's payload of `nbytes` on channel `key` is for, to
-        read it into (None: not one of ours, not connected, no arena, or no room in it now)."""
-        if key.dst_cluster != self.server.cfg.cluster or nbytes < SHM_MIN_BYTES:
-            return None
-        ident = self.registry.by_addr.get((key.account, key.job, key.dst_rank))
-        shm = self.conns.ready_shm(ident) if ident is not None else None
-        return shm.place(nbytes) if shm is not None else None
 
     def ack_refusal(self, frame: Frame) -> tuple[str, str, bool] | None:
         """For an ACK to one of our ranks: why it must not reach it (`switch_server.admission.ack_refusal`)."""

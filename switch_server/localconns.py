@@ -8,7 +8,8 @@ import logging
 import time
 from typing import Any
 
-from nebula.wire import Frame, FrameType
+from nebula.wire import ChannelKey, Frame, FrameType
+from nebula.wire.shm import SHM_MIN_BYTES
 from switch_server.delivery import Delivery
 from switch_server.hello import HelloDesk
 from switch_server.host import LocalHost
@@ -51,6 +52,15 @@ class WorkerConnections:
         if reg is not None and reg.shm is not None and frame.meta["token"] == reg.shm.arena.token:
             for off in frame.meta["offsets"]:
                 reg.shm.down_free(off)
+
+    def place(self, key: ChannelKey, nbytes: int) -> memoryview | None:
+        """A region of the arena of the local worker that a peer's payload of `nbytes` on channel `key` is for, to
+        read it into (None: not one of ours, not connected, no arena, or no room in it now)."""
+        if key.dst_cluster != self.server.cfg.cluster or nbytes < SHM_MIN_BYTES:
+            return None
+        ident = self.registry.by_addr.get((key.account, key.job, key.dst_rank))
+        shm = self.ready_shm(ident) if ident is not None else None
+        return shm.place(nbytes) if shm is not None else None
 
     def shm_payload(self, ident: bytes, desc: memoryview) -> memoryview | None:
         """The payload a worker placed in its arena; None if stale (sent before a switch restart, or into an arena

@@ -211,7 +211,7 @@ class SwitchServer:
 
     def place(self, key: Any, nbytes: int) -> memoryview | None:
         """See `LinkHost.place`."""
-        return self.local.place(key, nbytes)
+        return self.local.conns.place(key, nbytes)
 
     def link_window(self) -> int:
         """Bytes one peer may have queued here before it runs out of credit."""
