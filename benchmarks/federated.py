@@ -33,9 +33,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import json
-import select
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -43,126 +41,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, for `benchmarks` and `tests`
 
-from tests.harness.federation import LocalFederation  # noqa: E402
-from tests.harness.procs import Procs  # noqa: E402
-
-
-# ---- lightweight clients (their factory is named in the job file as benchmarks.federated:light_client)
-class _LightClient:
-    """A client with a small model whose local training is a fixed wait (cross-device clients)."""
-
-    def __init__(self, seed: int, train_s: float, size: int, tensors: int = 1) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.train_s, self.size, self.tensors = train_s, size, tensors
-
-    def num_examples(self) -> int:
-        return 100
-
-    def get_parameters(self, config):
-        q = self.size // self.tensors  # (the first tensor takes the remainder)
-        return {f"w{i}" if self.tensors > 1 else "w": np.zeros(q + (self.size - q * self.tensors if i == 0 else 0),
-                                                                 np.float32) for i in range(self.tensors)}
-
-    def fit(self, parameters, config):
-        time.sleep(self.train_s)
-        return {k: v + np.float32(self.rng.normal() * 0.01) for k, v in parameters.items()}, 100, {}
-
-    def evaluate(self, parameters, config):
-        return 0.0, 1, {}
-
-
-def light_client(cluster: str, index: int, num_clients: dict, train_s: float = 0.0, size: int = 1000,
-                 tensors: int = 1):
-    """Factory of the lightweight client (see _LightClient)."""
-    from nebula.federated.client import Client
-
-    cls = type("LightClient", (_LightClient, Client), {})
-    return cls(seed=index, train_s=train_s, size=size, tensors=tensors)
-
-
-# ---- a federation of real processes
-class _Procs(Procs):
-    """The benchmark federation's processes, its switches included: glibc maps allocations of 1 MiB and more and
-    unmaps them on free, so a process's peak measures what is live."""
-
-    def start(self, args: list[str], **kwargs) -> subprocess.Popen:
-        return super().start(args, env={"MALLOC_MMAP_THRESHOLD_": "1048576", **kwargs.pop("env", {})}, **kwargs)
-
-
-class _Fed:
-    """Clusters provisioned in a temporary directory, a switch server each (the harness's `LocalFederation`)."""
-
-    def __init__(self, clusters: list[str]) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="flbench-"))
-        self.procs = _Procs()
-        federation = LocalFederation(self.dir / "prov", clusters, procs=self.procs, name="flbench")
-        self.switches = [federation.switches[c].proc for c in clusters]
-
-    def start(self, args: list[str]) -> subprocess.Popen:
-        return self.procs.start(args)
-
-    def py(self, *args: str) -> subprocess.Popen:
-        return self.start([sys.executable, *args])
-
-    @staticmethod
-    def wait_line(p: subprocess.Popen, needle: str, timeout_s: float) -> None:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            r, _, _ = select.select([p.stdout], [], [], 0.5)
-            if r:
-                line = p.stdout.readline()
-                if needle in line:
-                    return
-                if not line:
-                    break
-        raise RuntimeError(f"no {needle!r} from {p.args}")
-
-    def job(self, clusters: dict[str, int], **over) -> Path:
-        doc = {"job": "bench", "mode": "federated", "controller": {"cluster": next(iter(clusters)),
-                                                                    "dir": str(self.dir / "fl")},
-               "clusters": [{"id": c, "worker": str(self.dir / "prov" / c / "worker.yaml"), "num_clients": n}
-                            for c, n in clusters.items()],
-               "client": {"factory": "benchmarks.federated:light_client", "args": {}},
-               "rounds": 3, "deadline_s": 600, "validity": {"min_updates": 1}, "startup_timeout_s": 600}
-        doc.update(over)
-        path = self.dir / "job.yaml"
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
-        return path
-
-    def close(self) -> None:
-        self.procs.reap()
-
-
-def _rounds(fed: _Fed) -> list:
-    from nebula.federated.trail import ModelTrail
-
-    with ModelTrail(fed.dir / "fl" / "trail") as t:
-        return t.rounds()
-
-
-def _client_procs(fed: _Fed, job: Path, cluster: str, n: int, per_proc: int) -> list[subprocess.Popen]:
-    """Clients of `cluster` in processes of `per_proc` threads each."""
-    out = []
-    code = ("import sys; from nebula.federated.run import run_clients; "
-            "run_clients(sys.argv[1], sys.argv[2], [int(i) for i in sys.argv[3].split(',')])")
-    for start in range(0, n, per_proc):
-        idx = ",".join(str(i) for i in range(start, min(n, start + per_proc)))
-        out.append(fed.py("-c", code, str(job), cluster, idx))
-    return out
-
-
-def _cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds `pid` has used (None once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from benchmarks._fedbench import _client_procs, _cpu_s, _Fed, _mem, _rounds  # noqa: E402
+from benchmarks._fedflower import bench_flower, flower_python  # noqa: E402
 
 
 def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int, size: int = 1000) -> list[dict]:
@@ -173,7 +56,7 @@ def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int, s
     for n in counts:
         fed = _Fed(["A"])
         try:
-            job = fed.job({"A": n}, rounds=rounds, client={"factory": "benchmarks.federated:light_client",
+            job = fed.job({"A": n}, rounds=rounds, client={"factory": "benchmarks._fedbench:light_client",
                                                             "args": {"train_s": train_s, "size": size}})
             switch = fed.switches[0]
             ctl = fed.py("-m", "nebula.federated.run", "cluster", str(job), "--cluster", "A")
@@ -203,104 +86,12 @@ def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int, s
     return rows
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def flower_python(given: str | None) -> str | None:
-    """An interpreter that has `flwr`: `given`, else /work/venv-flwr's, else this one if it has it (None: none)."""
-    for py in ([given] if given else []) + [str(Path("/work/venv-flwr/bin/python")), sys.executable]:
-        if Path(py).exists() and subprocess.run([py, "-c", "import flwr"], capture_output=True).returncode == 0:
-            return py
-    return None
-
-
-def _flower_round_s(py: str, floats: int, n: int, rounds: int, per_proc: int, tmp: Path) -> list[float]:
-    """Round times of Flower's FedAvg (legacy gRPC, server-authenticated TLS) over `n` clients of the same model."""
-    port, script = _free_port(), str(REPO / "benchmarks" / "_flower.py")
-    common = ["--port", str(port), "--floats", str(floats), "--certs", str(tmp / "flower-certs")]
-    subprocess.run([py, "-c", f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import _flower; "
-                    f"_flower.certificates(__import__('pathlib').Path({str(tmp / 'flower-certs')!r}))"], check=True)
-    server = subprocess.Popen([py, script, "server", "--clients", str(n), "--rounds", str(rounds), *common],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    time.sleep(3)  # (the gRPC server binds)
-    procs = [subprocess.Popen([py, script, "clients", "--count", str(min(per_proc, n - s)), *common],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-             for s in range(0, n, per_proc)]
-    try:
-        out, _ = server.communicate(timeout=1800)
-    finally:
-        for p in procs + [server]:
-            if p.poll() is None:
-                os.killpg(p.pid, 15)
-    return json.loads(out.strip().splitlines()[-1])["round_s"]
-
-
-def bench_flower(sizes: list[tuple[int, int]], rounds: int, per_proc: int, py: str | None) -> list[dict]:
-    """Median round time (rounds 2..) of Nebula on the encrypted path and of Flower, for each (floats, clients);
-    the same four-tensor model, fixed updates, FedAvg. Nebula's clients reach their switch in cluster B over CURVE
-    (as from hosts of their own), the controller in cluster A is behind mutual TLS between the switches, and the
-    combiner is placed twice: on its switch's host (its worker file's `transport: auto` picks the same-host IPC
-    path, as on a real site) and on another host (CURVE as well: every model byte crosses CURVE twice)."""
-    rows = []
-    for floats, n in sizes:
-        row: dict = {"floats": floats, "clients": n}
-        for combiner in ("switch_host", "remote"):
-            row[combiner], peak = _nebula_encrypted_round(floats, n, rounds, per_proc, combiner)
-            row["switch_peak_mb"] = max(row.get("switch_peak_mb", 0.0), peak)
-        tmp = Path(tempfile.mkdtemp(prefix="flower-bench-"))
-        row["flower_s"] = statistics.median(_flower_round_s(py, floats, n, rounds, per_proc, tmp)) if py else None
-        rows.append(row)
-        print(f"  {rows[-1]}", file=sys.stderr, flush=True)
-    return rows
-
-
-def _nebula_encrypted_round(floats: int, n: int, rounds: int, per_proc: int, combiner: str) -> tuple[float, float]:
-    """(median round s, switches' peak RSS MB) of one run of `bench_flower`'s Nebula path."""
-    fed = _Fed(["A", "B"])
-    try:
-        for c in ("A", "B"):
-            wy = fed.dir / "prov" / c / "worker.yaml"
-            doc = yaml.safe_load(wy.read_text())
-            (wy.parent / "worker-remote.yaml").write_text(yaml.safe_dump({**doc, "transport": "tcp"}))
-        job = fed.job({"A": 0, "B": n}, rounds=rounds, client={
-            "factory": "benchmarks.federated:light_client", "args": {"size": floats, "tensors": 4}})
-        remote = job.with_name("job-remote.yaml")  # the same job, as read on hosts other than the switches'
-        remote.write_text(job.read_text().replace("/worker.yaml", "/worker-remote.yaml"))
-        actors = job if combiner == "switch_host" else remote
-        runs = [fed.py("-m", "nebula.federated.run", "cluster", str(actors), "--cluster", c) for c in ("A", "B")]
-        for r in runs:
-            threading.Thread(target=lambda q=r: [None for _ in q.stdout], daemon=True).start()
-        _client_procs(fed, remote, "B", n, per_proc)
-        runs[0].wait(1800)
-        if runs[0].returncode:
-            raise RuntimeError(f"controller exit {runs[0].returncode}")
-        return (statistics.median(r.duration_s for r in _rounds(fed)[1:]),
-                max(_mem(p.pid)["VmHWM"] for p in fed.switches) / 1e6)
-    finally:
-        fed.close()
-
-
-def _mem(pid: int) -> dict[str, int]:
-    """VmRSS, VmHWM and RssAnon (private memory: not the switch's shared-memory arena) of `pid`, in bytes."""
-    out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        k, _, v = line.partition(":")
-        if k in ("VmRSS", "VmHWM", "RssAnon"):
-            out[k] = int(v.split()[0]) * 1024
-    return out
-
-
 def bench_memory(model_mb: int, num_clients: int) -> dict:
     """Peak combiner memory while aggregating `num_clients` updates of a `model_mb` MB model."""
     fed = _Fed(["A"])
     try:
         size = model_mb * 1024 * 1024 // 4
-        job = fed.job({"A": num_clients}, rounds=1, client={"factory": "benchmarks.federated:light_client",
+        job = fed.job({"A": num_clients}, rounds=1, client={"factory": "benchmarks._fedbench:light_client",
                                                              "args": {"size": size}})
         comb = fed.py("-m", "nebula.federated.run", "combiner", str(job), "--cluster", "A")
         fed.wait_line(comb, "ready", 120)
@@ -338,7 +129,7 @@ def bench_wan(num_clients: int, model_kb: int) -> list[dict]:
         fed = _Fed(["A", "B"])
         try:
             job = fed.job({"A": 0, "B": num_clients}, rounds=2, wan_once=once,
-                          client={"factory": "benchmarks.federated:light_client", "args": {"size": model_kb * 256}})
+                          client={"factory": "benchmarks._fedbench:light_client", "args": {"size": model_kb * 256}})
             ctl = fed.py("-m", "nebula.federated.run", "cluster", str(job), "--cluster", "A")
             fed.py("-m", "nebula.federated.run", "cluster", str(job), "--cluster", "B")
             _client_procs(fed, job, "B", num_clients, num_clients)

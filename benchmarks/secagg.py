@@ -153,7 +153,7 @@ def light_client(cluster: str, index: int, num_clients: dict, train_s: float = 0
 def _cpu_rounds(fed, procs: list, rounds: int, timeout_s: float) -> tuple[float, float, float]:
     """CPU seconds per round, from the end of round 1 to the end of the last, of procs[0] (the combiner with the
     controller), procs[1] (the switch) and the rest together (the surviving clients' processes)."""
-    from benchmarks.federated import _cpu_s, _rounds
+    from benchmarks._fedbench import _cpu_s, _rounds
 
     marks: dict[int, list[float]] = {}
     end = time.monotonic() + timeout_s
@@ -171,7 +171,7 @@ def _cpu_rounds(fed, procs: list, rounds: int, timeout_s: float) -> tuple[float,
 def bench_switch(n: int, d: int, dropout: float, secure: bool, train_s: float, per_proc: int, rounds: int,
                  deadline_s: float) -> dict:
     """Rounds of `n` clients with a `d`-parameter model through one switch; `dropout` of them die in round 1."""
-    from benchmarks.federated import _Fed, _client_procs, _rounds
+    from benchmarks._fedbench import _Fed, _rounds
 
     fed = _Fed(["A"])
     try:
