@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Any, Callable
 
-from nebula.wire import HEADER_BYTES, Frame, WireError, decode_frame, decode_head, unpack_header
+from nebula.wire import HEADER_BYTES, Frame, WireError, decode_frame, head_frame, unpack_header
 
 STAGING_BYTES = 256 * 1024
 # a frame at least this large is read into a buffer of its own (smaller ones are copied out of the staging buffer)
@@ -44,7 +44,8 @@ class FrameParser:
         self._error: BaseException | None = None  # what ended the stream: nothing after it is delivered
         # (frame without payload, payload bytes) -> where to read that payload, or None: its own buffer
         self.placer: Callable[[Frame, int], memoryview | None] | None = None
-        self._placed: tuple[bytes, Frame] | None = None  # head and frame of the placed payload being filled
+        self._known: tuple[bytes, Frame] | None = None  # head and frame of the large frame being filled, if parsed
+        self._placed = False  # that frame's payload goes where the placer said (`_body_view`)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._body_view is not None:
@@ -85,14 +86,17 @@ class FrameParser:
             meta_end = HEADER_BYTES + h.meta_len
             need = meta_end + h.payload_len
             have = self._hi - lo
-            placed = (need >= OWN_BUFFER_BYTES and self.placer is not None and have >= meta_end
-                      and self._place(lo, meta_end, min(have, need)))
+            # a large frame's head is parsed once, as soon as it is in: the placer sees it, and the frame is
+            # delivered with it whether placed or not
+            known = self._head_of(lo, meta_end) if need >= OWN_BUFFER_BYTES and have >= meta_end else None
+            placed = (known is not None and self.placer is not None
+                      and self._place(known, lo, meta_end, min(have, need)))
             if have >= need:
                 self._lo = lo + need
                 if placed:
                     self._finish_body()
                 else:
-                    self._emit(bytes(view[lo : lo + need]), meta_end)
+                    self._emit(bytes(view[lo : lo + need]), meta_end, known)
                 continue
             if placed:
                 self._lo = self._hi = 0
@@ -101,6 +105,7 @@ class FrameParser:
                 body = bytearray(need)
                 body[:have] = view[lo : self._hi]
                 self._body, self._body_view, self._body_got, self._meta_end = body, memoryview(body), have, meta_end
+                self._known = known
                 self._lo = self._hi = 0
                 return
             if lo + need > len(self._buf):
@@ -109,40 +114,51 @@ class FrameParser:
         if self._lo == self._hi:
             self._lo = self._hi = 0
 
-    def _place(self, lo: int, meta_end: int, have: int) -> bool:
-        """Ask the placer for the payload's place; True if it gave one (the bytes already in are moved there)."""
+    def _head_of(self, lo: int, meta_end: int) -> tuple[bytes, Frame] | None:
+        """The head at `lo` and its frame, payload still to come (None if malformed: raised in its turn, once the
+        whole frame is in, by `_emit`)."""
         head = bytes(self._view[lo : lo + meta_end])
         try:
-            h, meta = decode_head(head, max_payload_bytes=self.max_payload)
+            return head, head_frame(head, max_payload_bytes=self.max_payload)
         except WireError:
-            return False  # (raised in its turn, once the frame is in)
-        frame = Frame(h, meta)
-        dest = self.placer(frame, h.payload_len)  # type: ignore[misc]
-        if dest is None or len(dest) != h.payload_len:
+            return None
+
+    def _place(self, known: tuple[bytes, Frame], lo: int, meta_end: int, have: int) -> bool:
+        """Ask the placer for the payload's place; True if it gave one (the bytes already in are moved there)."""
+        frame = known[1]
+        n = frame.header.payload_len
+        dest = self.placer(frame, n)  # type: ignore[misc]
+        if dest is None or len(dest) != n:
             return False
         got = have - meta_end
         dest[:got] = self._view[lo + meta_end : lo + have]
-        self._placed, self._body_view, self._body_got = (head, frame), dest, got
+        self._known, self._placed, self._body_view, self._body_got = known, True, dest, got
         return True
 
     def _finish_body(self) -> None:
-        body, meta_end, placed = self._body, self._meta_end, self._placed
-        payload = self._body_view
-        self._body = self._body_view = self._placed = None
+        body, body_view, meta_end = self._body, self._body_view, self._meta_end
+        known, placed = self._known, self._placed
+        self._body = self._body_view = self._known = None
+        self._placed = False
         self._body_got = 0
-        if placed is not None:
+        if placed:
+            assert known is not None and body_view is not None
             if self._error is None:
-                head, frame = placed
-                self._deliver(replace(frame, payload=payload), head, payload)
+                head, frame = known
+                self._deliver(replace(frame, payload=body_view), head, body_view)
             return
         assert body is not None
-        self._emit(body, meta_end)
+        self._emit(body, meta_end, known)
 
-    def _emit(self, raw: bytes | bytearray, meta_end: int) -> None:
+    def _emit(self, raw: bytes | bytearray, meta_end: int, known: tuple[bytes, Frame] | None = None) -> None:
         if self._error is not None:  # the stream has ended: what follows in the buffer is not looked at
             return
-        head = bytes(raw[:meta_end]) if isinstance(raw, bytearray) else raw[:meta_end]
         payload: Any = memoryview(raw)[meta_end:] if len(raw) > meta_end else b""
+        if known is not None:  # (its head parsed already)
+            head, frame = known
+            self._deliver(replace(frame, payload=payload), head, payload)
+            return
+        head = bytes(raw[:meta_end]) if isinstance(raw, bytearray) else raw[:meta_end]
         self._deliver(decode_frame(head, payload, max_payload_bytes=self.max_payload), head, payload)
 
     def _deliver(self, frame: Frame, head: bytes, payload: Any) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = [
     "HEADER_BYTES", "LANES", "LANE_LEVEL", "MAX_META_BYTES", "MAX_PAYLOAD_BYTES", "VERSION", "ChannelKey", "Frame",
     "FrameType", "Header", "Lane", "WireError", "channel_id", "decode_frame", "decode_head", "encode_frame",
-    "encode_meta", "lane_of", "pack_header", "relink", "unpack_header",
+    "encode_meta", "head_frame", "lane_of", "pack_header", "relink", "unpack_header",
 ]
 
 from dataclasses import dataclass
@@ -52,6 +52,13 @@ def decode_head(head: bytes | memoryview, *, max_payload_bytes: int = MAX_PAYLOA
     """Parse header+meta (the first ZeroMQ part); the payload follows separately."""
     h, meta, _ = _head(head, max_payload_bytes)
     return h, meta
+
+
+def head_frame(head: bytes | memoryview, *, max_payload_bytes: int = MAX_PAYLOAD_BYTES) -> Frame:
+    """Header+meta parsed as a Frame without its payload (a frame whose payload is still being read); give it its
+    payload with `dataclasses.replace` once that is in."""
+    h, meta, key = _head(head, max_payload_bytes)
+    return Frame(h, meta, b"", key)
 
 
 def _head(head: bytes | memoryview, max_payload_bytes: int) -> tuple[Header, dict[str, Any], ChannelKey | None]:
