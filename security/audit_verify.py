@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterable
 
 from security._files import read_file
-from security.audit import (CHECKPOINT_ACTION, GENESIS, Checkpoint, _canonical, checkpoint_of_record,
+from security.audit import (CHECKPOINT_ACTION, GENESIS, Checkpoint, canonical, checkpoint_of_record,
                             checkpoints_path, read_checkpoints, signer_of, verify_checkpoint)
 from security.errors import AuditError
 
@@ -182,7 +182,7 @@ def _check_line(line: bytes, expected: int, prev: str) -> tuple[str, dict] | _Ba
     if rec["prev"] != prev:
         return _Bad(f"its prev hash does not match record {expected - 1}: a record before it was deleted, "
                     "inserted or edited")
-    if hashlib.sha256(_canonical(rec).encode()).hexdigest() != claimed:
+    if hashlib.sha256(canonical(rec).encode()).hexdigest() != claimed:
         return _Bad("its content does not match its hash (edited)")
     if not isinstance(rec["detail"], dict):
         return _Bad("its detail is not an object (edited)")

@@ -7,7 +7,6 @@ certificates), `audit.log` + `audit_signing.key` (every CA operation is one audi
 from __future__ import annotations
 
 import datetime as dt
-import ipaddress
 import logging
 import os
 import sqlite3
@@ -17,12 +16,16 @@ from pathlib import Path
 from typing import Iterable
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from security._files import PUBLIC, atomic_write, read_file
 from security.audit import AuditLog, default_actor, generate_signing_key
+from security.certbuild import (CA_DAYS, CRL_DAYS, DEFAULT_DAYS, REVOCATION_REASONS, csr_for, format_serial, iso,
+                                read_csr,
+                                leaf_certificate, now, parse_serial, private_key_pem, revocation_list,
+                                root_certificate)
 from security.errors import CAError, IdentityError
 from security.identity import Identity, check_name, identity_of
 
@@ -40,25 +43,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DAYS = {"switch": 30, "worker": 30, "user": 30, "admin": 1}
-CA_DAYS = 3650
-CRL_DAYS = 7
-REVOCATION_REASONS = {
-    "unspecified": x509.ReasonFlags.unspecified,
-    "key_compromise": x509.ReasonFlags.key_compromise,
-    "ca_compromise": x509.ReasonFlags.ca_compromise,
-    "affiliation_changed": x509.ReasonFlags.affiliation_changed,
-    "superseded": x509.ReasonFlags.superseded,
-    "cessation_of_operation": x509.ReasonFlags.cessation_of_operation,
-    "certificate_hold": x509.ReasonFlags.certificate_hold,
-    "privilege_withdrawn": x509.ReasonFlags.privilege_withdrawn,
-}
-_EKU = {
-    "switch": [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH],
-    "worker": [ExtendedKeyUsageOID.CLIENT_AUTH],
-    "admin": [ExtendedKeyUsageOID.CLIENT_AUTH],
-    "user": [ExtendedKeyUsageOID.CLIENT_AUTH],
-}
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS certs (
@@ -76,37 +60,6 @@ CREATE TABLE IF NOT EXISTS certs (
     pem TEXT NOT NULL
 );
 """
-
-
-def format_serial(serial: int) -> str:
-    """Serial as lowercase hex, the form `cert list` prints and `--serial` accepts."""
-    return f"{serial:x}"
-
-
-def parse_serial(text: str | int) -> int:
-    """Parse a serial given as hex (optionally `0x`-prefixed or colon-separated) or an int."""
-    if isinstance(text, int):
-        return text
-    cleaned = text.strip().lower().removeprefix("0x").replace(":", "")
-    try:
-        return int(cleaned, 16)
-    except ValueError:
-        raise CAError(f"serial {text!r} is not a hex number; copy it from `nebula-admin cert list`") from None
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-
-
-def _iso(t: dt.datetime) -> str:
-    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _key_usage(**flags: bool) -> x509.KeyUsage:
-    """KeyUsage with the given flags set and every other flag cleared."""
-    names = ("digital_signature", "content_commitment", "key_encipherment", "data_encipherment", "key_agreement",
-             "key_cert_sign", "crl_sign", "encipher_only", "decipher_only")
-    return x509.KeyUsage(**{n: flags.get(n, False) for n in names})
 
 
 def load_private_key(path: str | os.PathLike, passphrase: str | bytes | None, what: str = "private key"):
@@ -164,6 +117,8 @@ class CertificateAuthority:
     def __init__(self, directory: Path, cert: x509.Certificate, passphrase: str | bytes | None) -> None:
         self.dir = directory
         self.cert = cert
+        self.index_path = directory / "index.db"  # SQLite index of issued certificates
+        self.audit_path = directory / "audit.log"  # audit log of CA operations
         self._passphrase = passphrase
         self._key = None
         fed = cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)
@@ -187,16 +142,6 @@ class CertificateAuthority:
         """The CA's current CRL (`crl.pem`), rewritten on every revocation."""
         return self.dir / "crl.pem"
 
-    @property
-    def index_path(self) -> Path:
-        """SQLite index of issued certificates."""
-        return self.dir / "index.db"
-
-    @property
-    def audit_path(self) -> Path:
-        """Audit log of CA operations."""
-        return self.dir / "audit.log"
-
     # ---- construction
     @classmethod
     def init(cls, directory: str | os.PathLike, federation: str, passphrase: str | bytes | None = None,
@@ -209,30 +154,9 @@ class CertificateAuthority:
         directory.mkdir(parents=True, exist_ok=True)
         os.chmod(directory, 0o700)
         key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, federation),
-            x509.NameAttribute(NameOID.COMMON_NAME, f"{federation} Nebula CA"),
-        ])
-        now = _now()
-        ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(_key_usage(key_cert_sign=True, crl_sign=True), critical=True)
-            .add_extension(ski, critical=False)
-            .sign(key, hashes.SHA256())
-        )
-        pw = passphrase.encode() if isinstance(passphrase, str) else passphrase
-        enc = serialization.BestAvailableEncryption(pw) if pw else serialization.NoEncryption()
+        cert = root_certificate(key, federation, days)
         # key first: a directory with ca.pem but no ca.key would look like a broken CA
-        atomic_write(directory / "ca.key", key.private_bytes(serialization.Encoding.PEM,
-                                                              serialization.PrivateFormat.PKCS8, enc))
+        atomic_write(directory / "ca.key", private_key_pem(key, passphrase))
         with closing(sqlite3.connect(directory / "index.db")) as db, db:
             db.executescript(_SCHEMA)
             db.execute("INSERT OR REPLACE INTO meta VALUES ('federation', ?)", (federation,))
@@ -245,7 +169,7 @@ class CertificateAuthority:
         ca._write_crl_to(ca.crl_path)
         ca.audit_event("ca.init", ca.cert_path.name,
                        detail={"federation": federation, "serial": format_serial(cert.serial_number),
-                               "encrypted": bool(pw)})
+                               "encrypted": bool(passphrase)})
         log.info("initialised CA for federation %s in %s", federation, directory)
         return ca
 
@@ -285,48 +209,9 @@ class CertificateAuthority:
 
     def _sign_leaf(self, public_key, ident: Identity, days: int | None, dns: Iterable[str],
                    ips: Iterable[str], renewed_from: int | None = None) -> x509.Certificate:
-        if days is None:
-            days = DEFAULT_DAYS[ident.role]
-        if not isinstance(days, (int, float)) or days <= 0:
-            raise CAError(f"days={days!r} must be a positive number of days")
-        if not isinstance(public_key, (ec.EllipticCurvePublicKey, rsa.RSAPublicKey, ed25519.Ed25519PublicKey)):
-            raise CAError(f"key type {type(public_key).__name__} is not supported; use ECDSA P-256")
-        if isinstance(public_key, rsa.RSAPublicKey) and public_key.key_size < 2048:
-            raise CAError(f"RSA key of {public_key.key_size} bits is too small; use ECDSA P-256 (or RSA >= 2048)")
-        sans: list[x509.GeneralName] = [x509.UniformResourceIdentifier(ident.uri)]
-        for d in dns:
-            sans.append(x509.DNSName(d))
-        for ip in ips:
-            try:
-                sans.append(x509.IPAddress(ipaddress.ip_address(ip)))
-            except ValueError:
-                raise CAError(f"IP SAN {ip!r} is not an IP address; pass e.g. --ip 127.0.0.1") from None
-        now = _now()
-        not_after = now + dt.timedelta(days=days)
-        if not_after > self.cert.not_valid_after_utc:
-            not_after = self.cert.not_valid_after_utc
-        subject = x509.Name([
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, ident.federation),
-            x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, ident.role),
-            x509.NameAttribute(NameOID.COMMON_NAME, ident.name),
-        ])
-        ec_key = not isinstance(public_key, rsa.RSAPublicKey)
-        cert = (
-            x509.CertificateBuilder()
-            .subject_name(subject)
-            .issuer_name(self.cert.subject)
-            .public_key(public_key)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(minutes=5))  # tolerate small clock skew between clusters
-            .not_valid_after(not_after)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(_key_usage(digital_signature=True, key_encipherment=not ec_key), critical=True)
-            .add_extension(x509.ExtendedKeyUsage(_EKU[ident.role]), critical=False)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.cert.public_key()), critical=False)
-            .sign(self.key, hashes.SHA256())
-        )
+        """Sign a leaf for `ident` and record it: a copy under `certs/` and a row of the index."""
+        dns = list(dns) or (["localhost"] if ident.role == "switch" else [])  # (what a local test connects to)
+        cert = leaf_certificate(self.cert, self.key, public_key, ident, days, dns, ips)
         pem = cert.public_bytes(serialization.Encoding.PEM)
         atomic_write(self.dir / "certs" / f"{format_serial(cert.serial_number)}.pem", pem, PUBLIC)
         with closing(self._db()) as db, db:
@@ -334,7 +219,7 @@ class CertificateAuthority:
                 "INSERT INTO certs (serial, identity, role, cluster, name, not_before, not_after, renewed_from, pem)"
                 " VALUES (?,?,?,?,?,?,?,?,?)",
                 (format_serial(cert.serial_number), ident.uri, ident.role, ident.cluster, ident.name,
-                 _iso(cert.not_valid_before_utc), _iso(cert.not_valid_after_utc),
+                 iso(cert.not_valid_before_utc), iso(cert.not_valid_after_utc),
                  None if renewed_from is None else format_serial(renewed_from), pem.decode()),
             )
         return cert
@@ -351,15 +236,11 @@ class CertificateAuthority:
         out_dir = Path(out_dir)
         stem = check_name(stem or name, "file stem")
         key = ec.generate_private_key(ec.SECP256R1())
-        dns = list(dns) or (["localhost"] if role == "switch" else [])
         cert = self._sign_leaf(key.public_key(), ident, days, dns, ips)
-        pw = key_passphrase.encode() if isinstance(key_passphrase, str) else key_passphrase
-        enc = serialization.BestAvailableEncryption(pw) if pw else serialization.NoEncryption()
-        key_path = atomic_write(out_dir / f"{stem}.key",
-                                key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc))
+        key_path = atomic_write(out_dir / f"{stem}.key", private_key_pem(key, key_passphrase))
         cert_path = atomic_write(out_dir / f"{stem}.pem", cert.public_bytes(serialization.Encoding.PEM))
         self.audit_event("cert.issue", ident.uri, detail={"serial": format_serial(cert.serial_number),
-                                                      "not_after": _iso(cert.not_valid_after_utc)})
+                                                      "not_after": iso(cert.not_valid_after_utc)})
         return IssuedCert(cert_path, key_path, cert.serial_number)
 
     def sign_csr(self, csr_path: str | os.PathLike, role: str, cluster: str | None = None,
@@ -370,23 +251,14 @@ class CertificateAuthority:
         The certificate is written to `out` (default: the CSR path with suffix `.pem`).
         """
         csr_path = Path(csr_path)
-        data = read_file(csr_path, "CSR", CAError, "create one with `nebula-admin cert csr`")
-        try:
-            csr = x509.load_pem_x509_csr(data)
-        except ValueError as exc:
-            raise CAError(f"CSR {csr_path} is not a valid PEM certificate request ({exc})") from None
-        if not csr.is_signature_valid:
-            raise CAError(f"CSR {csr_path} has a bad signature; recreate it with the matching private key")
-        if name is None:
-            cns = csr.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-            if not cns:
-                raise CAError(f"CSR {csr_path} has no common name; pass --name")
-            name = cns[0].value
+        csr, cn = read_csr(read_file(csr_path, "CSR", CAError, "create one with `nebula-admin cert csr`"), csr_path)
+        if name is None and cn is None:
+            raise CAError(f"CSR {csr_path} has no common name; pass --name")
+        name = cn if name is None else name
         try:
             ident = Identity(self.federation, role, cluster, name)
         except IdentityError as exc:
             raise CAError(f"CSR {csr_path}: {exc}") from None
-        dns = list(dns) or (["localhost"] if role == "switch" else [])
         cert = self._sign_leaf(csr.public_key(), ident, days, dns, ips)
         out = Path(out) if out is not None else csr_path.with_suffix(".pem")
         atomic_write(out, cert.public_bytes(serialization.Encoding.PEM), PUBLIC)
@@ -439,7 +311,7 @@ class CertificateAuthority:
         self.key  # fail on a wrong passphrase before changing the index
         with closing(self._db()) as db, db:
             db.execute("UPDATE certs SET status='revoked', revoked_at=?, reason=? WHERE serial=?",
-                       (_iso(_now()), reason, format_serial(serial)))
+                       (iso(now()), reason, format_serial(serial)))
         self._write_crl_to(self.crl_path)
         self.audit_event("cert.revoke", row["identity"], detail={"serial": format_serial(serial), "reason": reason})
 
@@ -455,43 +327,26 @@ class CertificateAuthority:
         return path
 
     def _write_crl_to(self, path: Path, days: int = CRL_DAYS) -> None:
-        now = _now()
         with closing(self._db()) as db:
             rows = db.execute("SELECT serial, revoked_at, reason FROM certs WHERE status='revoked'").fetchall()
             number = db.execute("SELECT value FROM meta WHERE key='crl_number'").fetchone()
         number = int(number[0]) + 1 if number else 1
-        builder = (
-            x509.CertificateRevocationListBuilder()
-            .issuer_name(self.cert.subject)
-            .last_update(now - dt.timedelta(minutes=5))
-            .next_update(now + dt.timedelta(days=days))
-            .add_extension(x509.CRLNumber(number), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.cert.public_key()), critical=False)
-        )
-        for row in rows:
-            revoked_at = dt.datetime.strptime(row["revoked_at"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
-            entry = (
-                x509.RevokedCertificateBuilder()
-                .serial_number(int(row["serial"], 16))
-                .revocation_date(revoked_at)
-            )
-            if row["reason"] and row["reason"] != "unspecified":
-                entry = entry.add_extension(x509.CRLReason(REVOCATION_REASONS[row["reason"]]), critical=False)
-            builder = builder.add_revoked_certificate(entry.build())
-        crl = builder.sign(self.key, hashes.SHA256())
+        revoked = [(int(r["serial"], 16), dt.datetime.strptime(r["revoked_at"], "%Y-%m-%dT%H:%M:%SZ")
+                    .replace(tzinfo=dt.timezone.utc), r["reason"]) for r in rows]
+        crl = revocation_list(self.cert, self.key, revoked, number, days)
         atomic_write(path, crl.public_bytes(serialization.Encoding.PEM), PUBLIC)
         with closing(self._db()) as db, db:
             db.execute("INSERT OR REPLACE INTO meta VALUES ('crl_number', ?)", (str(number),))
 
     def list(self) -> list[CertRecord]:
         """Every certificate this CA issued, oldest first; status is valid, revoked or expired."""
-        now = _iso(_now())
+        today = iso(now())
         with closing(self._db()) as db:
             rows = db.execute("SELECT * FROM certs ORDER BY not_before, rowid").fetchall()
         out = []
         for r in rows:
             status = r["status"]
-            if status == "valid" and r["not_after"] < now:
+            if status == "valid" and r["not_after"] < today:
                 status = "expired"
             out.append(CertRecord(int(r["serial"], 16), r["identity"], r["role"], r["cluster"], r["name"],
                                   r["not_before"], r["not_after"], status, r["reason"], r["revoked_at"]))
@@ -509,15 +364,8 @@ def make_csr(name: str, out_dir: str | os.PathLike, *, stem: str | None = None,
     out_dir = Path(out_dir)
     stem = check_name(stem or name, "file stem")
     key = ec.generate_private_key(ec.SECP256R1())
-    csr = (
-        x509.CertificateSigningRequestBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .sign(key, hashes.SHA256())
-    )
-    pw = key_passphrase.encode() if isinstance(key_passphrase, str) else key_passphrase
-    enc = serialization.BestAvailableEncryption(pw) if pw else serialization.NoEncryption()
-    key_path = atomic_write(out_dir / f"{stem}.key",
-                            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc))
+    csr = csr_for(name, key)
+    key_path = atomic_write(out_dir / f"{stem}.key", private_key_pem(key, key_passphrase))
     csr_path = atomic_write(out_dir / f"{stem}.csr", csr.public_bytes(serialization.Encoding.PEM), PUBLIC)
     return csr_path, key_path
 
