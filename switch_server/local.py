@@ -21,6 +21,7 @@ from nebula.config import LocalConfig
 from nebula.wire import (HEADER_BYTES, MAX_META_BYTES, ChannelKey, Dispatcher, Frame, FrameType, Lane, WireError,
                          decode_frame,
                          decode_head)
+from nebula.wire.batch import table_refusal
 from nebula.wire.shm import SHM_TAG
 from switch_server.admission import ack_refusal, attribution_refusal
 from switch_server.budget import Party
@@ -247,6 +248,10 @@ class LocalSide:
         if t == FrameType.DATA and frame.header.total_len > limit:
             self.refuse(ident, "too_large", f"message of {frame.header.total_len} bytes exceeds link.max_message_bytes="
                         f"{limit}; split it or raise the limit", frame)
+            return
+        lie = table_refusal(frame.meta, payload)
+        if lie is not None:
+            self.refuse(ident, *lie, frame)
             return
         stages = reg.routes.get(key.dst_cluster, reg.routes.get(cluster, ())) if reg.routes else ()
         err = self.server.route(frame, bytes(head.buffer), payload, origin=None, party=party, stages=stages)

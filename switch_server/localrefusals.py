@@ -16,9 +16,10 @@ from switch_server.registry import Registry
 
 log = logging.getLogger("switch_server.local")
 
-# refusals audited: a worker trying to speak for another account, job, rank or start of its rank, or acknowledging
-# what was never sent to it
-AUDITED_REFUSALS = frozenset({"not_attributed", "bad_incarnation", "ack_beyond_sent", "too_many_channels"})
+# refusals audited: a worker trying to speak for another account, job, rank or start of its rank, acknowledging
+# what was never sent to it, or sending a batch whose table lies
+AUDITED_REFUSALS = frozenset({"not_attributed", "bad_incarnation", "ack_beyond_sent", "too_many_channels",
+                              "bad_batch"})
 
 
 class Refusals:

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from nebula.wire import HEADER_BYTES, MAX_META_BYTES, Dispatcher, FrameType, WireError, encode_frame
+from nebula.wire.batch import table_refusal
 from switch_server.framestream import FrameStream, write_frame
 from switch_server.host import LinkHost
 from switch_server.link import IDLE_TIMEOUT_S
@@ -180,7 +181,8 @@ class InboundSession:
         self.bytes_in += n
         server.metrics.count(self.cluster, frame.header.lane, "in", n)
         self.held_bytes += n
-        refusal = server.policy.check(self.cluster, frame, self.peer_epoch)
+        # (the table of a batch is the one part of a payload a switch reads: a lie is refused where it enters)
+        refusal = server.policy.check(self.cluster, frame, self.peer_epoch) or table_refusal(frame.meta, payload)
         if refusal is not None:
             self.release(n)
             self.refused(frame, *refusal)

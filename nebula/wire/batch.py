@@ -4,7 +4,7 @@ one part), then the part lengths of those that have parts, in order; then the me
 `nebula.channel.sender.batches` says which messages share a frame."""
 from __future__ import annotations
 
-__all__ = ["BATCH_ENTRY_BYTES", "MAX_BATCH", "min_table_bytes", "pack_table", "unpack_table"]
+__all__ = ["BATCH_ENTRY_BYTES", "MAX_BATCH", "min_table_bytes", "pack_table", "table_refusal", "unpack_table"]
 
 
 import struct
@@ -42,6 +42,8 @@ def unpack_table(payload: Any, k: int) -> tuple[list[int], list[list[int] | None
     table = head + BATCH_ENTRY_BYTES * sum(counts)
     if table + sum(lengths) != len(view):
         raise WireError("bad_batch", f"its length table (k={k}) does not add up to the frame's {len(view)} bytes")
+    if table == head:  # (no message in parts: the common case, and every switch checks every batch)
+        return lengths, [None] * k, table
     flat = struct.unpack_from(f">{sum(counts)}I", view, head)
     parts: list[list[int] | None] = []
     at = 0
@@ -52,3 +54,18 @@ def unpack_table(payload: Any, k: int) -> tuple[list[int], list[list[int] | None
             raise WireError("bad_batch", f"a message of {n} bytes lists parts summing to {sum(p)}")
         parts.append(p)
     return lengths, parts, table
+
+
+def table_refusal(meta: dict[str, Any], payload: Any) -> tuple[str, str] | None:
+    """("bad_batch", why) when a DATA frame with this meta and payload is a batch whose table does not describe its
+    payload exactly (`unpack_table`); None for a sound batch or any other frame. Each switch checks every batch
+    frame it relays with this, so a lie is refused and audited where it enters; receivers check again."""
+    k = meta.get("batch")
+    if k is None:
+        return None
+    try:
+        unpack_table(payload, k)
+    except WireError as exc:
+        return exc.code, f"batch frame of {k} messages refused: {exc.message}; a sender's table lists exactly the " \
+                         "lengths (and part lengths) of the messages that follow it (nebula.wire.batch)"
+    return None

@@ -10,7 +10,7 @@ import pytest
 
 from nebula.channel import ChannelError, Endpoint
 from nebula.wire import ChannelKey, FrameType, encode_frame
-from tests.harness.federation import edit_yaml, start_switch
+from tests.harness.federation import edit_yaml, start_switch, wait_audit
 from tests.switch.conftest import worker_yaml
 from tests.switch.test_relay import _next_error, _raw_worker, raw_hello
 
@@ -54,10 +54,11 @@ def test_forged_chunk_count_is_refused_by_the_receiver_naming_channel_and_limit(
             assert eb.channel("A", 1, "ok").recv(timeout_s=30) == b"still fine"
 
 
-def test_a_forged_batch_is_refused_where_it_lies_and_the_stream_goes_on(two_switches):
+def test_a_forged_batch_is_refused_by_its_switch_audited_and_the_stream_goes_on(two_switches):
     """A worker that sends batch frames the protocol forbids is refused by its switch (bad_meta, named); one whose
-    length table lies passes the switches (they never read payloads) and is refused by the receiver, each of its
-    messages in its place, while the stream and every other worker go on."""
+    length table lies is refused there too (bad_batch: the table is the one part of a payload a switch reads),
+    audited, and never reaches the receiver, while an honest batch on the same channel and every other worker go
+    on."""
     fed, a, _b = two_switches
     with _hostile_sender(fed) as (s, eb, ch, key, meta):
         for bad, why in (({"batch": 1}, "'batch'"), ({"batch": 2, "parts": [4, 4]}, "not both")):
@@ -65,17 +66,19 @@ def test_a_forged_batch_is_refused_where_it_lies_and_the_stream_goes_on(two_swit
             s.send_multipart([encode_frame(FrameType.DATA, {**meta, **bad}, body, channel_id=key.id, seq=1), body])
             err = _next_error(s)
             assert err["code"] == "bad_meta" and why in err["message"], err
-        lying = struct.pack(">4I", 3, 900, 0, 0) + b"abcdef"  # 903 bytes claimed, 6 there (nebula.wire.batch)
-        s.send_multipart([encode_frame(FrameType.DATA, {**meta, "batch": 2}, lying, channel_id=key.id, seq=1),
-                          lying])
+        for lying, why in ((struct.pack(">4I", 3, 900, 0, 0) + b"abcdef", "does not add up"),  # 903 bytes claimed
+                           (struct.pack(">6I", 1, 2, 0, 2, 2, 2) + b"xyz", "parts summing to 4")):
+            s.send_multipart([encode_frame(FrameType.DATA, {**meta, "batch": 2}, lying, channel_id=key.id, seq=1),
+                              lying])
+            err = _next_error(s)
+            assert err["code"] == "bad_batch" and why in err["message"] and "nebula.wire.batch" in err["message"], err
+            assert err["channel"] == key.to_meta()
+        rec = wait_audit(a, lambda r: r["action"] == "frame_refused" and r["detail"].get("reason") == "bad_batch")
+        assert rec["outcome"] == "denied" and rec["detail"]["account"] == "nebula"
         honest = struct.pack(">6I", 1, 2, 0, 2, 1, 1) + b"xyz"  # the second in two parts
-        s.send_multipart([encode_frame(FrameType.DATA, {**meta, "batch": 2}, honest, channel_id=key.id, seq=3),
+        s.send_multipart([encode_frame(FrameType.DATA, {**meta, "batch": 2}, honest, channel_id=key.id, seq=1),
                           honest])
-        for seq in (1, 2):
-            with pytest.raises(ChannelError, match=rf"message #{seq} on channel 'raw' from A/5 .*batch of 2 "
-                                                   "whose table is unsound"):
-                ch.recv(timeout_s=30)
-        assert ch.recv(timeout_s=30) == b"x"
+        assert ch.recv(timeout_s=30) == b"x"  # (nothing of the refused frames came before it)
         assert [bytes(p) for p in ch.recv_parts(timeout_s=30)] == [b"y", b"z"]
         with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=1) as ea:
             ea.channel("B", 0, "ok").send(b"still fine")

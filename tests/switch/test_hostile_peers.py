@@ -3,6 +3,7 @@ transfer through the same switch completes with nothing lost."""
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -91,6 +92,35 @@ def test_peer_may_address_only_accounts_and_jobs_it_may_reach(procs, three):
     for reason in ("account_not_reachable", "job_not_reachable"):
         rec = wait_audit(a, lambda r: r["action"] == "frame_refused" and r["detail"].get("reason") == reason)
         assert rec["target"] == "C" and rec["outcome"] == "denied"
+    t.join(90)
+    assert [int.from_bytes(m[:4], "big") for m in got] == list(range(20))
+
+
+def test_peer_batch_whose_table_lies_is_refused_audited_and_the_session_goes_on(procs, three):
+    """C relays a batch frame whose length table lies (its own switch would have refused it from its worker): A
+    refuses it on the session (bad_batch), audits it, delivers none of it, and C's honest batch that follows on the
+    same session arrives whole, as does a B->A transfer."""
+    a = start_switch(procs, Path(three["clusters"]["A"]["switch_yaml"]))
+    start_switch(procs, Path(three["clusters"]["B"]["switch_yaml"]))
+    t, got = legit_transfer(three, 20)
+    with Endpoint.connect(worker_yaml(three, "A"), job="victimjob", rank=0) as victim:
+        rx = victim.channel("C", 0, "x")
+        c = RawPeer(a.wan, three["clusters"]["C"]["switch_yaml"])
+        try:
+            c.hello()
+            key = ChannelKey("victimjob", "nebula", "C", 0, "A", 0, "x")
+            # 40,001 bytes claimed, 40,000 there: large enough to be decrypted into the victim's arena (placed) before
+            # it is whole and refused
+            lying = struct.pack(">4I", 40_000, 1, 0, 0) + b"a" * 40_000
+            c.data(key, lying, seq=1, batch=2)
+            refusal = c.read_until(FrameType.ERROR)
+            assert refusal.meta["code"] == "bad_batch" and "does not add up" in refusal.meta["message"]
+            c.data(key, struct.pack(">4I", 1, 2, 0, 0) + b"xyz", seq=1, batch=2)
+            assert [rx.recv(timeout_s=30), rx.recv(timeout_s=30)] == [b"x", b"yz"]  # the session keeps serving
+        finally:
+            c.close()
+    rec = wait_audit(a, lambda r: r["action"] == "frame_refused" and r["detail"].get("reason") == "bad_batch")
+    assert rec["target"] == "C" and rec["detail"]["channel"]["src"] == ["C", 0]
     t.join(90)
     assert [int.from_bytes(m[:4], "big") for m in got] == list(range(20))
 
