@@ -3,7 +3,10 @@
 Workers on other hosts of the cluster connect over TCP with CURVE. Workers on the switch's own host may use the
 optional IPC endpoint instead: the kernel carries those bytes, so they skip CURVE's encryption, and the worker
 authenticates with ZeroMQ PLAIN (`switch_server.zap`). Both endpoints belong to one socket, so routing is the same.
-Such a worker may also take a shared-memory arena for its payloads (`switch_server.localshm`, `local.shm_bytes`).
+Beside the IPC endpoint the switch listens on a Unix stream socket that speaks no ZeroMQ
+(`switch_server.localstream`, the default for same-host workers): its messages join the ROUTER's here, identity
+first. Such a worker may also take a shared-memory arena for its payloads (`switch_server.localshm`,
+`local.shm_bytes`).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from switch_server.incarnations import Incarnations
 from switch_server.localconns import WorkerConnections
 from switch_server.localrefusals import Refusals
 from switch_server.localshm import ShmReleases
+from switch_server.localstream import LocalSockets, StreamWorkers, open_streams
 from switch_server.localwatch import ConnectionWatch
 from switch_server.registry import Registry
 from switch_server.zap import ZAP_DOMAIN, ZapHandler
@@ -74,6 +78,7 @@ class LocalSide:
         self.endpoint = ""
         self.router: zmq.asyncio.Socket | None = None
         self.sync: zmq.Socket | None = None
+        self.streams: StreamWorkers | None = None  # the Unix stream endpoint's workers (beside IPC)
         self.watch: ConnectionWatch | None = None
         self.tasks: list[asyncio.Task] = []
         self.held = False  # over the memory cap: workers are held back by ZeroMQ's own limits
@@ -123,7 +128,9 @@ class LocalSide:
                 raise OSError(f"cannot bind local.ipc_endpoint {self.cfg.ipc_endpoint}: {exc}; is another switch "
                               "using it? pick another name, or leave it out") from None
         # a synchronous view of the same socket: non-blocking sends and batched receives without futures
-        self.sync = self.delivery.sock = zmq.Socket.shadow(r.underlying)
+        self.sync = zmq.Socket.shadow(r.underlying)
+        self.streams = await open_streams(self) if self.cfg.ipc_endpoint else None
+        self.delivery.sock = LocalSockets(self.sync, self.streams)
         self.watch = ConnectionWatch(r, self.refusals.dropped_by_zmq)
         self.zap.before_reply = self.watch.drain
         asyncio.get_running_loop().add_reader(self.sync.FD, self._pump)  # at once: a readable edge costs no extra loop turn
@@ -140,6 +147,8 @@ class LocalSide:
             self.zap.before_reply = None
             self.watch.close()
             self.watch = None
+        if self.streams is not None:
+            await self.streams.stop()
         if self.sync is not None:
             asyncio.get_running_loop().remove_reader(self.sync.FD)
             self.sync = self.delivery.sock = None
@@ -162,6 +171,8 @@ class LocalSide:
         sock = self.sync
         if sock is None or self.held or self.throttled:
             return
+        if self.streams is not None and self.streams.paused:
+            self.streams.resume()
         for _ in range(PUMP_BATCH):  # then yield, so links and timers run between batches
             if not sock.get(zmq.EVENTS) & zmq.POLLIN:
                 return

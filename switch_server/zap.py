@@ -4,7 +4,6 @@ from __future__ import annotations
 
 __all__ = ["ZAP_DOMAIN", "ZAP_ENDPOINT", "ZapHandler"]
 
-import asyncio
 import hmac
 import logging
 from typing import Any, Callable
@@ -65,32 +64,42 @@ class ZapHandler:
     def reply(self, msg: list[bytes]) -> list[bytes]:
         """The ZAP reply to one request: 200 with User-Id "name/account", or 400 with the reason."""
         version, request_id, domain, address, _identity, mechanism = msg[:6]
-        creds = msg[6:]
-        addr = address.decode(errors="replace")
-        transport = "tcp"
-        if mechanism == b"PLAIN" and len(creds) == 2:  # only the IPC listener speaks PLAIN
-            transport = "ipc"
+        user, why = self.decide(mechanism, msg[6:], address.decode(errors="replace"))
+        if user is None:
+            return [version, request_id, b"400", why.encode(), b"", b""]
+        # User-Id carries "name/account" so every frame names its credential and account
+        return [version, request_id, b"200", b"OK", user.encode(), b""]
+
+    def check_stream(self, username: bytes, password: bytes, addr: str) -> str | None:
+        """The User-Id of a worker on the Unix stream endpoint (`switch_server.localstream`, `addr` naming the
+        process) that presents `username` (its public key) and `password` as it would to PLAIN over IPC; None if
+        refused (audited)."""
+        return self.decide(b"PLAIN", [username, password], addr, transport="unix")[0]
+
+    def decide(self, mechanism: bytes, creds: list[bytes], addr: str,
+               transport: str = "ipc") -> tuple[str | None, str]:
+        """("name/account", "") for an accepted worker, (None, why) for a refused one; each decision audited."""
+        if mechanism == b"PLAIN" and len(creds) == 2:  # only the IPC listener (and the stream one) speak PLAIN
             key = creds[0].decode(errors="replace")
             expected = self.passwords.get(key)
             if expected is not None and not hmac.compare_digest(creds[1], expected):
                 self.metrics.refused.labels(reason="bad_local_password").inc()
                 self.audit("worker", "worker_rejected", addr, "denied",
-                           {"reason": "bad_password", "curve_public_key": key, "transport": "ipc"})
-                return [version, request_id, b"400", b"wrong password for this key", b"", b""]
+                           {"reason": "bad_password", "curve_public_key": key, "transport": transport})
+                return None, "wrong password for this key"
         elif mechanism == b"CURVE" and creds and len(creds[0]) == 32:
-            key = z85.encode(creds[0]).decode()
+            key, transport = z85.encode(creds[0]).decode(), "tcp"
         else:
             self.audit("worker", "worker_rejected", addr, "denied", {"reason": "not_curve"})
-            return [version, request_id, b"400", b"CURVE required", b"", b""]
+            return None, "CURVE required"
         worker = self.keys.get(key)
         if worker is None:
             self.metrics.refused.labels(reason="unknown_worker_key").inc()
             self.audit("worker", "worker_rejected", addr, "denied", {"reason": "unknown_key", "curve_public_key": key})
-            return [version, request_id, b"400", b"unknown CURVE key; add it under local.workers", b"", b""]
+            return None, "unknown CURVE key; add it under local.workers"
         self.audit(f"worker:{worker.name}", "worker_accepted", addr, "ok",
                    {"account": worker.account, "transport": transport})
-        # User-Id carries "name/account" so every frame names its credential and account
-        return [version, request_id, b"200", b"OK", f"{worker.name}/{worker.account}".encode(), b""]
+        return f"{worker.name}/{worker.account}", ""
 
     def close(self) -> None:
         """Close the handler's socket."""

@@ -4,7 +4,8 @@ import dataclasses
 import pytest
 import yaml
 
-from nebula.config import ConfigError, SwitchConfig, WorkerConfig, from_dict, load_switch_config, local_endpoint, to_dict
+from nebula.config import (ConfigError, SwitchConfig, WorkerConfig, from_dict, load_switch_config, local_endpoint,
+                           stream_path, to_dict)
 
 MINIMAL = {
     "federation": "fed",
@@ -69,23 +70,27 @@ WORKER = {"federation": "fed", "cluster": "A", "endpoint": "tcp://127.0.0.1:7000
 
 
 def test_worker_transport_chosen_by_host():
-    """auto: IPC only where the switch's TCP host is an address of this machine; tcp/ipc force one."""
+    """auto: the Unix stream socket beside the IPC endpoint only where the switch's TCP host is an address of this
+    machine; tcp/unix/ipc force one."""
     ipc = "ipc://@nebula-fed-A"
-    assert local_endpoint(from_dict(WorkerConfig, {**WORKER, "ipc_endpoint": ipc})) == (ipc, "ipc")
+    assert local_endpoint(from_dict(WorkerConfig, {**WORKER, "ipc_endpoint": ipc})) == ("@nebula-fed-A.stream", "unix")
+    assert stream_path("ipc:///run/nebula/A.ipc") == "/run/nebula/A.ipc.stream"
     assert local_endpoint(from_dict(WorkerConfig, WORKER)) == ("tcp://127.0.0.1:7000", "tcp")  # no IPC endpoint
     # 192.0.2.0/24 is reserved for documentation: never an address of this machine (nothing is sent to it)
     away = {**WORKER, "endpoint": "tcp://192.0.2.7:7000", "ipc_endpoint": ipc}
     assert local_endpoint(from_dict(WorkerConfig, away)) == ("tcp://192.0.2.7:7000", "tcp")
     assert local_endpoint(from_dict(WorkerConfig, {**away, "transport": "ipc"})) == (ipc, "ipc")
+    assert local_endpoint(from_dict(WorkerConfig, {**away, "transport": "unix"})) == ("@nebula-fed-A.stream", "unix")
     forced = {**WORKER, "ipc_endpoint": ipc, "transport": "tcp"}
     assert local_endpoint(from_dict(WorkerConfig, forced)) == ("tcp://127.0.0.1:7000", "tcp")
 
 
 def test_ipc_settings_validated():
-    with pytest.raises(ConfigError, match="transport 'udp' is not one of auto, tcp, ipc"):
+    with pytest.raises(ConfigError, match="transport 'udp' is not one of auto, tcp, ipc, unix"):
         from_dict(WorkerConfig, {**WORKER, "transport": "udp"})
-    with pytest.raises(ConfigError, match="transport: ipc needs ipc_endpoint"):
-        from_dict(WorkerConfig, {**WORKER, "transport": "ipc"})
+    for transport in ("ipc", "unix"):
+        with pytest.raises(ConfigError, match=f"transport: {transport} needs ipc_endpoint"):
+            from_dict(WorkerConfig, {**WORKER, "transport": transport})
     with pytest.raises(ConfigError, match="must start with ipc://"):
         from_dict(WorkerConfig, {**WORKER, "ipc_endpoint": "/run/nebula.sock"})
     local = {**MINIMAL["local"], "ipc_endpoint": "tcp://127.0.0.1:9"}

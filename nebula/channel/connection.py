@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import Any
 
 import zmq
 import zmq.auth
 
 from nebula.channel.errors import ChannelError, SwitchRefused
+from nebula.channel.streamsock import StreamSocket
 from nebula.config.worker import WorkerConfig, local_endpoint
+from nebula.wire import HEADER_BYTES, MAX_META_BYTES, MAX_PAYLOAD_BYTES
 from security.curve import local_password
 from security.errors import TLSConfigError
 from security.preflight import check_key_file
@@ -29,8 +32,10 @@ _waiting: dict[str, float] = {}
 _said: set[str] = set()
 
 
-def connect(cfg: WorkerConfig) -> tuple[zmq.Context, zmq.Socket, zmq.Socket, str, str]:
-    """A DEALER socket connecting to the switch as `cfg` says: (context, socket, its monitor, address, transport)."""
+def connect(cfg: WorkerConfig) -> tuple[zmq.Context | None, Any, Any, str, str]:
+    """A DEALER socket connecting to the switch as `cfg` says: (context, socket, its monitor, address, transport);
+    over the Unix stream endpoint a `StreamSocket` instead, with no context and a queue of its events for a
+    monitor."""
     try:
         check_key_file(cfg.curve_key, "worker CURVE key")  # a key others can read is not the worker's alone
     except TLSConfigError as exc:
@@ -41,10 +46,16 @@ def connect(cfg: WorkerConfig) -> tuple[zmq.Context, zmq.Socket, zmq.Socket, str
         raise ChannelError(f"cannot read the worker CURVE key {cfg.curve_key} ({exc}); check worker.yaml") from None
     if not secret:
         raise ChannelError(f"{cfg.curve_key} holds no secret key; use the worker.key_secret file")
+    address, transport = local_endpoint(cfg)
+    if transport == "unix":  # (no ZeroMQ: events the monitor would report are queued for the I/O thread)
+        events: deque[dict] = deque()
+        password = local_password(secret.decode(), cfg.switch_curve_public_key).encode()
+        stream = StreamSocket(address, public, password, MAX_PAYLOAD_BYTES + HEADER_BYTES + MAX_META_BYTES,
+                              events.append)
+        return None, stream, events, address, transport
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.linger = 0
-    address, transport = local_endpoint(cfg)
     if transport == "ipc":
         s.plain_username = public
         s.plain_password = local_password(secret.decode(), cfg.switch_curve_public_key).encode()
@@ -69,7 +80,7 @@ def handshake_failure(ev: dict[str, Any], cfg: WorkerConfig, address: str, trans
         return None
     if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         hint = ("; if it is listed, check that switch_curve_public_key in worker.yaml is this switch's key "
-                "(the IPC password is derived from it)" if transport == "ipc" else "")
+                "(the IPC password is derived from it)" if transport in ("ipc", "unix") else "")
         return SwitchRefused(f"switch at {address} refused our key (ZAP status {ev['value']}): "
                             f"ask its admin to add worker {cfg.name!r}'s public key under local.workers{hint}")
     if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
@@ -101,5 +112,5 @@ def _waiting_for(connected: bool, cfg: WorkerConfig, address: str) -> None:
 def silent_switch(address: str, transport: str, timeout_s: float) -> ChannelError:
     """The error for a switch that did not welcome us in time, with the likely causes."""
     hint = ("is its local.ipc_endpoint the ipc_endpoint in worker.yaml? (transport: tcp avoids IPC)"
-            if transport == "ipc" else "is switch_curve_public_key in worker.yaml the switch's key?")
+            if transport in ("ipc", "unix") else "is switch_curve_public_key in worker.yaml the switch's key?")
     return ChannelError(f"switch at {address} did not answer within {timeout_s} s; is it running, and {hint}")

@@ -54,7 +54,8 @@ class IOThread:
         self.cmds: deque[Command] = deque()
         self.running = True
         self.thread = threading.Thread(target=self._run, name=f"nebula-channel-{job}-{rank}", daemon=True)
-        self.shm = ArenaClient(cfg.shared_memory and self.transport == "ipc")
+        self.shm = ArenaClient(cfg.shared_memory and self.transport in ("ipc", "unix"))
+        self.stream = self.ctx is None  # the Unix stream endpoint (`channel.streamsock`), not ZeroMQ
         self.out = Outlet(self.sock, self.shm)
         self.streams = Streams(self.out, self.shm, window_bytes, job, cfg.cluster, rank)
         self.switch = SwitchView(cfg, job, rank, stages, self.address, self.streams, self.shm, self.out)
@@ -175,9 +176,11 @@ class IOThread:
                 self.sock.linger = 500
             except zmq.ZMQError:
                 pass
-            self.monitor.close(0)
+            if self.ctx is not None:
+                self.monitor.close(0)
             self.sock.close()
-            self.ctx.term()
+            if self.ctx is not None:
+                self.ctx.term()
             os.close(self.wake_r)
             os.close(self.wake_w)
 
@@ -228,7 +231,8 @@ class IOThread:
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.wake_r, zmq.POLLIN)
-        poller.register(self.monitor, zmq.POLLIN)
+        if not self.stream:
+            poller.register(self.monitor, zmq.POLLIN)
         sock_events = zmq.POLLIN
         next_hello = 0.0
         next_check = time.monotonic() + 1.0
@@ -241,7 +245,8 @@ class IOThread:
             if now >= next_check:
                 streams.check_timeouts(now)
                 next_check = now + 0.5
-            want = zmq.POLLIN | (zmq.POLLOUT if self.out.pending else 0)
+            # (a stream socket also writes, when it can, what the kernel did not take at once)
+            want = zmq.POLLIN | (zmq.POLLOUT if self.out.pending or self.stream and self.sock.out else 0)
             if want != sock_events:
                 poller.modify(self.sock, want)
                 sock_events = want
@@ -252,7 +257,11 @@ class IOThread:
                         pass
                 except BlockingIOError:
                     pass
-            if self.monitor in events:
+            if self.stream:
+                self.sock.flush()
+                if self.monitor:
+                    self._on_monitor()
+            elif self.monitor in events:
                 self._on_monitor()
             self.wake_pending = False  # before taking the commands: one queued after this wakes us again
             self._do_cmds()
@@ -271,10 +280,15 @@ class IOThread:
 
     def _on_monitor(self) -> None:
         while True:
-            try:
-                ev = recv_monitor_message(self.monitor, zmq.NOBLOCK)
-            except zmq.Again:
-                return
+            if self.stream:
+                if not self.monitor:
+                    return
+                ev = self.monitor.popleft()
+            else:
+                try:
+                    ev = recv_monitor_message(self.monitor, zmq.NOBLOCK)
+                except zmq.Again:
+                    return
             err = handshake_failure(ev, self.cfg, self.address, self.transport)
             if err is not None:
                 self.switch.fail(err)

@@ -19,7 +19,7 @@ from nebula.config.switch import (
     load_switch_config,
     split_host_port,
 )
-from nebula.config.worker import WorkerConfig, load_worker_config, local_endpoint
+from nebula.config.worker import WorkerConfig, load_worker_config, local_endpoint, stream_path
 from nebula.config.job import JobConfig, load_job_config
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "WorkerConfig",
     "load_worker_config",
     "local_endpoint",
+    "stream_path",
     "JobConfig",
     "load_job_config",
 ]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from nebula.config.schema import ConfigError, load_yaml, resolve_path
 
-TRANSPORTS = ("auto", "tcp", "ipc")
+TRANSPORTS = ("auto", "tcp", "ipc", "unix")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -26,8 +26,9 @@ class WorkerConfig:
     account: str  # account the switch attributes this worker's messages to
     name: str = "worker"  # credential name as listed under the switch's local.workers
     ipc_endpoint: str = ""  # the switch's local.ipc_endpoint, for workers on the switch's own host
-    # auto: the IPC endpoint when there is one and `endpoint`'s host is an address of this machine, else TCP;
-    # tcp / ipc force one (ipc fails when the switch is not on this host)
+    # auto: when there is an IPC endpoint and `endpoint`'s host is an address of this machine, the switch's Unix
+    # stream socket beside it (`stream_path`: the IPC credentials, no ZeroMQ), else TCP; tcp / unix / ipc (ZeroMQ
+    # over the IPC endpoint) force one (unix and ipc fail when the switch is not on this host)
     transport: str = "auto"
     # over IPC, take the switch's offer of shared memory for payloads (nebula.wire.shm); false = through the socket
     shared_memory: bool = True
@@ -44,8 +45,8 @@ class WorkerConfig:
             raise ValueError(f"transport {self.transport!r} is not one of {', '.join(TRANSPORTS)}")
         if self.ipc_endpoint and not self.ipc_endpoint.startswith("ipc://"):
             raise ValueError(f"ipc_endpoint {self.ipc_endpoint!r} must start with ipc://, or be left out")
-        if self.transport == "ipc" and not self.ipc_endpoint:
-            raise ValueError("transport: ipc needs ipc_endpoint (the switch's local.ipc_endpoint)")
+        if self.transport in ("ipc", "unix") and not self.ipc_endpoint:
+            raise ValueError(f"transport: {self.transport} needs ipc_endpoint (the switch's local.ipc_endpoint)")
         for name in ("federation", "cluster", "account", "name"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
@@ -67,11 +68,19 @@ def is_local_host(host: str) -> bool:
     return False
 
 
+def stream_path(ipc_endpoint: str) -> str:
+    """The Unix stream socket a switch listens on beside its `local.ipc_endpoint` (ipc://@name -> @name.stream,
+    an abstract socket as well; ipc:///path -> /path.stream)."""
+    return ipc_endpoint.removeprefix("ipc://") + ".stream"
+
+
 def local_endpoint(cfg: WorkerConfig) -> tuple[str, str]:
-    """(endpoint, "tcp" or "ipc"): where this worker should reach its switch from this host."""
-    if cfg.transport == "ipc" or (cfg.transport == "auto" and cfg.ipc_endpoint and cfg.endpoint.startswith("tcp://")
-                                  and is_local_host(cfg.endpoint[6:].rpartition(":")[0].strip("[]"))):
+    """(endpoint, "tcp", "ipc" or "unix"): where this worker should reach its switch from this host."""
+    if cfg.transport == "ipc":
         return cfg.ipc_endpoint, "ipc"
+    if cfg.transport == "unix" or (cfg.transport == "auto" and cfg.ipc_endpoint and cfg.endpoint.startswith("tcp://")
+                                   and is_local_host(cfg.endpoint[6:].rpartition(":")[0].strip("[]"))):
+        return stream_path(cfg.ipc_endpoint), "unix"
     return cfg.endpoint, "tcp"
 
 

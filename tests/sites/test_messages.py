@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nebula.config import stream_path
 from security.provision import provision, remove_cluster
 from tests.harness.federation import LocalFederation, edit_yaml, start_switch, wait_audit
 from tests.harness.netns import Sites
@@ -79,7 +80,8 @@ def test_a_worker_started_before_its_switch_says_it_waits_for_it(procs, tmp_path
     said = [ln for ln in lines if "waiting for its switch" in ln]
     assert len(said) == 1 and "connected" not in "".join(lines)
     doc = yaml.safe_load(Path(fed["clusters"]["A"]["switch_yaml"]).read_text())
-    assert (f"worker worker of cluster A: waiting for its switch at {doc['local']['ipc_endpoint']}, where nothing "
+    assert (f"worker worker of cluster A: waiting for its switch at {stream_path(doc['local']['ipc_endpoint'])}, "
+            "where nothing "
             "answers yet: start the switch (`nebula-switch serve --config switch.yaml` on its host)") in said[0]
     start_switch(procs, Path(fed["clusters"]["A"]["switch_yaml"]))
     assert worker.wait(90) == 0

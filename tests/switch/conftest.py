@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import yaml
 
 from security.provision import provision
 from tests.harness.federation import Switch, edit_yaml, start_switch, wait_audit
@@ -51,6 +52,14 @@ def two_switches(procs, federation):
 
 def worker_yaml(federation, cluster: str) -> str:
     return federation["clusters"][cluster]["worker_yaml"]
+
+
+def worker_yaml_as(federation, cluster: str, out: Path, **changes) -> str:
+    """A copy of `cluster`'s worker file at `out` with `changes` (e.g. transport="ipc"), its key path absolute."""
+    src = Path(worker_yaml(federation, cluster))
+    doc = yaml.safe_load(src.read_text())
+    out.write_text(yaml.safe_dump({**doc, "curve_key": str(src.parent / doc["curve_key"]), **changes}))
+    return str(out)
 
 
 def legit_transfer(fed, n: int, job: str = "j", stages: dict[str, str] | None = None,

@@ -17,7 +17,7 @@ from nebula.channel.connection import connect
 from nebula.config import load_worker_config
 from security.curve import write_curve_keypair
 from tests.harness.federation import edit_yaml, start_switch, wait_audit
-from tests.switch.conftest import TEST_CHUNK_BYTES, rss_bytes, worker_yaml
+from tests.switch.conftest import TEST_CHUNK_BYTES, rss_bytes, worker_yaml, worker_yaml_as
 
 MIB = 1024**2
 FLOOD_MIB = 80
@@ -107,7 +107,7 @@ def test_account_over_its_share_is_dropped_not_every_worker_held(procs, federati
         flooder.close(flush_s=0)
 
 
-def test_part_over_the_socket_limit_on_ipc_ends_the_connection_audited(procs, federation):
+def test_part_over_the_socket_limit_on_ipc_ends_the_connection_audited(procs, federation, tmp_path):
     """A worker on the switch's host sends a part far over the local socket's ZMQ_MAXMSGSIZE on the IPC endpoint:
     ZeroMQ ends the connection before the switch reads it, the audit names transport, process and reason; workers
     that close normally leave no such record, and a transfer between two other workers completes meanwhile."""
@@ -115,7 +115,8 @@ def test_part_over_the_socket_limit_on_ipc_ends_the_connection_audited(procs, fe
     with Endpoint.connect(worker_yaml(federation, "A"), job="legit", rank=0) as e0, \
             Endpoint.connect(worker_yaml(federation, "A"), job="legit", rank=1) as e1:
         tx, rx = e0.channel("A", 1, "legit"), e1.channel("A", 0, "legit")
-        ctx, s, mon, _, transport = connect(load_worker_config(worker_yaml(federation, "A")))
+        ipc = worker_yaml_as(federation, "A", tmp_path / "ipc.yaml", transport="ipc")  # (ZeroMQ's IPC endpoint)
+        ctx, s, mon, _, transport = connect(load_worker_config(ipc))
         try:
             assert transport == "ipc"
             assert mon.poll(20000) and mon.recv_multipart()

@@ -23,7 +23,7 @@ from nebula.wire import ChannelKey, FrameType, decode_frame, encode_frame
 from security.audit import peer_checkpoints_path, read_checkpoints, verify_checkpoint
 from security.curve import write_curve_keypair
 from tests.harness.federation import wait_audit
-from tests.switch.conftest import TEST_CHUNK_BYTES, legit_transfer, worker_yaml
+from tests.switch.conftest import TEST_CHUNK_BYTES, legit_transfer, worker_yaml, worker_yaml_as
 
 
 def test_relay_both_directions_in_order(two_switches):
@@ -157,7 +157,7 @@ def test_malformed_and_oversized_frames_refused_with_reason(two_switches):
         assert eb.channel("A", 0, "ok").recv(timeout_s=30) == b"still fine"
 
 
-@pytest.mark.parametrize("transport", ["tcp", "ipc"])
+@pytest.mark.parametrize("transport", ["tcp", "ipc", "unix"])
 def test_unknown_worker_key_refused_and_audited(two_switches, tmp_path, transport):
     fed, a, b = two_switches
     data = yaml.safe_load(Path(worker_yaml(fed, "A")).read_text())
@@ -173,9 +173,9 @@ def test_unknown_worker_key_refused_and_audited(two_switches, tmp_path, transpor
     assert not [r for r in a.audit() if r["action"] == "connection_dropped"], "a refused key is no oversized part"
 
 
-def test_same_host_workers_use_ipc_and_others_curve(two_switches, tmp_path):
-    """Provisioned workers on the switch's host take its IPC endpoint; `transport: tcp` keeps CURVE over TCP.
-    Both carry the same channels, and the audit log names the transport of every accepted worker."""
+def test_same_host_workers_use_the_stream_socket_and_others_curve(two_switches, tmp_path):
+    """Provisioned workers on the switch's host take its Unix stream socket; `transport: tcp` keeps CURVE over
+    TCP. Both carry the same channels, and the audit log names the transport of every accepted worker."""
     fed, a, b = two_switches
     assert a.local == fed["clusters"]["A"]["endpoint"]  # `listening ... local=` names the TCP endpoint
     tcp_yaml = tmp_path / "tcp.yaml"
@@ -184,39 +184,43 @@ def test_same_host_workers_use_ipc_and_others_curve(two_switches, tmp_path):
                                         "transport": "tcp"}))
     with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
             Endpoint.connect(tcp_yaml, job="j", rank=0) as eb:
-        ea.channel("B", 0, "t").send(b"over ipc, then tls")
-        assert eb.channel("A", 0, "t").recv(timeout_s=30) == b"over ipc, then tls"
+        ea.channel("B", 0, "t").send(b"over the stream socket, then tls")
+        assert eb.channel("A", 0, "t").recv(timeout_s=30) == b"over the stream socket, then tls"
         eb.channel("A", 0, "t").send(b"back over curve")
         assert ea.channel("B", 0, "t").recv(timeout_s=30) == b"back over curve"
-    ipc = wait_audit(a, lambda r: r["action"] == "worker_accepted")
+    unix = wait_audit(a, lambda r: r["action"] == "worker_accepted")
     tcp = wait_audit(b, lambda r: r["action"] == "worker_accepted")
-    assert ipc["detail"]["transport"] == "ipc" and ipc["target"].startswith("localhost:")  # uid:gid:pid of the peer
+    assert unix["detail"]["transport"] == "unix" and unix["target"].startswith("unix:pid ")  # (SO_PEERCRED)
     assert tcp["detail"]["transport"] == "tcp" and tcp["target"].startswith("127.0.0.1")
 
 
-def test_ipc_endpoint_with_no_switch_behind_it_is_named(federation, tmp_path):
-    """A worker sent to an IPC endpoint nobody listens on (e.g. the switch runs on another host) gets an error
-    naming the endpoint and the way out, instead of waiting forever."""
+@pytest.mark.parametrize("transport, where", [("ipc", "ipc://@nebula-nobody-here"),
+                                              ("unix", "@nebula-nobody-here.stream")])
+def test_ipc_endpoint_with_no_switch_behind_it_is_named(federation, tmp_path, transport, where):
+    """A worker sent to an IPC endpoint (or the stream socket beside it) nobody listens on (e.g. the switch runs on
+    another host) gets an error naming the endpoint and the way out, instead of waiting forever."""
     data = yaml.safe_load(Path(worker_yaml(federation, "A")).read_text())
     stray = {**data, "curve_key": str(Path(worker_yaml(federation, "A")).parent / data["curve_key"]),
-             "ipc_endpoint": "ipc://@nebula-nobody-here", "transport": "ipc"}
+             "ipc_endpoint": "ipc://@nebula-nobody-here", "transport": transport}
     (tmp_path / "stray.yaml").write_text(yaml.safe_dump(stray))
-    with pytest.raises(ChannelError, match=r"ipc://@nebula-nobody-here did not answer.*transport: tcp"):
+    with pytest.raises(ChannelError, match=rf"{where} did not answer.*transport: tcp"):
         Endpoint.connect(tmp_path / "stray.yaml", job="j", rank=0, timeout_s=1.5)
 
 
-def test_ipc_password_must_come_from_the_switch_key(two_switches, tmp_path):
-    """A listed worker key whose password was derived for another switch is refused on IPC, and audited."""
+@pytest.mark.parametrize("transport", ["ipc", "unix"])
+def test_ipc_password_must_come_from_the_switch_key(two_switches, tmp_path, transport):
+    """A listed worker key whose password was derived for another switch is refused on IPC (and on the stream
+    socket beside it), and audited."""
     fed, a, b = two_switches
     data = yaml.safe_load(Path(worker_yaml(fed, "A")).read_text())
     other = yaml.safe_load(Path(worker_yaml(fed, "B")).read_text())["switch_curve_public_key"]
     bad = {**data, "curve_key": str(Path(worker_yaml(fed, "A")).parent / data["curve_key"]),
-           "switch_curve_public_key": other, "transport": "ipc"}
+           "switch_curve_public_key": other, "transport": transport}
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(bad))
     with pytest.raises(ChannelError, match="refused our key.*switch_curve_public_key"):
         Endpoint.connect(tmp_path / "bad.yaml", job="j", rank=0, timeout_s=15)
     rec = wait_audit(a, lambda r: r["action"] == "worker_rejected")
-    assert rec["detail"]["reason"] == "bad_password" and rec["detail"]["transport"] == "ipc"
+    assert rec["detail"]["reason"] == "bad_password" and rec["detail"]["transport"] == transport
 
 
 def test_one_rank_one_process(two_switches):
@@ -246,19 +250,23 @@ def test_a_rank_killed_without_a_word_is_taken_by_its_relaunch_however_short_its
         assert again.rank == 5
 
 
-def test_the_switch_answers_a_workers_bye(two_switches, federation):
+@pytest.mark.parametrize("transport", ["unix", "ipc", "tcp"])
+def test_the_switch_answers_a_workers_bye(two_switches, federation, tmp_path, transport):
     """A closing worker waits for this answer before it closes its socket: it says the switch has read everything
     the worker sent before its BYE (its last acknowledgements among them)."""
-    ctx, s, mon, _, _ = connect(load_worker_config(worker_yaml(federation, "A")))
+    wy = worker_yaml_as(federation, "A", tmp_path / "w.yaml", transport=transport)
+    ctx, s, mon, _, _ = connect(load_worker_config(wy))
     try:
-        assert mon.poll(20000) and mon.recv_multipart()  # the handshake
+        if ctx is not None:  # (a stream socket authenticates with its first message)
+            assert mon.poll(20000) and mon.recv_multipart()  # the handshake
         s.send(encode_frame(FrameType.BYE))
         assert s.poll(10000), "no answer to BYE"
         assert decode_frame(s.recv_multipart()[0], b"").type == FrameType.BYE
     finally:
-        mon.close(0)
         s.close(0)
-        ctx.term()
+        if ctx is not None:
+            mon.close(0)
+            ctx.term()
 
 
 def test_a_one_message_window_moves_on_each_consumption(two_switches):

@@ -19,7 +19,7 @@ from nebula.wire import ChannelKey, FrameType, WireError, decode_frame, encode_f
 from nebula.wire.shm import SHM_MIN_BYTES, SHM_TAG, Arena, Ring, pack_desc, unpack_desc
 from security.curve import local_password
 from switch_server.framestream import OWN_BUFFER_BYTES
-from tests.switch.conftest import worker_yaml
+from tests.switch.conftest import worker_yaml, worker_yaml_as
 
 # ---- the allocator ----
 from tests.harness.federation import edit_yaml, start_switch
@@ -111,12 +111,15 @@ def _status(sw, pred, timeout_s: float = 20.0) -> dict:
         time.sleep(0.2)
 
 
-def test_ipc_workers_move_payloads_through_shared_memory(two_switches):
+@pytest.mark.parametrize("transport", ["unix", "ipc"])
+def test_same_host_workers_move_payloads_through_shared_memory(two_switches, tmp_path, transport):
+    """Over the stream socket and over ZeroMQ's IPC endpoint alike."""
     fed, a, b = two_switches
     rng = random.Random(3)
     sizes = [0, 100, SHM_MIN_BYTES - 1, SHM_MIN_BYTES, 9000, 300_000, 700_000] * 3
-    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
-            Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=1) as eb:
+    wa, wb = (worker_yaml_as(fed, c, tmp_path / f"{c}.yaml", transport=transport) for c in "AB")
+    with Endpoint.connect(wa, job="j", rank=0) as ea, Endpoint.connect(wb, job="j", rank=1) as eb:
+        assert ea._io.transport == eb._io.transport == transport
         ca, cb = ea.channel("B", 1, "s"), eb.channel("A", 0, "s")
         for src, dst in ((ca, cb), (cb, ca)):
             msgs = [rng.randbytes(n) for n in sizes]

@@ -1,0 +1,99 @@
+"""Messages of parts on a byte stream: how a worker and its switch talk over the switch's Unix stream socket.
+
+A message is a 5-byte head (">IB": the parts' total bytes, the part count), the parts' lengths (">I" each), then
+the parts. It carries what a ZeroMQ multipart message carries on the IPC endpoint (a frame's head and payload, or
+its head, `SHM_TAG` and a shared-memory descriptor), so both ends handle the same parts whichever socket brought
+them. The first message of a connection is the worker's AUTH (its CURVE public key and the password derived from
+it, as ZeroMQ PLAIN would carry them); the switch answers AUTH_OK with the worker's "name/account", or AUTH_NO with
+the reason, and closes.
+"""
+from __future__ import annotations
+
+__all__ = ["AUTH", "AUTH_NO", "AUTH_OK", "MAX_PARTS", "MessageParser", "StreamError", "pack_message"]
+
+import struct
+from typing import Any, Sequence
+
+AUTH = b"NEBULA-AUTH"
+AUTH_OK = b"NEBULA-AUTH-OK"
+AUTH_NO = b"NEBULA-AUTH-NO"
+MAX_PARTS = 4  # a frame's head, SHM_TAG and a descriptor, or head and payload (the switch's own prefix aside)
+_HEAD = struct.Struct(">IB")
+
+
+class StreamError(ValueError):
+    """The stream is not made of such messages, or a message is over the receiver's limit: the connection ends."""
+
+
+def pack_message(parts: Sequence[Any]) -> list[Any]:
+    """The pieces to write, in order, for one message of `parts` (bytes-like): its head, then the parts."""
+    n = len(parts)
+    if not 0 < n <= MAX_PARTS:
+        raise StreamError(f"a message has 1 to {MAX_PARTS} parts, not {n}")
+    lengths = [memoryview(p).nbytes for p in parts]
+    return [_HEAD.pack(sum(lengths), n) + struct.pack(f">{n}I", *lengths), *parts]
+
+
+class MessageParser:
+    """Messages out of the bytes of one stream, each a list of parts (memoryviews of a buffer of its own);
+    `max_bytes`: the most one message may carry (beyond, StreamError before its bytes are read)."""
+
+    def __init__(self, max_bytes: int, staging_bytes: int = 256 * 1024) -> None:
+        self.max_bytes = max_bytes
+        self._buf = bytearray(staging_bytes)
+        self._view = memoryview(self._buf)
+        self._lo = self._hi = 0
+
+    def buffer(self) -> memoryview:
+        """Where the next bytes of the stream go (`taken(n)` once `n` of them are there)."""
+        if self._lo and len(self._buf) - self._hi < 64 * 1024:
+            n = self._hi - self._lo
+            self._buf[:n] = self._view[self._lo : self._hi]
+            self._lo, self._hi = 0, n
+        return self._view[self._hi :]
+
+    def taken(self, nbytes: int) -> list[list[memoryview]]:
+        """`nbytes` more arrived: the messages now complete, in order."""
+        self._hi += nbytes
+        out = []
+        view = self._view
+        while self._hi - self._lo >= _HEAD.size:
+            total, n = _HEAD.unpack_from(view, self._lo)
+            if not 0 < n <= MAX_PARTS or total > self.max_bytes:
+                raise StreamError(f"a message of {n} parts and {total} bytes: at most {MAX_PARTS} parts and "
+                                  f"{self.max_bytes} bytes are accepted")
+            head = _HEAD.size + 4 * n
+            need = head + total
+            if self._hi - self._lo < need:
+                if need > len(self._buf) - self._lo:
+                    self._grow(need)
+                    view = self._view
+                break
+            lo = self._lo + _HEAD.size
+            lengths = struct.unpack_from(f">{n}I", view, lo)
+            if sum(lengths) != total:
+                raise StreamError(f"a message's part lengths {list(lengths)} do not add up to its {total} bytes")
+            at = self._lo + head
+            body = bytes(view[at : at + total])  # (its own buffer: the staging buffer is reused)
+            parts, off = [], 0
+            for k in lengths:
+                parts.append(memoryview(body)[off : off + k])
+                off += k
+            out.append(parts)
+            self._lo += need
+        if self._lo == self._hi:
+            self._lo = self._hi = 0
+        return out
+
+    def widen(self, max_bytes: int, staging_bytes: int = 256 * 1024) -> None:
+        """Accept messages up to `max_bytes` from now on, through a staging buffer of at least `staging_bytes`
+        (a connection starts narrow until it has authenticated)."""
+        self.max_bytes = max_bytes
+        if staging_bytes > len(self._buf):
+            self._grow(staging_bytes)
+
+    def _grow(self, need: int) -> None:
+        n = self._hi - self._lo
+        buf = bytearray(max(need, len(self._buf)))
+        buf[:n] = self._view[self._lo : self._hi]
+        self._buf, self._view, self._lo, self._hi = buf, memoryview(buf), 0, n

@@ -1,0 +1,215 @@
+"""The local side's Unix stream endpoint: same-host workers without ZeroMQ (`nebula.wire.stream`).
+
+Beside the ROUTER's IPC endpoint the switch listens on a Unix stream socket (`nebula.config.stream_path` of
+`local.ipc_endpoint`). A worker there authenticates with the same key and derived password as on IPC (the same
+check, `ZapHandler.check_plain`, audited the same way); each connection then gets an identity, and its messages
+reach the local side exactly as the ROUTER's do (identity first, then the frame's parts, each answering
+`get("User-Id")`), so routing, refusals and delivery are one code. `StreamWorkers.send_multipart` takes what the
+ROUTER takes (`Delivery` sends through `LocalSockets`, which picks by identity), and says Again when a worker's
+connection holds more than HIGH_WATER unwritten, as a ROUTER at its high-water mark does.
+"""
+from __future__ import annotations
+
+__all__ = ["LocalSockets", "StreamWorkers", "open_streams"]
+
+import asyncio
+import itertools
+import logging
+import os
+import socket
+import struct
+from collections import deque
+from typing import Any, Callable
+
+import zmq
+
+from nebula.config import stream_path
+from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, StreamError, pack_message
+
+log = logging.getLogger(__name__)
+
+PREFIX = b"\x01"  # stream identities start so; ZeroMQ's own start with a zero byte
+HIGH_WATER = 4 * 1024 * 1024
+AUTH_BYTES = 4096  # the most a connection may send before it has authenticated
+
+
+class _Part:
+    """A message part as the local side reads a ZeroMQ frame: `.buffer`, `.bytes`, `.get("User-Id")`."""
+
+    __slots__ = ("buffer", "user")
+
+    def __init__(self, buffer: Any, user: str) -> None:
+        self.buffer, self.user = buffer, user
+
+    @property
+    def bytes(self) -> bytes:
+        return bytes(self.buffer)
+
+    def get(self, prop: str) -> str:
+        if prop != "User-Id":
+            raise KeyError(prop)
+        return self.user
+
+
+def _peer(sock: Any) -> str:
+    """The connecting process as the kernel vouches for it (SO_PEERCRED): "pid P uid U"."""
+    try:
+        pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                             struct.calcsize("3i")))
+    except (OSError, AttributeError):
+        return "unknown"
+    return f"pid {pid} uid {uid}"
+
+
+class _Conn(asyncio.BufferedProtocol):
+    """One worker's connection: AUTH first, then messages handed to the local side while it reads."""
+
+    def __init__(self, owner: "StreamWorkers", ident: bytes) -> None:
+        self.owner, self.ident = owner, ident
+        self.parser = MessageParser(AUTH_BYTES, staging_bytes=AUTH_BYTES)
+        self.transport: asyncio.Transport | None = None
+        self.user = ""
+        self.waiting: deque[list[Any]] = deque()  # parsed while the local side holds workers back
+        self.paused = False
+        self.peer = ""
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        transport.set_write_buffer_limits(high=HIGH_WATER)
+        self.peer = _peer(transport.get_extra_info("socket"))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.parser.buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            messages = self.parser.taken(nbytes)
+        except StreamError:
+            self.owner.ended_mid_message(self.peer)
+            self.transport.abort()
+            return
+        for parts in messages:
+            if not self.user:
+                if not self._auth(parts):
+                    return
+                continue
+            user = self.user
+            self.waiting.append([_Part(self.ident, user), *(_Part(p, user) for p in parts)])
+        self.pump()
+
+    def _auth(self, parts: list[memoryview]) -> bool:
+        auth = len(parts) == 3 and bytes(parts[0]) == AUTH  # (anything else is checked as no key: audited)
+        user = self.owner.check(bytes(parts[1]) if auth else b"", bytes(parts[2]) if auth else b"",
+                                f"unix:{self.peer}")
+        if user is None:
+            self.transport.writelines(pack_message([AUTH_NO, b"unknown key or wrong password for it"]))
+            self.transport.close()
+            return False
+        self.user = user
+        self.parser.widen(self.owner.max_bytes())  # (what may come before is an AUTH's few bytes)
+        self.transport.writelines(pack_message([AUTH_OK, user.encode()]))
+        return True
+
+    def pump(self) -> None:
+        """Hand waiting messages to the local side until it holds workers back (then stop reading)."""
+        owner = self.owner
+        while self.waiting:
+            if owner.holding():
+                if not self.paused:
+                    self.paused = True
+                    owner.paused.add(self)
+                    self.transport.pause_reading()
+                return
+            owner.on_message(self.waiting.popleft())
+        if self.paused:
+            self.paused = False
+            owner.paused.discard(self)
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
+
+    def resume_writing(self) -> None:
+        self.owner.writable(self.ident)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.owner.conns.pop(self.ident, None)
+        self.owner.paused.discard(self)
+        self.waiting.clear()
+
+
+class StreamWorkers:
+    """The stream listener and its connections, by identity."""
+
+    def __init__(self, check: Callable[[bytes, bytes, str], str | None], on_message: Callable[[list], None],
+                 holding: Callable[[], bool], writable: Callable[[bytes], None], max_bytes: Callable[[], int],
+                 ended_mid_message: Callable[[str], None]) -> None:
+        self.check, self.on_message, self.holding, self.writable = check, on_message, holding, writable
+        self.max_bytes, self.ended_mid_message = max_bytes, ended_mid_message
+        self.conns: dict[bytes, _Conn] = {}
+        self.paused: set[_Conn] = set()  # connections not read while the local side holds workers back
+        self._ids = itertools.count(1)
+        self.server: asyncio.AbstractServer | None = None
+
+    async def start(self, path: str) -> None:
+        """Listen on `path` (a leading "@": an abstract socket, as ZeroMQ's ipc://@name)."""
+        address = "\0" + path[1:] if path.startswith("@") else path
+        if not path.startswith("@") and os.path.exists(path):
+            os.unlink(path)  # (left by a switch that was killed: a live one answers on the IPC endpoint first)
+        self.server = await asyncio.get_running_loop().create_unix_server(self._accept, address)
+
+    def _accept(self) -> _Conn:
+        ident = PREFIX + next(self._ids).to_bytes(8, "big")
+        conn = self.conns[ident] = _Conn(self, ident)
+        return conn
+
+    def resume(self) -> None:
+        """The local side reads workers again: hand on what waited."""
+        for conn in list(self.paused):
+            conn.pump()
+
+    def send_multipart(self, parts: list[Any], flags: int = 0, copy: bool = True) -> None:
+        """Send parts[1:] to connection parts[0]: zmq.Again while it holds HIGH_WATER unwritten, EHOSTUNREACH
+        when it is gone (as a ROUTER with ROUTER_MANDATORY)."""
+        conn = self.conns.get(bytes(parts[0]))
+        if conn is None or conn.transport is None or conn.transport.is_closing():
+            raise zmq.ZMQError(zmq.EHOSTUNREACH)
+        if conn.transport.get_write_buffer_size() > HIGH_WATER:
+            raise zmq.Again()
+        conn.transport.writelines(pack_message(parts[1:]))
+
+    async def stop(self) -> None:
+        """Stop listening and close every connection."""
+        if self.server is not None:
+            self.server.close()
+        for conn in list(self.conns.values()):
+            if conn.transport is not None:
+                conn.transport.abort()
+        self.conns.clear()
+
+
+class LocalSockets:
+    """What `Delivery` sends through: the ROUTER, or the stream connection an identity names."""
+
+    def __init__(self, router: zmq.Socket, streams: StreamWorkers | None) -> None:
+        self.router, self.streams = router, streams
+
+    def send_multipart(self, parts: list[Any], flags: int = 0, copy: bool = True) -> None:
+        if self.streams is not None and bytes(parts[0][:1]) == PREFIX:
+            self.streams.send_multipart(parts, flags, copy)
+        else:
+            self.router.send_multipart(parts, flags, copy=copy)
+
+
+async def open_streams(side: Any) -> StreamWorkers:
+    """Listen beside `side`'s (a LocalSide's) IPC endpoint; its messages go where the ROUTER's go."""
+
+    def on_message(parts: list) -> None:
+        try:
+            side._on_message(parts)
+        except Exception:
+            log.exception("failed to handle a worker frame")
+
+    streams = StreamWorkers(
+        side.zap.check_stream, on_message, lambda: side.held or side.throttled, side.delivery.flush,
+        lambda: side.router.maxmsgsize, lambda peer: side.refusals.dropped_by_zmq("unix", peer))
+    await streams.start(stream_path(side.cfg.ipc_endpoint))
+    return streams

@@ -1,0 +1,126 @@
+"""Workers on the switch's Unix stream socket (`transport: auto` on the switch's host, or `unix`): the IPC
+credentials without ZeroMQ, against real switches. A connection that does not authenticate first, or breaks the
+framing, or announces a message over the bound is ended and audited, and the switch keeps serving the rest."""
+from __future__ import annotations
+
+import socket
+import struct
+from pathlib import Path
+
+import pytest
+import yaml
+import zmq.auth
+
+from nebula.channel import Endpoint
+from nebula.config import stream_path
+from nebula.wire import FrameType, encode_frame
+from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, pack_message
+from security.curve import local_password
+from tests.harness.federation import wait_audit
+from tests.switch.conftest import worker_yaml
+
+
+def _raw(fed, cluster: str) -> socket.socket:
+    path = stream_path(yaml.safe_load(Path(worker_yaml(fed, cluster)).read_text())["ipc_endpoint"])
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect("\0" + path[1:] if path.startswith("@") else path)
+    return s
+
+
+def _send(s: socket.socket, parts: list[bytes]) -> None:
+    s.sendall(b"".join(bytes(p) for p in pack_message(parts)))
+
+
+def _read(s: socket.socket) -> list[bytes] | None:
+    """The next message, or None when the switch closed the connection."""
+    parser = MessageParser(1 << 24)
+    while True:
+        buf = parser.buffer()
+        try:
+            n = s.recv_into(buf)
+        except ConnectionResetError:  # (aborted: unread bytes of ours made it a reset)
+            return None
+        if n == 0:
+            return None
+        msgs = parser.taken(n)
+        if msgs:
+            return [bytes(p) for p in msgs[0]]
+
+
+def _credentials(fed, cluster: str) -> tuple[bytes, bytes]:
+    wy = Path(worker_yaml(fed, cluster))
+    doc = yaml.safe_load(wy.read_text())
+    public, secret = zmq.auth.load_certificate(wy.parent / doc["curve_key"])
+    return public, local_password(secret.decode(), doc["switch_curve_public_key"]).encode()
+
+
+def test_provisioned_same_host_workers_take_the_stream_socket(two_switches):
+    """Provisioned workers on the switches' host connect over the stream socket (audited as such, naming the
+    process the kernel vouches for) and carry messages both ways, through shared memory and inline."""
+    fed, a, b = two_switches
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
+        assert ea._io.transport == eb._io.transport == "unix"
+        msgs = [b"small", bytes(range(256)) * 400, b"x" * 700_000]
+        for m in msgs:
+            ea.channel("B", 0, "s").send(m)
+        assert [eb.channel("A", 0, "s").recv(timeout_s=30) for _ in msgs] == msgs
+        eb.channel("A", 0, "s").send(b"back")
+        assert ea.channel("B", 0, "s").recv(timeout_s=30) == b"back"
+    rec = wait_audit(a, lambda r: r["action"] == "worker_accepted")
+    assert rec["detail"]["transport"] == "unix" and rec["target"].startswith("unix:pid ")
+
+
+@pytest.mark.parametrize("first", [[b"HELLO"], [AUTH, b"k" * 40, b"wrong"]])
+def test_a_connection_that_does_not_authenticate_is_answered_closed_and_audited(two_switches, first):
+    fed, a, _b = two_switches
+    s = _raw(fed, "A")
+    try:
+        _send(s, first)
+        answer = _read(s)
+        assert answer is not None and answer[0] == AUTH_NO and b"unknown key" in answer[1]
+        assert _read(s) is None  # closed
+    finally:
+        s.close()
+    rec = wait_audit(a, lambda r: r["action"] == "worker_rejected")
+    assert rec["outcome"] == "denied" and rec["target"].startswith("unix:pid ")
+
+
+def test_a_message_over_the_bound_ends_only_that_connection_audited(two_switches):
+    """An authenticated connection announcing a message far over the socket's bound is closed before the
+    message is read (audited as connection_dropped, transport unix); a frame before it was handled, and another
+    worker on the same socket goes on."""
+    fed, a, _b = two_switches
+    s = _raw(fed, "A")
+    try:
+        _send(s, [AUTH, *_credentials(fed, "A")])
+        answer = _read(s)
+        assert answer == [AUTH_OK, b"worker/nebula"]
+        _send(s, [encode_frame(FrameType.HELLO, {"job": "j", "rank": 3, "account": "nebula", "name": "worker"})])
+        assert _read(s) is not None  # WELCOME: the connection works
+        s.sendall(struct.pack(">IB", 1 << 30, 2))  # 1 GiB announced
+        while _read(s) is not None:
+            pass
+    finally:
+        s.close()
+    rec = wait_audit(a, lambda r: r["action"] == "connection_dropped")
+    assert rec["detail"]["transport"] == "unix" and rec["detail"]["peer"].startswith("pid ")
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
+        ea.channel("B", 0, "ok").send(b"still fine")
+        assert eb.channel("A", 0, "ok").recv(timeout_s=30) == b"still fine"
+
+
+def test_more_than_an_auth_before_authenticating_ends_the_connection_audited(two_switches):
+    """Before it has authenticated a connection may send an AUTH's few bytes, no more: a larger first message
+    ends it (connection_dropped, audited) before the switch buffers it."""
+    fed, a, _b = two_switches
+    s = _raw(fed, "A")
+    try:
+        _send(s, [b"x" * 100_000])
+        assert _read(s) is None
+    finally:
+        s.close()
+    rec = wait_audit(a, lambda r: r["action"] == "connection_dropped")
+    assert rec["detail"]["transport"] == "unix" and rec["outcome"] == "denied"
