@@ -14,7 +14,6 @@ __all__ = ["LocalSide", "bind_endpoint"]
 
 import asyncio
 import logging
-import time
 from typing import Any, Callable
 
 import zmq
@@ -61,11 +60,8 @@ class LocalSide:
 
     def __init__(self, server: LocalHost, cfg: LocalConfig, public_key: bytes, secret_key: bytes,
                  incs: Incarnations) -> None:
-        self.server = server
-        self.cfg = cfg
-        self.ctx = zmq.asyncio.Context()
-        self.public_key = public_key
-        self.secret_key = secret_key
+        self.server, self.cfg, self.ctx = server, cfg, zmq.asyncio.Context()
+        self.public_key, self.secret_key = public_key, secret_key
         self.registry = Registry()
         self.zap = ZapHandler(secret_key, server.metrics, server.audit)
         self.refusals = Refusals(server, self.registry, lambda: self.router.maxmsgsize if self.router is not None else -1)
@@ -81,9 +77,8 @@ class LocalSide:
         self.streams: StreamWorkers | None = None  # the Unix stream endpoint's workers (beside IPC)
         self.watch: ConnectionWatch | None = None
         self.tasks: list[asyncio.Task] = []
-        self.held = False  # over the memory cap: workers are held back by ZeroMQ's own limits
-        self.throttled = False
-        self._kicked = False
+        # over the memory cap (held) or an account's rate (throttled): workers are held back by the sockets' limits
+        self.held = self.throttled = self._kicked = False
         self.shm_releases = ShmReleases(lambda ident, meta: self.send_control(ident, FrameType.SHM_RELEASE, meta))
         self.desk = HelloDesk(server, self.registry, incs, self.refuse, lambda: self.zap.keys, cfg.shm_bytes,
                               self.shm_releases.released)
@@ -295,11 +290,7 @@ class LocalSide:
         """Drop frames held for ranks that never said hello, and registrations of workers long silent (whose
         start has then ended)."""
         self.delivery.sweep()
-        now = time.monotonic()
-        for reg in self.registry:
-            if now - reg.last_seen > SILENT_S:
-                self.conns.forget(reg.ident)
-                self.server.incarnation_ended(reg.account, reg.job, reg.rank, reg.inc)
+        self.conns.forget_silent(SILENT_S)
 
     def hold_back(self, paused: bool) -> None:
         """Stop (or resume) reading worker frames while over the memory cap."""

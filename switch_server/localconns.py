@@ -95,6 +95,14 @@ class WorkerConnections:
         reg = self.registry.get(ident)
         return reg.shm if reg is not None and reg.shm is not None and reg.shm.ready else None
 
+    def forget_silent(self, silent_s: float) -> None:
+        """Forget the registrations of workers silent for more than `silent_s`: their starts have ended."""
+        now = time.monotonic()
+        for reg in self.registry:  # (a copy: forgetting is safe while iterating)
+            if now - reg.last_seen > silent_s:
+                self.forget(reg.ident)
+                self.server.incarnation_ended(reg.account, reg.job, reg.rank, reg.inc)
+
     def forget(self, ident: bytes) -> None:
         reg = self.registry.remove(ident)
         if reg is not None and reg.shm is not None:

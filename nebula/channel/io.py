@@ -14,6 +14,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from nebula.channel.arena import SHM_WAIT_S, ArenaClient
+from nebula.channel.closing import close_connection, say_goodbye
 from nebula.channel.commands import Command, OpenChannel, Submit, Watch
 from nebula.channel.connection import connect, handshake_failure, silent_switch
 from nebula.channel.delivery import OutMessage
@@ -23,13 +24,12 @@ from nebula.channel.streams import ChannelKeys, Inbox, Streams
 from nebula.channel.switchview import SWITCH_SILENT_S, SwitchView
 from nebula.config.worker import WorkerConfig
 from nebula.channel.inlet import receive_all
-from nebula.wire import ChannelKey, Dispatcher, FrameType, WireError, decode_frame, encode_frame
+from nebula.wire import ChannelKey, Dispatcher, FrameType
 
 __all__ = ["HEARTBEAT_S", "SWITCH_SILENT_S", "Inbox", "IOThread"]
 
 log = logging.getLogger(__name__)
 
-BYE_WAIT_S = 1.0  # how long a closing endpoint waits for its switch to answer BYE
 HEARTBEAT_S = 1.0  # HELLO (and the switch's WELCOME answer) this often
 MAX_HEARTBEAT_S = 2.5  # below the switch's RANK_HELD_S (3 s), and two missed WELCOMEs fit in SWITCH_SILENT_S
 # a predecessor killed without a word holds its rank at the switch for RANK_HELD_S (3 s) after its last HELLO; our
@@ -168,50 +168,11 @@ class IOThread:
             sw.fail(ChannelError(f"channel I/O thread failed: {exc!r}"))
         finally:
             if sw.fatal is None:
-                self._say_goodbye()
-            try:  # free our rank at the switch now, so a new endpoint of this process can take it at once
-                self.sock.send(encode_frame(FrameType.BYE), zmq.NOBLOCK)
-                if sw.fatal is None:
-                    self._await_bye(BYE_WAIT_S)
-                self.sock.linger = 500
-            except zmq.ZMQError:
-                pass
-            if self.ctx is not None:
-                self.monitor.close(0)
-            self.sock.close()
-            if self.ctx is not None:
-                self.ctx.term()
+                self._do_cmds()  # (commands still queued: their acknowledgements are owed too)
+                say_goodbye(self.sock, self.streams, self.out)
+            close_connection(self.ctx, self.sock, self.monitor, await_answer=sw.fatal is None)
             os.close(self.wake_r)
             os.close(self.wake_w)
-
-    def _say_goodbye(self, within_s: float = 1.0) -> None:
-        """Before BYE: take the commands still queued and send the acknowledgements they owe. A receiver that
-        consumed its last messages and closed at once would otherwise leave their senders waiting for ever."""
-        try:
-            self._do_cmds()
-            self.streams.take_all_consumed()
-            self.streams.flush_acks(force=True)
-            deadline = time.monotonic() + within_s
-            self.out.drain()
-            while self.out.pending and time.monotonic() < deadline:
-                self.sock.poll(10, zmq.POLLOUT)
-                self.out.drain()
-        except zmq.ZMQError:  # the socket is going anyway: nothing more to say
-            pass
-
-    def _await_bye(self, within_s: float) -> None:
-        """Wait, at most `within_s`, for the switch's answer to our BYE, which says it has read everything this
-        connection sent before it, our last acknowledgements included. Closing at once could lose them: a switch
-        that writes to a connection already closed under it (a WELCOME, a frame for us) ends that connection
-        without reading what it still held unread, and the senders of our last messages wait for ever."""
-        deadline = time.monotonic() + within_s
-        while (left := deadline - time.monotonic()) > 0 and self.sock.poll(left * 1000, zmq.POLLIN):
-            parts = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            try:
-                if decode_frame(parts[0].buffer, b"").type == FrameType.BYE:
-                    return
-            except WireError:  # (a frame with a payload, still coming in for us: unread now)
-                continue
 
     def _until(self, next_hello: float, next_check: float) -> float:
         """When the loop must look again at the latest, with no socket event."""
