@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 PREFIX = b"\x01"  # stream identities start so; ZeroMQ's own start with a zero byte
 HIGH_WATER = 4 * 1024 * 1024
 AUTH_BYTES = 4096  # the most a connection may send before it has authenticated
+AUTH_WITHIN_S = 10.0  # a connection that has not authenticated by then is ended
+MAX_UNPROVEN = 256  # connections not yet authenticated at once (beyond, ended as they come: descriptors are finite)
 
 
 class _Part:
@@ -77,6 +79,15 @@ class _Conn(asyncio.BufferedProtocol):
         self.transport = transport
         transport.set_write_buffer_limits(high=HIGH_WATER)
         self.peer = _peer(transport.get_extra_info("socket"))
+        if len(self.owner.unproven) >= MAX_UNPROVEN:  # (a flood of idle connections holds nothing here)
+            transport.abort()
+            return
+        self.owner.unproven.add(self)
+        asyncio.get_running_loop().call_later(AUTH_WITHIN_S, self._expire)
+
+    def _expire(self) -> None:
+        if not self.user and self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self.parser.buffer()
@@ -106,6 +117,7 @@ class _Conn(asyncio.BufferedProtocol):
             self.transport.close()
             return False
         self.user = user
+        self.owner.unproven.discard(self)
         self.parser.widen(self.owner.max_bytes())  # (what may come before is an AUTH's few bytes)
         self.transport.writelines(pack_message([AUTH_OK, user.encode()]))
         return True
@@ -133,6 +145,7 @@ class _Conn(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.owner.conns.pop(self.ident, None)
         self.owner.paused.discard(self)
+        self.owner.unproven.discard(self)
         self.waiting.clear()
 
 
@@ -146,6 +159,7 @@ class StreamWorkers:
         self.max_bytes, self.ended_mid_message = max_bytes, ended_mid_message
         self.conns: dict[bytes, _Conn] = {}
         self.paused: set[_Conn] = set()  # connections not read while the local side holds workers back
+        self.unproven: set[_Conn] = set()  # connections that have not authenticated yet
         self._ids = itertools.count(1)
         self.server: asyncio.AbstractServer | None = None
 

@@ -16,6 +16,7 @@ from nebula.config import stream_path
 from nebula.wire import FrameType, encode_frame
 from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, pack_message
 from security.curve import local_password
+from switch_server.localstream import AUTH_WITHIN_S, MAX_UNPROVEN
 from tests.harness.federation import wait_audit
 from tests.switch.conftest import worker_yaml
 
@@ -124,3 +125,23 @@ def test_more_than_an_auth_before_authenticating_ends_the_connection_audited(two
         s.close()
     rec = wait_audit(a, lambda r: r["action"] == "connection_dropped")
     assert rec["detail"]["transport"] == "unix" and rec["outcome"] == "denied"
+
+
+def test_connections_that_do_not_authenticate_are_bounded_in_number_and_time(two_switches):
+    """Connections that never authenticate hold a switch's descriptors only so long (AUTH_WITHIN_S) and only so
+    many at once (MAX_UNPROVEN: the next is ended as it comes); a worker that authenticates afterwards is served."""
+    fed, _a, _b = two_switches
+    idle = [_raw(fed, "A") for _ in range(MAX_UNPROVEN)]
+    try:
+        extra = _raw(fed, "A")
+        assert _read(extra) is None  # ended at once
+        extra.close()
+        idle[0].settimeout(AUTH_WITHIN_S + 10)
+        assert _read(idle[0]) is None  # ended once its time was up
+    finally:
+        for s in idle:
+            s.close()
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
+        ea.channel("B", 0, "ok").send(b"still fine")
+        assert eb.channel("A", 0, "ok").recv(timeout_s=30) == b"still fine"
