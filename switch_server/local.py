@@ -34,7 +34,7 @@ from switch_server.incarnations import Incarnations
 from switch_server.localconns import WorkerConnections
 from switch_server.localrefusals import Refusals
 from switch_server.localshm import ShmReleases
-from switch_server.localstream import LocalSockets, StreamWorkers, open_streams
+from switch_server.localstream import PUMP_BATCH, LocalSockets, StreamWorkers, open_streams
 from switch_server.localwatch import ConnectionWatch
 from switch_server.registry import Registry
 from switch_server.zap import ZAP_DOMAIN, ZapHandler
@@ -42,9 +42,6 @@ from switch_server.zap import ZAP_DOMAIN, ZapHandler
 log = logging.getLogger(__name__)
 
 SNDHWM = 8  # frames queued per worker inside ZeroMQ; the rest waits in our lane queues so priorities hold
-# worker frames handled per wake-up: small, so a frame for a higher lane waits behind few bulk frames before the
-# link writer runs
-PUMP_BATCH = 16
 SILENT_S = 120.0  # a registration with no frame for this long is forgotten
 
 

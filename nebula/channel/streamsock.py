@@ -196,11 +196,10 @@ class StreamSocket:
 
     # ---- readiness ----
     def get(self, option: int) -> int:
-        """ZeroMQ's EVENTS: POLLIN with a message waiting, POLLOUT with room to queue one."""
+        """ZeroMQ's EVENTS: POLLIN with a message read and waiting, POLLOUT with room to queue one (nothing is read
+        here: the sending path asks before every message)."""
         if option != zmq.EVENTS:
             raise ValueError(f"only zmq.EVENTS is answered here, not {option}")
-        if not self.inbox:
-            self._read()
         ready = zmq.POLLIN if self.inbox else 0
         if self.sock is not None and self.out_bytes <= OUT_HIGH_BYTES:
             ready |= zmq.POLLOUT
@@ -211,6 +210,8 @@ class StreamSocket:
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             self.flush()
+            if not self.inbox:
+                self._read()
             ready = self.get(zmq.EVENTS)
             if flags & zmq.POLLOUT and not self.out and self.sock is not None:
                 return zmq.POLLOUT
