@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 import struct
+import weakref
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ import zmq.auth
 
 from nebula.channel import Endpoint
 from nebula.config import stream_path
-from nebula.wire import FrameType, encode_frame
+from nebula.wire import FrameType, decode_frame, encode_frame
 from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, pack_message
 from security.curve import local_password
 from switch_server.localstream import AUTH_WITHIN_S, MAX_UNPROVEN
@@ -33,10 +35,14 @@ def _send(s: socket.socket, parts: list[bytes]) -> None:
     s.sendall(b"".join(bytes(p) for p in pack_message(parts)))
 
 
+# per raw connection: its parser and the messages read but not yet taken (one recv may bring several)
+_streams: weakref.WeakKeyDictionary[socket.socket, tuple[MessageParser, deque]] = weakref.WeakKeyDictionary()
+
+
 def _read(s: socket.socket) -> list[bytes] | None:
     """The next message, or None when the switch closed the connection."""
-    parser = MessageParser(1 << 24)
-    while True:
+    parser, ready = _streams.setdefault(s, (MessageParser(1 << 24), deque()))
+    while not ready:
         buf = parser.buffer()
         try:
             n = s.recv_into(buf)
@@ -44,9 +50,19 @@ def _read(s: socket.socket) -> list[bytes] | None:
             return None
         if n == 0:
             return None
-        msgs = parser.taken(n)
-        if msgs:
-            return [bytes(p) for p in msgs[0]]
+        ready.extend([bytes(p) for p in msg] for msg in parser.taken(n))
+    return ready.popleft()
+
+
+def _until_closed(s: socket.socket, limit: int = 100) -> list[list[bytes]]:
+    """The messages the switch still sends before it closes the connection; fails if it keeps it open."""
+    late = []
+    for _ in range(limit):
+        msg = _read(s)
+        if msg is None:
+            return late
+        late.append(msg)
+    raise AssertionError(f"the switch kept the connection open through {limit} messages")
 
 
 def _credentials(fed, cluster: str) -> tuple[bytes, bytes]:
@@ -101,8 +117,8 @@ def test_a_message_over_the_bound_ends_only_that_connection_audited(two_switches
         _send(s, [encode_frame(FrameType.HELLO, {"job": "j", "rank": 3, "account": "nebula", "name": "worker"})])
         assert _read(s) is not None  # WELCOME: the connection works
         s.sendall(struct.pack(">IB", 1 << 30, 2))  # 1 GiB announced
-        while _read(s) is not None:
-            pass
+        late = _until_closed(s)  # (its heartbeat answers may still come before the close)
+        assert all(decode_frame(m[0]).type == FrameType.WELCOME for m in late), late
     finally:
         s.close()
     rec = wait_audit(a, lambda r: r["action"] == "connection_dropped")
