@@ -55,17 +55,19 @@ def _flower_round_s(py: str, floats: int, n: int, rounds: int, per_proc: int, tm
     return json.loads(out.strip().splitlines()[-1])["round_s"]
 
 
-def bench_flower(sizes: list[tuple[int, int]], rounds: int, per_proc: int, py: str | None) -> list[dict]:
+def bench_flower(sizes: list[tuple[int, int]], rounds: int, per_proc: int, py: str | None,
+                 remote: str = "tls") -> list[dict]:
     """Median round time (rounds 2..) of Nebula on the encrypted path and of Flower, for each (floats, clients);
-    the same four-tensor model, fixed updates, FedAvg. Nebula's clients reach their switch in cluster B over CURVE
-    (as from hosts of their own), the controller in cluster A is behind mutual TLS between the switches, and the
-    combiner is placed twice: on its switch's host (its worker file's `transport: auto` picks the same-host IPC
-    path, as on a real site) and on another host (CURVE as well: every model byte crosses CURVE twice)."""
+    the same four-tensor model, fixed updates, FedAvg. Nebula's clients reach their switch in cluster B as from
+    hosts of their own (`remote`: "tls", the switch's TLS endpoint for workers, or "tcp", CURVE), the controller
+    in cluster A is behind mutual TLS between the switches, and the combiner is placed twice: on its switch's host
+    (its worker file's `transport: auto` picks the same-host stream socket, as on a real site) and on another host
+    (as the clients: every model byte is encrypted twice)."""
     rows = []
     for floats, n in sizes:
         row: dict = {"floats": floats, "clients": n}
         for combiner in ("switch_host", "remote"):
-            row[combiner], peak = _nebula_encrypted_round(floats, n, rounds, per_proc, combiner)
+            row[combiner], peak = _nebula_encrypted_round(floats, n, rounds, per_proc, combiner, remote)
             row["switch_peak_mb"] = max(row.get("switch_peak_mb", 0.0), peak)
         tmp = Path(tempfile.mkdtemp(prefix="flower-bench-"))
         row["flower_s"] = statistics.median(_flower_round_s(py, floats, n, rounds, per_proc, tmp)) if py else None
@@ -74,14 +76,15 @@ def bench_flower(sizes: list[tuple[int, int]], rounds: int, per_proc: int, py: s
     return rows
 
 
-def _nebula_encrypted_round(floats: int, n: int, rounds: int, per_proc: int, combiner: str) -> tuple[float, float]:
+def _nebula_encrypted_round(floats: int, n: int, rounds: int, per_proc: int, combiner: str,
+                            remote_transport: str = "tls") -> tuple[float, float]:
     """(median round s, switches' peak RSS MB) of one run of `bench_flower`'s Nebula path."""
     fed = _Fed(["A", "B"])
     try:
         for c in ("A", "B"):
             wy = fed.dir / "prov" / c / "worker.yaml"
             doc = yaml.safe_load(wy.read_text())
-            (wy.parent / "worker-remote.yaml").write_text(yaml.safe_dump({**doc, "transport": "tcp"}))
+            (wy.parent / "worker-remote.yaml").write_text(yaml.safe_dump({**doc, "transport": remote_transport}))
         job = fed.job({"A": 0, "B": n}, rounds=rounds, client={
             "factory": "benchmarks._fedbench:light_client", "args": {"size": floats, "tensors": 4}})
         remote = job.with_name("job-remote.yaml")  # the same job, as read on hosts other than the switches'

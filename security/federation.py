@@ -11,6 +11,8 @@ address, its accounts and its link options, from which `nebula-admin provision -
         listen: 0.0.0.0:7443                # optional: what the switch binds (default host:port for an IP,
                                             #   0.0.0.0:port for a name)
         local: tcp://127.0.0.1:7444         # optional: where workers reach the switch (default port + 1 on 127.0.0.1)
+        local_tls: 10.70.0.1:7445           # optional: where workers on other hosts reach it over mutual TLS with
+                                            #   their kit's certificates instead of CURVE (default: not offered)
         accounts: [{name: nebula, workers: [worker]}]   # optional (this default): one worker credential each
         link: {}                            # optional: over the federation's link options, for this cluster
       - {name: B, host: 10.70.0.2, port: 7443}
@@ -89,6 +91,7 @@ class ClusterSpec:
     accounts: tuple[AccountSpec, ...] = (AccountSpec(),)
     link: dict = field(default_factory=dict)
     limits: dict = field(default_factory=dict)
+    local_tls: str = ""  # host:port of the switch's TLS endpoint for workers ("": none)
 
     @property
     def address(self) -> str:
@@ -145,8 +148,8 @@ def _name(value: Any, path: str, what: str) -> str:
 
 
 def _cluster(doc: Any, path: str) -> ClusterSpec:
-    check_keys(doc, path, {"name": str, "host": str, "port": int, "listen": str, "local": str, "accounts": list,
-                           "link": dict, "limits": dict}, required=("name", "host", "port"))
+    check_keys(doc, path, {"name": str, "host": str, "port": int, "listen": str, "local": str, "local_tls": str,
+                           "accounts": list, "link": dict, "limits": dict}, required=("name", "host", "port"))
     name = _name(doc["name"], f"{path}.name", "cluster")
     host = doc["host"].strip("[]")
     if not (is_ip(host) or _HOST.fullmatch(host)):
@@ -163,6 +166,12 @@ def _cluster(doc: Any, path: str) -> ClusterSpec:
         raise FederationError(f"{path}.local {local!r} must be tcp://HOST:PORT (where this cluster's workers reach "
                               "its switch)")
     split_address(local[len("tcp://"):], f"{path}.local")
+    local_tls = doc.get("local_tls") or ""
+    if local_tls:
+        tls_host, tls_port = split_address(local_tls, f"{path}.local_tls")
+        if tls_port == 0 and not is_loopback(tls_host):
+            raise FederationError(f"{path}.local_tls {local_tls!r}: port 0 (a free port picked here) is only for a "
+                                  "switch on this machine's loopback; give the port its workers dial")
     accounts = []
     for i, a in enumerate(doc.get("accounts") or [{}]):
         apath = f"{path}.accounts[{i}]"
@@ -172,7 +181,7 @@ def _cluster(doc: Any, path: str) -> ClusterSpec:
             raise FederationError(f"{apath}.workers is empty; name at least one worker credential")
         accounts.append(AccountSpec(_name(a.get("name", DEFAULT_ACCOUNT), f"{apath}.name", "account"), workers))
     return ClusterSpec(name, host, port, listen, local, tuple(accounts), dict(doc.get("link") or {}),
-                       dict(doc.get("limits") or {}))
+                       dict(doc.get("limits") or {}), local_tls)
 
 
 def _checked(spec: FederationSpec) -> FederationSpec:
@@ -189,9 +198,12 @@ def _checked(spec: FederationSpec) -> FederationSpec:
         if len(set(workers)) != len(workers):
             raise FederationError(f"clusters[{i}] ({c.name}) names a worker twice ({', '.join(workers)}); "
                                   "worker names are unique within a cluster")
-        local_host, local_port = split_address(c.local[len("tcp://"):], "local")
-        for key, (host, port) in (("port", (c.host, c.port)), ("local", (local_host if not is_loopback(local_host)
-                                                                         else c.host, local_port))):
+        taken = [("port", (c.host, c.port))]
+        for key, address in (("local", c.local[len("tcp://"):]), ("local_tls", c.local_tls)):
+            if address:
+                host, port = split_address(address, key)
+                taken.append((key, (host if not is_loopback(host) else c.host, port)))
+        for key, (host, port) in taken:
             if port and (host, port) in used:
                 raise FederationError(f"clusters[{i}].{key}: {host}:{port} is taken by cluster {used[(host, port)]}; "
                                       "give each cluster on one host its own ports")
@@ -237,6 +249,8 @@ def federation_doc(spec: FederationSpec) -> dict[str, Any]:
     doc["clusters"] = []
     for c in spec.clusters:
         entry: dict[str, Any] = {"name": c.name, "host": c.host, "port": c.port, "listen": c.listen, "local": c.local}
+        if c.local_tls:
+            entry["local_tls"] = c.local_tls
         if c.accounts != (AccountSpec(),):
             entry["accounts"] = [{"name": a.name, "workers": list(a.workers)} for a in c.accounts]
         for key in ("link", "limits"):

@@ -92,10 +92,12 @@ def build_kit(ca: CertificateAuthority, spec: FederationSpec, cluster: ClusterSp
         public = write_curve_keypair(d / "workers" / f"{name}.key_secret")
         serials.append(ca.issue(name, "worker", cluster.name, days, out_dir=d / "workers", stem=name).serial)
         workers.append({"name": name, "account": account, "curve_public_key": public})
+        tls = {"tls_endpoint": cluster.local_tls,
+               "tls": {"ca": "ca.pem", "cert": f"workers/{name}.pem", "key": f"workers/{name}.key", "crl": "crl.pem"}}
         _dump(d / worker_file(name), {
             "federation": spec.federation, "cluster": cluster.name, "endpoint": cluster.local, "ipc_endpoint": ipc,
-            "switch_curve_public_key": switch_public, "curve_key": f"workers/{name}.key_secret",
-            "account": account, "name": name}, PRIVATE)
+            **(tls if cluster.local_tls else {}), "switch_curve_public_key": switch_public,
+            "curve_key": f"workers/{name}.key_secret", "account": account, "name": name}, PRIVATE)
     _link(os.path.join(ca_dir, "ca.pem"), d / "ca.pem")
     _link(os.path.join(ca_dir, "crl.pem"), d / "crl.pem")
     doc: dict[str, Any] = {
@@ -104,7 +106,7 @@ def build_kit(ca: CertificateAuthority, spec: FederationSpec, cluster: ClusterSp
         "listen": cluster.listen,
         "tls": {"ca": "ca.pem", "cert": "switch.pem", "key": "switch.key", "crl": "crl.pem"},
         "local": {"endpoint": cluster.local, "ipc_endpoint": ipc, "curve_secret_key": "switch_curve.key_secret",
-                  "workers": workers},
+                  **({"tls_endpoint": cluster.local_tls} if cluster.local_tls else {}), "workers": workers},
         "audit": {"log": "audit.log", "signing_key": "audit_signing.key"},
         "peers": peers_of(spec, cluster),
         "state_dir": "state",

@@ -10,6 +10,8 @@ revision for the sites already running, applied live with `nebula-switch reload 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import random
@@ -74,17 +76,21 @@ def _ephemeral_low() -> int:
 
 def _resolve_ports(spec: FederationSpec) -> FederationSpec:
     """`spec` with every port 0 (a cluster on this machine's loopback) replaced by a free port of this machine."""
-    zero = [c for c in spec.clusters if c.port == 0 or c.local.endswith(":0")]
+    zero = [c for c in spec.clusters if c.port == 0 or c.local.endswith(":0") or c.local_tls.endswith(":0")]
     if not zero:
         return spec
-    ports = iter(free_ports("127.0.0.1", 2 * len(zero)))  # one draw: a WAN port and a local port never collide
+    ports = iter(free_ports("127.0.0.1", 3 * len(zero)))  # one draw: the WAN and local ports never collide
+
+    def resolved(address: str) -> str:
+        return address if not address.endswith(":0") else f"{address.rpartition(':')[0]}:{next(ports)}"
+
     out = []
     for c in spec.clusters:
         if c in zero:
             port = c.port or next(ports)
             listen = c.listen if not c.listen.endswith(":0") else f"{c.listen.rpartition(':')[0]}:{port}"
-            local = c.local if not c.local.endswith(":0") else f"{c.local.rpartition(':')[0]}:{next(ports)}"
-            c = ClusterSpec(c.name, c.host, port, listen, local, c.accounts, c.link, c.limits)
+            c = dataclasses.replace(c, port=port, listen=listen, local=resolved(c.local),
+                                    local_tls=resolved(c.local_tls))
         out.append(c)
     return spec.with_clusters(out)
 
@@ -225,11 +231,14 @@ def provision(federation: str, clusters: Sequence[str], out: str | os.PathLike, 
     if _load_state(out) is None and (out / "ca").exists() and ca_dir is None:
         raise SecurityError(f"{out / 'ca'} already exists; provision into a new --out directory or remove it first")
     ports = [0] * len(clusters) if is_loopback(host) else free_ports(host, len(clusters))
-    local = free_ports("127.0.0.1", len(clusters)) if not is_loopback(host) else [0] * len(clusters)
+    # where workers reach the switch: `local`, and beside it a TLS endpoint for workers on other hosts
+    drawn = free_ports("127.0.0.1", 2 * len(clusters)) if not is_loopback(host) else [0] * (2 * len(clusters))
+    local, tls = drawn[:len(clusters)], drawn[len(clusters):]
     addr = f"[{host}]" if ":" in host else host
     spec = FederationSpec(federation, tuple(
-        ClusterSpec(c, host, p, f"{addr}:{p}", f"tcp://127.0.0.1:{lp}", (AccountSpec(account),))
-        for c, p, lp in zip(clusters, ports, local)), CASpec())
+        ClusterSpec(c, host, p, f"{addr}:{p}", f"tcp://127.0.0.1:{lp}", (AccountSpec(account),),
+                    local_tls=f"127.0.0.1:{tp}")
+        for c, p, lp, tp in zip(clusters, ports, local, tls)), CASpec())
     return provision_spec(spec, out, ca_dir, ca_passphrase, fresh=True)
 
 

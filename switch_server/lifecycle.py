@@ -24,6 +24,7 @@ from nebula.config.budgets import resolve
 from nebula.config.switch import load_switch_config
 from switch_server.authz import PeerPolicy
 from switch_server.peers import SwitchError, cut_untrusted, mtime
+from switch_server.localtls import open_tls
 from switch_server.routegrants import read_policy
 from switch_server.tlstransport import Listener
 
@@ -66,6 +67,12 @@ async def bind(server: Any, on_conn: Callable[[socket.socket, Any], None]) -> tu
                                      "(and `endpoint` in its workers' worker.yaml)")) from None
     except OSError as exc:  # (the IPC endpoint: its message names the key and the fix)
         raise SwitchError(str(exc)) from None
+    if cfg.local.tls_endpoint:
+        try:
+            server.local_tls = open_tls(server.local, server.local.streams)
+        except OSError as exc:
+            raise SwitchError(bind_error("local.tls_endpoint", cfg.local.tls_endpoint, where, exc,
+                                         "(and `tls_endpoint` in its workers' worker.yaml)")) from None
     host, port = split_host_port(cfg.listen, "listen")
     try:
         server.wan_server = Listener(host, port, on_conn)

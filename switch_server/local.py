@@ -121,7 +121,7 @@ class LocalSide:
                               "using it? pick another name, or leave it out") from None
         # a synchronous view of the same socket: non-blocking sends and batched receives without futures
         self.sync = zmq.Socket.shadow(r.underlying)
-        self.streams = await open_streams(self) if self.cfg.ipc_endpoint else None
+        self.streams = await open_streams(self) if self.cfg.ipc_endpoint or self.cfg.tls_endpoint else None
         self.delivery.sock = LocalSockets(self.sync, self.streams)
         self.watch = ConnectionWatch(r, self.refusals.dropped_by_zmq)
         self.zap.before_reply = self.watch.drain

@@ -67,10 +67,12 @@ def _peer(sock: Any) -> str:
 
 
 class _Conn(asyncio.BufferedProtocol):
-    """One worker's connection: AUTH first, then messages handed to the local side while it reads."""
+    """One worker's connection ("unix" or "tls"): AUTH first, then messages handed to the local side while it
+    reads."""
 
-    def __init__(self, owner: "StreamWorkers", ident: bytes) -> None:
-        self.owner, self.ident = owner, ident
+    def __init__(self, owner: "StreamWorkers", ident: bytes, kind: str = "unix") -> None:
+        self.owner, self.ident, self.kind = owner, ident, kind
+        self.cert: tuple[str, int, float] | None = None  # (over TLS) its certificate's worker, serial, expiry
         self.parser = MessageParser(AUTH_BYTES, staging_bytes=AUTH_BYTES)
         self.transport: asyncio.Transport | None = None
         self.user = ""
@@ -81,10 +83,20 @@ class _Conn(asyncio.BufferedProtocol):
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
         transport.set_write_buffer_limits(high=HIGH_WATER)
-        self.peer = _peer(transport.get_extra_info("socket"))
-        if len(self.owner.unproven) >= MAX_UNPROVEN:  # (a flood of idle connections holds nothing here)
-            transport.abort()
-            return
+        if self.kind == "tls":  # (counted among the unproven since its TLS handshake began)
+            name = transport.get_extra_info("peername")
+            self.peer = f"{name[0]}:{name[1]}" if name else "unknown"
+            cert = self.owner.check_cert(transport.get_extra_info("ssl_object"), self.peer)
+            if isinstance(cert, str):  # (refused: the worker is told why, as a refused key is)
+                transport.writelines(pack_message([AUTH_NO, cert.encode()[:AUTH_BYTES]]))
+                transport.close()
+                return
+            self.cert = cert
+        else:
+            self.peer = _peer(transport.get_extra_info("socket"))
+            if len(self.owner.unproven) >= MAX_UNPROVEN:  # (a flood of idle connections holds nothing here)
+                transport.abort()
+                return
         self.owner.unproven.add(self)
         asyncio.get_running_loop().call_later(AUTH_WITHIN_S, self._expire)
 
@@ -99,7 +111,7 @@ class _Conn(asyncio.BufferedProtocol):
         try:
             messages = self.parser.taken(nbytes)
         except StreamError:
-            self.owner.ended_mid_message(self.peer)
+            self.owner.ended_mid_message(self.kind, self.peer)
             self.transport.abort()
             return
         for parts in messages:
@@ -114,7 +126,8 @@ class _Conn(asyncio.BufferedProtocol):
     def _auth(self, parts: list[memoryview]) -> bool:
         auth = len(parts) == 3 and bytes(parts[0]) == AUTH  # (anything else is checked as no key: audited)
         user = self.owner.check(bytes(parts[1]) if auth else b"", bytes(parts[2]) if auth else b"",
-                                f"unix:{self.peer}")
+                                f"{self.kind}:{self.peer}", self.kind,
+                                self.cert[0] if self.cert is not None else None)
         if user is None:
             self.transport.writelines(pack_message([AUTH_NO, b"unknown key or wrong password for it"]))
             self.transport.close()
@@ -159,16 +172,20 @@ class _Conn(asyncio.BufferedProtocol):
 class StreamWorkers:
     """The stream listener and its connections, by identity."""
 
-    def __init__(self, check: Callable[[bytes, bytes, str], str | None], on_message: Callable[[list], None],
-                 holding: Callable[[], bool], writable: Callable[[bytes], None], max_bytes: Callable[[], int],
-                 ended_mid_message: Callable[[str], None]) -> None:
+    def __init__(self, check: Callable[[bytes, bytes, str, str, str | None], str | None],
+                 on_message: Callable[[list], None], holding: Callable[[], bool], writable: Callable[[bytes], None],
+                 max_bytes: Callable[[], int], ended_mid_message: Callable[[str, str], None],
+                 check_cert: Callable[[Any, str], tuple[str, int, float] | str] = lambda ssl_obj, peer: "no TLS"
+                 ) -> None:
         self.check, self.on_message, self.holding, self.writable = check, on_message, holding, writable
-        self.max_bytes, self.ended_mid_message = max_bytes, ended_mid_message
+        self.max_bytes, self.ended_mid_message, self.check_cert = max_bytes, ended_mid_message, check_cert
         self.conns: dict[bytes, _Conn] = {}
         self.paused: set[_Conn] = set()  # connections not read while the local side holds workers back
         self.unproven: set[_Conn] = set()  # connections that have not authenticated yet
         self._ids = itertools.count(1)
         self.server: asyncio.AbstractServer | None = None
+        self.tls_listener: Any = None  # (`switch_server.localtls`)
+        self.handshakes: set[asyncio.Task] = set()  # TLS handshakes under way
 
     async def start(self, path: str) -> None:
         """Listen on `path` (a leading "@": an abstract socket, as ZeroMQ's ipc://@name)."""
@@ -177,10 +194,24 @@ class StreamWorkers:
             os.unlink(path)  # (left by a switch that was killed: a live one answers on the IPC endpoint first)
         self.server = await asyncio.get_running_loop().create_unix_server(self._accept, address)
 
-    def _accept(self) -> _Conn:
+    def _accept(self, kind: str = "unix") -> _Conn:
         ident = PREFIX + next(self._ids).to_bytes(8, "big")
-        conn = self.conns[ident] = _Conn(self, ident)
+        conn = self.conns[ident] = _Conn(self, ident, kind)
         return conn
+
+    def accept_tls(self) -> _Conn | None:
+        """A connection for a TLS handshake that begins (counted among the unproven), or None beyond
+        MAX_UNPROVEN."""
+        if len(self.unproven) >= MAX_UNPROVEN:
+            return None
+        conn = self._accept("tls")
+        self.unproven.add(conn)
+        return conn
+
+    def forget(self, conn: _Conn) -> None:
+        """Drop a connection whose TLS handshake failed."""
+        self.conns.pop(conn.ident, None)
+        self.unproven.discard(conn)
 
     def resume(self) -> None:
         """The local side reads workers again: hand on what waited."""
@@ -201,6 +232,10 @@ class StreamWorkers:
         """Stop listening and close every connection."""
         if self.server is not None:
             self.server.close()
+        if self.tls_listener is not None:
+            self.tls_listener.close()
+        for task in list(self.handshakes):
+            task.cancel()
         for conn in list(self.conns.values()):
             if conn.transport is not None:
                 conn.transport.abort()
@@ -221,7 +256,8 @@ class LocalSockets:
 
 
 async def open_streams(side: Any) -> StreamWorkers:
-    """Listen beside `side`'s (a LocalSide's) IPC endpoint; its messages go where the ROUTER's go."""
+    """Stream connections of `side` (a LocalSide), listening beside its IPC endpoint if it has one; their messages
+    go where the ROUTER's go. (Its TLS endpoint, `switch_server.localtls`, adds connections here.)"""
 
     def on_message(parts: list) -> None:
         try:
@@ -231,6 +267,7 @@ async def open_streams(side: Any) -> StreamWorkers:
 
     streams = StreamWorkers(
         side.zap.check_stream, on_message, lambda: side.held or side.throttled, side.delivery.flush,
-        lambda: side.router.maxmsgsize, lambda peer: side.refusals.dropped_by_zmq("unix", peer))
-    await streams.start(stream_path(side.cfg.ipc_endpoint))
+        lambda: side.router.maxmsgsize, side.refusals.dropped_by_zmq)
+    if side.cfg.ipc_endpoint:
+        await streams.start(stream_path(side.cfg.ipc_endpoint))
     return streams

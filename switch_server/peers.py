@@ -23,6 +23,7 @@ from switch_server.framestream import FrameStream, write_frame
 from switch_server.link import HANDSHAKE_TIMEOUT_S
 from switch_server.session import InboundSession
 from switch_server.metrics import SwitchMetrics
+from switch_server.localtls import cut_untrusted_workers
 from switch_server.tlstransport import accept_tls
 
 log = logging.getLogger(__name__)
@@ -250,3 +251,4 @@ def cut_untrusted(host: Any) -> None:
             host.audit(host.actor, "peer_rejected", cluster, "denied", {"reason": reason, "live": True})
             host.metrics.handshake_failures.labels(reason=reason).inc()
             link.drop_session(f"peer certificate {reason}")
+    cut_untrusted_workers(host, why)

@@ -81,6 +81,7 @@ class SwitchServer:
         self.wan_server: Listener | None = None
         self.wan_address = ""
         self.metrics_address = ""
+        self.local_tls = ""  # host:port of the TLS endpoint for workers (`local.tls_endpoint`), once bound
         self.audit_log: AuditLog | None = None
         self.closed = asyncio.Event()
         self.started = False
@@ -134,8 +135,8 @@ class SwitchServer:
         self.write_status()
         self.audit(self.actor, "switch_started", self.wan_address, "ok",
                    {"epoch": self.epoch, "local": local_endpoint, "peers": [p.cluster for p in self.cfg.peers]})
-        log.info("switch %s epoch %d listening wan=%s local=%s metrics=%s", self.cfg.cluster, self.epoch,
-                 self.wan_address, local_endpoint, self.metrics_address)
+        log.info("switch %s epoch %d listening wan=%s local=%s metrics=%s tls_workers=%s", self.cfg.cluster,
+                 self.epoch, self.wan_address, local_endpoint, self.metrics_address, self.local_tls or "-")
         return self.wan_address, local_endpoint
 
     async def stop(self) -> None:

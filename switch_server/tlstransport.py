@@ -19,13 +19,13 @@ import ssl
 from collections import deque
 from typing import Any, Callable
 
+from nebula.wire.stream import tls_writes
+
 # records decrypted per wake-up before other callbacks get a turn (16 KiB each: up to 1 MiB)
 RECORDS_PER_WAKE = 64
 # records read into the protocol's buffer before it is told (up to 256 KiB: about a quarter millisecond of
 # decryption, so a small frame behind a large one waits little)
 RECORDS_PER_UPDATE = 16
-# writes smaller than this are joined with their neighbours: one TLS record and one syscall instead of several
-JOIN_BELOW_BYTES = 16 * 1024
 HIGH_WATER = 256 * 1024
 
 
@@ -149,30 +149,8 @@ class TLSTransport(asyncio.Transport):
         self._check_high()
 
     def writelines(self, parts: Any) -> None:
-        parts = list(parts)
-        if sum(len(p) for p in parts) < JOIN_BELOW_BYTES:
-            self.write(b"".join(parts))
-            return
-        small: list[Any] = []
-        small_bytes = 0
-        for p in parts:
-            if len(p) < JOIN_BELOW_BYTES:
-                small.append(p)
-                small_bytes += len(p)
-                continue
-            if small:
-                # small pieces (frame heads) ride in the first record of the large piece after them: that copies
-                # less than one record, where joining the whole piece would copy all of it
-                view = memoryview(p).cast("B")
-                cut = max(0, JOIN_BELOW_BYTES - small_bytes)
-                small.append(view[:cut])
-                self.write(b"".join(small))
-                self.write(view[cut:])
-                small, small_bytes = [], 0
-            else:
-                self.write(p)
-        if small:
-            self.write(b"".join(small))
+        for data in tls_writes(list(parts)):
+            self.write(data)
 
     def _write_ready(self) -> None:
         sock, buf = self._sock, self._buf

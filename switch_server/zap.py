@@ -70,14 +70,16 @@ class ZapHandler:
         # User-Id carries "name/account" so every frame names its credential and account
         return [version, request_id, b"200", b"OK", user.encode(), b""]
 
-    def check_stream(self, username: bytes, password: bytes, addr: str) -> str | None:
-        """The User-Id of a worker on the Unix stream endpoint (`switch_server.localstream`, `addr` naming the
-        process) that presents `username` (its public key) and `password` as it would to PLAIN over IPC; None if
-        refused (audited)."""
-        return self.decide(b"PLAIN", [username, password], addr, transport="unix")[0]
+    def check_stream(self, username: bytes, password: bytes, addr: str, transport: str = "unix",
+                     cert_name: str | None = None) -> str | None:
+        """The User-Id of a worker on a stream endpoint (`switch_server.localstream`: `addr` names the process or,
+        over TLS, the address) that presents `username` (its public key) and `password` as it would to PLAIN over
+        IPC; over TLS the key must be that of the worker its certificate names (`cert_name`). None if refused
+        (audited)."""
+        return self.decide(b"PLAIN", [username, password], addr, transport, cert_name)[0]
 
-    def decide(self, mechanism: bytes, creds: list[bytes], addr: str,
-               transport: str = "ipc") -> tuple[str | None, str]:
+    def decide(self, mechanism: bytes, creds: list[bytes], addr: str, transport: str = "ipc",
+               cert_name: str | None = None) -> tuple[str | None, str]:
         """("name/account", "") for an accepted worker, (None, why) for a refused one; each decision audited."""
         if mechanism == b"PLAIN" and len(creds) == 2:  # only the IPC listener (and the stream one) speak PLAIN
             key = creds[0].decode(errors="replace")
@@ -97,6 +99,11 @@ class ZapHandler:
             self.metrics.refused.labels(reason="unknown_worker_key").inc()
             self.audit("worker", "worker_rejected", addr, "denied", {"reason": "unknown_key", "curve_public_key": key})
             return None, "unknown CURVE key; add it under local.workers"
+        if cert_name is not None and worker.name != cert_name:
+            self.metrics.refused.labels(reason="certificate_key_mismatch").inc()
+            self.audit(f"worker:{cert_name}", "worker_rejected", addr, "denied",
+                       {"reason": "certificate_key_mismatch", "key_of": worker.name, "transport": transport})
+            return None, f"this key is worker {worker.name}'s, the certificate worker {cert_name}'s"
         self.audit(f"worker:{worker.name}", "worker_accepted", addr, "ok",
                    {"account": worker.account, "transport": transport})
         return f"{worker.name}/{worker.account}", ""

@@ -83,11 +83,27 @@ def test_worker_transport_chosen_by_host():
     assert local_endpoint(from_dict(WorkerConfig, {**away, "transport": "unix"})) == ("@nebula-fed-A.stream", "unix")
     forced = {**WORKER, "ipc_endpoint": ipc, "transport": "tcp"}
     assert local_endpoint(from_dict(WorkerConfig, forced)) == ("tcp://127.0.0.1:7000", "tcp")
+    # a TLS endpoint serves workers away from the switch's host (`auto`), and `tls` forces it even on that host
+    tls = {"tls_endpoint": "192.0.2.7:7002", "tls": {"ca": "ca.pem", "cert": "w.pem", "key": "w.key", "crl": "crl.pem"}}
+    assert local_endpoint(from_dict(WorkerConfig, {**away, **tls})) == ("192.0.2.7:7002", "tls")
+    assert local_endpoint(from_dict(WorkerConfig, {**WORKER, "ipc_endpoint": ipc, **tls})) == (
+        "@nebula-fed-A.stream", "unix")
+    assert local_endpoint(from_dict(WorkerConfig, {**WORKER, "ipc_endpoint": ipc, **tls, "transport": "tls"})) == (
+        "192.0.2.7:7002", "tls")
 
 
 def test_ipc_settings_validated():
-    with pytest.raises(ConfigError, match="transport 'udp' is not one of auto, tcp, ipc, unix"):
+    with pytest.raises(ConfigError, match="transport 'udp' is not one of auto, tcp, tls, ipc, unix"):
         from_dict(WorkerConfig, {**WORKER, "transport": "udp"})
+    with pytest.raises(ConfigError, match=r"transport: tls needs tls_endpoint \(the switch's local.tls_endpoint"):
+        from_dict(WorkerConfig, {**WORKER, "transport": "tls", "tls": {"ca": "a", "cert": "b", "key": "c", "crl": "d"}})
+    with pytest.raises(ConfigError, match=r"tls_endpoint needs tls: \{ca, cert, key, crl\}"):
+        from_dict(WorkerConfig, {**WORKER, "tls_endpoint": "127.0.0.1:7002"})
+    with pytest.raises(ConfigError, match=r"tls_endpoint '7002' is not host:port"):
+        from_dict(WorkerConfig, {**WORKER, "tls_endpoint": "7002", "tls": {"ca": "a", "cert": "b", "key": "c",
+                                                                          "crl": "d"}})
+    with pytest.raises(ConfigError, match=r"local.tls_endpoint 'nowhere' is not host:port"):
+        from_dict(SwitchConfig, {**MINIMAL, "local": {**MINIMAL["local"], "tls_endpoint": "nowhere"}})
     for transport in ("ipc", "unix"):
         with pytest.raises(ConfigError, match=f"transport: {transport} needs ipc_endpoint"):
             from_dict(WorkerConfig, {**WORKER, "transport": transport})

@@ -1,6 +1,7 @@
 """A worker's ZeroMQ connection to its switch: keys, transport, and what a failed handshake means.
 
-The connection is CURVE over TCP, or, for a worker on the switch's own host, the switch's IPC endpoint with a
+The connection is CURVE over TCP, mutual TLS to the switch's `local.tls_endpoint` (then the same key and derived
+password as on IPC), or, for a worker on the switch's own host, its Unix stream socket or IPC endpoint with a
 password derived from the same CURVE keys (the kernel carries those bytes, so they need no encryption).
 """
 from __future__ import annotations
@@ -14,12 +15,15 @@ import zmq
 import zmq.auth
 
 from nebula.channel.errors import ChannelError, SwitchRefused
-from nebula.channel.streamsock import StreamSocket
+from nebula.channel.streamsock import StreamSocket, TLSTarget
+from nebula.config.switch import split_host_port
 from nebula.config.worker import WorkerConfig, local_endpoint
 from nebula.wire import HEADER_BYTES, MAX_META_BYTES, MAX_PAYLOAD_BYTES
+from nebula.wire.stream import CERT_REFUSED
 from security.curve import local_password
 from security.errors import TLSConfigError
 from security.preflight import check_key_file
+from security.tls import PeerRejected, check_peer, client_context
 
 __all__ = ["SNDHWM", "connect", "handshake_failure", "silent_switch"]
 
@@ -47,11 +51,11 @@ def connect(cfg: WorkerConfig) -> tuple[zmq.Context | None, Any, Any, str, str]:
     if not secret:
         raise ChannelError(f"{cfg.curve_key} holds no secret key; use the worker.key_secret file")
     address, transport = local_endpoint(cfg)
-    if transport == "unix":  # (no ZeroMQ: events the monitor would report are queued for the I/O thread)
+    if transport in ("unix", "tls"):  # (no ZeroMQ: events the monitor would report are queued for the I/O thread)
         events: deque[dict] = deque()
         password = local_password(secret.decode(), cfg.switch_curve_public_key).encode()
         stream = StreamSocket(address, public, password, MAX_PAYLOAD_BYTES + HEADER_BYTES + MAX_META_BYTES,
-                              events.append)
+                              events.append, _tls_target(cfg) if transport == "tls" else None)
         return None, stream, events, address, transport
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
@@ -72,15 +76,43 @@ def connect(cfg: WorkerConfig) -> tuple[zmq.Context | None, Any, Any, str, str]:
     return ctx, s, monitor, address, transport
 
 
+def _tls_target(cfg: WorkerConfig) -> TLSTarget:
+    """How to dial the switch's TLS endpoint: the worker's certificate, and the switch's checked against the CA,
+    the CRL and the identity of this cluster's switch."""
+    assert cfg.tls is not None  # (WorkerConfig requires it with a tls_endpoint)
+    try:
+        ctx = client_context(cfg.tls.ca, cfg.tls.cert, cfg.tls.key, cfg.tls.crl)
+    except TLSConfigError as exc:
+        raise ChannelError(f"worker.yaml tls: {exc}") from None
+
+    def verify(sock: Any) -> str:
+        try:
+            check_peer(sock, role="switch", cluster=cfg.cluster, federation=cfg.federation)
+        except PeerRejected as exc:
+            return f"the switch is not this cluster's: {exc}"
+        return ""
+
+    host, port = split_host_port(cfg.tls_endpoint, "tls_endpoint")
+    return TLSTarget(host, port, ctx, verify)
+
+
 def handshake_failure(ev: dict[str, Any], cfg: WorkerConfig, address: str, transport: str) -> ChannelError | None:
     """The error a monitor event means for this worker (naming the fix), or None if it is no failure. A switch that
     does not answer is no failure yet: after WAITING_SAY_S the worker says, once, that it waits for it."""
     if ev["event"] in (zmq.EVENT_CONNECT_RETRIED, zmq.EVENT_CONNECTED):
         _waiting_for(ev["event"] == zmq.EVENT_CONNECTED, cfg, address)
         return None
-    if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+    key_refused = ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH and not str(ev["value"]).startswith(CERT_REFUSED)
+    if transport == "tls" and not key_refused and ev["event"] in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL,
+                                                                  zmq.EVENT_HANDSHAKE_FAILED_AUTH):
+        return SwitchRefused(f"TLS with the switch at {address} failed: {ev['value']}; check tls in worker.yaml "
+                             f"(its cert must be worker {cfg.name!r} of cluster {cfg.cluster}, issued by the CA "
+                             "in tls.ca and not revoked: ask the admin for a new kit if it was), that tls_endpoint "
+                             f"is this cluster's switch, and that worker {cfg.name!r}'s key is under its "
+                             "local.workers")
+    if key_refused:
         hint = ("; if it is listed, check that switch_curve_public_key in worker.yaml is this switch's key "
-                "(the IPC password is derived from it)" if transport in ("ipc", "unix") else "")
+                "(the IPC password is derived from it)" if transport in ("ipc", "unix", "tls") else "")
         return SwitchRefused(f"switch at {address} refused our key (ZAP status {ev['value']}): "
                             f"ask its admin to add worker {cfg.name!r}'s public key under local.workers{hint}")
     if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
@@ -112,5 +144,6 @@ def _waiting_for(connected: bool, cfg: WorkerConfig, address: str) -> None:
 def silent_switch(address: str, transport: str, timeout_s: float) -> ChannelError:
     """The error for a switch that did not welcome us in time, with the likely causes."""
     hint = ("is its local.ipc_endpoint the ipc_endpoint in worker.yaml? (transport: tcp avoids IPC)"
-            if transport in ("ipc", "unix") else "is switch_curve_public_key in worker.yaml the switch's key?")
+            if transport in ("ipc", "unix") else "is tls_endpoint in worker.yaml its local.tls_endpoint?"
+            if transport == "tls" else "is switch_curve_public_key in worker.yaml the switch's key?")
     return ChannelError(f"switch at {address} did not answer within {timeout_s} s; is it running, and {hint}")

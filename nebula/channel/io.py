@@ -207,7 +207,7 @@ class IOThread:
                 streams.check_timeouts(now)
                 next_check = now + 0.5
             # (a stream socket also writes, when it can, what the kernel did not take at once)
-            want = zmq.POLLIN | (zmq.POLLOUT if self.out.pending or self.stream and self.sock.out else 0)
+            want = zmq.POLLIN | (zmq.POLLOUT if self.out.pending or self.stream and self.sock.wants_write else 0)
             if want != sock_events:
                 poller.modify(self.sock, want)
                 sock_events = want

@@ -1,4 +1,5 @@
-"""A worker's connection to its switch's Unix stream socket, shaped like the ZeroMQ DEALER socket it stands in for.
+"""A worker's stream connection to its switch, shaped like the ZeroMQ DEALER socket it stands in for: the switch's
+Unix stream socket on its host, or its TLS endpoint for workers (`local.tls_endpoint`) from other hosts.
 
 Over the stream socket a message goes from the worker's I/O thread into the kernel and out to the switch's event
 loop, with no ZeroMQ I/O thread on either side: two thread hand-overs fewer per message each way. The I/O thread
@@ -7,26 +8,40 @@ uses the subset of the socket interface it uses on ZeroMQ (`send_multipart`, `re
 `nebula.wire.stream`; the connection authenticates first with the worker's key and derived password, and a switch
 that refuses them is reported as ZeroMQ reports a failed handshake. A lost connection is made again (as ZeroMQ
 reconnects) on the next send or poll, at most every RECONNECT_S; what was queued for the old one is dropped, as
-ZeroMQ drops it, and the channels send again what was not acknowledged.
+ZeroMQ drops it, and the channels send again what was not acknowledged. Over TLS the connection is dialled without
+blocking (`channel.tlsdial`), and what is sent is regrouped into whole TLS writes (`wire.stream.tls_writes`).
 """
 from __future__ import annotations
 
-__all__ = ["StreamPart", "StreamSocket"]
+__all__ = ["StreamPart", "StreamSocket", "TLSTarget"]
 
 import itertools
 import os
 import select
 import socket
+import ssl
 import time
 from collections import deque
 from typing import Any, Callable
 
 import zmq
 
-from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, StreamError, pack_message
+from nebula.channel.tlsdial import DialFailed, TLSDial, certificate_refused
+from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, StreamError, pack_message, tls_writes
 
 OUT_HIGH_BYTES = 4 * 1024 * 1024  # bytes queued here before `send_multipart` says Again (ZeroMQ's SNDHWM)
 RECONNECT_S = 0.1
+_AGAIN = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
+class TLSTarget:
+    """Where and how a stream connection over TLS dials: host, port, context, and the check of the switch's
+    identity (what is wrong with it, "" when nothing)."""
+
+    __slots__ = ("host", "port", "ctx", "verify")
+
+    def __init__(self, host: str, port: int, ctx: ssl.SSLContext, verify: Callable[[ssl.SSLSocket], str]) -> None:
+        self.host, self.port, self.ctx, self.verify = host, port, ctx, verify
 
 
 class StreamPart:
@@ -42,14 +57,54 @@ class StreamPart:
         return bytes(self.buffer)
 
 
+def _write_vectored(sock: socket.socket, out: deque[memoryview]) -> int | None:
+    """Write `out`'s pieces (64 per call) until the kernel takes no more; bytes written, None if the connection
+    is lost."""
+    written = 0
+    while out:
+        try:
+            n = sock.sendmsg(list(itertools.islice(out, 64)))
+        except (BlockingIOError, InterruptedError):
+            break
+        except OSError:
+            return None
+        written += n
+        while n:
+            head = out[0]
+            if n >= len(head):
+                n -= len(head)
+                out.popleft()
+            else:
+                out[0] = head[n:]
+                n = 0
+    return written
+
+
+def _write_tls(sock: ssl.SSLSocket, out: deque[memoryview]) -> int | None:
+    """Write `out`'s writes (`tls_writes`) whole until the kernel takes no more; as `_write_vectored`."""
+    written = 0
+    while out:
+        try:
+            # all or nothing: OpenSSL keeps what it took of a refused write and wants the same bytes again
+            sock.send(out[0])
+        except _AGAIN:
+            break
+        except OSError:
+            return None
+        written += len(out.popleft())
+    return written
+
+
 class StreamSocket:
-    """Non-blocking stream connection to `path` (a Unix socket; a leading "@" names an abstract one). `on_event`
-    gets ZeroMQ monitor-style events: {"event": EVENT_CONNECTED | EVENT_CONNECT_RETRIED |
-    EVENT_HANDSHAKE_FAILED_AUTH, "value": ...}."""
+    """Non-blocking stream connection to `path` (a Unix socket; a leading "@" names an abstract one), or to `tls`.
+    `on_event` gets ZeroMQ monitor-style events: {"event": EVENT_CONNECTED | EVENT_CONNECT_RETRIED |
+    EVENT_HANDSHAKE_FAILED_AUTH | EVENT_HANDSHAKE_FAILED_PROTOCOL (TLS), "value": ...}."""
 
     def __init__(self, path: str, username: bytes, password: bytes, max_bytes: int,
-                 on_event: Callable[[dict], None]) -> None:
+                 on_event: Callable[[dict], None], tls: TLSTarget | None = None) -> None:
         self.path = "\0" + path[1:] if path.startswith("@") else path
+        self.tls = tls
+        self.dial: TLSDial | None = None
         self.creds = (username, password)
         self.max_bytes = max_bytes
         self.on_event = on_event
@@ -68,10 +123,18 @@ class StreamSocket:
     def _connect(self) -> bool:
         if self.sock is not None:
             return True
+        if self.dial is not None:
+            return self._dialing()
         now = time.monotonic()
         if self.refused or now - self._tried < RECONNECT_S:
             return False
         self._tried = now
+        if self.tls is not None:
+            try:
+                self.dial = TLSDial(self.tls.host, self.tls.port, self.tls.ctx, self.tls.verify)
+            except DialFailed as exc:
+                return self._failed(exc)
+            return self._dialing()
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             s.connect(self.path)
@@ -80,12 +143,44 @@ class StreamSocket:
             self.on_event({"event": zmq.EVENT_CONNECT_RETRIED, "value": 0})
             return False
         s.setblocking(False)
+        self._opened(s)
+        return True
+
+    def _dialing(self) -> bool:
+        try:
+            s = self.dial.step()
+        except DialFailed as exc:
+            return self._failed(exc)
+        if s is None:
+            return False
+        self.dial = None
+        self._opened(s)
+        return True
+
+    def _failed(self, exc: DialFailed) -> bool:
+        self.dial = None
+        if exc.fatal:
+            self._refused(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, str(exc))
+        else:
+            self.on_event({"event": zmq.EVENT_CONNECT_RETRIED, "value": str(exc)})
+        return False
+
+    def _refused(self, event: int, reason: str) -> None:
+        self.refused = True
+        self._lost()
+        self.on_event({"event": event, "value": reason})
+
+    def _opened(self, s: socket.socket) -> None:
         self.sock, self.parser, self.user_id = s, MessageParser(self.max_bytes), ""
         self.out.clear()
         self.out_bytes = 0
         self._queue([AUTH, *self.creds])
         self.on_event({"event": zmq.EVENT_CONNECTED, "value": 0})
-        return True
+
+    @property
+    def wants_write(self) -> bool:
+        """Whether the poller should wake this socket when it turns writable."""
+        return bool(self.out) or self.dial is not None and self.dial.wants_write
 
     def _lost(self) -> None:
         if self.sock is not None:
@@ -100,36 +195,26 @@ class StreamSocket:
         never ready, so that the poll's timeout paces the next attempt."""
         if self.sock is None:
             self._connect()
-        return self.sock.fileno() if self.sock is not None else self._idle_r
+        if self.sock is not None:
+            return self.sock.fileno()
+        return self.dial.fileno() if self.dial is not None else self._idle_r
 
     # ---- sending ----
     def _queue(self, parts: Any) -> None:
-        for piece in pack_message(parts):
+        pieces = pack_message(parts)
+        for piece in (tls_writes(pieces) if self.tls is not None else pieces):
             view = memoryview(piece).cast("B") if not isinstance(piece, bytes) else memoryview(piece)
             self.out.append(view)
             self.out_bytes += len(view)
 
     def flush(self) -> None:
         """Write what is queued until the kernel takes no more."""
-        sock, out = self.sock, self.out
-        while out and sock is not None:
-            batch = list(itertools.islice(out, 64))
-            try:
-                n = sock.sendmsg(batch)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
+        if self.sock is not None:
+            written = (_write_tls if self.tls is not None else _write_vectored)(self.sock, self.out)
+            if written is None:
                 self._lost()
-                return
-            self.out_bytes -= n
-            while n:
-                head = out[0]
-                if n >= len(head):
-                    n -= len(head)
-                    out.popleft()
-                else:
-                    out[0] = head[n:]
-                    n = 0
+            else:
+                self.out_bytes -= written
 
     def send_multipart(self, parts: Any, flags: int = 0, copy: bool = True) -> None:
         """Queue one message and write what the kernel takes; zmq.Again when too much is queued already or
@@ -153,8 +238,14 @@ class StreamSocket:
         while sock is not None:
             try:
                 n = sock.recv_into(self.parser.buffer())
-            except (BlockingIOError, InterruptedError):
+            except _AGAIN:
                 return
+            except ssl.SSLError as exc:
+                if not self.user_id and certificate_refused(exc):
+                    # (TLS 1.3: a switch refuses our certificate after our side of the handshake is done)
+                    self._refused(zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, f"TLS: {exc.reason or exc}")
+                    return
+                n = 0
             except OSError:
                 n = 0
             if n == 0:
@@ -174,10 +265,8 @@ class StreamSocket:
             if tag == AUTH_OK and len(parts) == 2:
                 self.user_id = bytes(parts[1]).decode(errors="replace")
                 return
-            self.refused = True
             reason = bytes(parts[1]).decode(errors="replace") if tag == AUTH_NO and len(parts) > 1 else "no answer"
-            self._lost()
-            self.on_event({"event": zmq.EVENT_HANDSHAKE_FAILED_AUTH, "value": reason})
+            self._refused(zmq.EVENT_HANDSHAKE_FAILED_AUTH, reason)
             return
         self.inbox.append([StreamPart(p) for p in parts])
 
@@ -221,7 +310,7 @@ class StreamSocket:
             if left <= 0:
                 return 0
             fd = self.fileno()
-            select.select([fd], [fd] if self.out else [], [], min(left, RECONNECT_S))
+            select.select([fd], [fd] if self.wants_write else [], [], min(left, RECONNECT_S))
 
     def close(self, linger: int | None = None) -> None:
         """Close after at most `linger` (else `self.linger`) ms spent writing what is queued."""
@@ -229,6 +318,9 @@ class StreamSocket:
         if self.out and self.sock is not None and wait_ms:
             self.poll(wait_ms, zmq.POLLOUT)
         self._lost()
+        if self.dial is not None:
+            self.dial.close()
+            self.dial = None
         for fd in (self._idle_r, self._idle_w):
             try:
                 os.close(fd)

@@ -1,6 +1,7 @@
 """Worker connection file (`D/<cluster>/worker.yaml`): how a worker reaches its cluster's switch server.
 
-Relative paths (the CURVE key file) are resolved against the YAML file's directory by `load_worker_config`.
+Relative paths (the CURVE key file, the TLS files) are resolved against the YAML file's directory by
+`load_worker_config`.
 """
 from __future__ import annotations
 
@@ -10,8 +11,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nebula.config.schema import ConfigError, load_yaml, resolve_path
+from nebula.config.switch import split_host_port
 
-TRANSPORTS = ("auto", "tcp", "ipc", "unix")
+TRANSPORTS = ("auto", "tcp", "tls", "ipc", "unix")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkerTLS:
+    """PEM files of the worker's TLS identity (role `worker`, issued with its kit) and the federation's CA and CRL,
+    which the switch's certificate is checked against."""
+
+    ca: str
+    cert: str
+    key: str
+    crl: str
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -26,9 +39,13 @@ class WorkerConfig:
     account: str  # account the switch attributes this worker's messages to
     name: str = "worker"  # credential name as listed under the switch's local.workers
     ipc_endpoint: str = ""  # the switch's local.ipc_endpoint, for workers on the switch's own host
+    # the switch's local.tls_endpoint (host:port): workers on other hosts reach it over mutual TLS, with `tls`
+    tls_endpoint: str = ""
+    tls: WorkerTLS | None = None
     # auto: when there is an IPC endpoint and `endpoint`'s host is an address of this machine, the switch's Unix
-    # stream socket beside it (`stream_path`: the IPC credentials, no ZeroMQ), else TCP; tcp / unix / ipc (ZeroMQ
-    # over the IPC endpoint) force one (unix and ipc fail when the switch is not on this host)
+    # stream socket beside it (`stream_path`: the IPC credentials, no ZeroMQ), else mutual TLS when tls_endpoint
+    # is given, else CURVE over TCP; tcp / tls / unix / ipc (ZeroMQ over the IPC endpoint) force one (unix and ipc
+    # fail when the switch is not on this host)
     transport: str = "auto"
     # over IPC, take the switch's offer of shared memory for payloads (nebula.wire.shm); false = through the socket
     shared_memory: bool = True
@@ -47,6 +64,12 @@ class WorkerConfig:
             raise ValueError(f"ipc_endpoint {self.ipc_endpoint!r} must start with ipc://, or be left out")
         if self.transport in ("ipc", "unix") and not self.ipc_endpoint:
             raise ValueError(f"transport: {self.transport} needs ipc_endpoint (the switch's local.ipc_endpoint)")
+        if self.tls_endpoint:
+            split_host_port(self.tls_endpoint, "tls_endpoint")
+        if (self.tls_endpoint or self.transport == "tls") and self.tls is None:
+            raise ValueError("tls_endpoint needs tls: {ca, cert, key, crl} (the worker's certificate from its kit)")
+        if self.transport == "tls" and not self.tls_endpoint:
+            raise ValueError("transport: tls needs tls_endpoint (the switch's local.tls_endpoint, host:port)")
         for name in ("federation", "cluster", "account", "name"):
             if not getattr(self, name):
                 raise ValueError(f"{name} must not be empty")
@@ -75,20 +98,24 @@ def stream_path(ipc_endpoint: str) -> str:
 
 
 def local_endpoint(cfg: WorkerConfig) -> tuple[str, str]:
-    """(endpoint, "tcp", "ipc" or "unix"): where this worker should reach its switch from this host."""
+    """(endpoint, "tcp", "tls", "ipc" or "unix"): where this worker should reach its switch from this host."""
     if cfg.transport == "ipc":
         return cfg.ipc_endpoint, "ipc"
     if cfg.transport == "unix" or (cfg.transport == "auto" and cfg.ipc_endpoint and cfg.endpoint.startswith("tcp://")
                                    and is_local_host(cfg.endpoint[6:].rpartition(":")[0].strip("[]"))):
         return stream_path(cfg.ipc_endpoint), "unix"
+    if cfg.transport == "tls" or (cfg.transport == "auto" and cfg.tls_endpoint):
+        return cfg.tls_endpoint, "tls"
     return cfg.endpoint, "tcp"
 
 
 def load_worker_config(file: str | Path) -> WorkerConfig:
-    """Load and validate a worker YAML file; `curve_key` is taken relative to the file's directory."""
+    """Load and validate a worker YAML file; `curve_key` and the TLS files are taken relative to its directory."""
     file = Path(file)
     cfg = load_yaml(WorkerConfig, file)
-    return dataclasses.replace(cfg, curve_key=resolve_path(cfg.curve_key, file.resolve().parent))
+    base = file.resolve().parent
+    tls = cfg.tls and WorkerTLS(**{k: resolve_path(getattr(cfg.tls, k), base) for k in ("ca", "cert", "key", "crl")})
+    return dataclasses.replace(cfg, curve_key=resolve_path(cfg.curve_key, base), tls=tls)
 
 
-__all__ = ["WorkerConfig", "load_worker_config", "local_endpoint", "is_local_host", "ConfigError"]
+__all__ = ["WorkerConfig", "WorkerTLS", "load_worker_config", "local_endpoint", "is_local_host", "ConfigError"]

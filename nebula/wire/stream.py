@@ -9,7 +9,8 @@ the reason, and closes.
 """
 from __future__ import annotations
 
-__all__ = ["AUTH", "AUTH_NO", "AUTH_OK", "MAX_PARTS", "MessageParser", "StreamError", "pack_message"]
+__all__ = ["AUTH", "AUTH_NO", "AUTH_OK", "CERT_REFUSED", "JOIN_BELOW_BYTES", "MAX_PARTS", "MessageParser", "StreamError", "pack_message",
+           "tls_writes"]
 
 import struct
 from typing import Any, Sequence
@@ -17,8 +18,11 @@ from typing import Any, Sequence
 AUTH = b"NEBULA-AUTH"
 AUTH_OK = b"NEBULA-AUTH-OK"
 AUTH_NO = b"NEBULA-AUTH-NO"
+CERT_REFUSED = "certificate refused"  # how an AUTH_NO over TLS that refuses the certificate (not the key) begins
 MAX_PARTS = 4  # a frame's head, SHM_TAG and a descriptor, or head and payload (the switch's own prefix aside)
 _HEAD = struct.Struct(">IB")
+# over TLS, writes smaller than this are joined with their neighbours: one record and one syscall instead of several
+JOIN_BELOW_BYTES = 16 * 1024
 
 
 class StreamError(ValueError):
@@ -97,3 +101,28 @@ class MessageParser:
         buf = bytearray(max(need, len(self._buf)))
         buf[:n] = self._view[self._lo : self._hi]
         self._buf, self._view, self._lo, self._hi = buf, memoryview(buf), 0, n
+
+
+def tls_writes(parts: Sequence[Any], join_below: int = JOIN_BELOW_BYTES) -> list[Any]:
+    """`parts` regrouped into the buffers to hand to a TLS socket's write, one write each: small parts are joined
+    (one record, one syscall), and small parts before a large one ride in its first record, which copies less than
+    a record where joining the whole large part would copy all of it."""
+    if sum(len(p) for p in parts) < join_below:
+        return [b"".join(parts)]
+    out: list[Any] = []
+    small: list[Any] = []
+    small_bytes = 0
+    for p in parts:
+        if len(p) < join_below:
+            small.append(p)
+            small_bytes += len(p)
+        elif small:
+            view = memoryview(p).cast("B")
+            cut = max(0, join_below - small_bytes)
+            out += [b"".join([*small, view[:cut]]), view[cut:]]
+            small, small_bytes = [], 0
+        else:
+            out.append(p)
+    if small:
+        out.append(b"".join(small))
+    return out

@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from nebula.wire.stream import MAX_PARTS, MessageParser, StreamError, pack_message
+from nebula.wire.stream import JOIN_BELOW_BYTES, MAX_PARTS, MessageParser, StreamError, pack_message, tls_writes
 
 
 def _feed(parser: MessageParser, data: bytes, rng: random.Random) -> list[list[bytes]]:
@@ -45,3 +45,17 @@ def test_a_message_over_the_bound_or_misframed_ends_the_stream_before_it_is_read
             parser.taken(len(bad))
     with pytest.raises(StreamError, match="1 to 4 parts"):
         pack_message([])
+
+
+@pytest.mark.parametrize("sizes", [[5, 40], [5, 40, 300_000], [300_000, 9, 12, 300_000, 3], [JOIN_BELOW_BYTES] * 3,
+                                   [10, JOIN_BELOW_BYTES - 20, 70_000]])
+def test_tls_writes_keep_the_bytes_and_join_what_is_small(sizes):
+    """Regrouped for TLS, a message's pieces carry the same bytes in the same order; no write is a small piece on
+    its own unless it is the last, and a large piece is copied at most for the first record's worth."""
+    rng = random.Random(len(sizes))
+    pieces = [rng.randbytes(n) for n in sizes]
+    writes = tls_writes(pieces)
+    assert b"".join(bytes(w) for w in writes) == b"".join(pieces)
+    assert all(len(w) >= JOIN_BELOW_BYTES for w in writes[:-1]) or len(writes) == 1
+    copied = [w for w in writes if isinstance(w, bytes) and not any(w is p for p in pieces)]  # (joins, not views)
+    assert sum(len(w) for w in copied) <= len(sizes) * JOIN_BELOW_BYTES

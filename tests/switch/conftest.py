@@ -14,7 +14,7 @@ from security.provision import provision
 from tests.harness.federation import Switch, edit_yaml, start_switch, wait_audit
 
 __all__ = ["CuttingProxy", "Switch", "TEST_CHUNK_BYTES", "edit_yaml", "federation", "legit_transfer", "rss_bytes",
-           "start_switch", "two_switches", "wait_audit", "worker_yaml"]
+           "start_switch", "two_switches", "wait_audit", "worker_yaml", "exchange"]
 
 
 TEST_CHUNK_BYTES = 256 * 1024
@@ -58,8 +58,25 @@ def worker_yaml_as(federation, cluster: str, out: Path, **changes) -> str:
     """A copy of `cluster`'s worker file at `out` with `changes` (e.g. transport="ipc"), its key path absolute."""
     src = Path(worker_yaml(federation, cluster))
     doc = yaml.safe_load(src.read_text())
+    if doc.get("tls"):
+        doc["tls"] = {k: str(src.parent / v) for k, v in doc["tls"].items()}
     out.write_text(yaml.safe_dump({**doc, "curve_key": str(src.parent / doc["curve_key"]), **changes}))
     return str(out)
+
+
+def exchange(ya: str | Path, yb: str | Path) -> tuple[str, str]:
+    """Workers of `ya` (cluster A) and `yb` (cluster B) carry messages of every size both ways (inline and, where
+    offered, through shared memory); the transports they took."""
+    from nebula.channel import Endpoint
+
+    with Endpoint.connect(ya, job="j", rank=0) as ea, Endpoint.connect(yb, job="j", rank=0) as eb:
+        msgs = [b"small", bytes(range(256)) * 400, b"x" * 700_000]
+        for m in msgs:
+            ea.channel("B", 0, "s").send(m)
+        assert [eb.channel("A", 0, "s").recv(timeout_s=30) for _ in msgs] == msgs
+        eb.channel("A", 0, "s").send(b"back")
+        assert ea.channel("B", 0, "s").recv(timeout_s=30) == b"back"
+        return ea._io.transport, eb._io.transport
 
 
 def legit_transfer(fed, n: int, job: str = "j", stages: dict[str, str] | None = None,

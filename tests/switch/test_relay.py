@@ -157,10 +157,17 @@ def test_malformed_and_oversized_frames_refused_with_reason(two_switches):
         assert eb.channel("A", 0, "ok").recv(timeout_s=30) == b"still fine"
 
 
-@pytest.mark.parametrize("transport", ["tcp", "ipc", "unix"])
+def _absolute(worker_file: str) -> dict:
+    """A worker file's contents with its TLS files' paths absolute (for a copy written elsewhere)."""
+    data = yaml.safe_load(Path(worker_file).read_text())
+    data["tls"] = {k: str(Path(worker_file).parent / v) for k, v in data["tls"].items()}
+    return data
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ipc", "unix", "tls"])
 def test_unknown_worker_key_refused_and_audited(two_switches, tmp_path, transport):
     fed, a, b = two_switches
-    data = yaml.safe_load(Path(worker_yaml(fed, "A")).read_text())
+    data = _absolute(worker_yaml(fed, "A"))
     data["curve_key"] = str(tmp_path / "stranger.key_secret")
     data["transport"] = transport
     stranger = write_curve_keypair(tmp_path / "stranger.key_secret")
@@ -207,12 +214,12 @@ def test_ipc_endpoint_with_no_switch_behind_it_is_named(federation, tmp_path, tr
         Endpoint.connect(tmp_path / "stray.yaml", job="j", rank=0, timeout_s=1.5)
 
 
-@pytest.mark.parametrize("transport", ["ipc", "unix"])
+@pytest.mark.parametrize("transport", ["ipc", "unix", "tls"])
 def test_ipc_password_must_come_from_the_switch_key(two_switches, tmp_path, transport):
     """A listed worker key whose password was derived for another switch is refused on IPC (and on the stream
     socket beside it), and audited."""
     fed, a, b = two_switches
-    data = yaml.safe_load(Path(worker_yaml(fed, "A")).read_text())
+    data = _absolute(worker_yaml(fed, "A"))
     other = yaml.safe_load(Path(worker_yaml(fed, "B")).read_text())["switch_curve_public_key"]
     bad = {**data, "curve_key": str(Path(worker_yaml(fed, "A")).parent / data["curve_key"]),
            "switch_curve_public_key": other, "transport": transport}
@@ -250,7 +257,7 @@ def test_a_rank_killed_without_a_word_is_taken_by_its_relaunch_however_short_its
         assert again.rank == 5
 
 
-@pytest.mark.parametrize("transport", ["unix", "ipc", "tcp"])
+@pytest.mark.parametrize("transport", ["unix", "ipc", "tcp", "tls"])
 def test_the_switch_answers_a_workers_bye(two_switches, federation, tmp_path, transport):
     """A closing worker waits for this answer before it closes its socket: it says the switch has read everything
     the worker sent before its BYE (its last acknowledgements among them)."""
@@ -259,6 +266,8 @@ def test_the_switch_answers_a_workers_bye(two_switches, federation, tmp_path, tr
     try:
         if ctx is not None:  # (a stream socket authenticates with its first message)
             assert mon.poll(20000) and mon.recv_multipart()  # the handshake
+        else:  # (over TLS, once it has dialled: the TCP connect and the TLS handshake do not block)
+            assert s.poll(20000, zmq.POLLOUT)
         s.send(encode_frame(FrameType.BYE))
         assert s.poll(10000), "no answer to BYE"
         assert decode_frame(s.recv_multipart()[0], b"").type == FrameType.BYE

@@ -20,7 +20,7 @@ from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, pack_messa
 from security.curve import local_password
 from switch_server.localstream import AUTH_WITHIN_S, MAX_UNPROVEN
 from tests.harness.federation import wait_audit
-from tests.switch.conftest import worker_yaml
+from tests.switch.conftest import exchange, worker_yaml
 
 
 def _raw(fed, cluster: str) -> socket.socket:
@@ -76,15 +76,7 @@ def test_provisioned_same_host_workers_take_the_stream_socket(two_switches):
     """Provisioned workers on the switches' host connect over the stream socket (audited as such, naming the
     process the kernel vouches for) and carry messages both ways, through shared memory and inline."""
     fed, a, b = two_switches
-    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
-            Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
-        assert ea._io.transport == eb._io.transport == "unix"
-        msgs = [b"small", bytes(range(256)) * 400, b"x" * 700_000]
-        for m in msgs:
-            ea.channel("B", 0, "s").send(m)
-        assert [eb.channel("A", 0, "s").recv(timeout_s=30) for _ in msgs] == msgs
-        eb.channel("A", 0, "s").send(b"back")
-        assert ea.channel("B", 0, "s").recv(timeout_s=30) == b"back"
+    assert exchange(worker_yaml(fed, "A"), worker_yaml(fed, "B")) == ("unix", "unix")
     rec = wait_audit(a, lambda r: r["action"] == "worker_accepted")
     assert rec["detail"]["transport"] == "unix" and rec["target"].startswith("unix:pid ")
 
