@@ -29,7 +29,8 @@ clusters:
     host: 10.70.0.1
     port: 7443
     accounts: [{name: research, workers: [worker, trainer]}]
-  - {name: B, host: b.example.org, port: 8443, local: tcp://0.0.0.0:8500, link: {chunk_bytes: 262144}}
+  - {name: B, host: b.example.org, port: 8443, local: tcp://0.0.0.0:8500, local_tls: 0.0.0.0:8501,
+     link: {chunk_bytes: 262144}}
 """
 
 
@@ -66,6 +67,13 @@ def test_kits_are_portable_and_hold_only_their_sites_secrets(tmp_path):
     cfg = load_switch_config(site / "B" / "switch.yaml")
     assert cfg.tls.ca == str(site / "B" / "ca.pem") and cfg.tls.crl == str(site / "B" / "crl.pem")
     assert cfg.listen == "0.0.0.0:8443" and cfg.local.endpoint == "tcp://0.0.0.0:8500"
+    # B offers its workers on other hosts mutual TLS, with each worker's own certificate from the kit; A does not
+    assert cfg.local.tls_endpoint == "0.0.0.0:8501"
+    wb = load_worker_config(site / "B" / "worker.yaml")
+    assert wb.tls_endpoint == "0.0.0.0:8501" and wb.tls.cert == str(site / "B" / "workers" / "worker.pem")
+    assert all(Path(p).is_file() for p in (wb.tls.ca, wb.tls.cert, wb.tls.key, wb.tls.crl))
+    assert load_worker_config(out / "A" / "worker.yaml").tls is None
+    assert load_switch_config(out / "A" / "switch.yaml").local.tls_endpoint == ""
     assert cfg.peers[0].address == "10.70.0.1:7443"
     assert cfg.link.shape.rate_mbit == 60 and cfg.link.chunk_bytes == 262144  # the federation's, then B's own
     assert stat.S_IMODE(os.stat(site / "B" / "switch.key").st_mode) == 0o600
@@ -87,6 +95,11 @@ def test_kits_are_portable_and_hold_only_their_sites_secrets(tmp_path):
     ("federation: acme\nfederation: other\nclusters: []\n", "key 'federation' is given twice"),
     ("federation: acme\nclusters:\n  - {name: A, host: 10.0.0.1, port: 0}\n", "clusters[0].port 0 must be 1-65535"),
     ("federation: acme\nca: {days: yes}\nclusters: []\n", "ca.days: expected int, got bool"),
+    ("federation: acme\nclusters:\n  - {name: A, host: h, port: 7, local_tls: 'h:7'}\n",
+     "clusters[0].local_tls: h:7 is taken by cluster A"),
+    ("federation: acme\nclusters:\n  - {name: A, host: 10.0.0.1, port: 7, local_tls: '10.0.0.1:0'}\n",
+     "clusters[0].local_tls '10.0.0.1:0': port 0 (a free port picked here) is only for a switch on this machine's "
+     "loopback"),
 ])
 def test_a_bad_federation_file_is_one_line_naming_the_key(tmp_path, text, says):
     f = tmp_path / "federation.yaml"
