@@ -13,8 +13,9 @@
 - codec: the same task with each --codecs update codec (clients send their change encoded, error feedback kept
   per client): update bytes per round (client -> combiner; WAN bytes where clients are remote from their combiner)
   and accuracy after each round.
-- flower: round time on the encrypted path (clients over CURVE to their switch, the combiner on its switch's host
-  and, a second time, on another host over CURVE too; the controller behind mutual TLS between two switches)
+- flower: round time on the encrypted path (clients over mutual TLS to their switch, or CURVE with --flower-remote
+  tcp; the combiner on its switch's host and, a second time, on another host like the clients; the controller
+  behind mutual TLS between two switches)
   against Flower's FedAvg (legacy gRPC, server-authenticated TLS) for
   --flower-sizes, the same four-tensor model and fixed updates; the Flower column where an interpreter has `flwr`
   (an optional extra, not a dependency: `python -m venv /work/venv-flwr && /work/venv-flwr/bin/pip install flwr`,
@@ -263,6 +264,9 @@ def main() -> None:
     p.add_argument("--flower-sizes", default="1000000x10,1000000x50",
                    help="FLOATSxCLIENTS runs of --only flower (Nebula's encrypted path against Flower)")
     p.add_argument("--flower-rounds", type=int, default=5)
+    p.add_argument("--flower-remote", choices=("tls", "tcp"), default="tls",
+                   help="how --only flower's workers on other hosts reach their switch: tls (the switch's TLS "
+                        "endpoint for workers) or tcp (ZeroMQ's CURVE)")
     p.add_argument("--flwr-python", default=None, help="an interpreter with flwr (default: /work/venv-flwr's)")
     p.add_argument("--mem-mb", type=int, default=256)
     p.add_argument("--mem-clients", type=int, default=4)
@@ -296,8 +300,9 @@ def main() -> None:
         py = flower_python(args.flwr_python)
         load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
         sizes = [tuple(int(x) for x in s.split("x")) for s in args.flower_sizes.split(",")]
-        rows = bench_flower(sizes, args.flower_rounds, args.per_proc, py)
+        rows = bench_flower(sizes, args.flower_rounds, args.per_proc, py, args.flower_remote)
         print(f"\n## Round time on the encrypted path against Flower (median of rounds 2-{args.flower_rounds}; "
+              f"workers on other hosts over {'mutual TLS' if args.flower_remote == 'tls' else 'CURVE'}; "
               f"load average {load0} before, {' '.join(f'{x:.2f}' for x in os.getloadavg())} after)")
         if py is None:
             print("Flower: not measured: no interpreter with flwr (pip install flwr, e.g. into /work/venv-flwr)")
