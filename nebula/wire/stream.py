@@ -21,6 +21,7 @@ AUTH_NO = b"NEBULA-AUTH-NO"
 CERT_REFUSED = "certificate refused"  # how an AUTH_NO over TLS that refuses the certificate (not the key) begins
 MAX_PARTS = 4  # a frame's head, SHM_TAG and a descriptor, or head and payload (the switch's own prefix aside)
 _HEAD = struct.Struct(">IB")
+DIRECT_BYTES = 64 * 1024  # messages at least this large are read straight into their own buffer
 # over TLS, writes smaller than this are joined with their neighbours: one record and one syscall instead of several
 JOIN_BELOW_BYTES = 16 * 1024
 
@@ -40,16 +41,23 @@ def pack_message(parts: Sequence[Any]) -> list[Any]:
 
 class MessageParser:
     """Messages out of the bytes of one stream, each a list of parts (memoryviews of a buffer of its own);
-    `max_bytes`: the most one message may carry (beyond, StreamError before its bytes are read)."""
+    `max_bytes`: the most one message may carry (beyond, StreamError before its bytes are read). A message of at
+    least DIRECT_BYTES gets its buffer as soon as its head is in, and the rest of it is read straight into that
+    buffer: large payloads are not copied out of the staging buffer."""
 
     def __init__(self, max_bytes: int, staging_bytes: int = 256 * 1024) -> None:
         self.max_bytes = max_bytes
         self._buf = bytearray(staging_bytes)
         self._view = memoryview(self._buf)
         self._lo = self._hi = 0
+        self._body: memoryview | None = None  # the large message being read, straight into its own buffer
+        self._lengths: tuple[int, ...] = ()
+        self._got = 0
 
     def buffer(self) -> memoryview:
         """Where the next bytes of the stream go (`taken(n)` once `n` of them are there)."""
+        if self._body is not None:
+            return self._body[self._got :]
         if self._lo and len(self._buf) - self._hi < 64 * 1024:
             n = self._hi - self._lo
             self._buf[:n] = self._view[self._lo : self._hi]
@@ -58,8 +66,15 @@ class MessageParser:
 
     def taken(self, nbytes: int) -> list[list[memoryview]]:
         """`nbytes` more arrived: the messages now complete, in order."""
-        self._hi += nbytes
         out = []
+        if self._body is not None:
+            self._got += nbytes
+            if self._got < len(self._body):
+                return out
+            out.append(_split(self._body, self._lengths))
+            self._body = None
+            return out
+        self._hi += nbytes
         view = self._view
         while self._hi - self._lo >= _HEAD.size:
             total, n = _HEAD.unpack_from(view, self._lo)
@@ -68,22 +83,23 @@ class MessageParser:
                                   f"{self.max_bytes} bytes are accepted")
             head = _HEAD.size + 4 * n
             need = head + total
-            if self._hi - self._lo < need:
-                if need > len(self._buf) - self._lo:
-                    self._grow(need)
-                    view = self._view
+            if self._hi - self._lo < head:
                 break
-            lo = self._lo + _HEAD.size
-            lengths = struct.unpack_from(f">{n}I", view, lo)
+            lengths = struct.unpack_from(f">{n}I", view, self._lo + _HEAD.size)
             if sum(lengths) != total:
                 raise StreamError(f"a message's part lengths {list(lengths)} do not add up to its {total} bytes")
             at = self._lo + head
-            body = bytes(view[at : at + total])  # (its own buffer: the staging buffer is reused)
-            parts, off = [], 0
-            for k in lengths:
-                parts.append(memoryview(body)[off : off + k])
-                off += k
-            out.append(parts)
+            if self._hi - self._lo < need:
+                if total >= DIRECT_BYTES:  # (the rest of it goes straight into its own buffer)
+                    have = self._hi - at
+                    self._body = memoryview(bytearray(total))
+                    self._body[:have] = view[at : self._hi]
+                    self._lengths, self._got = lengths, have
+                    self._lo = self._hi = 0
+                elif need > len(self._buf) - self._lo:
+                    self._grow(need)
+                break
+            out.append(_split(memoryview(bytes(view[at : at + total])), lengths))  # (the staging buffer is reused)
             self._lo += need
         if self._lo == self._hi:
             self._lo = self._hi = 0
@@ -101,6 +117,14 @@ class MessageParser:
         buf = bytearray(max(need, len(self._buf)))
         buf[:n] = self._view[self._lo : self._hi]
         self._buf, self._view, self._lo, self._hi = buf, memoryview(buf), 0, n
+
+
+def _split(body: memoryview, lengths: tuple[int, ...]) -> list[memoryview]:
+    parts, off = [], 0
+    for k in lengths:
+        parts.append(body[off : off + k])
+        off += k
+    return parts
 
 
 def tls_writes(parts: Sequence[Any], join_below: int = JOIN_BELOW_BYTES) -> list[Any]:
