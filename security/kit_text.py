@@ -27,12 +27,14 @@ def kit_readme(spec: FederationSpec, cluster: ClusterSpec, revision: int) -> str
     peers = "; ".join(f"{p.name} at {p.address}" for p in spec.clusters if p.name != c) or "none yet"
     workers = ", ".join(f"`{'worker.yaml' if w == 'worker' else f'worker-{w}.yaml'}` (account {a})"
                         for a, w in cluster.worker_names())
+    tls = (f", and from other hosts over mutual TLS at {cluster.local_tls} with their own certificates "
+           "(`workers/`; open that port to the cluster's hosts only)" if cluster.local_tls else "")
     return f"""# Cluster {c} of federation {spec.federation} (kit revision {revision})
 
 This directory is cluster {c}'s switch server: its certificate and keys (only {c}'s: keep the private files at
 mode 600), the federation's CA certificate and CRL, `switch.yaml`, and its workers' credentials.
 Peers reach {c} at {cluster.address} (it binds {cluster.listen}): open that port to them. Its peers: {peers}.
-Workers of {c} reach the switch at {cluster.local} (or over its IPC socket on this host).
+Workers of {c} reach the switch at {cluster.local} (or over its IPC socket on this host){tls}.
 
 On {c}'s gateway host, in this directory, with Nebula installed and its commands on PATH:
 
