@@ -92,18 +92,21 @@ class ActorChannels:
             return [(self.channel(peer, e), e, "k") for e in range(inc, inc + CLIENT_WINDOW)]
         return [(self.channel(peer), None, "")]
 
-    def poll_parts(self, peers: Collection[Peer], timeout_s: float, primary: Peer | None = None
-                   ) -> RawMessage | None:
-        """The next message (its parts) from any of `peers` (fair turns), or None after `timeout_s`.
+    def poll_parts(self, peers: Collection[Peer], timeout_s: float, primary: Peer | None = None,
+                   wake: Collection[Peer] = ()) -> RawMessage | None:
+        """The next message (its parts) from any of `peers` (fair turns), or None after `timeout_s`, or as soon as
+        one of `wake` (peers not polled) has a message, which is left unread.
 
         Between sweeps it sleeps with back-off, or, given a `primary` peer (the one most messages come from),
         blocks on that peer's channel instead, which costs no CPU however many actors wait in one process.
         """
         if self._ready is not None:
-            return self._poll_ready(peers, timeout_s)
+            return self._poll_ready(peers, timeout_s, wake)
         deadline = time.monotonic() + timeout_s
         nap = 0.0005
         while True:
+            if any(self.channel(p).pending() for p in wake):
+                return None
             n = len(peers)
             for i in range(n):
                 peer = peers[(self._turn + i) % n]
@@ -134,7 +137,8 @@ class ActorChannels:
             time.sleep(min(nap, left))
             nap = min(nap * 2, 0.02)
 
-    def _poll_ready(self, peers: Collection[Peer], timeout_s: float) -> RawMessage | None:
+    def _poll_ready(self, peers: Collection[Peer], timeout_s: float, wake: Collection[Peer] = ()
+                    ) -> RawMessage | None:
         """`poll_parts` of a watching actor: the channels that received something, oldest first, are the only ones
         looked at; a channel is visited for one message at a time, so a busy peer cannot starve the others."""
         wanted = peers if isinstance(peers, (set, frozenset)) else set(peers)
@@ -145,7 +149,7 @@ class ActorChannels:
                 if got is not None:
                     return got
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or any(self.channel(p).pending() for p in wake):
                 return None
             for key in self.ep.ready(left):
                 self._ready[key] = None

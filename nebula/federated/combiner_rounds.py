@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,6 +25,9 @@ __all__ = ["SyncRound", "serve_async", "PULL_GRACE_S"]
 
 log = logging.getLogger(__name__)
 PULL_GRACE_S = 2.0  # an update announced before the deadline may finish arriving this much later
+# updates pulled beyond the one being received: the next one's transfer overlaps this one's checks and folding,
+# while what waits in the combiner's channels stays bounded (and the first update is not slowed by many at once)
+PULL_AHEAD = 2
 
 
 class SyncRound:
@@ -63,14 +67,24 @@ class SyncRound:
 
     def pump(self, until: float) -> Message | None:
         """Serve the clients' messages while the round waits for one and `until` (a monotonic time) has not come;
-        a command of the controller that came meanwhile (ending the round), or None."""
+        a command of the controller that came meanwhile (ending the round), or None. The update pulled first is
+        received once its pieces come or PULL_AHEAD more are pulled, and the rest before the round ends."""
         comb = self.c
-        while self.state.waiting() and time.monotonic() < until:
-            got = comb.mb.poll(comb.listen, min(1.0, max(0.0, until - time.monotonic())))
-            command = None if got is None else comb.take(got, self)
-            if command is not None:
-                return command
-        return None
+        command = None
+        while command is None and self.state.waiting() and time.monotonic() < until:
+            if self.pulled and (len(self.pulled) > PULL_AHEAD or comb.mb.channel(self.pulled[0][0]).pending()):
+                self.receive_pulled()
+                continue
+            # a pulled client's channel carries its pieces next: they are read by `receive_pulled` alone, which
+            # the first of them wakes
+            listen = comb.listen - {p for p, _ in self.pulled}
+            got = comb.mb.poll(listen, min(1.0, max(0.0, until - time.monotonic())),
+                               wake=[self.pulled[0][0]] if self.pulled else ())
+            if got is not None:
+                command = comb.take(got, self)
+        while self.pulled:  # (also when the round is given up: the channels stay in step)
+            self.receive_pulled()
+        return command
 
     def __init__(self, comb: Combiner, cmd: StartRound, weights: dict[str, np.ndarray], deadline: float) -> None:
         self.c, self.cmd, self.weights, self.deadline = comb, cmd, weights, deadline
@@ -81,6 +95,7 @@ class SyncRound:
         # each update's change from this model is measured (raw updates; a coded update is a change already)
         measure = job.max_update_norm is not None and job.update_codec == NONE_CODEC and not job.secure_aggregation
         self.base = GlobalModel(weights, comb.spool) if measure else None
+        self.pulled: deque[tuple[Peer, ClientUpdate]] = deque()  # accepted headers whose pieces were asked for
 
     def make_state(self, **kw) -> RoundState:
         """The round's pure state (under differential privacy every update weighs the same)."""
@@ -117,6 +132,18 @@ class SyncRound:
         st.accept(who)
         if not msg.pushed:
             self.c.to_client(peer, PullUpdate(round=st.round))
+            self.pulled.append((peer, msg))
+            return
+        self.receive(peer, msg, parts)
+
+    def receive_pulled(self) -> None:
+        """Receive the update pulled first."""
+        peer, msg = self.pulled.popleft()
+        self.receive(peer, msg, None)
+
+    def receive(self, peer: Peer, msg: ClientUpdate, parts: list | None) -> None:
+        """Receive, check and fold an accepted update (`parts`: its pieces, when they came with its header)."""
+        who, st, job = str(peer), self.state, self.c.job
         try:
             upd = receive_update(self.c.mb, peer, msg, max(0.5, self.deadline - time.monotonic()) + PULL_GRACE_S,
                                  codec=job.update_codec, spool_dir=self.c.spool, inline=parts, base=self.base,

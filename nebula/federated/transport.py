@@ -194,13 +194,14 @@ class Messenger(ActorChannels):
         msg, rest = self.decode(self.channel(peer).recv_parts(timeout_s), peer)
         return msg, (rest[0] if rest else None)
 
-    def poll(self, peers: Collection[Peer], timeout_s: float, primary: Peer | None = None
-             ) -> tuple[Peer, Message, list[memoryview] | None] | None:
-        """The next message from any of `peers` (fair turns), or None after `timeout_s`: a message of this actor's
-        inbox, or Malformed. What is not a header at all (a piece of a model whose header was dropped) is skipped."""
+    def poll(self, peers: Collection[Peer], timeout_s: float, primary: Peer | None = None,
+             wake: Collection[Peer] = ()) -> tuple[Peer, Message, list[memoryview] | None] | None:
+        """The next message from any of `peers` (fair turns), or None after `timeout_s` or once one of `wake` has
+        a message (`poll_parts`): a message of this actor's inbox, or Malformed. What is not a header at all (a
+        piece of a model whose header was dropped) is skipped."""
         deadline = time.monotonic() + timeout_s
         while True:
-            got = self.poll_parts(peers, max(0.0, deadline - time.monotonic()), primary)
+            got = self.poll_parts(peers, max(0.0, deadline - time.monotonic()), primary, wake)
             if got is None:
                 return None
             peer, parts = got
