@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Mapping
 
@@ -49,6 +50,7 @@ class IOThread:
         self.heartbeat_s = heartbeat_s
         self.ctx, self.sock, self.monitor, self.address, self.transport = connect(cfg)
         self.wake_r, self.wake_w = os.pipe()
+        weakref.finalize(self, _close_pipe, self.wake_r, self.wake_w)
         self.wake_pending = False  # a wake-up byte is on its way: commands queued meanwhile need no other
         os.set_blocking(self.wake_r, False)
         self.cmds: deque[Command] = deque()
@@ -171,8 +173,8 @@ class IOThread:
                 self._do_cmds()  # (commands still queued: their acknowledgements are owed too)
                 say_goodbye(self.sock, self.streams, self.out)
             close_connection(self.ctx, self.sock, self.monitor, await_answer=sw.fatal is None)
-            os.close(self.wake_r)
-            os.close(self.wake_w)
+            # (the wake pipe stays open until this object is collected: `stop` and the application's threads
+            # may still write to it, and a descriptor closed here could be reused by then for another file)
 
     def _until(self, next_hello: float, next_check: float) -> float:
         """When the loop must look again at the latest, with no socket event."""
@@ -265,3 +267,8 @@ class IOThread:
             elif isinstance(cmd, Watch):
                 streams.watch()
         streams.frame_submitted()  # (the burst's small messages share frames)
+
+
+def _close_pipe(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import subprocess
@@ -276,6 +277,20 @@ def test_the_switch_answers_a_workers_bye(two_switches, federation, tmp_path, tr
         if ctx is not None:
             mon.close(0)
             ctx.term()
+
+
+def test_an_io_thread_that_ended_first_leaves_its_wake_pipe_open_for_stop(two_switches):
+    """An I/O thread that leaves on its own (as after a failure) must not close the pipe that `stop` and the
+    application's threads still write to: a descriptor closed there could be another file's by then."""
+    fed = two_switches[0]
+    ep = Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0)
+    io = ep._io
+    io.running = False
+    io._wake()
+    io.thread.join(10)
+    assert not io.thread.is_alive()
+    os.fstat(io.wake_w)  # (raises EBADF if the thread closed it)
+    ep.close(flush_s=1)  # stop() wakes the ended thread through it
 
 
 def test_a_one_message_window_moves_on_each_consumption(two_switches):
