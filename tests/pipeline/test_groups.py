@@ -40,6 +40,7 @@ def test_a_group_of_every_rank_is_the_jobs_own_and_needs_no_rendezvous(procs, tm
     assert r0["sum"] == r1["sum"] == 3.0  # collectives on it reach both ranks
 
 
+@pytest.mark.slow  # (~16 s: the fast suite keeps the retry of a group that fails to connect, above)
 def test_groups_connect_while_one_rank_is_starved_of_cpu(procs, tmp_path):
     """Rank 1 runs 10 ms of every 110 (stopped and resumed by a throttle process, as on an overloaded machine) while
     six groups of both ranks are created with gloo's own rendezvous, one attempt each. Before each group had a store

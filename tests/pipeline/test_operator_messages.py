@@ -65,6 +65,7 @@ def test_a_worker_started_before_its_switch_says_so_once_in_one_line(procs, tmp_
     assert "Traceback" not in out
 
 
+@pytest.mark.slow  # (end to end, ~20 s: the messages themselves are proven by the tests above)
 def test_a_cluster_alone_names_the_cluster_that_never_came_once(procs, tmp_path):
     workers = start_switches(procs, tmp_path / "fed", ["A", "B"])  # B's switch runs, B's ranks do not
     clusters = [{"id": c, "worker": str(workers[c])} for c in ("A", "B")]
