@@ -1,6 +1,8 @@
 """Device benchmark through the real runtime: `nebula bench` on real ranks writes sane DeviceProfiles."""
 from __future__ import annotations
 
+import pytest
+
 import math
 
 from nebula.hybrid.bench import read_profiles
@@ -9,6 +11,7 @@ from tests.hybrid.helpers import hybrid_job
 from tests.harness.federation import BIN, finish
 
 
+@pytest.mark.slow  # (~9 s of profiling real ranks: the allocator's tests use profiles without it)
 def test_bench_profiles_two_ranks_and_sees_the_slowed_one(procs, tmp_path):
     """2 ranks, rank 1 simulated 10x slower: both profiled, the slow one has the larger seconds per FLOP (a wide
     margin: load from other processes on a shared host changes the unslowed rank's time too)."""

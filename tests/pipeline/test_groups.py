@@ -26,6 +26,7 @@ def _run(procs, tmp_path: Path, mode: str, late_s: float = 0.0, timeout_s: float
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1) if (out / f"rank{r}.json").is_file()]
 
 
+@pytest.mark.slow  # (~11 s: a group of every rank, below, keeps groups in the fast suite)
 def test_a_group_that_fails_to_connect_on_one_rank_is_retried_by_both(procs, tmp_path):
     r0, r1 = _run(procs, tmp_path, "flaky")
     assert r0["sum"] == r1["sum"] == 3.0  # the retried group works: 1 + 2
@@ -40,7 +41,7 @@ def test_a_group_of_every_rank_is_the_jobs_own_and_needs_no_rendezvous(procs, tm
     assert r0["sum"] == r1["sum"] == 3.0  # collectives on it reach both ranks
 
 
-@pytest.mark.slow  # (~16 s: the fast suite keeps the retry of a group that fails to connect, above)
+@pytest.mark.slow  # (~16 s: a group of every rank, above, keeps groups in the fast suite)
 def test_groups_connect_while_one_rank_is_starved_of_cpu(procs, tmp_path):
     """Rank 1 runs 10 ms of every 110 (stopped and resumed by a throttle process, as on an overloaded machine) while
     six groups of both ranks are created with gloo's own rendezvous, one attempt each. Before each group had a store
