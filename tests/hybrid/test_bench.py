@@ -1,9 +1,9 @@
 """Device benchmark through the real runtime: `nebula bench` on real ranks writes sane DeviceProfiles."""
 from __future__ import annotations
 
-import pytest
-
 import math
+
+import pytest
 
 from nebula.hybrid.bench import read_profiles
 from nebula.hybrid.probe import RankProbe
