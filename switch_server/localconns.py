@@ -6,7 +6,7 @@ __all__ = ["WorkerConnections"]
 
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from nebula.wire import ChannelKey, Frame, FrameType
 from nebula.wire.shm import SHM_MIN_BYTES
@@ -29,6 +29,9 @@ class WorkerConnections:
         self.delivery = delivery
         self.refuse = refusals.refuse
         self.send_control, self.flush = delivery.send_control, delivery.flush
+        # whether a connection may share memory with the switch (not one over TLS from another host: set by
+        # `switch_server.localtls`)
+        self.same_host: Callable[[bytes], bool] = lambda ident: True
 
     def registered(self, ident: bytes, frame: Frame) -> Registration | None:
         reg = self.registry.get(ident)
@@ -85,7 +88,7 @@ class WorkerConnections:
                 self.server.incarnation_ended(replaced.account, replaced.job, replaced.rank, replaced.inc)
         # the WELCOME first: it names the worker's incarnation, and frames held for its rank may be on the control
         # lane too (queued before it there, they would reach a worker that does not know who it is yet)
-        self.send_control(ident, FrameType.WELCOME, self.desk.welcome(reg, frame.meta.get("shm")))
+        self.send_control(ident, FrameType.WELCOME, self.desk.welcome(reg, frame.meta.get("shm") if self.same_host(ident) else None))
         if new:
             self.server.metrics.workers.set(len(self.registry))
             self.delivery.adopt(reg.addr, ident)

@@ -73,6 +73,8 @@ def open_tls(side: Any, streams: StreamWorkers) -> str:
         task.add_done_callback(tasks.discard)
 
     streams.check_cert = check_cert
+    # a worker on another host cannot map the switch's memory: its HELLO's ask for an arena gets none
+    side.conns.same_host = lambda ident: (c := streams.conns.get(bytes(ident))) is None or c.kind != "tls"
     host, port = split_host_port(cfg.local.tls_endpoint, "local.tls_endpoint")
     streams.tls_listener = Listener(host, port, on_conn)
     bound_host, bound_port = streams.tls_listener.address()
