@@ -83,3 +83,14 @@ class Refusals:
                                                 "(2 x link.chunk_bytes + frame head; workers split messages into "
                                                 "link.chunk_bytes frames), or bytes that are not ZeroMQ framing: "
                                                 "the connection was closed before the part was read"})
+
+    def broke_share(self, transport: str, peer: str, user: str, why: str) -> None:
+        """A worker's connection named its shared payloads' slots against its grant (`nebula.wire.share`): it is
+        ended (its worker connects again, with empty slots); counted, audited."""
+        name, _, account = user.partition("/")
+        self.server.metrics.refused.labels(reason="bad_share").inc()
+        log.warning("ended the %s connection of worker %s (%s): %s", transport, name, peer, why)
+        self.server.audit_limited(("connection_dropped", "bad_share", account), self.server.actor,
+                                  "connection_dropped", f"worker:{name}", "denied", {
+                                      "reason": "bad_share", "transport": transport, "peer": peer,
+                                      "account": account, "detail": why[:300]})

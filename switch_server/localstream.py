@@ -24,6 +24,8 @@ from typing import Any, Callable
 import zmq
 
 from nebula.config import stream_path
+from nebula.wire import WireError
+from nebula.wire.share import ShareSlots, pack_grant, read_ask
 from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, StreamError, pack_message
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,7 @@ class _Conn(asyncio.BufferedProtocol):
         self.waiting: deque[list[Any]] = deque()  # parsed while the local side holds workers back
         self.paused = False
         self.peer = ""
+        self.slots: ShareSlots | None = None  # the payloads it shares (`nebula.wire.share`), once granted
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -119,12 +122,19 @@ class _Conn(asyncio.BufferedProtocol):
                 if not self._auth(parts):
                     return
                 continue
+            if self.slots is not None:
+                try:
+                    parts = self.slots.resolve(parts)
+                except WireError as exc:
+                    self.owner.broke_share(self.kind, self.peer, self.user, exc.message)
+                    self.transport.abort()
+                    return
             user = self.user
             self.waiting.append([_Part(self.ident, user), *(_Part(p, user) for p in parts)])
         self.pump()
 
     def _auth(self, parts: list[memoryview]) -> bool:
-        auth = len(parts) == 3 and bytes(parts[0]) == AUTH  # (anything else is checked as no key: audited)
+        auth = len(parts) in (3, 4) and bytes(parts[0]) == AUTH  # (anything else is checked as no key: audited)
         user = self.owner.check(bytes(parts[1]) if auth else b"", bytes(parts[2]) if auth else b"",
                                 f"{self.kind}:{self.peer}", self.kind,
                                 self.cert[0] if self.cert is not None else None)
@@ -135,7 +145,9 @@ class _Conn(asyncio.BufferedProtocol):
         self.user = user
         self.owner.unproven.discard(self)
         self.parser.widen(self.owner.max_bytes())  # (what may come before is an AUTH's few bytes)
-        self.transport.writelines(pack_message([AUTH_OK, user.encode()]))
+        self.slots = self.owner.grant(read_ask(parts[3])) if len(parts) == 4 else None
+        grant = [] if self.slots is None else [pack_grant(len(self.slots.held), self.slots.slot_bytes)]
+        self.transport.writelines(pack_message([AUTH_OK, user.encode(), *grant]))
         return True
 
     def pump(self) -> None:
@@ -163,6 +175,9 @@ class _Conn(asyncio.BufferedProtocol):
         self.owner.writable(self.ident)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.slots is not None:
+            self.owner.shared -= len(self.slots.held) * self.slots.slot_bytes
+            self.slots = None
         self.owner.conns.pop(self.ident, None)
         self.owner.paused.discard(self)
         self.owner.unproven.discard(self)
@@ -175,10 +190,15 @@ class StreamWorkers:
     def __init__(self, check: Callable[[bytes, bytes, str, str, str | None], str | None],
                  on_message: Callable[[list], None], holding: Callable[[], bool], writable: Callable[[bytes], None],
                  max_bytes: Callable[[], int], ended_mid_message: Callable[[str, str], None],
-                 check_cert: Callable[[Any, str], tuple[str, int, float] | str] = lambda ssl_obj, peer: "no TLS"
-                 ) -> None:
+                 check_cert: Callable[[Any, str], tuple[str, int, float] | str] = lambda ssl_obj, peer: "no TLS",
+                 share_budget: Callable[[], tuple[int, int]] = lambda: (0, 0),
+                 broke_share: Callable[[str, str, str, str], None] = lambda kind, peer, user, why: None,
+                 slot_tally: dict[str, int] | None = None) -> None:
         self.check, self.on_message, self.holding, self.writable = check, on_message, holding, writable
         self.max_bytes, self.ended_mid_message, self.check_cert = max_bytes, ended_mid_message, check_cert
+        self.share_budget, self.broke_share = share_budget, broke_share  # ((all slots' bytes, one slot's), ...)
+        self.shared = 0  # bytes of the slots granted to the connections now open
+        self.slot_tally = {"put": 0, "used": 0} if slot_tally is None else slot_tally
         self.conns: dict[bytes, _Conn] = {}
         self.paused: set[_Conn] = set()  # connections not read while the local side holds workers back
         self.unproven: set[_Conn] = set()  # connections that have not authenticated yet
@@ -186,6 +206,16 @@ class StreamWorkers:
         self.server: asyncio.AbstractServer | None = None
         self.tls_listener: Any = None  # (`switch_server.localtls`)
         self.handshakes: set[asyncio.Task] = set()  # TLS handshakes under way
+
+    def grant(self, asked: int) -> ShareSlots | None:
+        """Slots for a connection that asks for `asked` (`nebula.wire.share`): as many as the switch's budget for
+        them has room for, counted until the connection ends; None for none."""
+        budget, slot_bytes = self.share_budget()
+        slots = min(asked, (budget - self.shared) // slot_bytes) if slot_bytes else 0
+        if slots <= 0:
+            return None
+        self.shared += slots * slot_bytes
+        return ShareSlots(slots, slot_bytes, self.slot_tally)
 
     async def start(self, path: str) -> None:
         """Listen on `path` (a leading "@": an abstract socket, as ZeroMQ's ipc://@name)."""
@@ -267,7 +297,9 @@ async def open_streams(side: Any) -> StreamWorkers:
 
     streams = StreamWorkers(
         side.zap.check_stream, on_message, lambda: side.held or side.throttled, side.delivery.flush,
-        lambda: side.router.maxmsgsize, side.refusals.dropped_by_zmq)
+        lambda: side.router.maxmsgsize, side.refusals.dropped_by_zmq,
+        share_budget=lambda: (side.server.budgets.shared, side.server.cfg.link.chunk_bytes),
+        broke_share=side.refusals.broke_share, slot_tally=side.server.metrics.slot_bytes)
     if side.cfg.ipc_endpoint:
         await streams.start(stream_path(side.cfg.ipc_endpoint))
     return streams

@@ -21,7 +21,10 @@ class SwitchMetrics:
         # local payload bytes that went through shared memory, not the socket; "placed": those of "out" that TLS
         # decrypted straight into the worker's arena, never copied in the switch
         self.shm_bytes = {"in": 0, "out": 0, "placed": 0}
-        r.register(_TallyCollector(self._tally, self.shm_bytes))
+        # payload bytes workers put into their connections' slots, and those frames took from them instead of the
+        # socket (`nebula.wire.share`)
+        self.slot_bytes = {"put": 0, "used": 0}
+        r.register(_TallyCollector(self._tally, self.shm_bytes, self.slot_bytes))
         self.queue_bytes = Gauge("nebula_switch_queue_bytes", "Bytes queued towards a peer or the local side", ["peer"], registry=r)
         self.rtt = Gauge("nebula_switch_rtt_seconds", "Round-trip time to a peer switch", ["peer"], registry=r)
         self.retransmits = Counter("nebula_switch_retransmits", "Frames sent again after a reconnect", ["peer"], registry=r)
@@ -55,11 +58,12 @@ class SwitchMetrics:
 
 class _TallyCollector:
     """Exposes SwitchMetrics' tallies as the counters nebula_switch_bytes, nebula_switch_frames,
-    nebula_switch_shared_memory_bytes and nebula_switch_shared_memory_placed_bytes."""
+    nebula_switch_shared_memory_bytes, nebula_switch_shared_memory_placed_bytes and nebula_switch_slot_bytes."""
 
-    def __init__(self, tally: dict, shm: dict) -> None:
+    def __init__(self, tally: dict, shm: dict, slots: dict) -> None:
         self.tally = tally
         self.shm = shm
+        self.slots = slots
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         labels = ["peer", "lane", "direction"]
@@ -79,3 +83,8 @@ class _TallyCollector:
                                      "Of the bytes out, those a peer link decrypted straight into the worker's arena")
         placed.add_metric([], self.shm["placed"])
         yield placed
+        slots = CounterMetricFamily("nebula_switch_slot_bytes", "Workers' payload bytes put into their connections' "
+                                    "slots, and those frames took from there", labels=["op"])
+        for op in ("put", "used"):
+            slots.add_metric([op], self.slots[op])
+        yield slots

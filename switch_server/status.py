@@ -61,6 +61,7 @@ def switch_status(server: Any, prev: dict[str, Any]) -> dict[str, Any]:
         # workers whose payloads go through shared memory, and the bytes that did (nebula.wire.shm)
         "shm_workers": sum(1 for r in local.registry if r.shm is not None and r.shm.ready),
         "shm_bytes": dict(server.metrics.shm_bytes),
+        "slot_bytes": dict(server.metrics.slot_bytes),  # payloads sent once for many frames (nebula.wire.share)
         "queued_bytes": server.budget.used,
         "links": links,
         "sessions": sessions,

@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence
 
 from nebula.channel.delivery import OutMessage
 from nebula.channel.errors import ChannelError, PeerUnavailable
@@ -33,32 +33,35 @@ class Endpoint:
     """One worker's connection to its cluster's switch server, shared by all its channels."""
 
     def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int,
-                 stages: Mapping[str, str] | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
+                 stages: Mapping[str, str] | None = None, heartbeat_s: float = HEARTBEAT_S,
+                 share_slots: int = 0) -> None:
         self.cfg = cfg
         self.job = job
         self.rank = rank
         self.window_bytes = window_bytes
         self._closed = False
-        self._io = IOThread(cfg, job, rank, window_bytes, stages, heartbeat_s)
+        self._io = IOThread(cfg, job, rank, window_bytes, stages, heartbeat_s, share_slots)
         self._channels: dict[tuple[str, int, str], Channel] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def connect(cls, worker_file: str | Path | WorkerConfig, *, job: str, rank: int, timeout_s: float = 30.0,
                 window_bytes: int = DEFAULT_WINDOW_BYTES, stages: Mapping[str, str] | None = None,
-                heartbeat_s: float = HEARTBEAT_S) -> Endpoint:
+                heartbeat_s: float = HEARTBEAT_S, share_slots: int = 0) -> Endpoint:
         """Connect to the switch named in `worker_file` as rank `rank` of `job`; wait until it welcomes us.
 
         `stages` is the job file's stage -> cluster map, for jobs that name stages: the switch checks it against
         the account's `stage:` grants (ChannelError naming the missing grant and the command that adds it).
         `heartbeat_s`: how often we say HELLO (up to 2.5 s; workers that are many and mostly idle, as federated
-        clients, say it less often than the default 1 s to spare their switch)."""
+        clients, say it less often than the default 1 s to spare their switch). `share_slots`: slots to ask the
+        switch for, where payloads sent with `Channel.send`'s `share` go once (`nebula.wire.share`; over a stream
+        connection only, and only as many as the switch grants: a combiner sending one model to many clients)."""
         cfg = worker_file if isinstance(worker_file, WorkerConfig) else load_worker_config(worker_file)
         if not isinstance(rank, int) or rank < 0:
             raise ValueError(f"rank {rank!r} must be a non-negative integer")
         if not job or not isinstance(job, str):
             raise ValueError(f"job {job!r} must be a non-empty string")
-        ep = cls(cfg, job, rank, window_bytes, stages, heartbeat_s)
+        ep = cls(cfg, job, rank, window_bytes, stages, heartbeat_s, share_slots)
         ep._io.start()
         try:
             ep._io.wait_welcome(timeout_s)
@@ -145,8 +148,12 @@ class Channel:
         self._inbox = ep._io.register(self)
         self._coders: dict[str, Any] = {}  # by direction: stateful codecs keep their state per channel and direction
 
-    def send(self, data: bytes | bytearray | memoryview | Sequence[Any], lane: str = "activation") -> Future:
-        """Queue `data` (bytes-like, or a sequence of bytes-like parts); the future completes once the switch has it."""
+    def send(self, data: bytes | bytearray | memoryview | Sequence[Any], lane: str = "activation",
+             share: Hashable | None = None) -> Future:
+        """Queue `data` (bytes-like, or a sequence of bytes-like parts); the future completes once the switch has it.
+
+        `share` names these bytes (a key unique to them: messages sent with one key carry the same bytes): an
+        endpoint opened with `share_slots` sends them to its switch once, whatever number of peers they go to."""
         ln = lane_of(lane)
         if isinstance(data, (bytes, bytearray, memoryview)):
             view, parts = memoryview(data).cast("B"), None
@@ -165,7 +172,7 @@ class Channel:
             fut.set_exception(ChannelError(
                 f"message of {len(view)} bytes exceeds the switch's link.max_message_bytes={limit}; split it"))
             return fut
-        self.ep._io.submit(self.tx_id, OutMessage(view, parts, ln, fut))
+        self.ep._io.submit(self.tx_id, OutMessage(view, parts, ln, fut, share=share))
         return fut
 
     def recv_parts(self, timeout_s: float | None = None) -> list[memoryview]:

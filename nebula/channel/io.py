@@ -42,7 +42,8 @@ class IOThread:
     """Owns the socket, its outlet (the lanes), the channels' streams and the arena client."""
 
     def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int,
-                 stages: Mapping[str, str] | None = None, heartbeat_s: float = HEARTBEAT_S) -> None:
+                 stages: Mapping[str, str] | None = None, heartbeat_s: float = HEARTBEAT_S,
+                 share_slots: int = 0) -> None:
         if not 0 < heartbeat_s <= MAX_HEARTBEAT_S:
             raise ValueError(f"heartbeat_s={heartbeat_s} must be in (0, {MAX_HEARTBEAT_S}]: the switch hands a rank "
                              "silent for 3 s to another connection")
@@ -58,6 +59,8 @@ class IOThread:
         self.thread = threading.Thread(target=self._run, name=f"nebula-channel-{job}-{rank}", daemon=True)
         self.shm = ArenaClient(cfg.shared_memory and self.transport in ("ipc", "unix"))
         self.stream = self.ctx is None  # the Unix stream endpoint (`channel.streamsock`), not ZeroMQ
+        if self.stream:
+            self.sock.share_ask = share_slots
         self.out = Outlet(self.sock, self.shm)
         self.streams = Streams(self.out, self.shm, window_bytes, job, cfg.cluster, rank)
         self.switch = SwitchView(cfg, job, rank, stages, self.address, self.streams, self.shm, self.out)

@@ -11,6 +11,7 @@ import zmq
 from nebula.channel.arena import ArenaClient, Pieces
 from nebula.channel.delivery import OutFrame
 from nebula.wire import Lane, next_lane
+from nebula.wire.header import chunk_of
 from nebula.wire.shm import SHM_TAG
 
 __all__ = ["Outlet"]
@@ -21,6 +22,7 @@ class Outlet:
 
     def __init__(self, sock: zmq.Socket, shm: ArenaClient) -> None:
         self.sock, self.shm = sock, shm
+        self.sharing = hasattr(sock, "send_shared")  # a stream connection (`nebula.wire.share`), not ZeroMQ
         self.lanes: tuple[deque[OutFrame], ...] = tuple(deque() for _ in Lane)
         self.turn = 0
 
@@ -37,9 +39,17 @@ class Outlet:
         """Queue a control frame without payload (ACK, SHM_RELEASE)."""
         self.lanes[Lane.CONTROL].append(OutFrame(head, b"", None))
 
-    def send_now(self, head: bytes, payload: Any) -> bool:
-        """Hand one frame to the socket without blocking; False when it (or the arena) has no room now."""
+    def send_now(self, head: bytes, payload: Any, msg: Any = None) -> bool:
+        """Hand one frame to the socket without blocking; False when it (or the arena) has no room now. A frame of
+        a shared message (`OutMessage.share`) goes through the connection's slots where it has some."""
         n = len(payload)
+        share = getattr(msg, "share", None)
+        if share is not None and self.sharing and self.sock.share is not None and self.sock.share.fits(n):
+            try:
+                self.sock.send_shared(head, payload, (share, chunk_of(head), n))
+                return True
+            except zmq.Again:
+                return False
         shm = self.shm
         if shm.fits(n) and self.sock.get(zmq.EVENTS) & zmq.POLLOUT:
             placed = shm.put(payload, time.monotonic())
@@ -75,7 +85,7 @@ class Outlet:
                 return
             q = lanes[lane]
             head, payload, msg = q[0]
-            if not self.send_now(head, payload):
+            if not self.send_now(head, payload, msg):
                 return
             q.popleft()
             if msg is not None:

@@ -33,6 +33,7 @@ class OutMessage:
     rto: float = RTO_S
     sent_at: float = 0.0  # when its first transmission was framed (the link throughput meter's start)
     batch: OutBatch | None = None  # the batch frame it last went in (None: its last transmission was its own)
+    share: Any = None  # names its bytes, the same in every message sent with this key (`Channel.send`'s `share`)
 
     def frame_sent(self, now: float) -> None:
         """One of its frames left for the switch; once all have, the future completes."""

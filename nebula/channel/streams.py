@@ -68,9 +68,12 @@ class Streams:
         self.watch_cond = threading.Condition()
         self.bad_acks = 0  # acknowledgements refused as claiming more than was sent (a forged or broken peer)
         self.unacked = True  # some message may wait for its acknowledgement: check timeouts every 0.5 s
-        # messages submitted and admitted since the I/O thread last framed (`frame_submitted`): the commands of
-        # one wake-up are framed together, so that a burst of small messages shares frames
-        self.submitted: dict[int, list[OutMessage]] = {}
+        # runs of messages submitted and admitted since the I/O thread last framed (`frame_submitted`), by stream:
+        # the commands of one wake-up are framed together, so that a burst of small messages shares frames; a shared
+        # message (`OutMessage.share`) starts a run of its own, so those are framed in the order they were sent (a
+        # model's pieces to many peers, piece by piece: each piece is still in its switch's slot for the next peer)
+        self.submitted: list[tuple[int, list[OutMessage]]] = []
+        self.last_run: dict[int, list[OutMessage]] = {}  # each stream's latest run in `submitted`
 
     # ---- commands of the application side ----
     def open(self, ch: ChannelKeys, inbox: Inbox) -> None:
@@ -95,16 +98,20 @@ class Streams:
     def submit(self, tx_id: int, msg: OutMessage) -> None:
         """Queue a message on a sending stream (framed by the next `frame_submitted`)."""
         self.unacked = True  # (until the next check finds every message acknowledged)
-        admitted = self.tx[tx_id].submit(msg)
-        if admitted:
-            self.submitted.setdefault(tx_id, []).extend(admitted)
+        for m in self.tx[tx_id].submit(msg):
+            run = self.last_run.get(tx_id)
+            if run is None or m.share is not None or run[-1].share is not None:
+                run = self.last_run[tx_id] = []
+                self.submitted.append((tx_id, run))
+            run.append(m)
 
     def frame_submitted(self) -> None:
         """Frame what `submit` admitted since the last call."""
         if self.submitted:
-            for tx_id, msgs in self.submitted.items():
+            for tx_id, msgs in self.submitted:
                 self.queue(self.tx[tx_id], msgs)
             self.submitted.clear()
+            self.last_run.clear()
 
     def watch(self) -> None:
         """Start recording the channels that receive messages (those already holding some included)."""

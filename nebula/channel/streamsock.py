@@ -27,6 +27,7 @@ from typing import Any, Callable
 import zmq
 
 from nebula.channel.tlsdial import DialFailed, TLSDial, certificate_refused
+from nebula.wire.share import PUT, SHARE_TAG, ShareCache, pack_ask, pack_op, read_grant
 from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, StreamError, pack_message, tls_writes
 
 OUT_HIGH_BYTES = 4 * 1024 * 1024  # bytes queued here before `send_multipart` says Again (ZeroMQ's SNDHWM)
@@ -115,6 +116,8 @@ class StreamSocket:
         self.out: deque[memoryview] = deque()
         self.out_bytes = 0
         self.user_id = ""  # "name/account", once the switch accepted us
+        self.share_ask = 0  # slots to ask the switch for (`nebula.wire.share`); a combiner's model goes once
+        self.share: ShareCache | None = None  # this connection's slots, once AUTH_OK granted some
         self.refused = False
         self._tried = 0.0
         self._idle_r, self._idle_w = os.pipe()  # polled while unconnected: never readable
@@ -171,10 +174,10 @@ class StreamSocket:
         self.on_event({"event": event, "value": reason})
 
     def _opened(self, s: socket.socket) -> None:
-        self.sock, self.parser, self.user_id = s, MessageParser(self.max_bytes), ""
+        self.sock, self.parser, self.user_id, self.share = s, MessageParser(self.max_bytes), "", None
         self.out.clear()
         self.out_bytes = 0
-        self._queue([AUTH, *self.creds])
+        self._queue([AUTH, *self.creds, *([pack_ask(self.share_ask)] if self.share_ask else [])])
         self.on_event({"event": zmq.EVENT_CONNECTED, "value": 0})
 
     @property
@@ -216,16 +219,31 @@ class StreamSocket:
             else:
                 self.out_bytes -= written
 
-    def send_multipart(self, parts: Any, flags: int = 0, copy: bool = True) -> None:
-        """Queue one message and write what the kernel takes; zmq.Again when too much is queued already or
-        there is no connection (as a DEALER without a peer)."""
+    def _room(self) -> None:
+        """zmq.Again unless a message may be queued now: connected, and not too much queued already."""
         if not self._connect():
             raise zmq.Again()
         if self.out_bytes > OUT_HIGH_BYTES:
             self.flush()
             if self.out_bytes > OUT_HIGH_BYTES:
                 raise zmq.Again()
+
+    def send_multipart(self, parts: Any, flags: int = 0, copy: bool = True) -> None:
+        """Queue one message and write what the kernel takes; zmq.Again when too much is queued already or
+        there is no connection (as a DEALER without a peer)."""
+        self._room()
         self._queue(parts)
+        self.flush()
+
+    def send_shared(self, head: Any, payload: Any, key: Any) -> None:
+        """Queue a frame whose payload `key` names: put into a slot of the switch's, or named by its slot if it is
+        there already (`nebula.wire.share`)."""
+        self._room()
+        if self.share is None:  # (a new connection, not granted slots yet)
+            self._queue([head, payload])
+        else:  # (looked up only once the frame is sure to be queued: both ends stay in step)
+            op, slot = self.share.lookup(key)
+            self._queue([head, SHARE_TAG, pack_op(op, slot), *([payload] if op == PUT else [])])
         self.flush()
 
     def send(self, data: Any, flags: int = 0) -> None:
@@ -262,8 +280,10 @@ class StreamSocket:
     def _take(self, parts: list[memoryview]) -> None:
         if not self.user_id:  # the switch's answer to AUTH comes first
             tag = bytes(parts[0])
-            if tag == AUTH_OK and len(parts) == 2:
+            if tag == AUTH_OK and len(parts) in (2, 3):
                 self.user_id = bytes(parts[1]).decode(errors="replace")
+                granted = read_grant(parts[2]) if len(parts) == 3 else None
+                self.share = ShareCache(*granted) if granted else None
                 return
             reason = bytes(parts[1]).decode(errors="replace") if tag == AUTH_NO and len(parts) > 1 else "no answer"
             self._refused(zmq.EVENT_HANDSHAKE_FAILED_AUTH, reason)

@@ -5,7 +5,8 @@ left out it is derived from the cap here (and nowhere else): a peer's credit win
 peers (at least four chunks, so a link never stalls on one frame), one local account may queue half of it while
 other accounts work, frames held for one account's ranks that have not connected may take an eighth, and the
 shared-memory arenas of same-host workers (2 x `local.shm_bytes` each) may take the whole cap together: beyond
-that, the pages of every region handed back go back to the kernel at once (`switch_server.localshm.ArenaLedger`).
+that, the pages of every region handed back go back to the kernel at once (`switch_server.localshm.ArenaLedger`);
+the slots where workers' shared payloads are kept (`nebula.wire.share`) may take an eighth, all connections together.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ class Budgets:
     pending: int  # frames held for one account's ranks that have not connected
     arenas: int  # all same-host workers' shared-memory arenas together, before freed pages are given back
     arena: int  # one worker's arena, both directions (0: arenas off)
+    shared: int  # the slots of all stream connections together, where a worker's payload goes once for many frames
 
 
 def resolve(cfg: SwitchConfig) -> Budgets:
@@ -39,4 +41,5 @@ def resolve(cfg: SwitchConfig) -> Budgets:
         pending=limits.pending_bytes or cap // 8,
         arenas=cap,
         arena=2 * cfg.local.shm_bytes,
+        shared=cap // 8,
     )

@@ -17,7 +17,7 @@ from nebula.federated.combiner_rounds import SyncRound, serve_async
 from nebula.federated.combiner_secure import SecureRound
 from nebula.federated.intake import spool_dir
 from nebula.federated.messages import StartAsync, StartRound, Stop
-from nebula.federated.transport import COMBINER_RANK, Messenger
+from nebula.federated.transport import COMBINER_RANK, MODEL_SLOTS, Messenger
 
 __all__ = ["Combiner", "client_peers", "ANY_START"]
 
@@ -30,7 +30,8 @@ class Combiner(CombinerBase):
     def run(self) -> None:
         """Connect to the switch and serve rounds until told to stop."""
         cl = self.job.cluster(self.cluster)
-        ep = Endpoint.connect(cl.worker, job=self.job.job, rank=COMBINER_RANK, timeout_s=self.job.startup_timeout_s)
+        ep = Endpoint.connect(cl.worker, job=self.job.job, rank=COMBINER_RANK, timeout_s=self.job.startup_timeout_s,
+                              share_slots=MODEL_SLOTS)
         self.mb = Messenger(ep, self.job.piece_bytes, self.controller)
         self.mb.watch()  # look only at the channels that got something: a poll costs the same for 1000 clients
         self.listen = frozenset([*self.clients, self.controller])

@@ -110,14 +110,10 @@ class SyncRound:
         task = self.task()
         mb = self.c.mb
         big = sum(w.nbytes for w in self.weights.values()) > 64 * 1024**2
-        for p in self.state.asked:
-            # a small model goes inside the task's message; its pieces are views of self.weights (no copies)
-            mine = dataclasses.replace(task, to=self.c.nonces.get(p))
-            parts = mb.inline_message(mine, self.weights)
-            if parts is not None:
-                mb.send_parts(p, parts)
-            else:
-                mb.send_model(p, mine, self.weights)
+        # each client's task names its own process; the model's pieces are views of self.weights (no copies), each
+        # sent to the switch once for all clients where the endpoint has slots
+        mb.send_model_to({p: dataclasses.replace(task, to=self.c.nonces.get(p)) for p in self.state.asked},
+                         self.weights)
         if big:  # the channel holds those views until the clients acknowledge them: let them go before the updates
             mb.ep.flush(max(1.0, self.deadline - time.monotonic()) / 2)
         self.weights = None  # sent: from here on the combiner holds the partial and one update, no global model

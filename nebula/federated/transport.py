@@ -23,12 +23,15 @@ from nebula.federated.protocol import MessageFamily, Malformed, Message, ModelLa
 
 __all__ = ["Peer", "Messenger", "CONTROLLER_RANK", "COMBINER_RANK", "FIRST_CLIENT_RANK", "CHANNEL", "EPOCH_WINDOW",
            "CLIENT_WINDOW", "manifest", "ModelAssembler", "PUSH_BYTES", "model_nbytes", "piece_plan", "tensor_specs",
-           "fits_inline"]
+           "fits_inline", "MODEL_SLOTS"]
 
 log = logging.getLogger(__name__)
 PIECE_BYTES = 4 * 1024 * 1024
 PUSH_BYTES = 1024 * 1024  # updates up to this size travel with their header, without waiting to be pulled
 INLINE_PIECES = 64  # a small model in at most this many pieces travels inside its header's message
+# slots a combiner asks its switch for: one piece in 1 MiB chunks (the default), sent to every peer
+# before the next, goes to the switch once (`Messenger.send_model_to`, `nebula.wire.share`)
+MODEL_SLOTS = 8
 
 
 def manifest(weights: Mapping[str, np.ndarray]) -> list[list]:
@@ -168,6 +171,27 @@ class Messenger(ActorChannels):
             return self.send_parts(peer, parts, lane=lane)
         self.send(peer, self.model_header(msg, weights), lane="control")
         return self.send_pieces(peer, weights, lane)
+
+    def send_model_to(self, msgs: Mapping[Peer, Message], weights: Mapping[str, np.ndarray], lane: str = "bulk"
+                      ) -> None:
+        """Send one model to many peers, each with its own message: a small model inside each message; a larger
+        one after every message, piece by piece to all peers, each piece's bytes shared (`Channel.send`'s `share`):
+        an endpoint with slots sends each piece to its switch once, whatever the number of peers."""
+        first = next(iter(msgs.values()), None)
+        if first is None:
+            return
+        if fits_inline(manifest(weights), self.piece_bytes):
+            for p, msg in msgs.items():
+                self.send_parts(p, self.inline_message(msg, weights), lane=lane)
+            return
+        layout = self.model_header(first, weights).model
+        for p, msg in msgs.items():
+            self.send(p, dataclasses.replace(msg, model=layout), lane="control")
+        model = object()  # (the key of this model's bytes: a new object per call, so never another model's)
+        for i, view in enumerate(self._views(weights)):
+            for p in msgs:
+                self._count(p, len(view))
+                self.channel(p).send(view, lane=lane, share=(model, i))
 
     def inline_message(self, msg: Message, weights: Mapping[str, np.ndarray]) -> list | None:
         """The parts of `msg` with the model inline (None when it does not fit: send it with `send_model`); built

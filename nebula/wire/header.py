@@ -7,7 +7,7 @@ from __future__ import annotations
 
 __all__ = [
     "HEADER_BYTES", "LANES", "LANE_LEVEL", "MAX_CHUNKS", "MAX_PAYLOAD_BYTES", "MAX_TOTAL_BYTES", "VERSION",
-    "FrameType", "Header", "Lane", "WireError", "lane_of", "pack_header", "relink", "unpack_header",
+    "FrameType", "Header", "Lane", "WireError", "chunk_of", "lane_of", "pack_header", "relink", "unpack_header",
 ]
 
 import enum
@@ -170,4 +170,10 @@ def relink(head: bytes | bytearray, link_seq: int) -> bytes:
     return bytes(buf)
 
 
+def chunk_of(head: bytes | bytearray | memoryview) -> int:
+    """The chunk index of an encoded header (which of its message's chunks a frame carries)."""
+    return struct.unpack_from("!I", head, _CHUNK_OFFSET)[0]
+
+
 _LINK_SEQ_OFFSET = struct.calcsize("!2sBBBBHQQ")
+_CHUNK_OFFSET = struct.calcsize("!2sBBBBHQQQ")

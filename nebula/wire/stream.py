@@ -4,8 +4,8 @@ A message is a 5-byte head (">IB": the parts' total bytes, the part count), the 
 the parts. It carries what a ZeroMQ multipart message carries on the IPC endpoint (a frame's head and payload, or
 its head, `SHM_TAG` and a shared-memory descriptor), so both ends handle the same parts whichever socket brought
 them. The first message of a connection is the worker's AUTH (its CURVE public key and the password derived from
-it, as ZeroMQ PLAIN would carry them); the switch answers AUTH_OK with the worker's "name/account", or AUTH_NO with
-the reason, and closes.
+it, as ZeroMQ PLAIN would carry them, and optionally the slots it asks for, `nebula.wire.share`); the switch
+answers AUTH_OK with the worker's "name/account" (and the slots it grants), or AUTH_NO with the reason, and closes.
 """
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ AUTH = b"NEBULA-AUTH"
 AUTH_OK = b"NEBULA-AUTH-OK"
 AUTH_NO = b"NEBULA-AUTH-NO"
 CERT_REFUSED = "certificate refused"  # how an AUTH_NO over TLS that refuses the certificate (not the key) begins
-MAX_PARTS = 4  # a frame's head, SHM_TAG and a descriptor, or head and payload (the switch's own prefix aside)
+# a frame's head and payload; head, SHM_TAG and a descriptor; or head, SHARE_TAG, a descriptor and (for a PUT) the
+# payload (`nebula.wire.share`)
+MAX_PARTS = 4
 _HEAD = struct.Struct(">IB")
 DIRECT_BYTES = 64 * 1024  # messages at least this large are read straight into their own buffer
 # over TLS, writes smaller than this are joined with their neighbours: one record and one syscall instead of several

@@ -8,7 +8,7 @@ to `switch.log` beside its config; a switch that does not come up fails with the
 from __future__ import annotations
 
 __all__ = ["BIN", "LocalFederation", "Switch", "drain", "edit_yaml", "finish", "launch", "start_switch",
-           "start_switches", "wait_audit", "wait_for_line"]
+           "slot_bytes", "start_switches", "wait_audit", "wait_for_line"]
 
 import json
 import os
@@ -77,6 +77,29 @@ def wait_audit(switch: Switch, pred: Callable[[dict], bool], timeout_s: float = 
                 return rec
         time.sleep(0.1)
     raise AssertionError(f"no matching audit record; have: {[(r['action'], r.get('detail')) for r in switch.audit()]}")
+
+
+def slot_bytes(config: Path, used: int, timeout_s: float = 20.0) -> dict[str, int]:
+    """The bytes workers put into their connections' slots and frames took from them (`nebula.wire.share`), as the
+    switch of `config` reports them in a status written after this call began (one is written every second), once
+    "used" reaches `used`; AssertionError if none does within `timeout_s`."""
+    from nebula.config import load_switch_config
+    from switch_server.status import status_path
+
+    path = status_path(load_switch_config(config))
+    since, deadline = time.time(), time.monotonic() + timeout_s
+    got = None
+    while time.monotonic() < deadline:
+        try:
+            st = json.loads(path.read_text())
+        except (OSError, ValueError):  # (not written yet, or being written)
+            st = {"time": 0}
+        if st["time"] >= since:
+            got = st["slot_bytes"]
+            if got["used"] >= used:
+                return got
+        time.sleep(0.2)
+    raise AssertionError(f"switch of {config}: slot bytes {got} after {timeout_s} s, expected {used} used")
 
 
 def start_switch(procs: Procs, config: Path, timeout_s: float = 30.0, prefix: Sequence[str] = (),
