@@ -43,10 +43,10 @@ class Outlet:
         """Hand one frame to the socket without blocking; False when it (or the arena) has no room now. A frame of
         a shared message (`OutMessage.share`) goes through the connection's slots where it has some."""
         n = len(payload)
-        share = getattr(msg, "share", None)
-        if share is not None and self.sharing and self.sock.share is not None and self.sock.share.fits(n):
+        if self.sharing and msg is not None and msg.share is not None and self.sock.share is not None \
+                and self.sock.share.fits(n):
             try:
-                self.sock.send_shared(head, payload, (share, chunk_of(head), n))
+                self.sock.send_shared(head, payload, (msg.share, chunk_of(head), n))
                 return True
             except zmq.Again:
                 return False

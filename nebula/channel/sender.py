@@ -54,6 +54,7 @@ class OutBatch:
     """The messages one batch frame carries."""
 
     msgs: tuple[OutMessage, ...]
+    share: Any = None  # (batched messages are small: never shared)
 
     def frame_sent(self, now: float) -> None:
         """The frame left for the switch: so did one frame of each of its messages."""

@@ -98,8 +98,12 @@ class Streams:
     def submit(self, tx_id: int, msg: OutMessage) -> None:
         """Queue a message on a sending stream (framed by the next `frame_submitted`)."""
         self.unacked = True  # (until the next check finds every message acknowledged)
-        for m in self.tx[tx_id].submit(msg):
-            run = self.last_run.get(tx_id)
+        admitted = self.tx[tx_id].submit(msg)
+        run = self.last_run.get(tx_id)
+        if run is not None and len(admitted) == 1 and admitted[0].share is None and run[-1].share is None:
+            run.append(admitted[0])  # (the common case: one more message on a stream with a run open)
+            return
+        for m in admitted:
             if run is None or m.share is not None or run[-1].share is not None:
                 run = self.last_run[tx_id] = []
                 self.submitted.append((tx_id, run))

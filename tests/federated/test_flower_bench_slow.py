@@ -14,21 +14,26 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _printed_command() -> str:
+def _printed_commands() -> list[str]:
+    """Every Flower comparison the README's section prints (the full one, and the one of a single change)."""
     text = (REPO / "README.md").read_text()
     block = text[text.index("**Federated rounds on the encrypted path against Flower.**"):]
-    found = re.search(r"`(PYTHONPATH=\. \.venv/bin/python benchmarks/federated\.py[^`]*)`", block, re.S)
-    assert found, "the README names no federated benchmark command beside its Flower table"
-    return " ".join(found.group(1).split())  # (the README wraps it over two lines)
+    block = block[:block.index("\n## ")]
+    found = re.findall(r"`(PYTHONPATH=\. \.venv/bin/python benchmarks/federated\.py[^`]*)`", block, re.S)
+    commands = [" ".join(f.split()) for f in found]  # (the README wraps them over two lines)
+    commands = [c for c in commands if "--only flower" in c]
+    assert commands, "the README names no federated benchmark command beside its Flower tables"
+    return commands
 
 
 @pytest.mark.slow
-def test_the_flower_comparison_runs_as_printed_and_prints_both_placements():
-    env_part, *argv = shlex.split(_printed_command())
+@pytest.mark.parametrize("command", _printed_commands())
+def test_the_flower_comparison_runs_as_printed_and_prints_both_placements(command):
+    env_part, *argv = shlex.split(command)
     env = {**os.environ, env_part.split("=")[0]: "."}
     out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stderr[-3000:]
-    sizes = re.search(r"--flower-sizes (\S+)", _printed_command()).group(1).split(",")
+    sizes = re.search(r"--flower-sizes (\S+)", command).group(1).split(",")
     rows = [line for line in out.stdout.splitlines() if re.match(r"\| \d+ \| \d+ \|", line)]
     assert [f"{r.split('|')[1].strip()}x{r.split('|')[2].strip()}" for r in rows] == sizes
     for row in rows:
