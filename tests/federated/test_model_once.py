@@ -14,7 +14,7 @@ CLIENTS, ROUNDS = 3, 2
 def test_each_rounds_model_reaches_the_combiners_switch_once(procs, tmp_path):
     workers = federation(procs, tmp_path)
     job = write_job(tmp_path, workers, {"B": CLIENTS}, rounds=ROUNDS, validity={"min_updates": CLIENTS},
-                    client={"factory": "tests.federated.toy_client:make_client", "args": {"dim": DIM}})
+                    client={"factory": "tests.federated.toy_client:make_client", "args": {"dim": DIM, "n": 16}})
     run_job(procs, job)
     with ModelTrail(tmp_path / "fl" / "trail") as t:
         rounds = t.rounds()

@@ -73,8 +73,8 @@ class ToyClient(Client):
 
 
 def make_client(cluster: str, index: int, num_clients: dict, behaviours: dict | None = None,
-                sleep_s: dict | None = None, dim: int = 4) -> ToyClient:
+                sleep_s: dict | None = None, dim: int = 4, n: int = 200) -> ToyClient:
     """Client `index` of `cluster`; `behaviours`/`sleep_s` map "A/0" to a misbehaviour or a delay."""
     key = f"{cluster}/{index}"
     return ToyClient(seed=sum(key.encode()) * 7 + index, behaviour=(behaviours or {}).get(key, "honest"),
-                     sleep_s=(sleep_s or {}).get(key, 0.0), dim=dim)
+                     sleep_s=(sleep_s or {}).get(key, 0.0), n=n, dim=dim)

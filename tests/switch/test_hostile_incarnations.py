@@ -52,6 +52,7 @@ def test_ack_beyond_what_was_sent_is_refused_and_the_sender_goes_on(procs, three
         victim.channel("B", 0, "y").send(b"still here")
         assert eb.channel("A", 0, "y").recv(timeout_s=30) == b"still here"
         assert victim._io.tx[to_c.tx_key.id].acked == 0  # nothing was taken as acknowledged
+        victim.close(flush_s=0)  # (C runs no switch: its messages are never acknowledged, so no flush wait)
     rec = wait_audit(a, lambda r: r["action"] == "frame_refused" and r["detail"].get("reason") == "ack_beyond_sent")
     assert rec["target"] == "C" and rec["detail"]["type"] == "ACK"
 

@@ -73,6 +73,7 @@ def test_refusals_reach_the_sender_and_jobs_are_isolated(two_switches):
         eo.channel("A", 0, "x").send(b"from another job")
         with pytest.raises(TimeoutError):
             ea.channel("B", 0, "x").recv(timeout_s=1.0)
+        eo.close(flush_s=0)  # (its message has no receiver: waiting for its acknowledgement would only pass time)
 
 
 def _raw_worker(fed, cluster: str, wy: str | Path | None = None) -> zmq.Socket:
