@@ -144,7 +144,7 @@ class Channel:
         self.tx_key = ChannelKey(ep.job, cfg.account, cfg.cluster, ep.rank, peer_cluster, peer_rank, name)
         self.rx_key = ChannelKey(ep.job, cfg.account, peer_cluster, peer_rank, cfg.cluster, ep.rank, name)
         encode_meta(self.tx_key.to_meta())  # fails early on names too long for the wire
-        self.tx_id = self.tx_key.id  # (a hash: computed once, not per message)
+        self.tx_id, self.rx_id = self.tx_key.id, self.rx_key.id  # (hashes: computed once, not per message)
         self._inbox = ep._io.register(self)
         self._coders: dict[str, Any] = {}  # by direction: stateful codecs keep their state per channel and direction
 
@@ -216,7 +216,7 @@ class Channel:
                 raise inbox.errors.popleft()
             item = inbox.ready.popleft()
             inbox.taken += 1
-        self.ep._io.consumed(self.rx_key.id)
+        self.ep._io.consumed(self.rx_id)
         if item.error is not None:  # a message refused on arrival, in its place in the stream
             raise item.error
         return item.data, item.parts

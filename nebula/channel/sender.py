@@ -110,6 +110,7 @@ class Sender:
 
     def __init__(self, key: ChannelKey, window_bytes: int, inc: int = 0) -> None:
         self.key = key
+        self.cid = key.id  # (a hash: computed once, not per frame)
         self.inc = inc  # this endpoint's incarnation
         self.peer_inc = 0  # the receiver's, once an acknowledgement named it
         self.meta = self._meta()
@@ -198,7 +199,7 @@ class Sender:
             meta = self.meta
             if i == 0 and msg.parts is not None:
                 meta = encode_meta({**self.key.to_meta(), "inc": self.inc, "to": self.peer_inc, "parts": msg.parts})
-            head = encode_frame(FrameType.DATA, meta, payload, lane=msg.lane, channel_id=self.key.id, seq=msg.seq,
+            head = encode_frame(FrameType.DATA, meta, payload, lane=msg.lane, channel_id=self.cid, seq=msg.seq,
                                 chunk_index=i, chunk_count=count, total_len=total)
             out.append(OutFrame(head, payload, msg))
         msg.pending_frames += count
@@ -218,7 +219,7 @@ class Sender:
             meta = self.batch_metas[k] = encode_meta({**self.key.to_meta(), "inc": self.inc, "to": self.peer_inc,
                                                       "batch": k})
         payload = Pieces([pack_table([(len(m.data), m.parts) for m in msgs]), *[m.data for m in msgs]])
-        head = encode_frame(FrameType.DATA, meta, payload, lane=msgs[0].lane, channel_id=self.key.id,
+        head = encode_frame(FrameType.DATA, meta, payload, lane=msgs[0].lane, channel_id=self.cid,
                             seq=msgs[0].seq, chunk_index=0, chunk_count=1, total_len=len(payload))
         batch = OutBatch(tuple(msgs))
         for m in msgs:

@@ -72,12 +72,12 @@ LANE_LEVEL = (0, 1, 1, 2)
 
 def lane_of(name: str | Lane | int) -> Lane:
     """Lane by name (`control`, `activation`, `gradient`, `bulk`) or number; ValueError names the choices."""
-    if isinstance(name, Lane):
-        return name
-    if isinstance(name, str):  # (every send names its lane: a look-up, not an enum construction)
+    if name.__class__ is str:  # (every send names its lane: one look-up, not an enum construction)
         lane = _LANE_BY_NAME.get(name)
         if lane is not None:
             return lane
+    if isinstance(name, Lane):
+        return name
     if isinstance(name, int) and not isinstance(name, bool) and 0 <= name < len(LANES):
         return Lane(name)
     if isinstance(name, str) and name in LANES:
