@@ -88,7 +88,8 @@ class WorkerConnections:
                 self.server.incarnation_ended(replaced.account, replaced.job, replaced.rank, replaced.inc)
         # the WELCOME first: it names the worker's incarnation, and frames held for its rank may be on the control
         # lane too (queued before it there, they would reach a worker that does not know who it is yet)
-        self.send_control(ident, FrameType.WELCOME, self.desk.welcome(reg, frame.meta.get("shm") if self.same_host(ident) else None))
+        mapped = frame.meta.get("shm") if self.same_host(ident) else None
+        self.send_control(ident, FrameType.WELCOME, self.desk.welcome(reg, mapped))
         if new:
             self.server.metrics.workers.set(len(self.registry))
             self.delivery.adopt(reg.addr, ident)

@@ -14,7 +14,6 @@ __all__ = ["cut_untrusted_workers", "open_tls"]
 import asyncio
 import logging
 import socket
-import ssl
 from typing import Any, Callable
 
 from cryptography import x509
@@ -23,7 +22,7 @@ from nebula.config import split_host_port
 from nebula.wire.stream import CERT_REFUSED
 from security.tls import PeerRejected, check_peer, describe_tls_error
 from switch_server.localstream import AUTH_WITHIN_S, StreamWorkers
-from switch_server.tlstransport import Listener, TLSTransport, handshake as tls_handshake
+from switch_server.tlstransport import Listener, accept_tls
 
 log = logging.getLogger(__name__)
 CLOSE_AFTER_S = 1.0  # a refused handshake's socket is closed this long after its alert went out
@@ -51,7 +50,7 @@ def open_tls(side: Any, streams: StreamWorkers) -> str:
 
     async def handshake(sock: socket.socket, peer: str, conn: Any) -> None:
         try:
-            await _accept(sock, server.trust.server_ctx, conn)
+            await accept_tls(sock, server.trust.server_ctx, conn, AUTH_WITHIN_S, close_after_s=CLOSE_AFTER_S)
         except (OSError, asyncio.TimeoutError) as exc:  # (ssl.SSLError is an OSError)
             streams.forget(conn)
             reason = "timeout" if isinstance(exc, asyncio.TimeoutError) else describe_tls_error(exc)
@@ -79,26 +78,6 @@ def open_tls(side: Any, streams: StreamWorkers) -> str:
     streams.tls_listener = Listener(host, port, on_conn)
     bound_host, bound_port = streams.tls_listener.address()
     return f"{bound_host}:{bound_port}"
-
-
-async def _accept(sock: socket.socket, ctx: ssl.SSLContext, conn: Any) -> TLSTransport:
-    """The TLS handshake of a worker's connection, as `tlstransport.accept_tls`, except that a refused one is
-    closed gently: its alert (a revoked or unknown certificate) goes out followed by FIN, and the socket is closed
-    a moment later. Closed at once, with the worker's first bytes unread, it would answer with RST, which can
-    destroy the alert before the worker reads why it was refused."""
-    sock.setblocking(False)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    tls = ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-    try:
-        await tls_handshake(tls, AUTH_WITHIN_S)
-    except BaseException:
-        try:
-            tls.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        asyncio.get_running_loop().call_later(CLOSE_AFTER_S, tls.close)
-        raise
-    return TLSTransport(tls, conn)
 
 
 def cut_untrusted_workers(server: Any, why: Callable[[int | None, float], str | None]) -> None:

@@ -273,8 +273,9 @@ async def handshake(sock: ssl.SSLSocket, timeout_s: float) -> None:
 
 
 async def _secure(raw: socket.socket, ctx: ssl.SSLContext, server_side: bool, protocol: asyncio.BufferedProtocol,
-                  timeout_s: float) -> TLSTransport:
-    """Wrap a connected non-blocking socket, run the handshake, and connect `protocol`; closes it on failure."""
+                  timeout_s: float, close_after_s: float = 0.0) -> TLSTransport:
+    """Wrap a connected non-blocking socket, run the handshake, and connect `protocol`; closes it on failure (with
+    `close_after_s`, gently: see `accept_tls`)."""
     try:
         raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock = ctx.wrap_socket(raw, server_side=server_side, do_handshake_on_connect=False,
@@ -285,7 +286,14 @@ async def _secure(raw: socket.socket, ctx: ssl.SSLContext, server_side: bool, pr
     try:
         await handshake(sock, timeout_s)
     except BaseException:
-        sock.close()
+        if not close_after_s:
+            sock.close()
+            raise
+        try:  # (our alert, then FIN; the socket closes a moment later)
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        asyncio.get_running_loop().call_later(close_after_s, sock.close)
         raise
     return TLSTransport(sock, protocol)
 
@@ -310,10 +318,13 @@ async def open_connection(host: str, port: int, ctx: ssl.SSLContext, protocol: a
 
 
 async def accept_tls(conn: socket.socket, ctx: ssl.SSLContext, protocol: asyncio.BufferedProtocol,
-                     timeout_s: float) -> TLSTransport:
-    """Complete the TLS handshake of an accepted connection as the server; the socket is closed on failure."""
+                     timeout_s: float, close_after_s: float = 0.0) -> TLSTransport:
+    """Complete the TLS handshake of an accepted connection as the server; the socket is closed on failure. With
+    `close_after_s`, a refused handshake is closed gently: its alert (a revoked or unknown certificate) goes out
+    followed by FIN, and the socket is closed that long after. Closed at once, with the client's first bytes
+    unread, it would answer with RST, which can destroy the alert before the client reads why it was refused."""
     conn.setblocking(False)
-    return await _secure(conn, ctx, True, protocol, timeout_s)
+    return await _secure(conn, ctx, True, protocol, timeout_s, close_after_s)
 
 
 class Listener:

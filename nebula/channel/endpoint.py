@@ -23,6 +23,7 @@ from nebula.channel.io import HEARTBEAT_S, IOThread
 from nebula.channel.sendfuture import SendFuture
 from nebula.config.worker import WorkerConfig, load_worker_config
 from nebula.wire import ChannelKey, encode_meta, lane_of
+from nebula.wire.share import MAX_SLOTS
 
 __all__ = ["Endpoint", "Channel", "ChannelError", "PeerUnavailable", "DEFAULT_WINDOW_BYTES"]
 
@@ -56,6 +57,8 @@ class Endpoint:
         clients, say it less often than the default 1 s to spare their switch). `share_slots`: slots to ask the
         switch for, where payloads sent with `Channel.send`'s `share` go once (`nebula.wire.share`; over a stream
         connection only, and only as many as the switch grants: a combiner sending one model to many clients)."""
+        if not isinstance(share_slots, int) or isinstance(share_slots, bool) or not 0 <= share_slots <= MAX_SLOTS:
+            raise ValueError(f"share_slots={share_slots!r} must be a whole number from 0 (none) to {MAX_SLOTS}")
         cfg = worker_file if isinstance(worker_file, WorkerConfig) else load_worker_config(worker_file)
         if not isinstance(rank, int) or rank < 0:
             raise ValueError(f"rank {rank!r} must be a non-negative integer")

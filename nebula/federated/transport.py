@@ -180,11 +180,13 @@ class Messenger(ActorChannels):
         first = next(iter(msgs.values()), None)
         if first is None:
             return
-        if fits_inline(manifest(weights), self.piece_bytes):
+        inline = fits_inline(manifest(weights), self.piece_bytes)
+        layout = self.model_header(first, weights, inline=inline).model  # (one layout and one set of views for all)
+        if inline:
+            views = list(self._views(weights))
             for p, msg in msgs.items():
-                self.send_parts(p, self.inline_message(msg, weights), lane=lane)
+                self.send_parts(p, [to_json(dataclasses.replace(msg, model=layout)), *views], lane=lane)
             return
-        layout = self.model_header(first, weights).model
         for p, msg in msgs.items():
             self.send(p, dataclasses.replace(msg, model=layout), lane="control")
         model = object()  # (the key of this model's bytes: a new object per call, so never another model's)

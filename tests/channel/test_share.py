@@ -74,3 +74,11 @@ def test_asks_and_grants_are_bounded():
     assert read_grant(pack_grant(8, 1 << 20)) == (8, 1 << 20)
     assert read_grant(pack_grant(0, 1 << 20)) is None and read_grant(b"junk") is None
     assert read_op(pack_op(USE, 7)) == (USE, 7)
+
+
+@pytest.mark.parametrize("slots", [-1, MAX_SLOTS + 1, True, 2.0])
+def test_an_endpoint_asking_for_slots_it_cannot_have_is_told_before_it_connects(slots):
+    from nebula.channel import Endpoint
+
+    with pytest.raises(ValueError, match=rf"share_slots={slots!r} must be a whole number from 0 \(none\) to 64"):
+        Endpoint.connect("/nonexistent/worker.yaml", job="j", rank=0, share_slots=slots)
