@@ -9,6 +9,7 @@ from typing import Any
 
 import zmq
 
+from nebula.channel.connection import poll_ms
 from nebula.channel.outlet import Outlet
 from nebula.channel.streams import Streams
 from nebula.wire import FrameType, WireError, decode_frame, encode_frame
@@ -54,7 +55,7 @@ def _await_bye(sock: Any, within_s: float) -> None:
     that writes to a connection already closed under it (a WELCOME, a frame for us) ends that connection
     without reading what it still held unread, and the senders of our last messages wait for ever."""
     deadline = time.monotonic() + within_s
-    while (left := deadline - time.monotonic()) > 0 and sock.poll(left * 1000, zmq.POLLIN):
+    while (left := deadline - time.monotonic()) > 0 and sock.poll(poll_ms(left), zmq.POLLIN):
         parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
         try:
             if decode_frame(parts[0].buffer, b"").type == FrameType.BYE:

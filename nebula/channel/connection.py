@@ -7,6 +7,7 @@ password derived from the same CURVE keys (the kernel carries those bytes, so th
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from typing import Any
@@ -25,7 +26,7 @@ from security.errors import TLSConfigError
 from security.preflight import check_key_file
 from security.tls import PeerRejected, check_peer, client_context
 
-__all__ = ["SNDHWM", "connect", "handshake_failure", "silent_switch"]
+__all__ = ["SNDHWM", "connect", "handshake_failure", "poll_ms", "silent_switch"]
 
 SNDHWM = 16  # frames inside ZeroMQ; more wait in our lanes so a small activation can overtake bulk frames
 WAITING_SAY_S = 2.0  # a switch that has not answered for this long is named in a warning (once per wait)
@@ -34,6 +35,13 @@ log = logging.getLogger(__name__)
 # address -> when connecting to it first failed, for the connections that have not reached their switch yet
 _waiting: dict[str, float] = {}
 _said: set[str] = set()
+
+
+def poll_ms(seconds: float) -> int:
+    """A wait of `seconds` as ZeroMQ's poll takes it: whole milliseconds, rounded up. ZeroMQ truncates, so a
+    deadline less than a millisecond away would return at once, and a loop waiting for it would spin until it
+    passed (the receiving I/O thread spun 3-4 times a message that way, waiting for an owed acknowledgement)."""
+    return max(0, math.ceil(seconds * 1000))
 
 
 def connect(cfg: WorkerConfig) -> tuple[zmq.Context | None, Any, Any, str, str]:

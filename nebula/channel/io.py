@@ -17,7 +17,7 @@ from zmq.utils.monitor import recv_monitor_message
 from nebula.channel.arena import SHM_WAIT_S, ArenaClient
 from nebula.channel.closing import close_connection, say_goodbye
 from nebula.channel.commands import Command, OpenChannel, Submit, Watch
-from nebula.channel.connection import connect, handshake_failure, silent_switch
+from nebula.channel.connection import connect, handshake_failure, poll_ms, silent_switch
 from nebula.channel.delivery import OutMessage
 from nebula.channel.errors import ChannelError
 from nebula.channel.outlet import Outlet
@@ -216,7 +216,7 @@ class IOThread:
             if want != sock_events:
                 poller.modify(self.sock, want)
                 sock_events = want
-            events = dict(poller.poll(max(0.0, self._until(next_hello, next_check) - time.monotonic()) * 1000))
+            events = dict(poller.poll(poll_ms(self._until(next_hello, next_check) - time.monotonic())))
             if self.wake_r in events:
                 try:
                     while os.read(self.wake_r, 4096):

@@ -7,6 +7,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -334,3 +335,30 @@ def test_a_burst_of_small_messages_shares_frames_on_every_hop(two_switches):
         assert all(f.result(timeout=30) is None for f in futs) and ea.flush(timeout_s=30)
         frames = _frames_out(a, "B", "gradient") - before
         assert 0 < frames <= len(msgs) / 4, f"{frames:.0f} frames carried {len(msgs)} messages"
+
+
+def test_an_io_thread_waiting_for_a_deadline_sleeps_until_it_instead_of_spinning(two_switches, monkeypatch):
+    """ZeroMQ's poll takes whole milliseconds and truncates: an I/O thread waiting for an owed acknowledgement (due
+    at most 2 ms after a consumption) must not poll with 0 in the last millisecond and spin until it passes. One
+    message at a time, each consumed and then left alone for 20 ms: a few wake-ups each, not dozens."""
+    fed = two_switches[0]
+    polls: list[int] = []
+    real_poll = zmq.Poller.poll
+
+    def counted(self, timeout=None):
+        polls.append(threading.get_native_id())
+        return real_poll(self, timeout)
+
+    with Endpoint.connect(worker_yaml(fed, "A"), job="spin", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(fed, "B"), job="spin", rank=0) as eb:
+        tx, rx = ea.channel("B", 0, "one"), eb.channel("A", 0, "one")
+        tx.send(b"first")
+        assert rx.recv(timeout_s=10) == b"first"
+        monkeypatch.setattr(zmq.Poller, "poll", counted)
+        for i in range(20):
+            tx.send(bytes([i]) * 100_000)
+            assert rx.recv(timeout_s=10) == bytes([i]) * 100_000
+            time.sleep(0.02)
+        monkeypatch.undo()
+        receiver = sum(1 for tid in polls if tid == eb._io.thread.native_id)
+        assert receiver <= 20 * 5, f"the receiving I/O thread polled {receiver} times for 20 messages"
