@@ -1,0 +1,61 @@
+"""The README's federated benchmarks run as printed and print their tables: the comparison with Flower (Nebula's
+round time with the combiner on its switch's host and on another host, for every size; Flower's column where an
+interpreter has `flwr`) and the same-host scale run (round time and switch memory for every client count). Figures
+are the benchmark's, not asserted."""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _printed_commands(flag: str) -> list[str]:
+    """Every federated benchmark command with `flag` that the README's section prints (for Flower: the full
+    comparison, and the one of a single change)."""
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("**Federated rounds on the encrypted path against Flower.**"):]
+    block = block[:block.index("\n## ")]
+    found = re.findall(r"`(PYTHONPATH=\. \.venv/bin/python benchmarks/federated\.py[^`]*)`", block, re.S)
+    commands = [" ".join(f.split()) for f in found]  # (the README wraps them over two lines)
+    commands = [c for c in commands if flag in c]
+    assert commands, f"the README names no federated benchmark command with {flag} beside its tables"
+    return commands
+
+
+def _run(command: str) -> str:
+    env_part, *argv = shlex.split(command)
+    env = {**os.environ, env_part.split("=")[0]: "."}
+    out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", _printed_commands("--only flower"))
+def test_the_flower_comparison_runs_as_printed_and_prints_both_placements(command):
+    stdout = _run(command)
+    sizes = re.search(r"--flower-sizes (\S+)", command).group(1).split(",")
+    rows = [line for line in stdout.splitlines() if re.match(r"\| \d+ \| \d+ \|", line)]
+    assert [f"{r.split('|')[1].strip()}x{r.split('|')[2].strip()}" for r in rows] == sizes
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[2]) > 0 and float(cells[3]) > 0  # both placements measured
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", _printed_commands("--only scale"))
+def test_the_same_host_scale_run_runs_as_printed_and_measures_every_count(command):
+    stdout = _run(command)
+    counts = [int(c) for c in re.search(r"--counts (\S+)", command).group(1).split(",")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in stdout.splitlines()
+            if re.match(r"\| \d+ \| [\d.]+ \|", line)]
+    assert [int(r[0]) for r in rows] == counts
+    for row in rows:
+        assert float(row[1]) > 0 and int(row[2]) == int(row[0])  # a round closed with every client's update
+        assert float(row[-1]) > 0  # the switch's peak memory
