@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Hashable, Mapping, Sequence
 
 from nebula.channel.delivery import OutMessage
+from nebula.channel.sender import TRANSIT_BYTES
 from nebula.channel.errors import ChannelError, PeerUnavailable
 from nebula.channel.io import HEARTBEAT_S, IOThread
 from nebula.channel.sendfuture import SendFuture
@@ -35,20 +36,21 @@ class Endpoint:
 
     def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int,
                  stages: Mapping[str, str] | None = None, heartbeat_s: float = HEARTBEAT_S,
-                 share_slots: int = 0) -> None:
+                 share_slots: int = 0, transit_bytes: int = TRANSIT_BYTES) -> None:
         self.cfg = cfg
         self.job = job
         self.rank = rank
         self.window_bytes = window_bytes
         self._closed = False
-        self._io = IOThread(cfg, job, rank, window_bytes, stages, heartbeat_s, share_slots)
+        self._io = IOThread(cfg, job, rank, window_bytes, stages, heartbeat_s, share_slots, transit_bytes)
         self._channels: dict[tuple[str, int, str], Channel] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def connect(cls, worker_file: str | Path | WorkerConfig, *, job: str, rank: int, timeout_s: float = 30.0,
                 window_bytes: int = DEFAULT_WINDOW_BYTES, stages: Mapping[str, str] | None = None,
-                heartbeat_s: float = HEARTBEAT_S, share_slots: int = 0) -> Endpoint:
+                heartbeat_s: float = HEARTBEAT_S, share_slots: int = 0,
+                transit_bytes: int = TRANSIT_BYTES) -> Endpoint:
         """Connect to the switch named in `worker_file` as rank `rank` of `job`; wait until it welcomes us.
 
         `stages` is the job file's stage -> cluster map, for jobs that name stages: the switch checks it against
@@ -56,15 +58,22 @@ class Endpoint:
         `heartbeat_s`: how often we say HELLO (up to 2.5 s; workers that are many and mostly idle, as federated
         clients, say it less often than the default 1 s to spare their switch). `share_slots`: slots to ask the
         switch for, where payloads sent with `Channel.send`'s `share` go once (`nebula.wire.share`; over a stream
-        connection only, and only as many as the switch grants: a combiner sending one model to many clients)."""
+        connection only, and only as many as the switch grants: a combiner sending one model to many clients).
+
+        `window_bytes` bounds what a channel's receiver has not consumed yet; `transit_bytes` what it has not
+        received yet (on its way through the switches: raise it where one channel must fill a link whose round
+        trip times its rate is more, e.g. 125 MB for 10 Gbit/s at 100 ms)."""
         if not isinstance(share_slots, int) or isinstance(share_slots, bool) or not 0 <= share_slots <= MAX_SLOTS:
             raise ValueError(f"share_slots={share_slots!r} must be a whole number from 0 (none) to {MAX_SLOTS}")
+        for name, value in (("window_bytes", window_bytes), ("transit_bytes", transit_bytes)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a whole number of bytes, at least 1")
         cfg = worker_file if isinstance(worker_file, WorkerConfig) else load_worker_config(worker_file)
         if not isinstance(rank, int) or rank < 0:
             raise ValueError(f"rank {rank!r} must be a non-negative integer")
         if not job or not isinstance(job, str):
             raise ValueError(f"job {job!r} must be a non-empty string")
-        ep = cls(cfg, job, rank, window_bytes, stages, heartbeat_s, share_slots)
+        ep = cls(cfg, job, rank, window_bytes, stages, heartbeat_s, share_slots, transit_bytes)
         ep._io.start()
         try:
             ep._io.wait_welcome(timeout_s)

@@ -19,6 +19,7 @@ from nebula.channel.closing import close_connection, say_goodbye
 from nebula.channel.commands import Command, OpenChannel, Submit, Watch
 from nebula.channel.connection import connect, handshake_failure, poll_ms, silent_switch
 from nebula.channel.delivery import OutMessage
+from nebula.channel.sender import TRANSIT_BYTES
 from nebula.channel.errors import ChannelError
 from nebula.channel.outlet import Outlet
 from nebula.channel.streams import ChannelKeys, Inbox, Streams
@@ -43,7 +44,7 @@ class IOThread:
 
     def __init__(self, cfg: WorkerConfig, job: str, rank: int, window_bytes: int,
                  stages: Mapping[str, str] | None = None, heartbeat_s: float = HEARTBEAT_S,
-                 share_slots: int = 0) -> None:
+                 share_slots: int = 0, transit_bytes: int = TRANSIT_BYTES) -> None:
         if not 0 < heartbeat_s <= MAX_HEARTBEAT_S:
             raise ValueError(f"heartbeat_s={heartbeat_s} must be in (0, {MAX_HEARTBEAT_S}]: the switch hands a rank "
                              "silent for 3 s to another connection")
@@ -62,7 +63,7 @@ class IOThread:
         if self.stream:
             self.sock.share_ask = share_slots
         self.out = Outlet(self.sock, self.shm)
-        self.streams = Streams(self.out, self.shm, window_bytes, job, cfg.cluster, rank)
+        self.streams = Streams(self.out, self.shm, window_bytes, job, cfg.cluster, rank, transit_bytes)
         self.switch = SwitchView(cfg, job, rank, stages, self.address, self.streams, self.shm, self.out)
         self.tx, self.rx, self.meters = self.streams.tx, self.streams.rx, self.streams.meters
         self.on_frame = Dispatcher("a worker's connection to its switch", {

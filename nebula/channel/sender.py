@@ -13,7 +13,8 @@ from nebula.channel.errors import ChannelError
 from nebula.wire import ChannelKey, FrameType, Lane, encode_frame, encode_meta
 from nebula.wire.batch import BATCH_ENTRY_BYTES, MAX_BATCH, pack_table
 
-__all__ = ["BATCH_BELOW_BYTES", "RTO_S", "RTO_MAX_S", "RTO_BYTES_PER_S", "OutMessage", "OutBatch", "OutFrame",
+__all__ = ["BATCH_BELOW_BYTES", "TRANSIT_BYTES",
+           "RTO_S", "RTO_MAX_S", "RTO_BYTES_PER_S", "OutMessage", "OutBatch", "OutFrame",
            "Admitted", "Sender", "batches"]
 
 RTO_S = 10.0  # resend a message with no acknowledgement progress for this long (then doubling)
@@ -47,6 +48,10 @@ class OutMessage:
 # a message below this may share a DATA frame with the messages queued after it on its channel (up to the switch's
 # chunk_bytes in all): every hop's per-frame work (headers, checks, wake-ups, syscalls) is paid once per batch
 BATCH_BELOW_BYTES = 256 * 1024
+# the most a channel keeps on its way (sent, not yet received): beyond what the receiving worker's arena holds
+# (64 MiB a direction by default), its switch would decrypt frames into its own memory and copy them again, and the
+# more it works the further its worker falls behind. 32 MiB keeps a 100 ms round trip at 335 MB/s a channel.
+TRANSIT_BYTES = 32 * 1024**2
 
 
 @dataclass(eq=False, slots=True)
@@ -108,7 +113,7 @@ class Admitted(NamedTuple):
 class Sender:
     """The sending half of one channel: numbers messages, admits them by window, frames, acknowledges, resends."""
 
-    def __init__(self, key: ChannelKey, window_bytes: int, inc: int = 0) -> None:
+    def __init__(self, key: ChannelKey, window_bytes: int, inc: int = 0, transit_bytes: int = TRANSIT_BYTES) -> None:
         self.key = key
         self.cid = key.id  # (a hash: computed once, not per frame)
         self.inc = inc  # this endpoint's incarnation
@@ -116,11 +121,14 @@ class Sender:
         self.meta = self._meta()
         self.batch_metas: dict[int, bytes] = {}  # by message count, for this meta
         self.window_bytes = window_bytes
+        self.transit_bytes = transit_bytes
         self.next_seq = 1
         self.unacked: dict[int, OutMessage] = {}  # by seq, in order
         self.waiting: deque[OutMessage] = deque()  # not yet admitted by the window
         self.admitted: deque[Admitted] = deque()  # admitted and not yet consumed, in seq order
         self.inflight = 0  # bytes admitted and not yet consumed
+        self.unreceived = 0  # bytes admitted and not yet received (acknowledged): in the switches, on their way
+        self.admitted_upto = 0  # the highest seq admitted (admission goes in seq order)
         self.acked = 0  # highest seq the receiver has (cumulative)
         self.ack_progress = 0.0  # when acknowledgements last moved `acked` on (progress of every message)
         self.consumed = 0  # highest seq the receiver's application has taken
@@ -153,7 +161,7 @@ class Sender:
         self.unacked.clear()
         self.admitted.clear()
         self.waiting.clear()
-        self.inflight = self.acked = self.consumed = 0
+        self.inflight = self.unreceived = self.admitted_upto = self.acked = self.consumed = 0
         self.next_seq = 1
         for msg in msgs:
             msg.seq = self.next_seq
@@ -182,9 +190,13 @@ class Sender:
             n = len(msg.data)
             if self.inflight and self.inflight + n > self.window_bytes:
                 break
+            if self.unreceived and self.unreceived + n > self.transit_bytes:
+                break
             self.waiting.popleft()
             self.admitted.append(Admitted(msg.seq, n, msg))
             self.inflight += n
+            self.unreceived += n
+            self.admitted_upto = msg.seq
             out.append(msg)
         return out
 
@@ -233,7 +245,7 @@ class Sender:
     def ack_refusal(self, recv_seq: int, consumed: int) -> str | None:
         """Why an acknowledgement cannot be true (it claims messages never sent, or more consumed than received),
         or None: the sender's own count bounds what an ACK may say, so a forged one costs nothing."""
-        sent = self.next_seq - 1
+        sent = self.admitted_upto  # (numbered messages the window still holds back have not left)
         if recv_seq > sent:
             return f"it acknowledges message #{recv_seq}, but only {sent} were sent on this channel"
         if consumed > recv_seq:
@@ -254,6 +266,7 @@ class Sender:
                 msg = self.unacked.pop(seq, None)
                 if msg is None:
                     continue
+                self.unreceived -= len(msg.data)  # (it was admitted: `ack_refusal` bounds recv_seq so)
                 if not msg.future.done():
                     msg.future.set_result(None)
                 if msg.sent_at != sent_at:
@@ -263,12 +276,11 @@ class Sender:
             self._record(nbytes, sent_at, now)
             self.acked = recv_seq
             progressed = True
-        admitted: list[OutMessage] = []
         if consumed > self.consumed:
             self.consumed = consumed
             while self.admitted and self.admitted[0].seq <= consumed:
                 self.inflight -= self.admitted.popleft().nbytes
-            admitted = self._admit()
+        admitted = self._admit() if self.waiting else []  # (room by consumption, or by receipt)
         if progressed:
             # one time for all: stamping every unacknowledged message made each ACK cost O(messages in flight),
             # quadratic in a stream of small messages
@@ -293,6 +305,8 @@ class Sender:
                 if adm.seq == m.seq:
                     del self.admitted[i]
                     self.inflight -= adm.nbytes
+                    if m.seq > self.acked:
+                        self.unreceived -= adm.nbytes
                     break
             if not m.future.done():
                 m.future.set_exception(err)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 from nebula.channel.acks import AckSchedule
 from nebula.channel.arena import ArenaClient, Region
 from nebula.channel.delivery import Delivered, OutMessage, Receiver, Sender
-from nebula.channel.sender import batches
+from nebula.channel.sender import TRANSIT_BYTES, batches
 from nebula.channel.errors import ChannelError
 from nebula.channel.outlet import Outlet
 from nebula.channel.throughput import ThroughputMeter
@@ -48,8 +48,9 @@ class ChannelKeys(Protocol):
 class Streams:
     """The channels of one endpoint: sending and receiving state, inboxes, acknowledgements."""
 
-    def __init__(self, out: Outlet, shm: ArenaClient, window_bytes: int, job: str, cluster: str, rank: int) -> None:
-        self.out, self.shm, self.window_bytes = out, shm, window_bytes
+    def __init__(self, out: Outlet, shm: ArenaClient, window_bytes: int, job: str, cluster: str, rank: int,
+                 transit_bytes: int = TRANSIT_BYTES) -> None:
+        self.out, self.shm, self.window_bytes, self.transit_bytes = out, shm, window_bytes, transit_bytes
         self.job, self.cluster, self.rank = job, cluster, rank
         self.inc = 0  # this start's incarnation, once our switch gave it
         self.chunk_bytes = 256 * 1024  # (our switch's, from its WELCOME)
@@ -79,7 +80,7 @@ class Streams:
     def open(self, ch: ChannelKeys, inbox: Inbox) -> None:
         """Open a channel's two streams; `inbox` takes what arrives (and what arrived before it was opened)."""
         if ch.tx_key.id not in self.tx:
-            tx = self.tx[ch.tx_key.id] = Sender(ch.tx_key, self.window_bytes, self.inc)
+            tx = self.tx[ch.tx_key.id] = Sender(ch.tx_key, self.window_bytes, self.inc, self.transit_bytes)
             tx.meter = self.meters.setdefault(ch.tx_key.dst_cluster, ThroughputMeter())
         self.tx_inboxes[ch.tx_key.id] = inbox
         cid = ch.rx_key.id

@@ -115,6 +115,38 @@ def test_window_full_holds_messages_until_the_receiver_consumes():
     assert [m.seq for m in tx.on_ack(3, 3, now=2.0)] == [4]
 
 
+def test_messages_on_their_way_are_bounded_apart_from_the_window_and_freed_by_receipt():
+    """`transit_bytes` bounds what was sent and not yet received (in the switches, where a receiving worker's arena
+    must hold it), however wide the window: a receipt opens it, without waiting for the application to consume."""
+    tx = Sender(KEY, window_bytes=1000, transit_bytes=100)
+    assert [m.seq for m in tx.submit(msg(b"a" * 60))] == [1]
+    assert tx.submit(msg(b"b" * 60)) == []  # 120 on their way: waits, though the window has room
+    assert tx.unreceived == 60 and tx.inflight == 60
+    assert [m.seq for m in tx.on_ack(1, 0, now=1.0)] == [2]  # received, not consumed: on its way no more
+    assert tx.unreceived == 60 and tx.inflight == 120
+    big = msg(b"c" * 500)  # larger than the bound: sent alone once nothing is on its way
+    assert tx.submit(big) == []
+    assert [m.seq for m in tx.on_ack(2, 2, now=2.0)] == [3] and tx.unreceived == 500
+
+
+def test_transit_bytes_survive_refusals_forged_acknowledgements_and_a_restarted_receiver():
+    tx = Sender(KEY, window_bytes=1 << 30, transit_bytes=100)
+    tx.submit(msg(b"a" * 50))
+    tx.submit(msg(b"b" * 50))
+    waiting = msg(b"c" * 50)
+    assert tx.submit(waiting) == []
+    assert tx.on_refused(2, ChannelError("too_large: no")) == [waiting]  # the refused one is on its way no more
+    assert tx.unreceived == 100
+    late = msg(b"d" * 80)
+    assert tx.submit(late) == []
+    # no receiver has a message the window still holds back (numbered, never sent): such a claim is refused
+    assert "only 3 were sent" in tx.ack_refusal(4, 0)
+    assert tx.on_ack(4, 0, now=1.0) == [] and tx.unreceived == 100 and not late.future.done()
+    assert [m.seq for m in tx.on_ack(3, 0, now=1.0)] == [4] and tx.unreceived == 80
+    # a restarted receiver has none of them: the unconsumed three are numbered afresh and on their way again
+    assert [m.seq for m in tx.restart_stream()] == [1, 2] and tx.unreceived == 100 and len(tx.waiting) == 1
+
+
 def test_a_refused_message_fails_its_future_and_frees_its_window_share():
     tx = Sender(KEY, window_bytes=100)
     (a,) = tx.submit(msg(b"a" * 80))
@@ -267,3 +299,12 @@ def test_acknowledgement_progress_defers_the_timer_of_every_message_in_flight():
     assert tx.timed_out(8.0 + RTO_S + 0.5) == [second]
     tx.on_ack(1, 0, now=100.0)  # an acknowledgement that moves nothing is no progress
     assert tx.timed_out(8.0 + 3 * RTO_S + 1) == [second]
+
+
+@pytest.mark.parametrize("field,value", [("window_bytes", 0), ("transit_bytes", -5), ("transit_bytes", 1.5),
+                                         ("window_bytes", True)])
+def test_an_endpoint_with_a_window_it_cannot_use_is_told_before_it_connects(field, value):
+    from nebula.channel import Endpoint
+
+    with pytest.raises(ValueError, match=rf"{field}={value!r} must be a whole number of bytes, at least 1"):
+        Endpoint.connect("/nonexistent/worker.yaml", job="j", rank=0, **{field: value})

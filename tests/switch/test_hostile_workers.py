@@ -156,7 +156,8 @@ def test_memory_is_returned_to_the_system_after_a_flood(procs, federation):
     edit = yaml.safe_load(Path(worker_yaml(federation, "A")).read_text())
     tcp.write_text(yaml.safe_dump({**edit, "curve_key": str(Path(worker_yaml(federation, "A")).parent
                                                             / edit["curve_key"]), "transport": "tcp"}))
-    with Endpoint.connect(tcp, job="j", rank=0) as flooder:
+    # (a flooder keeps no bound of its own on what is on its way: the switch's limits must hold without one)
+    with Endpoint.connect(tcp, job="j", rank=0, transit_bytes=1 << 30) as flooder:
         flooder.channel("A", 4, "warm-up").send(bytes(MIB))  # (the flood's code paths have run before the baseline)
         with Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=4) as e4:
             assert len(e4.channel("A", 0, "warm-up").recv(timeout_s=30)) == MIB

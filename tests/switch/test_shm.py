@@ -2,10 +2,13 @@
 switches carrying channels through it, falling back to the socket, and refusing a worker that misuses it."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import re
+import signal
+import sys
 import time
 from pathlib import Path
 
@@ -344,3 +347,44 @@ def test_arenas_past_the_memory_budget_give_freed_pages_back(procs, federation):
         finally:
             for ep in eps:
                 ep.close(flush_s=0)
+
+
+_RECEIVER = """
+import hashlib, sys
+from nebula.channel import Endpoint
+with Endpoint.connect(sys.argv[1], job="lag", rank=0) as ep:
+    ch = ep.channel("A", 0, "lag")
+    print("ready", flush=True)
+    got = [ch.recv(timeout_s=60) for _ in range(int(sys.argv[2]))]
+    print(hashlib.sha256(b"".join(got)).hexdigest(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("transit_bytes,all_placed", [(1 << 20, True), (1 << 30, False)])
+def test_a_receiver_that_falls_behind_keeps_its_switch_on_the_arena_path(procs, federation, transit_bytes,
+                                                                           all_placed):
+    """Frames for a worker are decrypted into its arena (4 MiB a direction here) unless the arena is full; then the
+    switch decrypts them into its own memory and copies them again, the costlier the further the worker lags. A
+    sender keeps at most `transit_bytes` on its way (sent, not yet received): with 1 MiB, a receiver stopped while
+    10 MiB are sent still gets every frame through its arena; with 1 GiB, not."""
+    edit_yaml(Path(federation["clusters"]["B"]["switch_yaml"]), lambda d: d["local"].update(shm_bytes=4 << 20))
+    start_switch(procs, Path(federation["clusters"]["A"]["switch_yaml"]))
+    b = start_switch(procs, Path(federation["clusters"]["B"]["switch_yaml"]))
+    msgs = [os.urandom(256 * 1024) for _ in range(40)]
+    rx = procs.start([sys.executable, "-c", _RECEIVER, worker_yaml(federation, "B"), str(len(msgs))])
+    assert rx.stdout.readline().strip() == "ready"
+    with Endpoint.connect(worker_yaml(federation, "A"), job="lag", rank=0, window_bytes=1 << 30,
+                          transit_bytes=transit_bytes) as ea:
+        tx = ea.channel("B", 0, "lag")
+        os.kill(rx.pid, signal.SIGSTOP)  # (shorter than the 3 s after which a silent rank is let go)
+        try:
+            futs = [tx.send(m, lane="bulk") for m in msgs]
+            time.sleep(1.5)
+        finally:
+            os.kill(rx.pid, signal.SIGCONT)
+        assert rx.stdout.readline().strip() == hashlib.sha256(b"".join(msgs)).hexdigest()
+        assert all(f.result(timeout=30) is None for f in futs)
+    done, total = time.time(), sum(map(len, msgs))
+    status = b.config.parent / "state" / "status.json"
+    st = _status(b, lambda s: status.stat().st_mtime > done + 0.1)  # (written after the last frame went)
+    assert (st["shm_bytes"]["placed"] == total) is all_placed, st["shm_bytes"]
