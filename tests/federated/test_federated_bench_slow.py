@@ -4,42 +4,24 @@ interpreter has `flwr`) and the same-host scale run (round time and switch memor
 are the benchmark's, not asserted."""
 from __future__ import annotations
 
-import os
 import re
-import shlex
-import subprocess
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.harness.readme import printed_commands, run_printed
 
 
 def _printed_commands(flag: str) -> list[str]:
     """Every federated benchmark command with `flag` that the README's section prints (for Flower: the full
     comparison, and the one of a single change)."""
-    text = (REPO / "README.md").read_text()
-    block = text[text.index("**Federated rounds on the encrypted path against Flower.**"):]
-    block = block[:block.index("\n## ")]
-    found = re.findall(r"`(PYTHONPATH=\. \.venv/bin/python benchmarks/federated\.py[^`]*)`", block, re.S)
-    commands = [" ".join(f.split()) for f in found]  # (the README wraps them over two lines)
-    commands = [c for c in commands if flag in c]
-    assert commands, f"the README names no federated benchmark command with {flag} beside its tables"
-    return commands
-
-
-def _run(command: str) -> str:
-    env_part, *argv = shlex.split(command)
-    env = {**os.environ, env_part.split("=")[0]: "."}
-    out = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
+    return printed_commands("**Federated rounds on the encrypted path against Flower.**", "\n## ",
+                            "PYTHONPATH=. .venv/bin/python benchmarks/federated.py", flag)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", _printed_commands("--only flower"))
 def test_the_flower_comparison_runs_as_printed_and_prints_both_placements(command):
-    stdout = _run(command)
+    stdout = run_printed(command)
     sizes = re.search(r"--flower-sizes (\S+)", command).group(1).split(",")
     rows = [line for line in stdout.splitlines() if re.match(r"\| \d+ \| \d+ \|", line)]
     assert [f"{r.split('|')[1].strip()}x{r.split('|')[2].strip()}" for r in rows] == sizes
@@ -51,7 +33,7 @@ def test_the_flower_comparison_runs_as_printed_and_prints_both_placements(comman
 @pytest.mark.slow
 @pytest.mark.parametrize("command", _printed_commands("--only scale"))
 def test_the_same_host_scale_run_runs_as_printed_and_measures_every_count(command):
-    stdout = _run(command)
+    stdout = run_printed(command)
     counts = [int(c) for c in re.search(r"--counts (\S+)", command).group(1).split(",")]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in stdout.splitlines()
             if re.match(r"\| \d+ \| [\d.]+ \|", line)]
