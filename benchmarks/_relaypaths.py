@@ -16,7 +16,8 @@ import zmq
 from nebula.channel import Endpoint
 from security.tls import client_context, server_context
 from tests.harness.federation import LocalFederation
-from _tunnels import Framed  # (benchmarks/ is the running script's directory)
+from _receiver import RemoteReceiver  # (benchmarks/ is the running script's directory)
+from _tunnels import Framed
 
 KIB, MIB = 1024, 1024**2
 
@@ -34,13 +35,22 @@ def _pct(xs: list[float], q: float) -> float:
 class TLSPair(Framed):
     """One raw TLS stream on loopback with length-prefixed messages (the same certificates as the switches)."""
 
-    def __init__(self, fed: dict) -> None:
+    remote: RemoteReceiver | None = None
+    pids: list[int] = []
+
+    def __init__(self, fed: dict, remote: bool = False) -> None:
         a = yaml.safe_load(Path(fed["clusters"]["A"]["switch_yaml"]).read_text())
         base_a = Path(fed["clusters"]["A"]["dir"])
         base_b = Path(fed["clusters"]["B"]["dir"])
         files = lambda base: [str((base / a["tls"][k]).resolve()) for k in ("ca", "cert", "key", "crl")]  # noqa: E731
-        sctx = server_context(*files(base_a))
         cctx = client_context(*files(base_b))
+        if remote:  # the server end in a process of its own
+            self.remote = RemoteReceiver("tls", **dict(zip(("ca", "cert", "key", "crl"), files(base_a))))
+            self.pids = [self.remote.pid]
+            self.tx = cctx.wrap_socket(socket.create_connection(("127.0.0.1", self.remote.port)))
+            self.tx.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return
+        sctx = server_context(*files(base_a))
         lst = socket.create_server(("127.0.0.1", 0))
         port = lst.getsockname()[1]
         box: dict = {}
@@ -61,7 +71,10 @@ class TLSPair(Framed):
 
     def close(self) -> None:
         self.tx.close()
-        self.rx.close()
+        if self.remote is not None:
+            self.remote.close()
+        else:
+            self.rx.close()
 
 
 class ZMQPair:
@@ -101,13 +114,20 @@ class ZMQPair:
 class FullPath:
     """Worker A -> switch A -> TLS -> switch B -> worker B through nebula.channel."""
 
+    remote: RemoteReceiver | None = None
+    pids: list[int] = []  # (beyond the benchmark's own and the switches')
+
     def __init__(self, fed: dict, name: str = "bench", lane: str = "activation", rank: int = 0,
-                 files: dict | None = None) -> None:
+                 files: dict | None = None, remote: bool = False) -> None:
         files = files or {c: fed["clusters"][c]["worker_yaml"] for c in ("A", "B")}
+        if remote:  # worker B in a process of its own
+            self.remote = RemoteReceiver("nebula", worker_yaml=files["B"], job="bench", rank=rank, peer="A", name=name)
+            self.pids = [self.remote.pid]
+        else:
+            self.eb = Endpoint.connect(files["B"], job="bench", rank=rank)
+            self.rx = self.eb.channel("A", rank, name)
         self.ea = Endpoint.connect(files["A"], job="bench", rank=rank)
-        self.eb = Endpoint.connect(files["B"], job="bench", rank=rank)
         self.tx = self.ea.channel("B", rank, name)
-        self.rx = self.eb.channel("A", rank, name)
         self.lane = lane
 
     def send(self, data: bytes) -> None:
@@ -118,7 +138,10 @@ class FullPath:
 
     def close(self) -> None:
         self.ea.close(flush_s=5)
-        self.eb.close(flush_s=0)
+        if self.remote is not None:
+            self.remote.close()
+        else:
+            self.eb.close(flush_s=0)
 
 
 def without_shared_memory(fed: dict, tmp: Path) -> dict[str, str]:
@@ -172,6 +195,17 @@ def throughput(pair, size: int, n: int, cpu: dict | None = None) -> float:
     data = os.urandom(size)
     each0 = [cpu_seconds([p]) for p in cpu["pids"]] if cpu is not None else []
     threads0 = thread_cpu(cpu["pids"]) if cpu is not None else {}
+    remote = getattr(pair, "remote", None)
+    if remote is not None:  # the receiver is a process of its own: it says when the last message arrived
+        remote.expect(n)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            pair.send(data)
+        dt = remote.finished() - t0
+        if cpu is not None:
+            threads1 = thread_cpu(cpu["pids"])
+            _cpu_use(cpu, size * n / MIB, each0, threads0, threads1, [])
+        return size * n / dt / 1e6
     done = threading.Event()
     rx_cpu: dict = {}
 
@@ -193,19 +227,32 @@ def throughput(pair, size: int, n: int, cpu: dict | None = None) -> float:
     t.join()
     if cpu is not None:
         mib = size * n / MIB
-        cpu["each"] = [(cpu_seconds([p]) - c0) * 1e3 / mib for p, c0 in zip(cpu["pids"], each0)]
-        cpu["ms_per_mib"] = sum(cpu["each"])
-        busy = [(rx_cpu["s"] * 1e3 / mib, os.getpid(), "receiver")]
-        for (pid, tid), (name, c1) in threads1.items():
-            if tid != rx_cpu["tid"]:
-                busy.append(((c1 - threads0.get((pid, tid), (name, 0.0))[1]) * 1e3 / mib, pid, name))
-        cpu["busiest"] = max(busy)
+        threads1 = {k: v for k, v in threads1.items() if k[1] != rx_cpu["tid"]}
+        _cpu_use(cpu, mib, each0, threads0, threads1, [(rx_cpu["s"] * 1e3 / mib, os.getpid(), "receiver")])
     return size * n / dt / 1e6
+
+
+def _cpu_use(cpu: dict, mib: float, each0: list[float], threads0: dict, threads1: dict, busy: list) -> None:
+    """Fill `cpu` (see `throughput`) from the CPU times before (`each0`, `threads0`) and after."""
+    cpu["each"] = [(cpu_seconds([p]) - c0) * 1e3 / mib for p, c0 in zip(cpu["pids"], each0)]
+    cpu["ms_per_mib"] = sum(cpu["each"])
+    for (pid, tid), (name, c1) in threads1.items():
+        busy.append(((c1 - threads0.get((pid, tid), (name, 0.0))[1]) * 1e3 / mib, pid, name))
+    cpu["busiest"] = max(busy)
 
 
 def latency(pair, size: int, k: int) -> list[float]:
     """One-way latencies (seconds) of `k` messages sent one at a time (a receiver thread stamps arrivals)."""
     data = os.urandom(size)
+    remote = getattr(pair, "remote", None)
+    if remote is not None:
+        remote.expect(k, each=True)
+        out = []
+        for _ in range(k):
+            t0 = time.perf_counter()
+            pair.send(data)
+            out.append(remote.arrival() - t0)
+        return out
     arrived: queue.SimpleQueue = queue.SimpleQueue()
 
     def rx() -> None:

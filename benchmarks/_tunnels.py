@@ -95,13 +95,20 @@ class PlainRelayPair(Framed):
     """sender -> relay A (plain TCP in, TLS out) -> relay B (TLS in, plain TCP out) -> receiver, on loopback.
 
     `kind` is "stunnel" or "socat". Both relays authenticate each other with the federation's switch certificates
-    (mutual TLS, as the switches do). `pids` are the two relay processes (their CPU is the path's)."""
+    (mutual TLS, as the switches do). `pids` are the two relay processes, and with `remote` the receiving one:
+    their CPU is the path's."""
 
-    def __init__(self, kind: str, fed: dict) -> None:
+    remote = None
+
+    def __init__(self, kind: str, fed: dict, remote=None) -> None:
         a, b = tls_files(fed, "A"), tls_files(fed, "B")
         self.tmp = Path(tempfile.mkdtemp(prefix=f"nebula-{kind}-"))
-        lst = socket.create_server(("127.0.0.1", 0))
-        recv_port = lst.getsockname()[1]
+        if remote is not None:  # the receiver in a process of its own (a `_receiver.RemoteReceiver("tcp")`)
+            self.remote = remote
+            lst, recv_port = None, remote.port
+        else:
+            lst = socket.create_server(("127.0.0.1", 0))
+            recv_port = lst.getsockname()[1]
         tls_port, in_port = _free_port(), _free_port()
         if kind == "stunnel":
             binary = shutil.which("stunnel4") or shutil.which("stunnel")
@@ -122,12 +129,15 @@ class PlainRelayPair(Framed):
             self.procs.append(p)
             _wait_port(port, p, kind)
         self.tx = socket.create_connection(("127.0.0.1", in_port))
+        self.tx.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.pids = [p.pid for p in reversed(self.procs)]  # (relay A, then B)
+        if lst is None:
+            self.pids.append(self.remote.pid)
+            return
         lst.settimeout(20)
         self.rx, _ = lst.accept()
         lst.close()
-        for s in (self.tx, self.rx):
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.pids = [p.pid for p in self.procs]
+        self.rx.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _stunnel(self, binary: str, name: str, client: bool, accept: str, connect: str, f: dict) -> list[str]:
         conf = self.tmp / f"{name}.conf"
@@ -140,7 +150,10 @@ class PlainRelayPair(Framed):
 
     def close(self) -> None:
         self.tx.close()
-        self.rx.close()
+        if self.remote is not None:
+            self.remote.close()
+        else:
+            self.rx.close()
         for p in self.procs:
             p.terminate()  # (each relay is one process of its own session)
             try:

@@ -264,7 +264,7 @@ def fedoptima_part(st: Setting, wall_s: float, omega: int | None, speeds: tuple[
     return cuts
 
 
-def _owl_run(sw: _Switches, n: int, distribution: str, rounds: int, width: int, job: str, rate_mbit: float) -> dict:
+def _owl_run(sw: Federation, n: int, distribution: str, rounds: int, width: int, job: str, rate_mbit: float) -> dict:
     from nebula.channel import Endpoint
     from nebula.federated.owl.config import OwlSpec
     from nebula.federated.owl.runtime import run_owl_worker, serve_owl

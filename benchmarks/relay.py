@@ -17,7 +17,9 @@ kernel-shaped link between two network namespaces.
 (sender -> relay -> mutual TLS -> relay -> receiver; `apt-get install stunnel4 socat`, else skipped with a message)
 and one raw TLS stream, at 16 KiB, 64 KiB, 1 MiB and 16 MiB: MB/s, ratio to stunnel, CPU ms per MiB (every process
 of the path), and the latency each relay hop adds (p50 at 64 KiB, over raw TLS); medians of `--reps` repetitions
-in which the paths take turns (their order rotates), with the load average before and after.
+in which the paths take turns (their order rotates), with the load average before and after. Every path's receiving
+end runs in a process of its own, as at a real site (`_receiver.py` says why); `--receiver thread` keeps it in a
+thread of the benchmark's process instead, as the comparison did before.
 """
 from __future__ import annotations
 
@@ -39,7 +41,8 @@ sys.path.insert(0, str(REPO))
 
 from nebula.channel import Endpoint  # noqa: E402
 from tests.harness.netns import NetnsError, Sites as WanNamespaces  # noqa: E402
-from _tunnels import PlainRelayPair, missing  # noqa: E402  (benchmarks/ is this script's directory)
+from _receiver import RemoteReceiver  # noqa: E402  (benchmarks/ is this script's directory)
+from _tunnels import PlainRelayPair, missing  # noqa: E402
 from _relaypaths import (FullPath, Switches, TLSPair, ZMQPair, _pct, latency, switch_status,  # noqa: E402
                          throughput, without_shared_memory)
 
@@ -110,19 +113,25 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def vs_tunnels(fed: dict, switches: Switches, reps: int, budget_mib: int) -> None:
+def _ratio(a: float, b: float) -> str:
+    """a / b to two places; "-" where b is 0 (a stream too short for one clock tick of CPU time)."""
+    return f"{a / b:.2f}" if b > 0 else "-"
+
+
+def vs_tunnels(fed: dict, switches: Switches, reps: int, budget_mib: int, receiver: str = "process") -> None:
     """Print the full path against stunnel, socat and raw TLS (see the module's docstring)."""
     load0 = _load()
     skipped = missing()
-    paths = {"nebula": FullPath(fed), "tls": TLSPair(fed)}
+    remote = receiver == "process"
+    paths = {"nebula": FullPath(fed, remote=remote), "tls": TLSPair(fed, remote=remote)}
     for kind in ("stunnel", "socat"):
         if kind not in skipped:
-            paths[kind] = PlainRelayPair(kind, fed)
-    pids = {"nebula": [os.getpid()] + [p.pid for p in switches.procs], "tls": [os.getpid()],
-            **{k: [os.getpid()] + paths[k].pids for k in ("stunnel", "socat") if k in paths}}
+            paths[kind] = PlainRelayPair(kind, fed, RemoteReceiver("tcp") if remote else None)
+    pids = {"nebula": [os.getpid()] + [p.pid for p in switches.procs] + paths["nebula"].pids,
+            **{k: [os.getpid()] + paths[k].pids for k in ("tls", "stunnel", "socat") if k in paths}}
     latency(paths["nebula"], 1024, 20)
     names = list(paths)
-    got: dict = {(n, s): {"mbs": [], "cpu": []} for n in names for s in TUNNEL_SIZES}
+    got: dict = {(n, s): {"mbs": [], "cpu": [], "each": []} for n in names for s in TUNNEL_SIZES}
     lat: dict = {n: [] for n in names}
     try:
         for rep in range(reps):
@@ -138,12 +147,13 @@ def vs_tunnels(fed: dict, switches: Switches, reps: int, budget_mib: int) -> Non
                             raise
                         print(f"  {name} relay failed ({exc}); starting it again", file=sys.stderr, flush=True)
                         paths[name].close()
-                        paths[name] = PlainRelayPair(name, fed)
+                        paths[name] = PlainRelayPair(name, fed, RemoteReceiver("tcp") if remote else None)
                         pids[name] = [os.getpid()] + paths[name].pids
                         cpu = {"pids": pids[name]}
                         mbs = throughput(paths[name], size, n, cpu)
                     got[(name, size)]["mbs"].append(mbs)
                     got[(name, size)]["cpu"].append(cpu["ms_per_mib"])
+                    got[(name, size)]["each"].append(cpu["each"])
                     time.sleep(0.2)
             for name in order:
                 lat[name].append(_pct(latency(paths[name], 64 * KIB, 60), 0.5) * 1e3)
@@ -151,12 +161,13 @@ def vs_tunnels(fed: dict, switches: Switches, reps: int, budget_mib: int) -> Non
     finally:
         for p in paths.values():
             p.close()
-    med = {k: {m: statistics.median(v[m]) for m in v} for k, v in got.items()}
+    med = {k: {m: statistics.median(v[m]) for m in ("mbs", "cpu")} for k, v in got.items()}
     p50 = {n: statistics.median(v) for n, v in lat.items()}
     cols = [n for n in ("nebula", "stunnel", "socat", "tls") if n in paths]
+    where = "in a process of its own" if remote else "a thread of the sending process"
     print(f"\nNebula full path (worker -> switch -> TLS -> switch -> worker, shared memory as provisioned) against "
-          f"stunnel, socat and raw TLS on loopback; median of {reps} alternating repetitions; load average "
-          f"{load0} before, {_load()} after")
+          f"stunnel, socat and raw TLS on loopback; the receiving end {where}; median of {reps} alternating "
+          f"repetitions; load average {load0} before, {_load()} after")
     for why in skipped.values():
         print(f"  skipped: {why}")
     ref = "stunnel" if "stunnel" in paths else "tls"
@@ -166,11 +177,24 @@ def vs_tunnels(fed: dict, switches: Switches, reps: int, budget_mib: int) -> Non
         r = {c: med[(c, size)] for c in cols}
         print(f"{_label(size):>9} " + " ".join(f"{r[c]['mbs']:13.0f}" for c in cols)
               + f" {r['nebula']['mbs'] / r[ref]['mbs']:15.2f} " + " ".join(f"{r[c]['cpu']:15.2f}" for c in cols)
-              + f" {r['nebula']['cpu'] / r[ref]['cpu']:19.2f}")
+              + f" {_ratio(r['nebula']['cpu'], r[ref]['cpu']):>19}")
     hops = "   ".join(f"{c} {(p50[c] - p50['tls']) / 2:.3f} ms" for c in cols if c != "tls")
     print(f"added latency per relay hop, p50 at 64 KiB over raw TLS ({p50['tls']:.3f} ms): {hops}")
     print("targets: nebula/stunnel MB/s >= 1 at every size; CPU nebula/stunnel <= 1.5 at 64 KiB; nebula hop "
           "<= 0.5 ms")
+    if remote:
+        _by_process(got, [c for c in cols if c != "tls"])
+
+
+def _by_process(got: dict, relayed: list[str]) -> None:
+    """Each process's share of a relayed path's CPU per MiB (its pids: sender, relay A, relay B, receiver)."""
+    print("\nCPU ms per MiB of each process, medians: the sender, the relay or switch on its side (A), the one on "
+          "the receiver's side (B), the receiver")
+    print(f"{'message':>9} " + " ".join(f"{c + ': sender, A, B, receiver':>34}" for c in relayed))
+    for size in TUNNEL_SIZES:
+        cells = [", ".join(f"{statistics.median(e[i] for e in got[(c, size)]['each']):.2f}" for i in range(4))
+                 for c in relayed]
+        print(f"{_label(size):>9} " + " ".join(f"{x:>34}" for x in cells))
 
 
 def sustained(fed: dict, mib: int, reps: int) -> None:
@@ -205,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk-kib", type=int, default=None, help="link.chunk_bytes of both switches (default: config)")
     ap.add_argument("--vs-tunnels", action="store_true", help="only the comparison with stunnel, socat, raw TLS")
     ap.add_argument("--reps", type=int, default=5, help="alternating repetitions of --vs-tunnels or --sustained")
+    ap.add_argument("--receiver", choices=("process", "thread"), default="process",
+                    help="--vs-tunnels: every path's receiving end in a process of its own (as at a real site), or "
+                         "a thread of the benchmark's process (how stops up to 38 measured)")
     ap.add_argument("--sustained", type=int, default=0, metavar="MIB", help="only: streams of MIB MiB (see above)")
     args = ap.parse_args(argv)
     sizes = [s for s in SIZES if s <= args.max_size_mib * MIB]
@@ -215,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.vs_tunnels or args.sustained:
         try:
             if args.vs_tunnels:
-                vs_tunnels(fed, switches, args.reps, args.budget_mib)
+                vs_tunnels(fed, switches, args.reps, args.budget_mib, args.receiver)
             else:
                 sustained(fed, args.sustained, args.reps)
         finally:
