@@ -165,3 +165,56 @@ def test_a_connection_that_does_not_authenticate_in_time_is_ended(two_switches):
         s.close()
     with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea:
         assert ea._io.transport == "unix"
+
+
+def test_small_messages_of_one_loop_turn_go_to_the_worker_in_one_write_and_in_order():
+    """A receiving switch tells its worker of each frame (head and shared-memory descriptor, a few dozen bytes):
+    those of one turn of the event loop leave in one write, a large message goes after what waits, and the worker
+    reads every message in the order sent."""
+    import asyncio
+
+    from switch_server.localstream import COALESCE_BYTES, StreamWorkers, _Conn
+
+    small = [[b"head-%d" % i, b"SHM", b"d" * 24] for i in range(3)]
+    large = [b"head-large", b"x" * (COALESCE_BYTES + 1)]
+    last = [b"head-last", b"SHM", b"e" * 24]
+
+    async def main() -> tuple[list[int], list[list[bytes]]]:
+        ours, worker = socket.socketpair()
+        workers = StreamWorkers(lambda *a: None, lambda parts: None, lambda: False, lambda ident: None,
+                                lambda: 1 << 20, lambda *a: None)
+        conn = _Conn(workers, b"\x01w")
+        await asyncio.get_running_loop().connect_accepted_socket(lambda: conn, ours)
+        workers.conns[conn.ident] = conn
+        writes: list[int] = []  # payload bytes of each write the transport was asked for
+        write, writelines = conn.transport.write, conn.transport.writelines
+        inside = []  # (a transport's writelines may call its write: one write all the same)
+
+        def counted_write(data) -> None:
+            if not inside:
+                writes.append(len(data))
+            write(data)
+
+        def counted_writelines(parts) -> None:
+            writes.append(sum(len(p) for p in parts))
+            inside.append(1)
+            try:
+                writelines(parts)
+            finally:
+                inside.pop()
+
+        conn.transport.write, conn.transport.writelines = counted_write, counted_writelines
+        for msg in [*small, large, last]:  # (one callback: one turn of the loop)
+            workers.send_multipart([conn.ident, *msg])
+        assert writes[:1] == [sum(len(p) for m in small for p in pack_message(m))]  # the three small ones, at once
+        await asyncio.sleep(0.05)
+        worker.settimeout(5)
+        got = [_read(worker) for _ in range(5)]
+        conn.transport.close()
+        await asyncio.sleep(0.01)
+        assert _read(worker) is None  # nothing more came
+        return writes, got
+
+    writes, got = asyncio.run(main())
+    assert len(writes) == 3  # the small ones, the large one, the last small one: not five
+    assert got == [*small, large, last]
