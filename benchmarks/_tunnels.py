@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -100,7 +101,7 @@ class PlainRelayPair(Framed):
 
     remote = None
 
-    def __init__(self, kind: str, fed: dict, remote=None) -> None:
+    def __init__(self, kind: str, fed: dict, remote: Any = None) -> None:
         a, b = tls_files(fed, "A"), tls_files(fed, "B")
         self.tmp = Path(tempfile.mkdtemp(prefix=f"nebula-{kind}-"))
         if remote is not None:  # the receiver in a process of its own (a `_receiver.RemoteReceiver("tcp")`)
