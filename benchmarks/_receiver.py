@@ -20,9 +20,12 @@ import os
 import queue
 import socket
 import time
+from types import SimpleNamespace
 from typing import Callable
 
-__all__ = ["RemoteReceiver"]
+__all__ = ["KINDS", "RemoteReceiver"]
+
+KINDS = ("nebula", "tcp", "tls")
 
 
 def _open(kind: str, spec: dict, results) -> tuple[object, Callable[[], None]]:
@@ -33,12 +36,7 @@ def _open(kind: str, spec: dict, results) -> tuple[object, Callable[[], None]]:
         ep = Endpoint.connect(spec["worker_yaml"], job=spec["job"], rank=spec["rank"])
         ch = ep.channel(spec["peer"], spec["rank"], spec["name"])
         results.put(None)
-
-        class _Channel:
-            def recv(self) -> object:
-                return ch.recv(timeout_s=120)
-
-        return _Channel(), lambda: ep.close(flush_s=0)
+        return SimpleNamespace(recv=lambda: ch.recv(timeout_s=120)), lambda: ep.close(flush_s=0)
     lst = socket.create_server(("127.0.0.1", 0))
     results.put(lst.getsockname()[1])
     lst.settimeout(60)
@@ -49,8 +47,6 @@ def _open(kind: str, spec: dict, results) -> tuple[object, Callable[[], None]]:
         from security.tls import server_context
 
         conn = server_context(spec["ca"], spec["cert"], spec["key"], spec["crl"]).wrap_socket(conn, server_side=True)
-    elif kind != "tcp":
-        raise ValueError(f"unknown receiver kind {kind!r}; use nebula, tcp or tls")
     from _tunnels import Framed  # (a spawned process gets the sys.path of the script that started it)
 
     reader = Framed()
@@ -89,6 +85,8 @@ class RemoteReceiver:
     listens."""
 
     def __init__(self, kind: str, **spec: object) -> None:
+        if kind not in KINDS:  # (before a process is spawned, not after a listener waited for a connection)
+            raise ValueError(f"unknown receiver kind {kind!r}; use one of {', '.join(KINDS)}")
         ctx = multiprocessing.get_context("spawn")
         self._commands, self._results = ctx.Queue(), ctx.Queue()
         self._proc = ctx.Process(target=_serve, args=(kind, spec, self._commands, self._results), daemon=True,

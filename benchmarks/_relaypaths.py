@@ -35,10 +35,9 @@ def _pct(xs: list[float], q: float) -> float:
 class TLSPair(Framed):
     """One raw TLS stream on loopback with length-prefixed messages (the same certificates as the switches)."""
 
-    remote: RemoteReceiver | None = None
-    pids: list[int] = []
-
     def __init__(self, fed: dict, remote: bool = False) -> None:
+        self.remote: RemoteReceiver | None = None
+        self.pids: list[int] = []  # (processes of the path beyond the benchmark's own)
         a = yaml.safe_load(Path(fed["clusters"]["A"]["switch_yaml"]).read_text())
         base_a = Path(fed["clusters"]["A"]["dir"])
         base_b = Path(fed["clusters"]["B"]["dir"])
@@ -114,11 +113,10 @@ class ZMQPair:
 class FullPath:
     """Worker A -> switch A -> TLS -> switch B -> worker B through nebula.channel."""
 
-    remote: RemoteReceiver | None = None
-    pids: list[int] = []  # (beyond the benchmark's own and the switches')
-
     def __init__(self, fed: dict, name: str = "bench", lane: str = "activation", rank: int = 0,
                  files: dict | None = None, remote: bool = False) -> None:
+        self.remote: RemoteReceiver | None = None
+        self.pids: list[int] = []  # (processes of the path beyond the benchmark's own and the switches')
         files = files or {c: fed["clusters"][c]["worker_yaml"] for c in ("A", "B")}
         if remote:  # worker B in a process of its own
             self.remote = RemoteReceiver("nebula", worker_yaml=files["B"], job="bench", rank=rank, peer="A", name=name)

@@ -99,13 +99,11 @@ class PlainRelayPair(Framed):
     (mutual TLS, as the switches do). `pids` are the two relay processes, and with `remote` the receiving one:
     their CPU is the path's."""
 
-    remote = None
-
     def __init__(self, kind: str, fed: dict, remote: Any = None) -> None:
         a, b = tls_files(fed, "A"), tls_files(fed, "B")
+        self.remote = remote  # (a `_receiver.RemoteReceiver("tcp")`: the receiver in a process of its own)
         self.tmp = Path(tempfile.mkdtemp(prefix=f"nebula-{kind}-"))
-        if remote is not None:  # the receiver in a process of its own (a `_receiver.RemoteReceiver("tcp")`)
-            self.remote = remote
+        if remote is not None:
             lst, recv_port = None, remote.port
         else:
             lst = socket.create_server(("127.0.0.1", 0))

@@ -275,9 +275,9 @@ class StreamWorkers:
 
     def _write_pending(self, conn: _Conn) -> None:
         """Write the small messages queued for `conn` this turn of the loop, in one write."""
-        if conn.pending and conn.transport is not None and not conn.transport.is_closing():
-            conn.transport.write(bytes(conn.pending))
-        conn.pending = bytearray()
+        data, conn.pending = conn.pending, bytearray()  # (handed over whole: never written to again)
+        if data and conn.transport is not None and not conn.transport.is_closing():
+            conn.transport.write(data)
 
     async def stop(self) -> None:
         """Stop listening and close every connection."""
