@@ -6,7 +6,7 @@ from typing import Any
 
 from nebula.channel.delivery import OutMessage
 
-__all__ = ["Command", "OpenChannel", "Submit", "Watch"]
+__all__ = ["Command", "OpenChannel", "Watch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,16 +18,10 @@ class OpenChannel:
 
 
 @dataclass(frozen=True, slots=True)
-class Submit:
-    """Queue a message on the sending stream `tx_id`."""
-
-    tx_id: int
-    msg: OutMessage
-
-
-@dataclass(frozen=True, slots=True)
 class Watch:
     """Start recording the channels that receive messages (Endpoint.watch)."""
 
 
-Command = OpenChannel | Submit | Watch
+# a message to send is its own command (an OutMessage names its sending stream, `tx_id`): a wrapper per message
+# would be one more object for the cyclic collector to visit while a burst of small messages waits
+Command = OpenChannel | OutMessage | Watch

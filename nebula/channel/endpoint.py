@@ -167,7 +167,9 @@ class Channel:
         `share` names these bytes (a key unique to them: messages sent with one key carry the same bytes): an
         endpoint opened with `share_slots` sends them to its switch once, whatever number of peers they go to."""
         ln = lane_of(lane)
-        if isinstance(data, (bytes, bytearray, memoryview)):
+        if type(data) is bytes:  # (kept as it is: a view of it would be two objects for the cyclic collector)
+            view, parts = data, None
+        elif isinstance(data, (bytes, bytearray, memoryview)):
             view, parts = memoryview(data).cast("B"), None
         else:
             items = [memoryview(p).cast("B") for p in data]
@@ -184,7 +186,7 @@ class Channel:
             fut.set_exception(ChannelError(
                 f"message of {len(view)} bytes exceeds the switch's link.max_message_bytes={limit}; split it"))
             return fut
-        self.ep._io.submit(self.tx_id, OutMessage(view, parts, ln, fut, share=share))
+        self.ep._io.submit(OutMessage(view, parts, ln, fut, tx_id=self.tx_id, share=share))
         return fut
 
     def recv_parts(self, timeout_s: float | None = None) -> list[memoryview]:

@@ -16,7 +16,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from nebula.channel.arena import SHM_WAIT_S, ArenaClient
 from nebula.channel.closing import close_connection, say_goodbye
-from nebula.channel.commands import Command, OpenChannel, Submit, Watch
+from nebula.channel.commands import Command, OpenChannel, Watch
 from nebula.channel.connection import connect, handshake_failure, poll_ms, silent_switch
 from nebula.channel.delivery import OutMessage
 from nebula.channel.sender import TRANSIT_BYTES
@@ -107,9 +107,9 @@ class IOThread:
         self._command(OpenChannel(ch, inbox))
         return inbox
 
-    def submit(self, tx_id: int, msg: OutMessage) -> None:
-        """Queue a message on the sending stream `tx_id` (a channel's `tx_key.id`)."""
-        self._command(Submit(tx_id, msg))
+    def submit(self, msg: OutMessage) -> None:
+        """Queue a message on its sending stream (`msg.tx_id`, a channel's `tx_key.id`)."""
+        self._command(msg)
 
     def consumed(self, cid: int) -> None:
         """The application took a message off the inbox of receiving channel `cid` (its `taken` already counts it).
@@ -264,8 +264,8 @@ class IOThread:
         streams = self.streams
         while self.cmds:
             cmd = self.cmds.popleft()
-            if isinstance(cmd, Submit):
-                streams.submit(cmd.tx_id, cmd.msg)
+            if isinstance(cmd, OutMessage):
+                streams.submit(cmd.tx_id, cmd)
             elif isinstance(cmd, OpenChannel):
                 streams.open(cmd.channel, cmd.inbox)
             elif isinstance(cmd, Watch):

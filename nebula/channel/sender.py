@@ -24,16 +24,22 @@ RTO_BYTES_PER_S = 4e6  # the slowest link the fallback timer allows for before r
 class OutMessage:
     """One message on its way; its sender keeps it until the receiver acknowledges it."""
 
-    data: memoryview
+    # bytes as the application gave them (immutable, and not an object the cyclic collector visits), else a byte view
+    data: bytes | memoryview
     parts: list[int] | None  # part lengths as given to Channel.send, or None for one part
     lane: Lane
     future: Future  # completes once every frame of the first transmission has left for the switch
+    tx_id: int = 0  # its channel's sending stream (`ChannelKeys.tx_key.id`): a message is its own Submit command
     seq: int = 0
     pending_frames: int = 0  # frames framed but not yet handed to ZeroMQ
     progress: float = 0.0  # when it last made progress (framed, fully sent, acknowledgement progress)
     rto: float = RTO_S
     sent_at: float = 0.0  # when its first transmission was framed (the link throughput meter's start)
-    batch: OutBatch | None = None  # the batch frame it last went in (None: its last transmission was its own)
+    # the batch frame it last went in, as (first seq, message count); None: its last transmission was its own.
+    # Sequence numbers, not the OutBatch: a message pointing back at the batch that holds it would make a reference
+    # cycle per batch, which only the cyclic collector frees, in full collections whose cost grows with what a
+    # stream of small messages keeps in flight (tens of ms each at 16 KiB, a third of the sending worker's CPU)
+    batch: tuple[int, int] | None = None
     share: Any = None  # names its bytes, the same in every message sent with this key (`Channel.send`'s `share`)
 
     def frame_sent(self, now: float) -> None:
@@ -165,6 +171,7 @@ class Sender:
         self.next_seq = 1
         for msg in msgs:
             msg.seq = self.next_seq
+            msg.batch = None  # (its span named the old numbers)
             self.next_seq += 1
             self.unacked[msg.seq] = msg
             self.waiting.append(msg)
@@ -206,8 +213,9 @@ class Sender:
         count = max(1, math.ceil(total / chunk_bytes))
         size = math.ceil(total / count) if total else 0
         out = []
+        data = msg.data if count == 1 else memoryview(msg.data)  # (slices of a view, not copies)
         for i in range(count):
-            payload = msg.data[i * size : (i + 1) * size]
+            payload = data[i * size : (i + 1) * size] if count > 1 else data
             meta = self.meta
             if i == 0 and msg.parts is not None:
                 meta = encode_meta({**self.key.to_meta(), "inc": self.inc, "to": self.peer_inc, "parts": msg.parts})
@@ -233,14 +241,14 @@ class Sender:
         payload = Pieces([pack_table([(len(m.data), m.parts) for m in msgs]), *[m.data for m in msgs]])
         head = encode_frame(FrameType.DATA, meta, payload, lane=msgs[0].lane, channel_id=self.cid,
                             seq=msgs[0].seq, chunk_index=0, chunk_count=1, total_len=len(payload))
-        batch = OutBatch(tuple(msgs))
+        span = (msgs[0].seq, k)
         for m in msgs:
             m.pending_frames += 1
-            m.batch = batch
+            m.batch = span
             m.progress = now
             m.sent_at = m.sent_at or now
             m.rto = max(m.rto, RTO_S + len(m.data) / RTO_BYTES_PER_S)
-        return OutFrame(head, payload, batch)
+        return OutFrame(head, payload, OutBatch(tuple(msgs)))
 
     def ack_refusal(self, recv_seq: int, consumed: int) -> str | None:
         """Why an acknowledgement cannot be true (it claims messages never sent, or more consumed than received),
@@ -297,10 +305,11 @@ class Sender:
         msg = self.unacked.get(seq)
         if msg is None:
             return []
-        mates = msg.batch.msgs if msg.batch is not None and msg.batch.msgs[0] is msg else (msg,)
+        first, count = msg.batch if msg.batch is not None and msg.batch[0] == seq else (seq, 1)
+        mates = [m for m in map(self.unacked.get, range(first, first + count))
+                 if m is not None and m.batch == msg.batch]
         for m in mates:
-            if self.unacked.pop(m.seq, None) is None:
-                continue
+            del self.unacked[m.seq]
             for i, adm in enumerate(self.admitted):
                 if adm.seq == m.seq:
                     del self.admitted[i]

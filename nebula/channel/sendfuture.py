@@ -28,8 +28,8 @@ class SendFuture(Future):
         self._state = RUNNING
         self._result: Any = None
         self._exception: BaseException | None = None
-        self._waiters: list[Any] = []
-        self._done_callbacks: list[Any] = []
+        self._waiting: list[Any] | None = None  # (`_waiters`, made on first use)
+        self._callbacks: list[Any] | None = None  # (`_done_callbacks`, made on first use)
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
@@ -40,6 +40,22 @@ class SendFuture(Future):
                     self._cond = threading.Condition()
                 cond = self._cond
         return cond
+
+    # the lists Future.__init__ makes are made on first use too: thousands of a stream's futures wait for their
+    # acknowledgement at once, and two lists each were most of what the cyclic collector had to visit for them.
+    # The standard library touches them under the condition, or (`_invoke_callbacks`) after a completion that a
+    # callback added under it had to see.
+    @property
+    def _waiters(self) -> list[Any]:
+        if self._waiting is None:
+            self._waiting = []
+        return self._waiting
+
+    @property
+    def _done_callbacks(self) -> list[Any]:
+        if self._callbacks is None:
+            self._callbacks = []
+        return self._callbacks
 
     def done(self) -> bool:
         return self._state in _DONE

@@ -24,6 +24,10 @@ def test_a_future_completed_before_anyone_looks_reports_its_outcome():
         with pytest.raises(InvalidStateError):
             f.set_exception(RuntimeError())
     assert "finished" in repr(ok)
+    quiet = SendFuture()
+    quiet.set_result(None)  # nobody waited or added a callback: no lock and no list was made for them
+    assert quiet.done() and (quiet._cond, quiet._waiting, quiet._callbacks) == (None, None, None)
+    assert quiet.result() is None
 
 
 def test_waiters_and_callbacks_that_came_first_are_told():

@@ -218,3 +218,36 @@ def test_small_messages_of_one_loop_turn_go_to_the_worker_in_one_write_and_in_or
     writes, got = asyncio.run(main())
     assert len(writes) == 3  # the small ones, the large one, the last small one: not five
     assert got == [*small, large, last]
+
+
+def test_a_stream_of_small_messages_leaves_nothing_for_the_cyclic_collector(two_switches):
+    """What a sending worker keeps per message in flight (its message, its future, the batch frames that carried
+    it) is freed by reference counting once acknowledged: a reference cycle per batch would be left to full
+    collections, whose cost grows with all a stream keeps in flight."""
+    import gc
+
+    from nebula.channel.sender import OutBatch, OutMessage
+    from nebula.channel.sendfuture import SendFuture
+
+    fed, _, _ = two_switches
+    kinds = (OutMessage, OutBatch, SendFuture)
+    with Endpoint.connect(worker_yaml(fed, "A"), job="j", rank=0) as ea, \
+            Endpoint.connect(worker_yaml(fed, "B"), job="j", rank=0) as eb:
+        tx, rx = ea.channel("B", 0, "gc"), eb.channel("A", 0, "gc")
+        msgs = [bytes([i % 251]) * 16384 if i % 2 else bytearray([i % 251]) * 4096 for i in range(600)]
+        gc.collect()
+        gc.disable()  # (what the stream leaves unreachable stays for the look below)
+        try:
+            futures = [tx.send(m) for m in msgs]  # (back to back: small messages share batch frames)
+            assert [rx.recv(timeout_s=30) for _ in msgs] == msgs
+            assert ea.flush(timeout_s=30) and all(f.done() and f.exception() is None for f in futures)
+            del futures
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            left = [o for o in gc.garbage if isinstance(o, kinds)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert ea._io.transport == "unix"
+        assert left == [], f"{len(left)} objects of a send were freed only by the collector"
