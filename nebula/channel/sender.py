@@ -29,7 +29,7 @@ class OutMessage:
     parts: list[int] | None  # part lengths as given to Channel.send, or None for one part
     lane: Lane
     future: Future  # completes once every frame of the first transmission has left for the switch
-    tx_id: int = 0  # its channel's sending stream (`ChannelKeys.tx_key.id`): a message is its own Submit command
+    tx_id: int = 0  # its channel's sending stream (`ChannelKeys.tx_key.id`): the message is its own I/O command
     seq: int = 0
     pending_frames: int = 0  # frames framed but not yet handed to ZeroMQ
     progress: float = 0.0  # when it last made progress (framed, fully sent, acknowledgement progress)
