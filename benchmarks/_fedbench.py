@@ -57,19 +57,26 @@ def light_client(cluster: str, index: int, num_clients: dict, train_s: float = 0
 
 # ---- a federation of real processes
 class _Procs(Procs):
-    """The benchmark federation's processes, its switches included: glibc maps allocations of 1 MiB and more and
-    unmaps them on free, so a process's peak measures what is live."""
+    """The benchmark federation's processes, its switches included. With `live_peak`, glibc maps allocations of
+    1 MiB and more and unmaps them on free, so a process's peak measures what is live (and the actors keep no
+    freed heap: `nebula.federated.heap` leaves an operator's MALLOC_* settings alone); without it, every process
+    runs as deployed (what a comparison of round times needs)."""
+
+    def __init__(self, live_peak: bool = True) -> None:
+        super().__init__()
+        self.live_peak = live_peak
 
     def start(self, args: list[str], **kwargs) -> subprocess.Popen:
-        return super().start(args, env={"MALLOC_MMAP_THRESHOLD_": "1048576", **kwargs.pop("env", {})}, **kwargs)
+        env = {"MALLOC_MMAP_THRESHOLD_": "1048576"} if self.live_peak else {}
+        return super().start(args, env={**env, **kwargs.pop("env", {})}, **kwargs)
 
 
 class _Fed:
     """Clusters provisioned in a temporary directory, a switch server each (the harness's `LocalFederation`)."""
 
-    def __init__(self, clusters: list[str]) -> None:
+    def __init__(self, clusters: list[str], live_peak: bool = True) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="flbench-"))
-        self.procs = _Procs()
+        self.procs = _Procs(live_peak)
         federation = LocalFederation(self.dir / "prov", clusters, procs=self.procs, name="flbench")
         self.switches = [federation.switches[c].proc for c in clusters]
 

@@ -76,10 +76,18 @@ def bench_flower(sizes: list[tuple[int, int]], rounds: int, per_proc: int, py: s
     return rows
 
 
+def cycles(rounds: list) -> list[float]:
+    """Whole round cycles from round 2 on, as Flower's are timed (from one round's end to the next's): from the
+    start of round r to the start of round r + 1, the head's load, the roster and the trail's commit included
+    (round 1 waits for every client to connect first)."""
+    starts = [r.started for r in rounds[1:]]
+    return [b - a for a, b in zip(starts, starts[1:])]
+
+
 def _nebula_encrypted_round(floats: int, n: int, rounds: int, per_proc: int, combiner: str,
                             remote_transport: str = "tls") -> tuple[float, float]:
     """(median round s, switches' peak RSS MB) of one run of `bench_flower`'s Nebula path."""
-    fed = _Fed(["A", "B"])
+    fed = _Fed(["A", "B"], live_peak=False)  # (every process as deployed, as Flower's)
     try:
         for c in ("A", "B"):
             wy = fed.dir / "prov" / c / "worker.yaml"
@@ -97,7 +105,6 @@ def _nebula_encrypted_round(floats: int, n: int, rounds: int, per_proc: int, com
         runs[0].wait(1800)
         if runs[0].returncode:
             raise RuntimeError(f"controller exit {runs[0].returncode}")
-        return (statistics.median(r.duration_s for r in _rounds(fed)[1:]),
-                max(_mem(p.pid)["VmHWM"] for p in fed.switches) / 1e6)
+        return (statistics.median(cycles(_rounds(fed))), max(_mem(p.pid)["VmHWM"] for p in fed.switches) / 1e6)
     finally:
         fed.close()

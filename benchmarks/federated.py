@@ -15,7 +15,7 @@
   and accuracy after each round.
 - flower: round time on the encrypted path (clients over mutual TLS to their switch, or CURVE with --flower-remote
   tcp; the combiner on its switch's host and, a second time, on another host like the clients; the controller
-  behind mutual TLS between two switches)
+  behind mutual TLS between two switches; every process as deployed, no MALLOC_* settings)
   against Flower's FedAvg (legacy gRPC, server-authenticated TLS) for
   --flower-sizes, the same four-tensor model and fixed updates; the Flower column where an interpreter has `flwr`
   (an optional extra, not a dependency: `python -m venv /work/venv-flwr && /work/venv-flwr/bin/pip install flwr`,
@@ -301,7 +301,9 @@ def main() -> None:
         load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())
         sizes = [tuple(int(x) for x in s.split("x")) for s in args.flower_sizes.split(",")]
         rows = bench_flower(sizes, args.flower_rounds, args.per_proc, py, args.flower_remote)
-        print(f"\n## Round time on the encrypted path against Flower (median of rounds 2-{args.flower_rounds}; "
+        print(f"\n## Round time on the encrypted path against Flower (median of whole round cycles from round 2 of "
+              f"{args.flower_rounds}: Nebula's from one round's start to the next's, Flower's from one aggregation to "
+              f"the next; "
               f"workers on other hosts over {'mutual TLS' if args.flower_remote == 'tls' else 'CURVE'}; "
               f"load average {load0} before, {' '.join(f'{x:.2f}' for x in os.getloadavg())} after)")
         if py is None:

@@ -69,6 +69,14 @@ def _save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> int:
     return path.stat().st_size
 
 
+def _read_only(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in arrays.items():
+        out[k] = np.asarray(v).view()
+        out[k].flags.writeable = False
+    return out
+
+
 def _load_npz(path: Path) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
@@ -84,6 +92,8 @@ class ModelTrail:
         self.db = sqlite3.connect(self.root / "trail.db", timeout=30, check_same_thread=False)
         self.db.executescript(_SCHEMA)
         self.db.commit()
+        # the newest model this trail committed, read-only: the next round starts from it without reading it back
+        self._held: tuple[int, dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
 
     def close(self) -> None:
         """Close the index."""
@@ -98,7 +108,8 @@ class ModelTrail:
     def commit(self, weights: Mapping[str, np.ndarray], *, parent: int | None, round: int, strategy: Mapping[str, Any],
                clients: list, metrics: Mapping[str, Any] | None = None,
                state: Mapping[str, np.ndarray] | None = None) -> int:
-        """Store a new global model (tensor files first, then the index row); its version."""
+        """Store a new global model (tensor files first, then the index row); its version. The trail keeps read-only
+        views of `weights` and `state` for `load`: the caller gives them up (never writes into them again)."""
         head = self.head()
         if parent is not None and (head is None or parent != head.version):
             raise ValueError(f"parent version {parent} is not the trail's head "
@@ -110,6 +121,7 @@ class ModelTrail:
                         (version, parent, round, json.dumps(dict(strategy), default=str), json.dumps(clients),
                          json.dumps(dict(metrics or {}), default=float), time.time(), nbytes))
         self.db.commit()
+        self._held = (version, _read_only(weights), _read_only(state or {}))
         return version
 
     def _record(self, row: tuple) -> ModelRecord:
@@ -136,8 +148,11 @@ class ModelTrail:
         return [self._record(r) for r in self.db.execute("SELECT * FROM models ORDER BY version")]
 
     def load(self, version: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """(weights, server state) of `version`."""
+        """(weights, server state) of `version` (the one this trail committed last without reading it back: its
+        arrays are read-only)."""
         self.get(version)
+        if self._held is not None and self._held[0] == version:
+            return dict(self._held[1]), dict(self._held[2])
         return (_load_npz(self.root / "models" / f"{version}.npz"),
                 _load_npz(self.root / "state" / f"{version}.npz"))
 

@@ -32,3 +32,21 @@ def test_trail_keeps_lineage_state_and_survives_reopening(tmp_path):
         np.testing.assert_array_equal(np.load(out)["w"], w1["w"])
         with pytest.raises(KeyError, match="no model version 7"):
             t.load(7)
+
+
+def test_the_head_a_trail_committed_is_not_read_back_and_cannot_be_changed(tmp_path):
+    w = {"w": np.arange(4, dtype=np.float32)}
+    with ModelTrail(tmp_path) as t:
+        v1 = t.commit(w, parent=None, round=0, strategy={}, clients=[])
+        v2 = t.commit({"w": w["w"] * 2}, parent=v1, round=1, strategy={}, clients=[], state={"m/w": np.ones(4)})
+        for f in ("models", "state"):
+            (tmp_path / f / f"{v2}.npz").unlink()  # (what the next round starts from is in memory)
+        got, state = t.load(v2)
+        np.testing.assert_array_equal(got["w"], w["w"] * 2)
+        np.testing.assert_array_equal(state["m/w"], np.ones(4))
+        with pytest.raises(ValueError, match="read-only"):
+            got["w"][0] = 7  # (what the round starts from stays what the trail wrote)
+        w["w"][0] = 5  # the caller's own arrays stay writable
+        np.testing.assert_array_equal(t.load(v1)[0]["w"], [0, 1, 2, 3])  # (an older version: from its file)
+    with ModelTrail(tmp_path) as t, pytest.raises(FileNotFoundError):
+        t.load(v2)  # a restarted controller reads the head from disk
