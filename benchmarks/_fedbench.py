@@ -57,17 +57,19 @@ def light_client(cluster: str, index: int, num_clients: dict, train_s: float = 0
 
 # ---- a federation of real processes
 class _Procs(Procs):
-    """The benchmark federation's processes, its switches included. With `live_peak`, glibc maps allocations of
-    1 MiB and more and unmaps them on free, so a process's peak measures what is live (and the actors keep no
-    freed heap: `nebula.federated.heap` leaves an operator's MALLOC_* settings alone); without it, every process
-    runs as deployed (what a comparison of round times needs)."""
+    """The benchmark federation's processes, its switches included. With `live_peak`, glibc maps the actors' and
+    clients' allocations of 1 MiB and more and unmaps them on free, so their peak measures what is live (they keep
+    no freed memory then: `nebula.heap` leaves an operator's MALLOC_* settings alone); the switches run as deployed
+    either way (`switch_server.memtrim`). Without it, every process runs as deployed (what a comparison of round
+    times needs)."""
 
     def __init__(self, live_peak: bool = True) -> None:
         super().__init__()
         self.live_peak = live_peak
 
     def start(self, args: list[str], **kwargs) -> subprocess.Popen:
-        env = {"MALLOC_MMAP_THRESHOLD_": "1048576"} if self.live_peak else {}
+        switch = any("switch_server" in str(a) for a in args)
+        env = {"MALLOC_MMAP_THRESHOLD_": "1048576"} if self.live_peak and not switch else {}
         return super().start(args, env={**env, **kwargs.pop("env", {})}, **kwargs)
 
 

@@ -8,72 +8,26 @@ from __future__ import annotations
 
 __all__ = ["MemoryTrim", "free_heap_bytes", "keep_freed_memory", "malloc_trim"]
 
-import ctypes
-import ctypes.util
 import logging
+
+from nebula import heap
+from nebula.heap import free_heap_bytes, malloc_trim
 
 log = logging.getLogger(__name__)
 
 TRIM_FREED_BYTES = 16 * 1024**2  # heap freed since the last trim (or its low mark since) that triggers a trim
 TRIM_EVERY_S = 5.0  # at most this often: under heavy relaying the heap breathes, and trimmed pages fault back in
-
-# glibc gives each freed multi-megabyte buffer straight back to the kernel, so every chunk the switch relays
-# would cost fresh page faults (measured: about a third of a relaying switch's CPU); keep such memory for reuse
-KEEP_MMAP_THRESHOLD_BYTES = 32 * 1024**2  # the largest value glibc accepts
 KEEP_TRIM_THRESHOLD_BYTES = 128 * 1024**2
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def _libc():
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-_LIBC = _libc()
-_TRIM = getattr(_LIBC, "malloc_trim", None)  # (None where the C library is not glibc: nothing to do)
-_INFO = getattr(_LIBC, "mallinfo2", None)  # (glibc 2.33 and later)
-_MALLOPT = getattr(_LIBC, "mallopt", None)
-if _TRIM is not None:
-    _TRIM.argtypes, _TRIM.restype = [ctypes.c_size_t], ctypes.c_int
-if _INFO is not None:
-    _INFO.argtypes, _INFO.restype = [], _MallInfo2
 
 
 def keep_freed_memory() -> bool:
-    """Tune the allocator (glibc) to keep large freed buffers for reuse instead of unmapping them, in one arena;
-    False where the C library cannot be tuned so. Call before any thread starts."""
-    if _MALLOPT is None:
-        return False
-    _MALLOPT(_M_MMAP_THRESHOLD, KEEP_MMAP_THRESHOLD_BYTES)
-    _MALLOPT(_M_TRIM_THRESHOLD, KEEP_TRIM_THRESHOLD_BYTES)
+    """Keep large freed buffers for reuse (`nebula.heap`: every relayed chunk would otherwise cost fresh page
+    faults), in one arena; False where the C library cannot be tuned so, or the operator tuned it. Call before any
+    thread starts."""
     # One arena for all threads: memory freed at the top of a thread's own arena (where ZeroMQ's I/O thread
     # allocates every received message) goes back only when that top passes the trim threshold, which is above
     # an arena's largest size, and malloc_trim cannot return it; in the main arena it can.
-    _MALLOPT(_M_ARENA_MAX, 1)
-    return True
-
-
-def malloc_trim() -> bool:
-    """Return free heap memory to the operating system; False where the C library cannot."""
-    if _TRIM is None:
-        return False
-    _TRIM(0)
-    return True
-
-
-def free_heap_bytes() -> int | None:
-    """Bytes the allocator holds free for reuse, in all its arenas (None where it cannot say)."""
-    if _INFO is None:
-        return None
-    info = _INFO()
-    return info.fordblks + info.fsmblks
+    return heap.keep_freed_memory(KEEP_TRIM_THRESHOLD_BYTES, one_arena=True)
 
 
 class MemoryTrim:

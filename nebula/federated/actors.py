@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from nebula.federated.config import FederatedJob
-from nebula.federated.heap import keep_freed_heap
 from nebula.federated.runfiles import RunFiles
 from nebula.federated.transport import CONTROLLER_RANK, FIRST_CLIENT_RANK
+from nebula.heap import keep_freed_memory
 
 __all__ = ["ROLES", "ActorAlgorithm", "FEDOPTIMA", "OWL", "load_task", "run_actors"]
 
@@ -96,7 +96,7 @@ def run_actors(job: FederatedJob, cluster: str, algorithm: ActorAlgorithm, role:
         raise ValueError(f"the server runs in the controller's cluster {job.controller.cluster}, not {cluster}")
     if role == "client" and not 0 <= index < me.num_clients:
         raise ValueError(f"client index {index} is outside cluster {cluster}'s num_clients={me.num_clients}")
-    keep_freed_heap()
+    keep_freed_memory()
     task = load_task(job)
     clients = [(c.id, FIRST_CLIENT_RANK + i) for c in job.clusters for i in range(c.num_clients)]
     server = (job.controller.cluster, CONTROLLER_RANK)

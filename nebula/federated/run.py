@@ -13,7 +13,7 @@ from nebula.federated.client import load_client, run_client
 from nebula.federated.combiner import Combiner
 from nebula.federated.config import load_federated_job
 from nebula.federated.controller import Controller
-from nebula.federated.heap import keep_freed_heap
+from nebula.heap import keep_freed_memory
 
 __all__ = ["ROLES", "run_cluster", "run_one_client", "run_clients", "start_rounds", "main"]
 
@@ -25,7 +25,7 @@ def run_cluster(job_file: str | Path, cluster: str, controller: bool | None = No
     """Run `cluster`'s combiner, and the controller when the job puts it here; the final head version (or None)."""
     job = load_federated_job(job_file)
     job.cluster(cluster)
-    keep_freed_heap()
+    keep_freed_memory()
     with_controller = job.controller.cluster == cluster if controller is None else controller
     comb = Combiner(job, cluster)
     errors: list[BaseException] = []
@@ -54,7 +54,7 @@ def run_one_client(job_file: str | Path, cluster: str, index: int) -> int:
     c = job.cluster(cluster)
     if not 0 <= index < c.num_clients:
         raise ValueError(f"client index {index} is outside cluster {cluster}'s num_clients={c.num_clients}")
-    keep_freed_heap()
+    keep_freed_memory()
     return run_client(job, cluster, index, load_client(job, cluster, index))
 
 
@@ -64,7 +64,7 @@ def run_clients(job_file: str | Path, cluster: str, indices: list[int] | None = 
     job = load_federated_job(job_file)
     c = job.cluster(cluster)
     indices = list(range(c.num_clients)) if indices is None else indices
-    keep_freed_heap()
+    keep_freed_memory()
     done: dict[int, int] = {}
 
     def serve(i: int) -> None:
@@ -87,7 +87,7 @@ def start_rounds(job_file: str | Path, cluster: str, role: str = "cluster", inde
     if role == "clients":
         return f"clients of {cluster} trained {sum(run_clients(job_file, cluster).values())} rounds in all"
     if role in ("controller", "combiner"):
-        keep_freed_heap()  # (the other roles' functions set it themselves)
+        keep_freed_memory()  # (the other roles' functions set it themselves)
     if role == "controller":
         return f"head version {Controller(load_federated_job(job_file)).run()}"
     if role == "combiner":

@@ -1,4 +1,5 @@
-"""A federated actor's process keeps freed model-sized buffers for the next round (nebula.federated.heap)."""
+"""A process that keeps freed memory (nebula.heap: every federated actor's, the switch's) reuses model-sized buffers
+instead of faulting fresh pages in; an operator's own malloc settings stand."""
 from __future__ import annotations
 
 import json
@@ -8,15 +9,15 @@ import sys
 
 import pytest
 
-from nebula.federated.heap import keep_freed_heap
+from nebula.heap import keep_freed_memory
 
 # a process that frees and allocates model-sized buffers as a round does (a received piece, assembled arrays, new
 # weights), and prints whether the thresholds were set and the page faults of the rounds after the first
 _CHURN = """
 import json, resource, sys
 import numpy as np
-from nebula.federated.heap import keep_freed_heap
-tuned = keep_freed_heap() if sys.argv[1] == "tune" else None
+from nebula.heap import keep_freed_memory
+tuned = keep_freed_memory() if sys.argv[1] == "tune" else None
 model = np.ones(1 << 20, np.float32)
 def round_():
     piece = bytearray(model.nbytes + 64)
@@ -49,10 +50,10 @@ def test_a_tuned_process_faults_in_no_fresh_pages_for_each_rounds_buffers():
 
 def test_an_operators_malloc_settings_are_kept(monkeypatch):
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "1048576")
-    assert keep_freed_heap() is False
+    assert keep_freed_memory() is False
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=1048576")
-    assert keep_freed_heap() is False
+    assert keep_freed_memory() is False
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator (Linux)")
