@@ -48,7 +48,7 @@ if _INFO is not None:
     _INFO.argtypes, _INFO.restype = [], _MallInfo2
 
 
-def operator_set() -> bool:
+def _operator_set() -> bool:
     """Whether the operator set glibc's malloc variables (MALLOC_*_ or GLIBC_TUNABLES): theirs stand."""
     return any(k in os.environ for k in _OPERATOR_SET) or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", "")
 
@@ -58,7 +58,7 @@ def keep_freed_memory(trim_bytes: int = TRIM_THRESHOLD_BYTES, *, one_arena: bool
     of each arena, for reuse; with `one_arena`, every thread allocates from the main one (which `malloc_trim` can
     give back). False where nothing changed: not glibc, or the operator's own settings stand. Call it early, before
     the process starts its threads."""
-    if _MALLOPT is None or operator_set():
+    if _MALLOPT is None or _operator_set():
         return False
     ok = bool(_MALLOPT(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(_MALLOPT(_M_TRIM_THRESHOLD, trim_bytes))
     if ok and one_arena:
