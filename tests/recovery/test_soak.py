@@ -15,10 +15,16 @@ from tests.harness.readme import printed_commands, run_printed
 PRINTED = printed_commands("## Surviving a cluster's loss", "\n## ", ".venv/bin/python benchmarks/soak.py")
 
 
+def _limit_s(command: str) -> int:
+    """Time for a soak: the short ones within the suite's 10 minutes, the full one (20 + 5 minutes of training,
+    each beside its fault-free twin, then federated rounds) within the hour."""
+    return 600 if "--minutes" in command else 3600
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("command", PRINTED)
+@pytest.mark.parametrize("command", [pytest.param(c, marks=pytest.mark.timeout(_limit_s(c))) for c in PRINTED])
 def test_the_soak_loses_nothing_and_matches_the_fault_free_losses(command):
-    text = run_printed(command, timeout_s=3600)
+    text = run_printed(command, timeout_s=_limit_s(command) - 30)
     assert "load average" in text
     for mode in ("pipeline (2 clusters", "oneway3 (3 clusters"):
         block = text.split(mode, 1)[1].split("\n\n", 1)[0]
