@@ -56,34 +56,22 @@ def light_client(cluster: str, index: int, num_clients: dict, train_s: float = 0
 
 
 # ---- a federation of real processes
-class _Procs(Procs):
-    """The benchmark federation's processes, its switches included. With `live_peak`, glibc maps the actors' and
-    clients' allocations of 1 MiB and more and unmaps them on free, so their peak measures what is live (they keep
-    no freed memory then: `nebula.heap` leaves an operator's MALLOC_* settings alone); the switches run as deployed
-    either way (`switch_server.memtrim`). Without it, every process runs as deployed (what a comparison of round
-    times needs)."""
-
-    def __init__(self, live_peak: bool = True) -> None:
-        super().__init__()
-        self.live_peak = live_peak
-
-    def start(self, args: list[str], **kwargs) -> subprocess.Popen:
-        switch = any("switch_server" in str(a) for a in args)
-        env = {"MALLOC_MMAP_THRESHOLD_": "1048576"} if self.live_peak and not switch else {}
-        return super().start(args, env={**env, **kwargs.pop("env", {})}, **kwargs)
-
-
 class _Fed:
-    """Clusters provisioned in a temporary directory, a switch server each (the harness's `LocalFederation`)."""
+    """Clusters provisioned in a temporary directory, a switch server each (the harness's `LocalFederation`), run as
+    deployed. With `live_peak`, glibc maps the allocations of 1 MiB and more of the processes started here (actors,
+    clients) and unmaps them on free, so their peak measures what is live (they keep no freed memory then:
+    `nebula.heap` leaves an operator's MALLOC_* settings alone); without it, they run as deployed too (what a
+    comparison of round times needs)."""
 
     def __init__(self, clusters: list[str], live_peak: bool = True) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="flbench-"))
-        self.procs = _Procs(live_peak)
+        self.procs = Procs()
+        self.env = {"MALLOC_MMAP_THRESHOLD_": "1048576"} if live_peak else {}
         federation = LocalFederation(self.dir / "prov", clusters, procs=self.procs, name="flbench")
         self.switches = [federation.switches[c].proc for c in clusters]
 
     def start(self, args: list[str]) -> subprocess.Popen:
-        return self.procs.start(args)
+        return self.procs.start(args, env=self.env)
 
     def py(self, *args: str) -> subprocess.Popen:
         return self.start([sys.executable, *args])

@@ -6,10 +6,9 @@ import os
 import re
 import shlex
 import subprocess
-import sys
-from pathlib import Path
+from tests.harness.procs import BIN, REPO
 
-REPO = Path(__file__).resolve().parents[2]
+__all__ = ["REPO", "all_commands", "printed_commands", "run_printed"]
 
 
 def printed_commands(start: str, end: str, prefix: str, flag: str = "") -> list[str]:
@@ -39,7 +38,7 @@ def run_printed(command: str, timeout_s: float = 1800) -> str:
     directory first on PATH: `python`, `nebula`); its leading NAME=value words set the environment. Its output,
     after asserting it succeeded."""
     words = shlex.split(command)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
         name, _, value = words.pop(0).partition("=")
         env[name] = value
