@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import yaml
 
-__all__ = ["MAX_YAML_BYTES", "NoAliases", "YamlError", "check_keys", "read_yaml"]
+__all__ = ["MAX_YAML_BYTES", "NoAliases", "YamlError", "check_keys", "parse_yaml", "read_yaml"]
 
 MAX_YAML_BYTES = 1 << 20
 
@@ -47,20 +47,32 @@ def read_yaml(path: str | Path, what: str) -> Any:
     try:
         if path.stat().st_size > MAX_YAML_BYTES:
             raise YamlError(f"{what} {path} is larger than {MAX_YAML_BYTES} bytes; is it the right file?")
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise YamlError(f"{what} {path} does not exist; check the path") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise YamlError(f"{what} {path} cannot be read ({exc}); check the file") from None
+    return parse_yaml(data, f"{what} {path}")
+
+
+def parse_yaml(data: bytes, where: str) -> Any:
+    """The document in `data` (what `read_yaml` reads, e.g. a file from an archive), within the same limits;
+    YamlError naming `where` and the fix otherwise."""
+    if len(data) > MAX_YAML_BYTES:
+        raise YamlError(f"{where} is larger than {MAX_YAML_BYTES} bytes; is it the right file?")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise YamlError(f"{where} cannot be read ({exc}); check the file") from None
     try:
         return yaml.load(text, Loader=NoAliases)  # noqa: S506 - a SafeLoader without aliases
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
+        at = f" (line {mark.line + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise YamlError(f"{what} {path}{where}: {' '.join(str(problem).split())}") from None
+        raise YamlError(f"{where}{at}: {' '.join(str(problem).split())}") from None
     except RecursionError:
-        raise YamlError(f"{what} {path} nests too deeply; flatten it") from None
+        raise YamlError(f"{where} nests too deeply; flatten it") from None
 
 
 def check_keys(data: Any, path: str, allowed: Mapping[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:

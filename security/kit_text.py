@@ -32,7 +32,8 @@ def kit_readme(spec: FederationSpec, cluster: ClusterSpec, revision: int) -> str
     return f"""# Cluster {c} of federation {spec.federation} (kit revision {revision})
 
 This directory is cluster {c}'s switch server: its certificate and keys (only {c}'s: keep the private files at
-mode 600), the federation's CA certificate and CRL, `switch.yaml`, and its workers' credentials.
+mode 600), the federation's CA certificate and CRL, `switch.yaml`, and its workers' credentials. `kit.sig` is the
+admin's signature (the CA key's) over its files: the switch refuses to start from a kit whose files were altered.
 Peers reach {c} at {cluster.address} (it binds {cluster.listen}): open that port to them. Its peers: {peers}.
 Workers of {c} reach the switch at {cluster.local} (or over its IPC socket on this host){tls}.
 

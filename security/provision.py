@@ -6,7 +6,9 @@ as provisioned, every port written out: edit it and provision `--from` it again 
 `state.json` (revision, each cluster's serials), one kit per cluster `out/<cluster>/` (relative paths only; on this
 machine it shares the CA's certificate and CRL through links, so a revocation reaches switches run from here at
 once), `kits/<cluster>.tar.gz` (the archive to ship) and `updates/<cluster>-r<N>.tar.gz` (peers updates of a
-revision for the sites already running, applied live with `nebula-switch reload --update`).
+revision for the sites already running, applied live with `nebula-switch reload --update`). Every kit is sealed and
+every update signed with the CA key (`security.kit_seal`, `security.updates`): a switch checks both against the CA
+certificate its kit holds.
 """
 from __future__ import annotations
 
@@ -30,7 +32,10 @@ from security.errors import CAError, SecurityError
 from security.federation import (AccountSpec, CASpec, ClusterSpec, FederationError, FederationSpec, federation_doc,
                                  is_loopback, load_federation, parse_federation)
 from security.identity import check_name
-from security.kits import archive, build_kit, set_peers, worker_file, write_update
+from security.kit_seal import KIT_FILE, seal_kit
+from security.signing import key_fingerprint
+from security.kits import archive, build_kit, read_doc, set_peers, worker_file
+from security.updates import write_update
 
 __all__ = ["add_cluster", "free_ports", "provision", "provision_spec", "remove_cluster"]
 
@@ -195,8 +200,11 @@ def _finish(out: Path, spec: FederationSpec, state: dict, ca: CertificateAuthori
                               f"and run `nebula-admin provision --from {SPEC} --out .` here to change it\n"
                               + yaml.safe_dump(federation_doc(spec), sort_keys=False)).encode(), PUBLIC)
     atomic_write(out / STATE, json.dumps(state, indent=1, sort_keys=True).encode())
+    for c in spec.clusters:  # (each kit as it is now: its files, revision, peers and the current CRL's number)
+        seal_kit(ca, out / c.name, spec.federation, c.name, read_doc(out / c.name / KIT_FILE, "kit file")["revision"],
+                 [p.name for p in spec.clusters if p.name != c.name])
     kits = {c.name: archive(out / c.name, out / "kits" / f"{c.name}.tar.gz") for c in spec.clusters}
-    updates = {c.name: write_update(spec, c, ca.crl_path, out / "updates" / f"{c.name}-r{state['revision']}.tar.gz",
+    updates = {c.name: write_update(ca, spec, c, out / "updates" / f"{c.name}-r{state['revision']}.tar.gz",
                                     state["revision"]) for c in changed}
     ca.audit_event(action.split()[0], spec.federation, detail={"revision": state["revision"], **detail})
     clusters = {}
@@ -206,6 +214,7 @@ def _finish(out: Path, spec: FederationSpec, state: dict, ca: CertificateAuthori
                             "worker_yaml": str(d / worker_file(c.worker_names()[0][1])), "listen": c.address,
                             "endpoint": c.local, "kit": str(kits[c.name].resolve())}
     return {"federation": spec.federation, "ca": str(ca.dir.resolve()), "revision": state["revision"],
+            "signer": key_fingerprint(ca.cert.public_key()),
             "clusters": clusters, "updates": {k: str(v.resolve()) for k, v in updates.items()},
             "removed": sorted(state["removed"])}
 

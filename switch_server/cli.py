@@ -76,7 +76,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _reload(args: argparse.Namespace) -> int:
-    from security.kits import UpdateError, apply_update
     from switch_server.state import running_pid, state_dir
     from switch_server.status import status_path
 
@@ -87,12 +86,13 @@ def _reload(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     if args.update:
-        try:
-            applied = apply_update(Path(args.config), Path(args.update))
-        except UpdateError as exc:
-            print(f"nebula-switch reload: {exc}", file=sys.stderr)
+        from switch_server.updates import take_update
+
+        refused, said = take_update(cfg, Path(args.config), Path(args.update))
+        if refused:
+            print(f"nebula-switch reload: {said}", file=sys.stderr)
             return 2
-        print(f"applied {args.update} to {args.config}: {applied}", flush=True)
+        print(f"applied {args.update} to {args.config}: {said}", flush=True)
     pid = running_pid(state_dir(cfg))
     if pid is None:
         then = "it reads the update when it starts" if args.update else "nothing to reload"

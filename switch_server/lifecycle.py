@@ -1,14 +1,19 @@
 """A switch's start-up binds and its reloads: what an operator sees when a port is taken, a reload is refused, or the
 federation revoked the switch's own certificate.
 
-`bind` turns a taken or foreign address into one line naming the config key, the address and the fix. `reload`
+`check_kit` holds the switch's kit to what its admin signed (`security.kit_seal`), before the switch binds and on
+every reload: a kit file altered, a peer the admin did not sign, a CRL older than the one signed stop the start
+(one line, audited) or refuse the reload. `bind` turns a taken or foreign address into one line naming the config
+key, the address and the fix. `reload`
 (SIGHUP, `nebula-switch reload`) applies a changed switch.yaml, certificates and CRL without dropping healthy
 sessions, or refuses and keeps the running configuration; its outcome is recorded for `nebula-switch reload` to
 report. A switch whose own certificate appears in its CRL stops (`own_certificate_revoked`): every peer refuses it.
+A stop ends the audit log with `switch_stopped` and a closing checkpoint that `close_audit` hands to every connected
+peer before the connections close, so that no record of this run is one that no peer holds a signed head of.
 """
 from __future__ import annotations
 
-__all__ = ["bind", "bind_error", "check_own_certificate", "reload", "reload_crl"]
+__all__ = ["CLOSE_WAIT_S", "bind", "bind_error", "check_own_certificate", "close_audit", "reload", "reload_crl"]
 
 import asyncio
 import errno
@@ -21,14 +26,21 @@ import zmq
 
 from nebula.config import ConfigError, split_host_port
 from nebula.config.budgets import resolve
-from nebula.config.switch import load_switch_config
+from nebula.config.switch import SwitchConfig, load_switch_config
+from security.kit_seal import KitError, KitState, check_kit as check_kit_files
 from switch_server.authz import PeerPolicy
+from switch_server.checkpoints import LINK_GAP_S
+from switch_server.framestream import write_frame
 from switch_server.peers import SwitchError, cut_untrusted, mtime
 from switch_server.localtls import open_tls
 from switch_server.routegrants import read_policy
 from switch_server.tlstransport import Listener
 
 log = logging.getLogger("switch_server.server")
+
+CLOSE_WAIT_S = 4.0  # how long a stop waits for its closing checkpoint to reach the connected peers
+_CLOSE_POLL_S = 0.02
+SESSION_GRACE_S = 0.3  # a closing checkpoint sent on a peer's session: time for the peer to read it before the abort
 
 
 def bind_error(key: str, value: str, where: str, exc: BaseException, also: str = "") -> str:
@@ -48,10 +60,28 @@ def bind_error(key: str, value: str, where: str, exc: BaseException, also: str =
     return f"cannot bind {key} {value}: {why}{' ' + also if also else ''}"
 
 
+def check_kit(cfg: SwitchConfig, config_path: Any) -> KitState | None:
+    """The admin's signed state of the kit `config_path` lies in, if it is one; SwitchError naming the file."""
+    if config_path is None:
+        return None
+    try:
+        return check_kit_files(config_path, federation=cfg.federation, cluster=cfg.cluster, ca_path=cfg.tls.ca,
+                               crl_path=cfg.tls.crl, peers=[p.cluster for p in cfg.peers])
+    except KitError as exc:
+        raise SwitchError(str(exc)) from None
+
+
+def _kit_detail(kit: KitState) -> dict[str, Any]:
+    return {"revision": kit.revision, "crl_number": kit.crl_number, "signer": kit.signer, "source": kit.source}
+
+
 async def bind(server: Any, on_conn: Callable[[socket.socket, Any], None]) -> tuple[str, str]:
-    """Bind the metrics endpoint, the local side and the WAN listener of `server` (whose connections go to
-    `on_conn`); (local endpoint, WAN address)."""
+    """Check the kit, then bind the metrics endpoint, the local side and the WAN listener of `server` (whose
+    connections go to `on_conn`); (local endpoint, WAN address)."""
     cfg = server.cfg
+    kit = check_kit(cfg, server.config_path)
+    if kit is not None:
+        server.audit(server.actor, "kit_verified", str(server.config_path), "ok", _kit_detail(kit))
     where = f" of {server.config_path}" if server.config_path else ""
     if cfg.metrics.listen:
         host, port = split_host_port(cfg.metrics.listen, "metrics.listen")
@@ -100,6 +130,7 @@ def reload(server: Any) -> bool:
         if (new.cluster, new.federation) != (server.cfg.cluster, server.cfg.federation):
             raise ConfigError("cluster and federation cannot change on reload; restart the switch")
         read_policy(new.accounts_home)  # an unreadable accounts_home refuses the reload before anything changes
+        kit = check_kit(new, server.config_path)  # a kit altered since its admin signed it is refused
         server.trust.load(new)  # (unchanged if it raises)
         server.route_grants.set_home(new.accounts_home)
         server.cfg = new
@@ -129,7 +160,8 @@ def reload(server: Any) -> bool:
         bucket.set_rate(new.limits.account_rate_mbit)
     server.local.set_workers(new.local.workers)
     cut_untrusted(server)
-    _outcome(server, "ok", {"peers": sorted(new_peers), "revoked": len(server.trust.revoked)})
+    _outcome(server, "ok", {"peers": sorted(new_peers), "revoked": len(server.trust.revoked),
+                            **({"kit": _kit_detail(kit)} if kit is not None else {})})
     server.link_changed()
     check_own_certificate(server)
     return True
@@ -165,3 +197,64 @@ def check_own_certificate(server: Any) -> bool:
                  {"serial": f"{serial:x}", "crl": cfg.tls.crl})
     server.must_stop.set()
     return False
+
+
+async def close_audit(server: Any) -> list[str]:
+    """A stop's closing checkpoint: record `switch_stopped`, sign the head, hand the checkpoint to every connected
+    peer (on our link to it, else on its session to us) and wait until each has it, at most CLOSE_WAIT_S; the peers
+    that have it. A peer takes one checkpoint per connection per second and keeps one of ours per second, so each
+    send waits until LINK_GAP_S after the last one that peer saw; a link's send counts once the peer answered it
+    (it keeps ours before it answers), a session's once our side handed it to the network and SESSION_GRACE_S
+    passed (the peer's link does not answer). Should a record still come after it (a session's last words), the
+    new head is signed and sent again while time is left."""
+    ex = server.checkpoints
+    for link in list(server.links.values()):
+        if not (link.up and link.writer is not None):
+            await link.stop()  # (a link that came up now would be recorded after the closing checkpoint)
+    peers = sorted({c for c, link in server.links.items() if link.up and link.writer is not None}
+                   | {c for c, s in server.sessions.items() if not s.closed})
+    server.audit(server.actor, "switch_stopped", server.wan_address, "ok", {"peers": peers})
+    ex.closing = True  # (peers' answers are kept beside the log: the closing checkpoint stays its last record)
+    if ex.log is None or not peers:
+        return []
+    deadline = time.monotonic() + CLOSE_WAIT_S
+    head, frame = -1, b""
+    sent: dict[str, float] = {}  # peer -> when the current head was sent to it
+    last: dict[str, float] = {}  # peer -> when any head was sent to it (pacing a second one)
+    held: set[str] = set()
+    while time.monotonic() < deadline:
+        if ex.log.seq != head:  # (first, or a record came after the checkpoint sent)
+            frame = ex.frame()
+            if frame is None:
+                return []
+            head, sent, held = ex.log.seq, {}, set()
+        now = time.monotonic()
+        live = 0  # connected peers that do not have it yet
+        for c in peers:
+            link, s = server.links.get(c), server.sessions.get(c)
+            on_link = link is not None and link.up and link.writer is not None
+            if c in held or not (on_link or (s is not None and not s.closed)):
+                continue
+            live += 1
+            if c in sent:
+                if link is not None and link.last_checkpoint >= sent[c] or (
+                        not on_link and now - sent[c] >= SESSION_GRACE_S
+                        and s.writer.transport.get_write_buffer_size() == 0):
+                    held.add(c)
+                    live -= 1
+                continue
+            ready = max(ex.next_send(link) if link is not None else 0.0,
+                        (s.last_checkpoint + LINK_GAP_S) if s is not None else 0.0,
+                        last.get(c, float("-inf")) + LINK_GAP_S)
+            if now >= ready:
+                write_frame(link.writer if on_link else s.writer, frame)
+                sent[c] = last[c] = now
+        if not live:  # every connected peer has it (or none is left)
+            break
+        await asyncio.sleep(_CLOSE_POLL_S)
+    missed = [c for c in peers if c not in held]
+    if missed:
+        log.warning("closing audit checkpoint not confirmed by %s within %g s; `nebula-admin audit verify` finds "
+                    "this log's last records unwitnessed until the switch runs again beside a peer",
+                    ", ".join(missed), CLOSE_WAIT_S)
+    return sorted(held)

@@ -17,7 +17,8 @@ from cryptography import x509
 from nebula.config import SwitchConfig
 from nebula.wire import FrameType, WireError, encode_frame
 from security.errors import SecurityError
-from security.tls import PeerRejected, check_peer, client_context, crl_serials, describe_tls_error, server_context
+from security.signing import crl_number, key_fingerprint
+from security.tls import PeerRejected, check_peer, client_context, describe_tls_error, load_crl, server_context
 from switch_server.errors import SwitchError
 from switch_server.framestream import FrameStream, write_frame
 from switch_server.link import HANDSHAKE_TIMEOUT_S
@@ -52,6 +53,7 @@ class PeerTrust:
         self.refused_us: dict[str, str] = {}  # peer cluster -> why it refuses our certificate (said once per reason)
         self.cert_not_after = 0.0
         self.crl_mtime = 0.0
+        self.crl_number: tuple[str, int] = ("", 0)  # (CA key fingerprint, CRL Number) of the CRL in use
 
     def load(self, cfg: SwitchConfig) -> None:
         """(Re)load certificates, key and CRL of `cfg.tls`; SwitchError naming the problem (state unchanged then)."""
@@ -64,14 +66,20 @@ class PeerTrust:
         try:
             server_ctx = server_context(tls.ca, tls.cert, tls.key, tls.crl, passphrase)
             client_ctx = client_context(tls.ca, tls.cert, tls.key, tls.crl, passphrase)
-            revoked = crl_serials(tls.crl)
+            crl = load_crl(tls.crl)
+            revoked = frozenset(r.serial_number for r in crl)
+            ca = key_fingerprint(x509.load_pem_x509_certificate(Path(tls.ca).read_bytes()).public_key())
         except SecurityError as exc:
             raise SwitchError(str(exc)) from None
+        number = (ca, crl_number(crl))
+        if number[0] == self.crl_number[0] and number[1] < self.crl_number[1]:  # (a CRL put back: revoked peers)
+            raise SwitchError(f"CRL {tls.crl} is number {number[1]}, older than number {self.crl_number[1]} in use; "
+                              "put the admin's current CRL there (`nebula-admin crl`)")
         try:
             cert = x509.load_pem_x509_certificate(Path(tls.cert).read_bytes())
         except ValueError as exc:
             raise SwitchError(f"{tls.cert}: not a PEM certificate ({exc})") from None
-        self.server_ctx, self.client_ctx, self.revoked = server_ctx, client_ctx, revoked
+        self.server_ctx, self.client_ctx, self.revoked, self.crl_number = server_ctx, client_ctx, revoked, number
         self.crl_mtime = mtime(tls.crl)
         self.own_serial = cert.serial_number
         self.cert_not_after = cert.not_valid_after_utc.timestamp()

@@ -81,7 +81,8 @@ def _report(summary: dict, as_json: bool) -> int:
     if as_json:
         print(json.dumps(summary, indent=1))
         return 0
-    print(f"federation {summary['federation']} revision {summary['revision']}: CA {summary['ca']}")
+    print(f"federation {summary['federation']} revision {summary['revision']}: CA {summary['ca']} (kits and "
+          f"updates signed by its key {summary['signer']})")
     for name, c in summary["clusters"].items():
         print(f"  cluster {name}: wan {c['listen']}, workers {c['endpoint']}; kit {c['kit']} "
               f"(run `./start` in it on {name}'s gateway; workers use {c['worker_yaml']})")

@@ -17,7 +17,8 @@ from nebula.config import load_switch_config, load_worker_config
 from security.ca import CertificateAuthority
 from security.cli import main as admin
 from security.federation import FederationError, load_federation
-from security.kits import UpdateError, apply_update
+from security.signing import key_fingerprint
+from security.updates import UpdateError, apply_update
 from security.provision import add_cluster, provision_spec, remove_cluster
 
 SPEC = """\
@@ -138,7 +139,8 @@ def test_add_and_remove_clusters_send_each_other_site_a_peers_update(tmp_path, c
     ca = CertificateAuthority.open(out / "ca")
     assert {r.status for r in ca.list() if r.cluster == "B"} == {"revoked"}
     assert apply_update(site_a / "A" / "switch.yaml", Path(removed["updates"]["A"])).endswith(
-        "peers C 10.70.0.3:7443; CRL revokes 2 certificate(s)")
+        "peers C 10.70.0.3:7443; CRL number 6 revokes 2 certificate(s); signed by the CA key sha256:"
+        + key_fingerprint(ca.cert.public_key())[7:23] + "...")
     assert (site_a / "A" / "crl.pem").read_bytes() == (out / "ca" / "crl.pem").read_bytes()
     # a federation file that drops a cluster is refused with the command that removes one
     spec = load_federation(out / "federation.yaml")
@@ -161,11 +163,11 @@ def test_an_update_with_a_foreign_crl_or_stray_files_is_refused(tmp_path):
             m.size = len(data)
             out_tar.addfile(m, io.BytesIO(data))
     before = (site / "A" / "switch.yaml").read_bytes(), (site / "A" / "crl.pem").read_bytes()
-    with pytest.raises(UpdateError, match="its CRL cannot be used with this kit's CA"):
+    with pytest.raises(UpdateError, match="its crl.pem was altered after the admin signed it"):
         apply_update(site / "A" / "switch.yaml", forged)
     assert ((site / "A" / "switch.yaml").read_bytes(), (site / "A" / "crl.pem").read_bytes()) == before
     assert [p.name for p in (site / "A").iterdir() if p.name.startswith(".")] == []  # (nothing staged is left)
-    with pytest.raises(UpdateError, match="holds 'A'; a peers update holds only update.yaml and crl.pem"):
+    with pytest.raises(UpdateError, match="holds 'A'; a peers update holds only update.yaml, crl.pem, update.sig"):
         apply_update(site / "A" / "switch.yaml", out / "kits" / "A.tar.gz")
 
 
