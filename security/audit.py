@@ -225,17 +225,20 @@ class AuditLog:
         """Sequence number of the last record this writer knows of."""
         return self._seq
 
-    def store_peer_checkpoint(self, cluster: str, cp: Checkpoint) -> None:
+    def store_peer_checkpoint(self, cluster: str, cp: Checkpoint, *, final: bool = False,
+                              in_chain: bool = True) -> None:
         """Keep a checkpoint received from `cluster` (signature checked first): beside this log and as a record in it.
 
         The record puts the peer's signed head into this log's own chain, which this log's next checkpoint signs:
         the two switches' heads are then cross-signed. One checkpoint per cluster is kept per PEER_RECORD_MIN_S,
         and none at or below the seq kept last, so a peer flooding checkpoints costs neither records nor signatures.
+        `final` (a peer's closing checkpoint) is kept however soon after the last one; `in_chain=False` keeps it
+        only beside the log (a writer that has signed its own closing checkpoint adds no record after it).
         """
         verify_checkpoint(cp)
         last = self._peer_last.get(cluster)
         now = time.monotonic()
-        if last is not None and (cp.seq <= last[0] or now - last[1] < PEER_RECORD_MIN_S):
+        if last is not None and (cp.seq <= last[0] or (now - last[1] < PEER_RECORD_MIN_S and not final)):
             return  # a repeat, an older one, or one of a flood: the latest is kept at the next interval
         path = peer_checkpoints_path(self.path, cluster)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -245,6 +248,9 @@ class AuditLog:
             os.write(fd, (cp.to_json() + "\n").encode())
         finally:
             os.close(fd)
+        if not in_chain:
+            self._peer_last[cluster] = (cp.seq, now)
+            return
         with self._lock:
             if self._closed:
                 raise AuditError(f"audit log {self.path} is closed")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from security.audit_evidence import Evidence
 from security.audit_verify import VerifyReport, verify_log
@@ -20,7 +20,8 @@ EXIT_HELP = """\
                    truncated, re-signed with another key than the pinned one); the first bad record is named
   2  usage error   no such log, an unreadable --key, --witness or --peer-dir (nothing was judged)
   3  SUSPICIOUS    nothing provably wrong, but evidence that must be there is missing (an empty log of a writer
-                   that has run, no signed checkpoint, a long unsigned tail) or the pinned keys disagree
+                   that has run, no signed checkpoint, a long unsigned tail, records of a switch's or combiner's
+                   log after the last checkpoint its witnesses hold) or the pinned keys disagree
   4  UNVERIFIABLE  nothing can vouch for it: no key pinned, a switch's key pinned only by files beside its log,
                    or an empty log that no witness or sign of use speaks for; never OK
 """
@@ -91,4 +92,23 @@ def judge(log: str | os.PathLike, ev: Evidence) -> Verdict:
                                        f"peer's pinned key or copy of its checkpoints was found"
                                        f"{' in ' + ', '.join(ev.peer_dirs[:4]) if ev.peer_dirs else ''}",
                        peer_fix, used, report)
+    if ev.federated and report.witnessed is not None and report.unwitnessed > 0:
+        return _unwitnessed(report, used)
     return Verdict("ok", report.reason, None, used, report)
+
+
+def _unwitnessed(report: VerifyReport, used: str) -> Verdict:
+    """A log whose records after the last checkpoint a witness holds no one outside its host can vouch for."""
+    w, k = report.witnessed, report.unwitnessed
+    assert w is not None
+    end = ("it ends with a clean stop, but no witness holds its closing checkpoint" if report.clean_stop else
+           "it does not end with a clean stop whose closing checkpoint a witness holds")
+    reason = (f"{report.reason}, but {k} records after seq {w}, the last checkpoint a witness holds, are unwitnessed "
+              f"({end}): a cut back to seq {w} with the records after it dropped and chained again would look the "
+              "same")
+    fix = ("if its writer still runs, verify again with fresh copies of the peers' directories once its next "
+           "checkpoint reached them (every 30 s, within seconds of a refusal); if it stopped while no peer ran (the "
+           "last switch to stop, or one cut off), start it again while a peer runs, stop it, and copy the directories "
+           "again; otherwise keep this file as evidence and compare its last records with a backup")
+    return Verdict("suspicious", reason, fix, used,
+                   replace(report, ok=False, first_bad=w + 1, kind="suspicious"))

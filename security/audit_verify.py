@@ -3,7 +3,9 @@
 A log is `tampered` when a record or a checkpoint is provably wrong (first bad record named), and
 `suspicious` when nothing in it is provably wrong but evidence that must be there is missing: an empty log of a
 writer that has run, a log without any signed checkpoint, or more unsigned records at its end than its writer
-leaves (what a rewrite that dropped the checkpoints it could not re-sign looks like). An empty log that nothing
+leaves (what a rewrite that dropped the checkpoints it could not re-sign looks like). The report also says how many
+records follow the last checkpoint a witness holds (`witnessed`, `unwitnessed`), which `security.audit_verdict`
+judges SUSPICIOUS for a writer with peers. An empty log that nothing
 outside it speaks for is `unverifiable`: emptied or never written, no one can tell. Which key and which evidence
 to trust is `security.audit_verdict`'s part.
 """
@@ -21,8 +23,10 @@ from security.audit import (CHECKPOINT_ACTION, GENESIS, Checkpoint, canonical, c
                             checkpoints_path, read_checkpoints, signer_of, verify_checkpoint)
 from security.errors import AuditError
 
-__all__ = ["VerifyReport", "verify_log"]
+__all__ = ["STOP_ACTIONS", "VerifyReport", "verify_log"]
 
+# records a writer ends a clean stop with (its closing checkpoint follows): a switch, a federated combiner
+STOP_ACTIONS = frozenset({"switch_stopped", "fl.stop"})
 _RECORD_KEYS = frozenset({"seq", "time", "actor", "action", "target", "outcome", "detail", "prev", "hash"})
 
 
@@ -41,6 +45,9 @@ class VerifyReport:
     checkpoints: int = 0
     last_checkpoint: int | None = None
     kind: str = "ok"
+    witnessed: int | None = None  # the highest seq a witness (not the log's own directory) holds a checkpoint of
+    unwitnessed: int = 0  # records after it (the checkpoint record that carries that very head not counted)
+    clean_stop: bool = False  # the log ends with a stop record and the checkpoint that signs it
 
 
 def _short(signer: str) -> str:
@@ -68,7 +75,8 @@ def verify_log(path: str | os.PathLike, public_key_pem: bytes | None = None,
         outside = read_checkpoints(checkpoints_path(path))
     except AuditError as exc:
         return VerifyReport(False, 0, None, f"checkpoints file {checkpoints_path(path)}: {exc}", kind="tampered")
-    outside += list(witnesses)
+    witnesses = list(witnesses)
+    outside += witnesses
 
     lines = data.split(b"\n")
     partial = lines.pop()  # b"" when the file ends with a newline
@@ -78,6 +86,7 @@ def verify_log(path: str | os.PathLike, public_key_pem: bytes | None = None,
     last_inside_record = 0  # seq of the last checkpoint record
     every = 0
     first_signer = pin
+    actions: list[str] = []  # each record's action, by seq - 1
 
     def bad(first: int | None, reason: str, kind: str = "tampered") -> VerifyReport:
         return VerifyReport(False, len(hashes) - 1, first, reason, inside + len(outside), max(signed, default=None),
@@ -114,6 +123,7 @@ def verify_log(path: str | os.PathLike, public_key_pem: bytes | None = None,
             last_inside_record = expected
             signed.append(expected - 1)
         hashes.append(digest)
+        actions.append(str(rec["action"]))
     n = len(hashes) - 1
     if partial:
         return bad(n + 1, f"record {n + 1} (line {n + 1}) is incomplete: partial write or truncated mid-record")
@@ -156,9 +166,17 @@ def verify_log(path: str | os.PathLike, public_key_pem: bytes | None = None,
                    f"and the records after them rewritten", "suspicious")
     pinned = f"signed by {source}" if pin is not None else f"signed by key {_short(first_signer or '')} (not pinned)"
     unsigned = f", {tail} unsigned at the end" if tail else ""
+    witnessed = max((cp.seq for cp in witnesses), default=None)
+    unwitnessed = 0
+    if witnessed is not None:
+        # the record after the witnessed head is the checkpoint that carries it (what the witness was sent)
+        carried = witnessed < n and actions[witnessed] == CHECKPOINT_ACTION
+        unwitnessed = n - witnessed - (1 if carried else 0)
+    clean = n >= 2 and actions[-1] == CHECKPOINT_ACTION and actions[-2] in STOP_ACTIONS
     return VerifyReport(True, n, None, f"{n} records, chain intact, {inside} checkpoints in the log {pinned}, "
                                        f"{len(outside)} held outside it{unsigned}",
-                        inside + len(outside), max(signed, default=None))
+                        inside + len(outside), max(signed, default=None), witnessed=witnessed,
+                        unwitnessed=unwitnessed, clean_stop=clean)
 
 
 class _Bad(str):

@@ -1,20 +1,88 @@
-"""Prometheus metrics of one switch server (own registry, so several servers can live in one process)."""
+"""Prometheus metrics of one switch server (own registry, so several servers can live in one process).
+
+The endpoint has no authentication: whoever can connect to it reads it. It listens on loopback by default (a
+non-loopback `metrics.listen` needs `metrics.public: true`), and accounts appear in its labels as opaque ids
+(`AccountIds`: stable across restarts, mapped to names in the state directory's METRIC_ACCOUNTS_FILE, which only
+the switch's user reads) unless `metrics.account_names: true`. Peer clusters are named: every peer knows them.
+"""
 from __future__ import annotations
 
-__all__ = ["SwitchMetrics"]
+__all__ = ["AccountIds", "METRIC_ACCOUNTS_FILE", "SwitchMetrics"]
 
-from typing import Iterator
+import hashlib
+import hmac
+import json
+import secrets
+import threading
+from pathlib import Path
+from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 from prometheus_client.core import CounterMetricFamily
 
 from nebula.wire import LANES
+from security import atomic_write
+
+METRIC_ACCOUNTS_FILE = "metric_accounts.json"  # {opaque id: account name}, 0600, in the switch's state directory
+_SALT_FILE = "metric_accounts.salt"
+
+
+class AccountIds:
+    """Opaque, stable label values for account names: `acct-` and 12 hex digits of an HMAC under a salt kept in
+    `state_dir` (0600), so the metrics tell accounts apart without naming them; the admin maps them back with
+    METRIC_ACCOUNTS_FILE beside it."""
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.dir = Path(state_dir)
+        self._salt: bytes | None = None
+        self._ids: dict[str, str] = {}  # name -> id
+        self._lock = threading.Lock()
+
+    def _key(self) -> bytes:
+        if self._salt is None:
+            path = self.dir / _SALT_FILE
+            try:
+                self._salt = bytes.fromhex(path.read_text().strip())
+            except (OSError, ValueError):
+                self._salt = secrets.token_bytes(32)
+                atomic_write(path, self._salt.hex().encode())
+        return self._salt
+
+    def __call__(self, account: str) -> str:
+        """The label value of `account` (written to METRIC_ACCOUNTS_FILE the first time it is seen)."""
+        got = self._ids.get(account)
+        if got is not None:
+            return got
+        with self._lock:
+            got = "acct-" + hmac.new(self._key(), account.encode(), hashlib.sha256).hexdigest()[:12]
+            self._ids[account] = got
+            path = self.dir / METRIC_ACCOUNTS_FILE
+            try:
+                known = json.loads(path.read_text()) if path.exists() else {}
+            except (OSError, ValueError):
+                known = {}
+            known.update({v: k for k, v in self._ids.items()})
+            atomic_write(path, json.dumps(known, indent=1, sort_keys=True).encode())
+        return got
+
+
+class _AccountLabels:
+    """A labelled metric whose `account` label value goes through `ids` (a callable) first."""
+
+    def __init__(self, metric: Any, ids: AccountIds | None) -> None:
+        self.metric, self.ids = metric, ids
+
+    def labels(self, **labels: str) -> Any:
+        if self.ids is not None and "account" in labels:
+            labels["account"] = self.ids(labels["account"])
+        return self.metric.labels(**labels)
 
 
 class SwitchMetrics:
     """Bytes/frames per peer and lane, queue depth, RTT, retransmits, handshake failures, certificate expiry."""
 
-    def __init__(self) -> None:
+    def __init__(self, account_ids: AccountIds | None = None) -> None:
+        """`account_ids`: how accounts are named in labels (None: by their names, `metrics.account_names`)."""
         r = self.registry = CollectorRegistry()
         # per-frame counts are plain integers read at scrape time: a labelled Counter takes a lock on every frame
         self._tally: dict[tuple[str, int, str], list[int]] = {}  # (peer, lane, direction) -> [bytes, frames]
@@ -35,9 +103,9 @@ class SwitchMetrics:
         self.peer_refused = Counter("nebula_switch_peer_refused_frames",
                                     "Frames of a peer session refused: another source, an unreachable account or job, "
                                     "a budget", ["peer", "reason"], registry=r)
-        self.route_refused = Counter("nebula_switch_route_refused_frames",
-                                     "Frames of local workers to a cluster their account holds no route grant for",
-                                     ["account", "cluster"], registry=r)
+        self.route_refused = _AccountLabels(Counter(
+            "nebula_switch_route_refused_frames", "Frames of local workers to a cluster their account (an opaque id "
+            "unless metrics.account_names) holds no route grant for", ["account", "cluster"], registry=r), account_ids)
         self.link_up = Gauge("nebula_switch_link_up", "1 while the outgoing link to a peer is established", ["peer"], registry=r)
         self.cert_expiry = Gauge("nebula_switch_certificate_expiry_seconds", "Seconds until this switch's certificate expires", registry=r)
         self.workers = Gauge("nebula_switch_workers", "Workers registered on the local side", registry=r)

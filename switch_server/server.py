@@ -18,12 +18,12 @@ from security.errors import AuditError
 from switch_server.auditlimit import AuditThrottle
 from switch_server.authz import PeerPolicy
 from switch_server.budget import ALL, MemoryBudget, Party
-from switch_server.checkpoints import CheckpointExchange
+from switch_server.checkpoints import CheckpointExchange, is_security
 from switch_server.incarnations import Incarnations
-from switch_server.lifecycle import bind, reload
+from switch_server.lifecycle import bind, close_audit, reload
 from switch_server.link import OutboundLink
 from switch_server.local import LocalSide
-from switch_server.metrics import SwitchMetrics
+from switch_server.metrics import AccountIds, SwitchMetrics
 from switch_server.memtrim import MemoryTrim
 from switch_server.peers import PeerTrust, SwitchError, accept_peer
 from switch_server.routegrants import RouteGrants
@@ -68,7 +68,7 @@ class SwitchServer:
         self.cfg = cfg
         self.config_path = Path(config_path) if config_path else None
         self.state = SwitchState(state_dir(cfg))
-        self.metrics = SwitchMetrics()
+        self.metrics = SwitchMetrics(None if cfg.metrics.account_names else AccountIds(self.state.dir))
         self.epoch = 0
         self.budgets = resolve(cfg)
         self.budget = MemoryBudget(self.budgets.memory_cap, self._hold)
@@ -140,20 +140,21 @@ class SwitchServer:
         return self.wan_address, local_endpoint
 
     async def stop(self) -> None:
-        """Stop everything and write the final audit checkpoint."""
+        """Stop everything; the audit log ends with `switch_stopped` and a closing checkpoint handed to the connected
+        peers (`lifecycle.close_audit`) before the peer connections close."""
         for t in self.tasks:
             t.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.wan_server is not None:
+            self.wan_server.close()
+        await self.local.stop()  # (workers first: nothing of theirs is recorded after the closing checkpoint)
+        if self.started:  # (a start that failed leaves the last status of the switch that ran before)
+            self.write_status()
+            await close_audit(self)
         for link in list(self.links.values()):
             await link.stop()
         for s in list(self.sessions.values()):
             s.close()
-        if self.wan_server is not None:
-            self.wan_server.close()
-        await self.local.stop()
-        if self.started:  # (a start that failed leaves the last status of the switch that ran before)
-            self.write_status()
-            self.audit(self.actor, "switch_stopped", self.wan_address)
         if self.audit_log is not None:
             self.audit_log.close()
         self.state.unlock()
@@ -194,6 +195,9 @@ class SwitchServer:
             self.audit_log.append(actor, action, target, outcome, _safe_detail(detail))
         except Exception:
             log.exception("cannot write audit record %s %s", action, target)
+            return
+        if is_security(action, outcome):
+            self.checkpoints.urgent()  # (peers hold a signed head covering it within about a second)
 
     def _hold(self, party: Party, held: bool) -> None:
         """The memory budget holds back (or resumes) a party: the whole local side while over the total cap."""

@@ -20,8 +20,9 @@ CRL_POLL_S = 5.0  # the CRL file is re-read this often, so a revoked live peer i
 
 
 async def upkeep(server: Any) -> None:
-    """Every STATUS_EVERY_S: sweeps, grants, metrics, the CRL, checkpoints, expiring certificates, audit flushes,
-    memory trim and the status file of `server` (a SwitchServer)."""
+    """Every STATUS_EVERY_S: sweeps, grants, metrics, the CRL, expiring certificates, audit flushes, checkpoints
+    (every CHECKPOINT_EVERY_S, and one owed after a security record), memory trim and the status file of `server`
+    (a SwitchServer)."""
     last_cp = time.monotonic()
     last_crl = time.monotonic()
     while True:
@@ -38,13 +39,13 @@ async def upkeep(server: Any) -> None:
                 last_crl = now
                 if server.trust.crl_changed(server.cfg):
                     reload_crl(server)
-            if now - last_cp >= CHECKPOINT_EVERY_S:
-                last_cp = now
-                for link in server.links.values():
-                    if link.up:
-                        link.send_checkpoint()
             cut_untrusted(server)  # (certificates expire while sessions live)
             server.audit_limited.flush()
+            # after the flush, so the summary of a flood of refusals is among what the checkpoint covers
+            periodic = now - last_cp >= CHECKPOINT_EVERY_S
+            if periodic:
+                last_cp = now
+            server.checkpoints.upkeep(server.links, server.sessions, now, periodic)
             server._trim.maybe(free_heap_bytes(), now)
             server.write_status()
         except Exception:

@@ -163,9 +163,21 @@ class AuditConfig:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MetricsConfig:
-    """Prometheus endpoint; listen None disables it."""
+    """Prometheus endpoint; listen None disables it. It has no authentication, so it listens on loopback by default:
+    another address needs `public: true`. Accounts are opaque ids in its labels unless `account_names: true`."""
 
     listen: str | None = "127.0.0.1:0"
+    public: bool = False  # serve it on a non-loopback address (anyone who reaches it reads it)
+    account_names: bool = False  # label accounts by name instead of by opaque id
+
+    def __post_init__(self) -> None:
+        if self.listen:
+            host, _ = split_host_port(self.listen, "metrics.listen")
+            if not self.public and host not in ("localhost", "::1") and not host.startswith("127."):
+                raise ValueError(f"metrics.listen {self.listen!r} is not a loopback address: the metrics endpoint has "
+                                 "no authentication, so anyone who reaches it reads it; keep 127.0.0.1:PORT (the "
+                                 "default) and scrape it on this host or through a tunnel, or set metrics.public: "
+                                 "true to serve it there")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -7,7 +7,9 @@ nothing). Without a file, the controller asks `initial_clients` connected client
 the job's seed) and gives each `initial_wait_s`; of the valid answers, the model whose manifest (names, dtypes,
 shapes) more than half of them share is taken (the first that arrived of those). A silent, malformed or
 poisoned answer only costs the wait: while no manifest has a majority (no valid answer, or a tie), the next
-clients are asked. Each refusal is audited with its reason. Clients that agree on a manifest can still disagree on
+clients are asked. Only a client whose cluster holds the job's grant (the check its updates pass) is asked, and
+its answer is taken only if the grant still holds then; a client without one is refused unasked. Each refusal is
+audited with its reason. Clients that agree on a manifest can still disagree on
 values; to trust no client with the start, name the file.
 """
 from __future__ import annotations
@@ -101,16 +103,26 @@ def _key(tensors: list) -> tuple:
 
 
 def fetch_initial(mb: Messenger, job: FederatedJob, run: str, roster: Callable[[], Mapping[Peer, int]],
-                  audit: Callable[[str, str, dict], None]) -> tuple[dict[str, np.ndarray], str]:
+                  audit: Callable[[str, str, dict], None],
+                  refusal: Callable[[Peer], str | None] = lambda _: None) -> tuple[dict[str, np.ndarray], str]:
     """(weights, the client they came from): ask clients as the module says; `roster()` gives the connected
-    clients now, `audit(client, outcome, detail)` records an answer. RuntimeError when every connected client
-    was asked and no manifest has a majority."""
+    clients now, `audit(client, outcome, detail)` records an answer, `refusal(client)` says why a client's
+    cluster grants it no part in the job (None: granted). RuntimeError when every connected client was asked
+    and no manifest has a majority."""
     asked: set[Peer] = set()
     answers: list[Answer] = []
     models: dict[tuple, tuple[str, dict[str, np.ndarray]]] = {}
     want = job.initial_clients
     while True:
-        left = sorted(set(roster()) - asked)
+        current = set(roster())
+        for p in sorted(current - asked):
+            why = refusal(p)
+            if why is not None:  # never asked: its model could not be taken
+                asked.add(p)
+                why = f"not asked for the initial model: {why}"
+                audit(str(p), "refused", {"reason": why})
+                answers.append(Answer(str(p), None, why))
+        left = sorted(current - asked)
         random.Random(job.seed * 7919 + len(asked)).shuffle(left)
         batch = left[:want]
         if not batch:
@@ -118,7 +130,7 @@ def fetch_initial(mb: Messenger, job: FederatedJob, run: str, roster: Callable[[
             raise RuntimeError(f"no initial model: {len(asked)} clients asked, no model has a majority of the valid "
                                f"answers ({reasons or 'ties'}); name one in the job file (initial_model: FILE.npz)")
         asked.update(batch)
-        got = _ask(mb, job, run, batch, audit)
+        got = _ask(mb, job, run, batch, audit, refusal)
         answers += [a for a, _ in got]
         for a, w in got:
             if a.key is not None and a.key not in models:
@@ -131,9 +143,10 @@ def fetch_initial(mb: Messenger, job: FederatedJob, run: str, roster: Callable[[
         want = job.initial_clients if not any(a.key for a in answers) else 1  # none valid yet, or a tie to break
 
 
-def _ask(mb: Messenger, job: FederatedJob, run: str, batch: list[Peer], audit: Callable[[str, str, dict], None]
-         ) -> list[tuple[Answer, dict[str, np.ndarray] | None]]:
-    """Ask `batch` at once; each answer checked (manifest first, then the values) within `initial_wait_s`."""
+def _ask(mb: Messenger, job: FederatedJob, run: str, batch: list[Peer], audit: Callable[[str, str, dict], None],
+         refusal: Callable[[Peer], str | None] = lambda _: None) -> list[tuple[Answer, dict[str, np.ndarray] | None]]:
+    """Ask `batch` at once; each answer checked (its cluster's grant, then manifest, then the values) within
+    `initial_wait_s`."""
     for p in batch:
         mb.send(p, GetParameters(run=run))
     deadline = time.monotonic() + job.initial_wait_s
@@ -150,7 +163,9 @@ def _ask(mb: Messenger, job: FederatedJob, run: str, batch: list[Peer], audit: C
             continue  # not an answer to this question (of an earlier run, say)
         pending.discard(peer)
         weights = None
-        why = manifest_refusal(None if msg.model is None else msg.model.tensors, job)
+        why = refusal(peer)
+        why = (f"its cluster no longer grants it the job: {why}" if why is not None else
+               manifest_refusal(None if msg.model is None else msg.model.tensors, job))
         if why is None:
             try:
                 weights = mb.recv_model(peer, msg, max(0.0, deadline - time.monotonic()), inline=parts)

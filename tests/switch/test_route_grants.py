@@ -87,8 +87,11 @@ def test_only_granted_accounts_reach_other_clusters_and_revocation_applies_live(
         wait_audit(a, lambda r: r["action"] == "route_refused" and r["detail"]["account"] == "nebula")
         st = json.loads(status_path(load_switch_config(a.config)).read_text())
         metrics = urllib.request.urlopen(f"http://{st['metrics']}/metrics", timeout=10).read().decode()
-        for account in ("ops", "nebula"):
-            assert re.search(rf'nebula_switch_route_refused_frames_total{{account="{account}",cluster="B"}} [1-9]', metrics)
+        ids = {name: i for i, name in json.loads((status_path(load_switch_config(a.config)).parent
+                                                  / "metric_accounts.json").read_text()).items()}
+        for account in ("ops", "nebula"):  # (labelled by opaque ids, which the state directory maps to names)
+            assert re.search(rf'nebula_switch_route_refused_frames_total{{account="{ids[account]}",cluster="B"}} [1-9]',
+                             metrics) and f'"{account}"' not in metrics
         with Endpoint.connect(ops_a, job="k", rank=0) as oa, Endpoint.connect(ops_b, job="k", rank=1) as ob:
             oa.channel("B", 1, "x").send(b"ops now granted")
             assert ob.channel("A", 0, "x").recv(timeout_s=30) == b"ops now granted"

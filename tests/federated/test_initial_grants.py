@@ -1,0 +1,34 @@
+"""The initial model comes only from a client whose cluster holds the job's grant: a client of a cluster that refuses
+the job (reachable through another cluster's combiner, as the updates of such a client are refused) is not asked,
+and that refusal is audited with its reason."""
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from nebula.federated.trail import ModelTrail
+from tests.federated.harness import federation, run_job, write_job
+from tests.federated.test_grants import _home
+
+
+def test_a_client_without_the_job_grant_does_not_supply_the_initial_model(procs, tmp_path):
+    workers = federation(procs, tmp_path)
+    homes = {"A": _home(tmp_path / "home-A", "job:fltest"), "B": _home(tmp_path / "home-B", "job:other")}
+    # both clients would be asked (A's combiner accepts B's client too: A's home grants the account the job)
+    job = write_job(tmp_path, workers, {"A": 1, "B": 1}, rounds=1, initial_clients=2, initial_wait_s=5,
+                    validity={"min_updates": 1})
+    doc = yaml.safe_load(job.read_text())
+    for c in doc["clusters"]:
+        c["accounts_home"] = str(homes[c["id"]])
+    job.write_text(yaml.safe_dump(doc))
+    out = run_job(procs, job)
+    with ModelTrail(tmp_path / "fl" / "trail") as t:
+        models = t.models()
+    assert models[0].clients == ["A/2"], out
+    audit = [json.loads(line) for line in (tmp_path / "fl" / "controller" / "audit.log").read_text().splitlines()]
+    initial = [(r["target"], r["outcome"]) for r in audit if r["action"] == "fl.initial"]
+    assert ("B/2", "refused") in initial and ("A/2", "accepted") in initial and ("B/2", "accepted") not in initial
+    why = next(r for r in audit if r["action"] == "fl.initial" and r["target"] == "B/2")["detail"]["reason"]
+    assert why.startswith("not asked for the initial model: ") and "holds no grant for job 'fltest'" in why
+    assert len(why.splitlines()) == 1
