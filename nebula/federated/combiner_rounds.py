@@ -1,5 +1,11 @@
 """What a combiner does with one synchronous round (`SyncRound`: the I/O around the pure `RoundState`) or with an
-asynchronous run (`serve_async`)."""
+asynchronous run (`serve_async`).
+
+Under central differential privacy the combiner clips every update it folds to `clip_norm` itself (the L2 norm of
+its change from the round's model, as decoded), whatever the client did: a client that skips its own clipping, or
+whose codec sends more than it clipped, moves the sum by at most `clip_norm`. An update whose norm is not finite is
+refused; each one clipped is logged and audited (`fl.update` "accepted" with `clipped`), and their count per round
+(`fl.dp` "clipped")."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,9 +17,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nebula.federated.checks import Refusal, check_received, check_update_header
-from nebula.federated.intake import NONE_CODEC, GlobalModel, Refused, receive_update
+from nebula.federated.intake import NONE_CODEC, GlobalModel, Refused, clip_pieces, receive_update
 from nebula.federated.messages import (AsyncUpdate, ClientHello, ClientUpdate, NewModel, PullUpdate, StartAsync,
                                        StartRound, Stop, TrainTask)
+from nebula.federated.privacy import clip_factor
 from nebula.federated.protocol import Malformed, Message
 from nebula.federated.round_state import RoundState
 from nebula.federated.transport import PUSH_BYTES, Peer, manifest
@@ -28,6 +35,10 @@ PULL_GRACE_S = 2.0  # an update announced before the deadline may finish arrivin
 # updates pulled beyond the one being received: the next one's transfer overlaps this one's checks and folding,
 # while what waits in the combiner's channels stays bounded (and the first update is not slowed by many at once)
 PULL_AHEAD = 2
+# an update counts as clipped (logged, audited) when its norm is this much over clip_norm, relative; it is scaled to
+# clip_norm whenever it is over at all (an honest client's clipped change, sent as float32 weights and measured
+# again, can be over by rounding alone)
+CLIP_SLACK = 1e-4
 
 
 class SyncRound:
@@ -92,8 +103,14 @@ class SyncRound:
         self.state = self.make_state(asked=[Peer.parse(s) for s in cmd.clients], job=job.job, round=cmd.round,
                                      version=cmd.version, weights=weights, strategy=comb.strategy,
                                      max_examples=job.max_examples_per_client)
+        dp = job.differential_privacy
+        # central DP: every update is clipped here (masked ones cannot be: the job file refuses that combination)
+        self.clip_norm = dp.clip_norm if dp is not None and dp.mode == "central" and not job.secure_aggregation \
+            else None
+        self.clipped = 0  # updates clipped this round
         # each update's change from this model is measured (raw updates; a coded update is a change already)
-        measure = job.max_update_norm is not None and job.update_codec == NONE_CODEC and not job.secure_aggregation
+        measure = (job.max_update_norm is not None or self.clip_norm is not None) and job.update_codec == NONE_CODEC \
+            and not job.secure_aggregation
         self.base = GlobalModel(weights, comb.spool) if measure else None
         self.pulled: deque[tuple[Peer, ClientUpdate]] = deque()  # accepted headers whose pieces were asked for
 
@@ -145,16 +162,34 @@ class SyncRound:
                                  codec=job.update_codec, spool_dir=self.c.spool, inline=parts, base=self.base,
                                  max_norm=job.max_update_norm)
         except (Refused, ValueError) as exc:
-            st.reject(who, str(exc))
-            self.c.audit.record("fl.update", who, "refused", {"reason": str(exc), "round": st.round})
-            log.warning("combiner %s: refused update of %s: %s", self.c.cluster, peer, exc)
+            self._refuse_received(peer, str(exc))
             return
+        pieces, detail = upd.pieces(), {}
+        if self.clip_norm is not None:
+            try:
+                factor = clip_factor(upd.norm, self.clip_norm)
+            except ValueError as exc:
+                upd.close()
+                self._refuse_received(peer, str(exc))
+                return
+            pieces = clip_pieces(pieces, factor, self.base)
+            if upd.norm > self.clip_norm * (1 + CLIP_SLACK):
+                self.clipped += 1
+                detail = {"clipped": True, "clip_norm": self.clip_norm}
+                log.warning("combiner %s: update of %s clipped from norm %.4g to clip_norm %g", self.c.cluster, peer,
+                            upd.norm, self.clip_norm)
         try:
-            st.fold(who, msg, upd.pieces(), nbytes=upd.nbytes, norm=upd.norm)
+            st.fold(who, msg, pieces, nbytes=upd.nbytes, norm=upd.norm)
         finally:
             upd.close()
         self.c.audit.record("fl.update", who, "accepted", {"round": st.round, "num_examples": msg.num_examples,
-                                                           "norm": upd.norm})
+                                                           "norm": upd.norm, **detail})
+
+    def _refuse_received(self, peer: Peer, why: str) -> None:
+        """An accepted header's update failed its checks: refused, audited."""
+        self.state.reject(str(peer), why)
+        self.c.audit.record("fl.update", str(peer), "refused", {"reason": why, "round": self.state.round})
+        log.warning("combiner %s: refused update of %s: %s", self.c.cluster, peer, why)
 
     def on_secure(self, peer: Peer, msg: Message, parts: list | None = None) -> None:
         """A secure aggregation stage message in a round without it: refused, counted."""
@@ -166,6 +201,9 @@ class SyncRound:
         c.missed.update(p for p in st.missing() if p not in st.rejoined)
         counted = c.tally.take()  # what was refused since the last round, counted
         c.tally.flush(c.audit, round=st.round)
+        if self.clip_norm is not None:
+            c.audit.record("fl.dp", c.cluster, "clipped", {"round": st.round, "clipped": self.clipped,
+                                                           "clip_norm": self.clip_norm})
         partial, weights = st.partial(run=self.cmd.run, counted=counted, checkpoint=c.checkpoint(),
                                       delta=c.job.update_codec != NONE_CODEC)
         if weights is None:

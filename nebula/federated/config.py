@@ -31,13 +31,14 @@ Example::
     owl: {distribution: owl, rounds: 5}        # OWL's options (nebula.federated.owl.config)
     secure_aggregation: {protocol: secagg+, clip_range: 1.0, max_weight: 1000}   # null: off (secagg.config)
     differential_privacy: {clip_norm: 1.0, noise_multiplier: 1.0, mode: central, delta: 1.0e-5,
-                           target_epsilon: 8, accountant: rdp}                   # null: off (privacy.mechanism)
+                           target_epsilon: 8, accountant: rdp, sampler: poisson} # null: off (privacy.mechanism)
 
 `secure_aggregation` and `differential_privacy` apply to FEDn's synchronous rounds, with a strategy whose
 combiners only add (fedavg, fedprox, fedadam, fedyogi, fedadagrad); secure aggregation masks 32-bit words
 (`update_codec: none`) or 16-bit ones (`fp16`, `bf16`), and needs at least 3 clients at each combiner with any;
-differential privacy weighs every client the same (with secure aggregation: `max_weight: 1`), and its
-`distributed` mode needs secure aggregation. Anything else is refused at load, in one line.
+differential privacy weighs every client the same (with secure aggregation: `max_weight: 1`), takes no
+error-feedback codec (`ef(...)`), and its `distributed` mode needs secure aggregation while its `central` mode
+(the combiner clips each update) refuses it. Anything else is refused at load, in one line.
 
 Every count that sizes memory is bounded (`MAX_CLIENTS` clients per cluster) and every number of seconds or norm
 must be finite: a bad value is one line naming its key path and the limit.
@@ -78,6 +79,17 @@ def _seconds(key: str, value: float) -> None:
 def _at_most(key: str, value: int, lo: int, hi: int, why: str = "") -> None:
     if not lo <= value <= hi:
         raise ValueError(f"{key}={value} must be between {lo} and {hi}{why}")
+
+
+def _uses_error_feedback(spec: str) -> bool:
+    """Whether codec `spec` has an error-feedback stage (`ef(...)`) anywhere in it."""
+    from nebula.compress.spec import SpecNode, parse_spec
+
+    def walk(node: object) -> bool:
+        return isinstance(node, SpecNode) and (node.name == "ef" or any(walk(a) for a in node.args)
+                                               or any(walk(v) for _, v in node.kwargs))
+
+    return spec != "none" and walk(parse_spec(spec))
 
 
 def _finite_options(prefix: str, value: Any) -> None:
@@ -276,6 +288,15 @@ class FederatedJob:
             raise ValueError(f"differential_privacy needs a fixed weighting (one client's data size must not move "
                              f"the mean's denominator), but secure_aggregation.max_weight={sa.max_weight}; set "
                              "secure_aggregation.max_weight: 1 (every client weighs the same)")
+        if sa is not None and dp.mode == "central":
+            raise ValueError("differential_privacy.mode=central with secure_aggregation: central DP has the combiner "
+                             "clip every update to clip_norm, which it cannot do to masked updates; use mode: "
+                             "distributed (the clients' noise survives the secure sum) or drop secure_aggregation")
+        if _uses_error_feedback(self.update_codec):
+            raise ValueError(f"update_codec={self.update_codec!r} with differential_privacy: error feedback adds "
+                             "what earlier rounds' compression left out to each update, so a clipped change is sent "
+                             "over clip_norm (and the clip at the combiner would cut the residual it carries); use "
+                             "the codec without ef(...) (e.g. its inner codec) or drop differential_privacy")
 
     def _check_dtypes(self) -> None:
         import numpy as np

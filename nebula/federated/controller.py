@@ -116,13 +116,15 @@ class Controller(ControllerBase):
         unmask_s = (UNMASK_STAGES + 1) * secure.stage_timeout_s if secure is not None else 0.0
         self._take_partials(r, assignment, red, t0 + job.deadline_s + REPORT_GRACE_S + unmask_s)
         metrics = red.metrics()
-        privacy = self.privacy.spend() if self.privacy is not None and red.num_updates else None
+        privacy = self.privacy.spend() if self.privacy is not None else None  # every round run is counted
         if privacy is not None:
             metrics.update(epsilon=privacy["epsilon"], delta=privacy["delta"])
         why, version = red.invalid(), None
+        if why is not None and self.privacy is not None and self.privacy.sampled == 0:
+            why = "the sampler drew no client: the round is skipped (the accountant counts it, the draw was made)"
         if why is None:
-            noise = (self.privacy.noise_std(), self.privacy.rng) if self.privacy is not None else (0.0, None)
-            new, state = self.strategy.server_step(weights, red.result(*noise), state)
+            mean = self.privacy.release(red) if self.privacy is not None else red.result()
+            new, state = self.strategy.server_step(weights, mean, state)
             bad = next((k for k, v in new.items() if not np.isfinite(v).all()), None)
             if bad is not None:  # finite updates can still overflow together: never commit such a model
                 why = f"the new model's {bad!r} holds NaN or Inf (the updates overflowed); lower max_update_norm"

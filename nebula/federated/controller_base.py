@@ -180,7 +180,8 @@ class ControllerBase:
             def audit(client: str, outcome: str, detail: dict) -> None:
                 self.audit.record("fl.initial", client, outcome, detail)
 
-            weights, who = fetch_initial(self.mb, job, self.run_id, lambda: self.status()[1], audit)
+            weights, who = fetch_initial(self.mb, job, self.run_id, lambda: self.status()[1], audit,
+                                         self._client_refusal)
             clients = [who]
         return self.trail.commit(weights, parent=None, round=0, strategy=self.strategy.describe(), clients=clients,
                                  metrics={"initialised_by": who})
@@ -188,8 +189,8 @@ class ControllerBase:
     def assign(self, live: list[Peer], roster: dict[Peer, int], r: int) -> dict[Peer, list[Peer]]:
         clients = sorted(roster)
         k = self.job.clients_per_round or len(clients)
-        if self.privacy is not None:  # an unpredictable sample, at most the accounted rate
-            chosen = self.privacy.sample(clients, k)
+        if self.privacy is not None:  # the sampler the accountant analyses, unpredictable (controller_privacy)
+            chosen = self.privacy.sample(clients)
         else:
             chosen = sorted(random.Random(self.job.seed * 100003 + r).sample(clients, min(k, len(clients))))
         out: dict[Peer, list[Peer]] = {c: [] for c in live}

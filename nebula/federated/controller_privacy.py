@@ -1,44 +1,75 @@
 """The controller's part of differential privacy (`RoundPrivacy`): the accountant over the rounds, the budget a
-job's `target_epsilon` sets, the central noise, and the sampling of each round's clients.
+job's `target_epsilon` sets, the sampling of each round's clients, and the central noise on the released mean.
 
-Which rounds are counted: every round in which any combiner summed updates (`num_updates` > 0), valid or not, since
-a sum was computed and, under central DP, seen by its combiner; a restarted controller counts those of its trail.
-Sampling: under central DP with `clients_per_round` below the population, each round's clients are drawn from the
-OS's randomness (never the job's seed: amplification by sampling holds only if nobody can predict the sample), and
-a round asks at most the accounted rate's share of the clients connected, so that no client takes part with a
-higher probability than the accountant assumes.
+Sampling (`differential_privacy.sampler`), from the OS's randomness (never the job's seed: amplification by
+sampling holds only if nobody can predict the sample), over the job's whole population of clients, not only those
+connected (a client that is drawn but not connected takes no part, which lowers no one's privacy):
+  poisson   each client independently with probability q = clients_per_round / population, as
+            `PoissonSampledDpEvent` assumes. A round may draw nobody: it is skipped (recorded, no model) and still
+            counted, since the draw was made and its outcome is part of what the accountant analyses.
+  fixed     exactly clients_per_round of the population, uniformly without replacement, accounted by
+            `SampledWithoutReplacementDpEvent` with replace-one adjacency (sensitivity 2C).
+The sampler run and the number drawn are in every round's record (`privacy.sampler`, `privacy.sampled`).
+
+Which rounds are counted: every round run, whatever came of it (a sample was drawn; a sum, if any, was computed
+and, under central DP, seen by its combiner); a restarted controller counts the rounds of its trail that ran
+(every recorded round but one the budget stopped).
+
+The released mean under central DP is (Σ clipped changes + N(0, (zC)²)) / clients_per_round: the expected count,
+not the count that took part, which would tell who was drawn (McMahan et al. 2018's fixed denominator); local and
+distributed DP divide by the count, which their adversary, the aggregator, sees anyway.
 """
 from __future__ import annotations
 
-import math
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from nebula.federated.config import FederatedJob
 from nebula.federated.privacy import noise_rng, server_noise_std
 from nebula.federated.trail import ModelTrail
+from nebula.federated.transport import FIRST_CLIENT_RANK, Peer
 
 if TYPE_CHECKING:
     from nebula.federated.privacy.accountant import BudgetStatus
+    from nebula.federated.reduction import Reduction
 
-__all__ = ["RoundPrivacy"]
+__all__ = ["RoundPrivacy", "STOPPED", "poisson_sample", "fixed_sample"]
+
+STOPPED = "stopped"  # the status of a round the budget forbade (never run, never counted)
+
+Weights = dict[str, np.ndarray]
+
+
+def poisson_sample(population: Sequence[Peer], q: float, draw: Callable[[], float]) -> list[Peer]:
+    """Each of `population` independently with probability `q` (`draw`: uniform in [0, 1))."""
+    return sorted(p for p in population if draw() < q)
+
+
+def fixed_sample(population: Sequence[Peer], m: int, rng: random.Random) -> list[Peer]:
+    """Exactly `m` of `population`, uniformly without replacement."""
+    return sorted(rng.sample(list(population), m))
 
 
 class RoundPrivacy:
-    """Differential privacy of `job` (its `differential_privacy` section), resumed from `trail`."""
+    """Differential privacy of `job` (its `differential_privacy` section), resumed from `trail`; `rng`: where the
+    sample is drawn from (the OS's randomness; a test may pass its own)."""
 
-    def __init__(self, job: FederatedJob, trail: ModelTrail) -> None:
-        from nebula.federated.privacy.accountant import PrivacyAccountant, sampling_rate_for  # a second to import
+    def __init__(self, job: FederatedJob, trail: ModelTrail, rng: random.Random | None = None) -> None:
+        from nebula.federated.privacy.accountant import accountant_for  # a second to import
 
         self.dp = dp = job.differential_privacy
-        self.population = sum(c.num_clients for c in job.clusters)
+        self.clients = [Peer(c.id, FIRST_CLIENT_RANK + i) for c in job.clusters for i in range(c.num_clients)]
+        self.population = len(self.clients)
         self.per_round = min(job.clients_per_round or self.population, self.population)
-        self.sampling_rate = sampling_rate_for(dp.mode, self.per_round, self.population)
-        spent = sum(1 for r in trail.rounds() if r.num_updates > 0)
-        self.accountant = PrivacyAccountant(dp.noise_multiplier, self.sampling_rate, dp.delta, dp.accountant, spent)
+        spent = sum(1 for r in trail.rounds() if r.status != STOPPED)
+        self.accountant = accountant_for(dp.mode, dp.sampler, dp.noise_multiplier, self.per_round, self.population,
+                                         dp.delta, dp.accountant, spent)
+        self.sampling_rate = self.accountant.sampling_rate
         self.rng: np.random.Generator = noise_rng()
+        self.draw_rng = rng or random.SystemRandom()
+        self.sampled: int | None = None  # how many the last draw took (None: no draw yet)
 
     def budget(self) -> BudgetStatus:
         """Whether one more round stays within the job's target_epsilon."""
@@ -49,18 +80,36 @@ class RoundPrivacy:
         return server_noise_std(self.dp)
 
     def spend(self) -> dict[str, Any]:
-        """Count one more round whose sums were computed; where the budget stands now."""
+        """Count one more round run; where the budget stands now."""
         self.accountant.step()
         return self.describe()
 
     def describe(self) -> dict[str, Any]:
-        """For the trail and the status file: ε at δ spent so far and what it was computed from."""
-        return {**self.accountant.describe(), "mode": self.dp.mode, "clip_norm": self.dp.clip_norm,
+        """For the trail and the status file: ε at δ spent so far, what it was computed from, and the sampler run
+        (with how many its last draw took)."""
+        return {**self.accountant.describe(), "mode": self.dp.mode, "sampler": self.dp.sampler,
+                "sampled": self.sampled, "clients_per_round": self.per_round, "clip_norm": self.dp.clip_norm,
                 "target_epsilon": self.dp.target_epsilon}
 
-    def sample(self, clients: list, k: int) -> list:
-        """The round's clients out of those connected: `k` of them, and under sampled central DP at most the
-        accounted rate of them, drawn with the OS's randomness."""
-        if self.sampling_rate < 1:
-            k = min(k, max(1, math.floor(self.sampling_rate * len(clients))))
-        return sorted(random.SystemRandom().sample(clients, min(k, len(clients))))
+    def sample(self, connected: Sequence[Peer]) -> list[Peer]:
+        """The round's clients: the job's sampler run over the whole population, then those of them connected."""
+        if self.dp.sampler == "poisson":
+            drawn = poisson_sample(self.clients, self.per_round / self.population, self.draw_rng.random)
+        else:
+            drawn = fixed_sample(self.clients, self.per_round, self.draw_rng)
+        self.sampled = len(drawn)
+        here = set(connected)
+        return [p for p in drawn if p in here]
+
+    def release(self, red: Reduction) -> Weights:
+        """The round's released mean as weights. Central DP: the model plus (the sum of the clipped changes +
+        N(0, (zC)²) on every value) / clients_per_round; otherwise the reduction's own mean."""
+        if self.dp.mode != "central":
+            return red.result()
+        mean, n, std = red.mean.result(), red.weight, self.noise_std()
+        out = {}
+        for k, base in red.weights.items():
+            change = np.asarray(mean[k], np.float64) - (0.0 if red.coded else base)
+            noisy_sum = change * n + self.rng.normal(0.0, std, np.shape(base))
+            out[k] = (base + noisy_sum / self.per_round).astype(base.dtype)
+        return out

@@ -7,7 +7,8 @@ values, and the L2 norm of the whole update's change from the global model again
 and then either held (small updates) or written to a spool file (large ones) until the whole update has
 proved good; only then is it folded into the round's aggregate, piece by piece. So a refused update never touches
 the aggregate, and a combiner taking in a large model's updates holds the aggregate plus a few pieces: the spool
-lives in the page cache, not in the process.
+lives in the page cache, not in the process. Under central differential privacy the checked update's change (as
+decoded: what is aggregated) is scaled to `clip_norm` as it is folded (`clip_pieces`).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from nebula.federated.messages import ClientUpdate
 from nebula.federated.transport import Messenger, ModelAssembler, Peer, piece_plan, tensor_specs
 
 __all__ = ["Refused", "ReceivedUpdate", "receive_update", "UpdateEncoder", "GlobalModel", "SPOOL_BYTES",
-           "NONE_CODEC"]
+           "NONE_CODEC", "clip_pieces"]
 
 SPOOL_BYTES = 64 * 1024**2  # updates larger than this wait in a spool file, not in memory, until checked
 NONE_CODEC = "none"
@@ -188,6 +189,26 @@ def receive_update(mb: Messenger, peer: Peer, head: ClientUpdate, timeout_s: flo
     if spool is not None:
         spool.flush()
     return ReceivedUpdate(plan, dtypes, held, spool, nbytes, float(np.sqrt(sumsq)) if measure else None)
+
+
+def clip_pieces(pieces: Iterator[tuple[str, int, np.ndarray]], factor: float, base: GlobalModel | None
+                ) -> Iterator[tuple[str, int, np.ndarray]]:
+    """An update's pieces with its change from the global model scaled by `factor` (differential privacy's clip at
+    the combiner): coded pieces are changes already (`base` None); raw ones are weights, base + factor·(w − base).
+    Computed in float64, returned in each piece's dtype."""
+    for name, off, vals in pieces:
+        if factor == 1.0:
+            yield name, off, vals
+            continue
+        v = vals.astype(np.float64)
+        if base is None:
+            v *= factor
+        else:
+            b = base.slice(name, off, vals.size).astype(np.float64)
+            v -= b
+            v *= factor
+            v += b
+        yield name, off, v.astype(vals.dtype)
 
 
 def _raw_piece(parts: list, asm: ModelAssembler, i: int) -> np.ndarray:

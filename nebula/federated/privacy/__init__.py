@@ -8,15 +8,15 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from nebula.federated.privacy.mechanism import (ACCOUNTANTS, DP_MODES, DPConfig, add_gaussian_noise, clip_update,
-                                                client_noise_std, noise_rng, privatize_update, server_noise_std,
-                                                update_norm)
+from nebula.federated.privacy.mechanism import (ACCOUNTANTS, DP_MODES, SAMPLERS, DPConfig, add_gaussian_noise,
+                                                clip_factor, clip_update, client_noise_std, noise_rng,
+                                                privatize_update, server_noise_std, update_norm)
 
-__all__ = ["DPConfig", "DP_MODES", "ACCOUNTANTS", "clip_update", "update_norm", "client_noise_std",
-           "server_noise_std", "add_gaussian_noise", "privatize_update", "noise_rng", "PrivacyAccountant",
-           "BudgetStatus", "sampling_rate_for", "noise_for_epsilon"]
+__all__ = ["DPConfig", "DP_MODES", "ACCOUNTANTS", "SAMPLERS", "clip_update", "clip_factor", "update_norm",
+           "client_noise_std", "server_noise_std", "add_gaussian_noise", "privatize_update", "noise_rng",
+           "PrivacyAccountant", "BudgetStatus", "sampling_rate_for", "accountant_for", "noise_for_epsilon"]
 
-_LAZY = {"PrivacyAccountant", "BudgetStatus", "sampling_rate_for", "noise_for_epsilon"}
+_LAZY = {"PrivacyAccountant", "BudgetStatus", "sampling_rate_for", "accountant_for", "noise_for_epsilon"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,11 +1,20 @@
 """Privacy accounting with Google's `dp-accounting`: ε at the job's δ after every round, and the budget check.
 
-Each round is one Gaussian mechanism with noise multiplier z on the sum, Poisson-sampled with rate q (each client
-takes part with probability q = clients_per_round / population; a fixed-size sample is analysed as Poisson, as in
-McMahan et al. 2018). Amplification by sampling holds only against someone who does not see who took part: the
-central mode uses q; local and distributed DP are accounted with q = 1, their adversary being the aggregator
-(`sampling_rate_for`). `rdp` (Rényi DP, Mironov 2017) is the classic upper bound; `pld` (privacy loss
-distributions) is tighter.
+Each round is one Gaussian mechanism with noise multiplier z on the sum of clipped changes (sensitivity C), behind
+the sampler the controller ran, each accounted by the analysis that holds for it:
+  poisson   each client takes part independently with probability q = clients_per_round / population:
+            `PoissonSampledDpEvent(q, GaussianDpEvent(z))`, add/remove adjacency (a client in or out moves the sum
+            by C).
+  fixed     exactly m = clients_per_round of the population's N clients, uniformly without replacement:
+            `SampledWithoutReplacementDpEvent(N, m, GaussianDpEvent(z/2))` with the RDP accountant's replace-one
+            relation, the only adjacency that analysis holds for (N is public, one client's data replaced by
+            another's moves the sum by 2C: sensitivity doubled, noise multiplier halved). dp-accounting's PLD
+            accountant has no analysis of it.
+  none      no amplification: local and distributed DP, whose adversary (the aggregator) saw who sent, and so
+            replace-one adjacency: `GaussianDpEvent(z/2)`.
+Amplification by sampling holds only against someone who does not see who took part, and only if nobody can
+predict the sample (the controller draws it from the OS's randomness). `rdp` (Rényi DP, Mironov 2017) is the
+classic upper bound; `pld` (privacy loss distributions) is tighter.
 """
 from __future__ import annotations
 
@@ -20,7 +29,10 @@ from dp_accounting import pld, rdp
 # out, which only loosens nothing: epsilon is the minimum over the orders kept); a controller would log dozens a round
 logging.getLogger("absl").setLevel(logging.ERROR)
 
-__all__ = ["PrivacyAccountant", "BudgetStatus", "sampling_rate_for", "noise_for_epsilon"]
+__all__ = ["PrivacyAccountant", "BudgetStatus", "sampling_rate_for", "accountant_for", "noise_for_epsilon",
+           "ACCOUNTED_SAMPLERS"]
+
+ACCOUNTED_SAMPLERS = ("poisson", "fixed", "none")
 
 
 def sampling_rate_for(mode: str, clients_per_round: int, population: int) -> float:
@@ -28,6 +40,14 @@ def sampling_rate_for(mode: str, clients_per_round: int, population: int) -> flo
     if population < 1 or not 1 <= clients_per_round <= population:
         raise ValueError(f"clients_per_round={clients_per_round} must be between 1 and the population {population}")
     return clients_per_round / population if mode == "central" else 1.0
+
+
+def accountant_for(mode: str, sampler: str, noise_multiplier: float, clients_per_round: int, population: int,
+                   delta: float, kind: str = "rdp", rounds: int = 0) -> PrivacyAccountant:
+    """The accountant of a job's rounds: its DP `mode` and the `sampler` its controller runs (module docstring)."""
+    q = sampling_rate_for(mode, clients_per_round, population)
+    accounted = sampler if mode == "central" else "none"
+    return PrivacyAccountant(noise_multiplier, q, delta, kind, rounds, sampler=accounted, population=population)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +63,13 @@ class BudgetStatus:
 
 
 class PrivacyAccountant:
-    """ε(δ) of `rounds` Poisson-sampled Gaussian rounds; `step()` after each round that released a model."""
+    """ε(δ) of `rounds` sampled Gaussian rounds; `step()` after each round that was run.
+
+    `sampler` poisson (the default: rate `sampling_rate`, add/remove), fixed (`sampling_rate` x `population`
+    clients without replacement, replace-one) or none (every round a plain Gaussian, replace-one)."""
 
     def __init__(self, noise_multiplier: float, sampling_rate: float, delta: float, kind: str = "rdp",
-                 rounds: int = 0) -> None:
+                 rounds: int = 0, *, sampler: str = "poisson", population: int | None = None) -> None:
         if not noise_multiplier > 0:
             raise ValueError(f"noise_multiplier={noise_multiplier} must be > 0 for a finite epsilon")
         if not 0 < sampling_rate <= 1:
@@ -57,20 +80,48 @@ class PrivacyAccountant:
             raise ValueError(f"accountant {kind!r} is not rdp or pld")
         if rounds < 0:
             raise ValueError(f"rounds={rounds} must be >= 0")
+        if sampler not in ACCOUNTED_SAMPLERS:
+            raise ValueError(f"sampler {sampler!r} is not one of {', '.join(ACCOUNTED_SAMPLERS)}")
+        self.sample_size = 0
+        if sampler == "fixed":
+            if population is None or population < 1:
+                raise ValueError("sampler fixed needs the population the sample is drawn from")
+            self.sample_size = round(sampling_rate * population)
+            if not 1 <= self.sample_size <= population or not math.isclose(self.sample_size, sampling_rate *
+                                                                            population, rel_tol=1e-9):
+                raise ValueError(f"sampling rate {sampling_rate} of {population} is not a whole sample")
+            if kind == "pld" and self.sample_size < population:
+                raise ValueError("dp-accounting's PLD accountant has no analysis of sampling without replacement; "
+                                 "use the rdp accountant or Poisson sampling")
         self.noise_multiplier, self.sampling_rate, self.delta = float(noise_multiplier), float(sampling_rate), delta
-        self.kind, self.rounds = kind, int(rounds)
+        self.kind, self.rounds, self.sampler, self.population = kind, int(rounds), sampler, population
+        # replace-one adjacency (a fixed sample, or an adversary who saw who sent) doubles the sensitivity
+        self.adjacency = "add/remove" if sampler == "poisson" else "replace-one"
         self._memo: dict[int, float] = {0: 0.0}  # rounds -> ε: each query costs 0.1 s (RDP) to 0.8 s (PLD)
 
     def event(self) -> dp_accounting.DpEvent:
         """One round as a DpEvent."""
-        g = dp_accounting.GaussianDpEvent(self.noise_multiplier)
-        return g if self.sampling_rate == 1 else dp_accounting.PoissonSampledDpEvent(self.sampling_rate, g)
+        if self.sampler == "poisson":
+            g = dp_accounting.GaussianDpEvent(self.noise_multiplier)
+            return g if self.sampling_rate == 1 else dp_accounting.PoissonSampledDpEvent(self.sampling_rate, g)
+        g = dp_accounting.GaussianDpEvent(self.noise_multiplier / 2)  # sensitivity 2C
+        if self.sampler == "fixed" and self.sample_size < self.population:
+            return dp_accounting.SampledWithoutReplacementDpEvent(self.population, self.sample_size, g)
+        return g
+
+    def _fresh(self) -> dp_accounting.PrivacyAccountant:
+        """An empty accountant of this kind, with the adjacency the event's analysis holds for."""
+        if self.kind == "pld":
+            return pld.PLDAccountant()
+        if isinstance(self.event(), dp_accounting.SampledWithoutReplacementDpEvent):
+            return rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        return rdp.RdpAccountant()
 
     def epsilon_after(self, rounds: int) -> float:
         """ε at δ after `rounds` rounds (0 for none)."""
         rounds = max(0, rounds)
         if rounds not in self._memo:
-            acc = rdp.RdpAccountant() if self.kind == "rdp" else pld.PLDAccountant()
+            acc = self._fresh()
             acc.compose(self.event(), rounds)
             self._memo[rounds] = float(acc.get_epsilon(self.delta))
         return self._memo[rounds]
@@ -80,7 +131,7 @@ class PrivacyAccountant:
         return self.epsilon_after(self.rounds)
 
     def step(self, rounds: int = 1) -> float:
-        """Count `rounds` more released rounds; the ε now spent."""
+        """Count `rounds` more rounds run (a sample was drawn, whatever came of it); the ε now spent."""
         self.rounds += rounds
         return self.epsilon()
 
@@ -111,12 +162,13 @@ class PrivacyAccountant:
         """For the model trail: the accountant's parameters and ε now."""
         eps = self.epsilon()
         return {"accountant": self.kind, "noise_multiplier": self.noise_multiplier, "sampling_rate":
-                self.sampling_rate, "delta": self.delta, "rounds": self.rounds,
+                self.sampling_rate, "accounted_sampler": self.sampler, "adjacency": self.adjacency,
+                "population": self.population, "delta": self.delta, "rounds": self.rounds,
                 "epsilon": eps if math.isfinite(eps) else None}
 
 
 def noise_for_epsilon(target_epsilon: float, rounds: int, sampling_rate: float, delta: float, kind: str = "rdp",
-                      tolerance: float = 0.01) -> float:
+                      tolerance: float = 0.01, *, sampler: str = "poisson", population: int | None = None) -> float:
     """The smallest noise multiplier (to within `tolerance`, relative) whose ε at `delta` after `rounds` rounds
     stays within `target_epsilon`: what to write as `noise_multiplier` for a budget (bisection; ε falls as the
     noise grows)."""
@@ -124,7 +176,8 @@ def noise_for_epsilon(target_epsilon: float, rounds: int, sampling_rate: float, 
         raise ValueError(f"target_epsilon={target_epsilon} must be > 0 and rounds={rounds} >= 1")
 
     def eps(z: float) -> float:
-        return PrivacyAccountant(z, sampling_rate, delta, kind, rounds).epsilon()
+        return PrivacyAccountant(z, sampling_rate, delta, kind, rounds, sampler=sampler,
+                                 population=population).epsilon()
 
     lo, hi = 0.05, 1.0
     while eps(hi) > target_epsilon:
