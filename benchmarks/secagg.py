@@ -2,8 +2,10 @@
 
 - pure: SecAgg+ protocol cost per round against plain summation: compute time and bytes per client, server time.
   Runs the pure protocol (nebula.federated.secagg) for every client of one combiner in this process, with a
-  `--params`-parameter update and `--dropout` of the clients vanishing after sharing keys (the costly case: the
-  server rebuilds their mask keys and strips their pairwise masks from each surviving neighbour's input). Plain
+  `--params`-parameter update and `--dropout` of the clients vanishing after the share check (the costly case: the
+  server rebuilds their mask keys and strips their pairwise masks from each surviving neighbour's input). Every
+  client signs with its own certificate and checks its neighbours', and checks every share it is dealt against
+  the dealer's Feldman commitments (`secagg.vss`); the combiner checks the signed commitments and weights. Plain
   summation is the combiner adding the survivors' float32 updates. Clients run in parallel in a real round, so the
   protocol's share of a round is about one client's time plus the server's. Bytes are payload (keys, sealed
   shares, words, shares), not framing; the global model's download is the same for both and left out.
@@ -17,12 +19,13 @@
   unmasking shares) up and down; the model's download is the same for both. CPU seconds per round of the
   combiner (with the controller), the switch and the clients' processes, which here share this machine's cores.
 - accuracy: the recipe's task (recipes/federated: its data, model and client training) simulated in one process
-  with `--dp-clients` non-IID clients, `--dp-per-round` a round, under client-level DP-FedAvg (clip to
-  `--clip-norm`, central Gaussian noise) at each `--epsilons` (the noise multiplier that spends it in `--dp-rounds`
-  rounds at delta 1e-5, from the RDP accountant) and without DP, against the central baseline.
+  with `--dp-clients` non-IID clients, `--dp-per-round` a round on average (Poisson sampling), under client-level
+  DP-FedAvg (clip to `--clip-norm`, central Gaussian noise) at each `--epsilons` (the noise multiplier that
+  spends it in `--dp-rounds` rounds at delta 1e-5, from the RDP accountant) and without DP, against the central
+  baseline.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/secagg.py --only pure --clients 100 500 --params 1000000 --dropout 0.1
-    PYTHONPATH=. .venv/bin/python benchmarks/secagg.py --only switch --clients 100 500 --params 1000000 --dropout 0.1
+    PYTHONPATH=. .venv/bin/python benchmarks/secagg.py --only pure --clients 100 --params 1000000 --dropout 0.1
+    PYTHONPATH=. .venv/bin/python benchmarks/secagg.py --only switch --clients 100 --params 1000000 --dropout 0.1
     PYTHONPATH=. .venv/bin/python benchmarks/secagg.py --only accuracy --data langid.npz
 
 The load average is printed with every table: the machine may be shared.
@@ -48,16 +51,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from nebula.federated.secagg import SecAggClient, SecAggConfig, SecAggServer  # noqa: E402
 
 
+def credentials(names: list[str], d: Path):
+    """A throwaway federation CA and a worker certificate per client (as `nebula-admin cert issue` writes them):
+    (signers by client, a function giving a fresh verifier, as each client and the combiner hold their own)."""
+    from nebula.federated.secagg import load_signer, load_verifier
+    from security.ca import CertificateAuthority
+
+    ca = CertificateAuthority.init(d / "ca", "bench")
+    signers = {}
+    for c in names:
+        stem = c.replace("/", "-")
+        ca.issue(f"client-{c.partition('/')[2]}", "worker", c.partition("/")[0], out_dir=d / "certs", stem=stem)
+        signers[c] = load_signer(d / "certs" / f"{stem}.pem", d / "certs" / f"{stem}.key")
+    crl = ca.write_crl()
+    return signers, lambda: load_verifier(ca.cert_path, crl, "bench", lambda c: f"client-{c.partition('/')[2]}")
+
+
 def measure(n: int, d: int, dropout: float, seed: int = 0) -> dict:
-    """One round of `n` clients with `d` parameters; a fraction `dropout` drops after sharing keys."""
+    """One round of `n` clients with `d` parameters; a fraction `dropout` drops after the share check. Every
+    client signs with its own certificate and checks its neighbours' (keys, commitments, survivor set), checks the
+    shares it is dealt against the dealers' Feldman commitments; the combiner checks signatures and weights."""
+    import tempfile
+
     rng = np.random.default_rng(seed)
-    names = [f"client-{i:04d}" for i in range(n)]
+    names = [f"A/{i + 2}" for i in range(n)]
     params = SecAggConfig(clip_range=0.1, max_weight=1000, max_dropout=dropout).round_params(
         1, names, d, os.urandom(16))
     gone = set(rng.choice(names, round(dropout * n), replace=False))
-    srv = SecAggServer(params)
-    cl = {c: SecAggClient(c, params) for c in names}
+    with tempfile.TemporaryDirectory(prefix="secagg-bench-") as tmp:
+        signers, verifier = credentials(names, Path(tmp))
+        srv = SecAggServer(params, verifier())
+        cl = {c: SecAggClient(c, params, signers[c], verifier()) for c in names}
     ct = {c: 0.0 for c in names}  # each client's compute time
+    stage = {c: {} for c in names}  # each client's time per stage
     up = {c: 0 for c in names}
     down = {c: 0 for c in names}
     st = 0.0
@@ -65,7 +91,9 @@ def measure(n: int, d: int, dropout: float, seed: int = 0) -> dict:
     def client(c, fn, *args):
         t0 = time.perf_counter()
         out = fn(*args)
-        ct[c] += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        ct[c] += dt
+        stage[c][fn.__name__] = dt
         return out
 
     def server(fn, *args):
@@ -86,13 +114,23 @@ def measure(n: int, d: int, dropout: float, seed: int = 0) -> dict:
         server(srv.receive_shares, m)
     for c, dv in server(srv.deliveries).items():
         down[c] += dv.payload_bytes
+        m = client(c, cl[c].check_shares, dv)
+        up[c] += sum(32 + len(x.dealer) for x in m.complaints)
+        server(srv.receive_check, m)
+    for c, v in server(srv.verdicts).items():
         if c in gone:
             continue
         x = rng.normal(0, 0.01, d).astype(np.float32)
-        m = client(c, cl[c].mask, dv, x, int(rng.integers(1, 1000)))
+        m = client(c, cl[c].mask, v, x, int(rng.integers(1, 1000)))
         up[c] += m.payload_bytes
         server(srv.receive_masked, m)
+    for c, ss in server(srv.survivor_sets).items():
+        down[c] += sum(len(x) for x in ss.survivors)
+        m = client(c, cl[c].sign_survivors, ss)
+        up[c] += len(m.signature)
+        server(srv.receive_signature, m)
     for c, rq in server(srv.unmask_requests).items():
+        down[c] += sum(len(s) for _, s in rq.signatures)
         m = client(c, cl[c].unmask, rq)
         up[c] += m.payload_bytes
         server(srv.receive_unmask, m)
@@ -106,8 +144,10 @@ def measure(n: int, d: int, dropout: float, seed: int = 0) -> dict:
         acc += xs[i % len(xs)] * 0.5
     plain = time.perf_counter() - t0
     times = [ct[c] for c in survivors]
-    return {"n": n, "degree": params.degree, "threshold": params.threshold, "dropped": len(result.dropped),
+    return {"n": n, "degree": params.effective_degree, "threshold": params.threshold, "dropped": len(result.dropped),
             "client_mean": statistics.mean(times), "client_max": max(times), "server": st, "plain_server": plain,
+            "check_mean": statistics.mean(stage[c]["check_shares"] for c in survivors),
+            "mask_mean": statistics.mean(stage[c]["mask"] for c in survivors),
             "up": statistics.mean(up[c] for c in survivors), "down": statistics.mean(down[c] for c in survivors),
             "plain_up": 4 * d}
 
@@ -177,7 +217,14 @@ def bench_switch(n: int, d: int, dropout: float, secure: bool, train_s: float, p
     try:
         crash = list(range(n - round(dropout * n), n))
         over = {"secure_aggregation": {"protocol": "secagg+", "clip_range": 0.1, "max_weight": 1000,
-                                       "max_dropout": max(dropout, 0.01), "stage_timeout_s": 30}} if secure else {}
+                                       "max_dropout": max(dropout, 0.01), "stage_timeout_s": 30,
+                                       "signers": "signers/client-{index}"}} if secure else {}
+        if secure:  # each client its own certificate, as `nebula-admin cert issue` writes them beside worker.yaml
+            from security.ca import CertificateAuthority
+
+            ca = CertificateAuthority.open(fed.dir / "prov" / "ca")
+            for i in range(n):
+                ca.issue(f"client-{i}", "worker", "A", out_dir=fed.dir / "prov" / "A" / "signers", stem=f"client-{i}")
         job = fed.job({"A": n}, rounds=rounds, deadline_s=deadline_s, piece_bytes=4 * 1024**2, max_update_norm=None,
                       client={"factory": "benchmarks.secagg:light_client",
                               "args": {"train_s": train_s, "size": d, "crash": crash}}, **over)
@@ -190,7 +237,7 @@ def bench_switch(n: int, d: int, dropout: float, secure: bool, train_s: float, p
         if crash:
             fed.py("-c", code, str(job), "A", ",".join(map(str, crash)))
         threading.Thread(target=lambda: [None for _ in ctl.stdout], daemon=True).start()
-        cpu = _cpu_rounds(fed, [ctl, fed.procs[0], *procs], rounds, rounds * (deadline_s + 200) + 600)
+        cpu = _cpu_rounds(fed, [ctl, fed.switches[0], *procs], rounds, rounds * (deadline_s + 200) + 600)
         if ctl.wait(60):
             raise RuntimeError(f"controller exit {ctl.returncode}")
         rs = _rounds(fed)
@@ -204,7 +251,8 @@ def bench_switch(n: int, d: int, dropout: float, secure: bool, train_s: float, p
             "update_bytes": statistics.mean(ups), "stage_up": statistics.mean(b[0] / r.num_updates for b, r in
                                                                               zip(sec, rest)),
             "stage_down": statistics.mean(b[1] / r.num_updates for b, r in zip(sec, rest)), "load": load(),
-            "combiner_cpu_s": cpu[0], "switch_cpu_s": cpu[1], "clients_cpu_s": cpu[2]}
+            "combiner_cpu_s": cpu[0], "switch_cpu_s": cpu[1], "clients_cpu_s": cpu[2],
+            "survivors": len(survivors)}
     finally:
         fed.close()
 
@@ -237,7 +285,9 @@ def bench_dp_accuracy(data_path: str, epsilons: list[float], num_clients: int, p
         rng = np.random.default_rng(seed + 1)
         norms, accs = [], []
         for _ in range(rounds):
-            chosen = rng.choice(len(parts), per_round, replace=False)
+            # Poisson sampling, as the controller draws under DP and the accountant assumes: each client with
+            # probability q; the mean's denominator is the expected count, per_round (not the count drawn)
+            chosen = np.flatnonzero(rng.random(len(parts)) < q)
             total = {k: np.zeros(v.shape, np.float64) for k, v in weights.items()}
             for i in chosen:
                 model.set_state_dict({k: paddle.to_tensor(v) for k, v in weights.items()})
@@ -292,18 +342,20 @@ def main() -> None:
     only = set(a.only.split(","))
     if "pure" in only:
         print(f"\n## SecAgg+ protocol compute vs plain summation: {a.params:,} parameters, {a.dropout:.0%} of clients "
-              f"drop after sharing keys (load average {load()})")
-        print(f"| clients | k | t | client s | max s | server s | plain s | compute x | up MB | down KB | up x |\n"
-              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+              f"drop after the share check (load average {load()})")
+        print("| clients | k | t | client s | max s | share check s | mask s | server s | plain s | compute x | up MB | "
+              "down KB | up x |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for n in a.clients:
             r = measure(n, a.params, a.dropout)
             ratio = (r["client_max"] + r["server"]) / r["plain_server"]
             print(f"| {r['n']} | {r['degree']} | {r['threshold']} | {r['client_mean']:.3f} | {r['client_max']:.3f} | "
-                  f"{r['server']:.2f} | {r['plain_server']:.3f} | {ratio:.1f} | {r['up'] / 1e6:.3f} | "
-                  f"{r['down'] / 1e3:.1f} | {r['up'] / r['plain_up']:.3f} |")
-        print("client s: one survivor's protocol compute (mean, max); server s: the combiner's; plain s: adding the "
-              "survivors' float32 updates;\ncompute x: (client max + server) / plain, protocol compute only (no "
-              "training, no network); up x: bytes a client sends / a float32 update's")
+                  f"{r['check_mean']:.3f} | {r['mask_mean']:.3f} | {r['server']:.2f} | {r['plain_server']:.3f} | "
+                  f"{ratio:.1f} | {r['up'] / 1e6:.3f} | {r['down'] / 1e3:.1f} | {r['up'] / r['plain_up']:.3f} |")
+        print("client s: one survivor's protocol compute (mean, max), of which share check s (opening and checking its "
+              "neighbours' shares against their commitments)\nand mask s (the masks) are means; server s: the "
+              "combiner's; plain s: adding the survivors' float32 updates;\ncompute x: (client max + server) / plain, "
+              "protocol compute only (no training, no network); up x: bytes a client sends / a float32 update's; "
+              f"load average after: {load()}")
     if "switch" in only:
         rows = []
         for n in a.clients:
@@ -313,22 +365,30 @@ def main() -> None:
                 rows.append(bench_switch(n, a.params, a.dropout, secure, a.train_s, a.per_proc, a.rounds,
                                          a.deadline_s))
                 print(f"  {rows[-1]}", file=sys.stderr, flush=True)
+        cores = os.cpu_count() or 1
         print(f"\n## Rounds through a switch server: one combiner, {a.params:,}-parameter model, training "
-              f"{a.train_s:g} s, {a.dropout:.0%} of the clients die in round 1 (deadline {a.deadline_s:g} s)")
-        print("| clients | aggregation | round s (median, rounds 2..) | vs plain | round 1 s past the deadline | "
-              "dropped | update bytes per client | stage bytes up per client | stage bytes down per client | "
-              "CPU s per round: combiner, switch, clients | load average after |\n"
-              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+              f"{a.train_s:g} s, {a.dropout:.0%} of the clients die in round 1 (deadline {a.deadline_s:g} s; "
+              f"{cores} cores)")
+        print("| clients | aggregation | round s (median, rounds 2..) | vs plain | round s, client CPU off the critical "
+              "path | vs plain, client CPU off the critical path | round 1 s past the deadline | dropped | update bytes "
+              "per client | stage bytes up per client | stage bytes down per client | CPU s per round: combiner, "
+              "switch, clients | load average after |\n"
+              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+        for r in rows:  # the clients' CPU, spread over this machine's cores, replaced by one client's (its own host)
+            r["off_s"] = r["round_s"] - r["clients_cpu_s"] / cores + r["clients_cpu_s"] / r["survivors"]
         for r in rows:
             base = next(b for b in rows if b["clients"] == r["clients"] and b["protocol"] == "plain")
             print(f"| {r['clients']} | {r['protocol']} | {r['round_s']:.2f} | {r['round_s'] / base['round_s']:.2f}x | "
+                  f"{r['off_s']:.2f} | {r['off_s'] / base['off_s']:.2f}x | "
                   f"{r['after_deadline_s']:.2f} | {r['dropped']} | {r['update_bytes']:.0f} | {r['stage_up']:.0f} | "
                   f"{r['stage_down']:.0f} | {r['combiner_cpu_s']:.1f}, {r['switch_cpu_s']:.1f}, "
                   f"{r['clients_cpu_s']:.1f} | {r['load']} |")
-        print("update bytes: the pieces of an update (plain: float32 weights; secagg+: the masked 32-bit words and the "
-              "count word);\nstage bytes: secagg+'s key, share, masked-header and unmask messages as JSON; CPU s: from "
-              "/proc, per round from the end of round 1 to the last (the combiner's process with the controller, the "
-              "switch, the surviving clients' processes together)")
+        print("update bytes: the pieces of an update (plain: float32 weights; secagg+: the masked 32-bit words, one per "
+              "parameter);\nstage bytes: secagg+'s key, share (with the Feldman commitments), share-check, "
+              "masked-header, survivor-set and unmask messages as JSON; CPU s: from /proc, per round from the end of "
+              "round 1 to the last (the combiner's process with the controller, the switch, the surviving clients' "
+              "processes together);\nclient CPU off the critical path: round s - clients' CPU s / cores + clients' "
+              "CPU s / clients (each client's compute on its own host, at the same time as the others')")
     if "accuracy" in only:
         data = a.data
         if data is None:
@@ -346,7 +406,8 @@ def main() -> None:
         epochs = max(1, math.ceil(a.dp_rounds * a.dp_per_round / a.dp_clients))
         central = train_central(data, epochs)
         print(f"\n## DP-FedAvg on the recipe's task: {a.dp_clients} non-IID clients (alpha={a.alpha}), "
-              f"{a.dp_per_round} a round, {a.dp_rounds} rounds, clip_norm {a.clip_norm}, central noise, delta 1e-5 "
+              f"{a.dp_per_round} a round on average (Poisson sampling), {a.dp_rounds} rounds, clip_norm {a.clip_norm}, "
+              "central noise, delta 1e-5 "
               f"(load average {load()})")
         print("| target epsilon | noise multiplier | epsilon spent (RDP) | median client change norm | "
               + " | ".join(f"accuracy after round {i}" for i in (1, a.dp_rounds // 2, a.dp_rounds)) + " |\n"

@@ -4,14 +4,24 @@
 What a privacy-minded client does whatever its combiner asks: it runs the protocol its own job file names (a task
 without a session, in a job with `secure_aggregation`, gets nothing in the clear); it derives every parameter of the
 round but the session and the list of clients from that file (so no combiner can lower the threshold or the
-degree); it masks its change from the round's model, clipped and noised first under `differential_privacy`, and
-sends no evaluation metrics then (they would fall outside what the accountant counts).
+degree, or shrink the cohort below `min_clients`), and takes only its own cluster's clients as the cohort; it signs
+its keys, its share commitments, its weight and the survivor set with its own certificate (`secagg.vouch`,
+credentials from `secure_aggregation.signers`, required), takes a neighbour's keys and commitments only under that
+neighbour's certificate, and checks every share it is dealt (`secagg.vss`), complaining about a bad one with the
+key of that one share; it reveals shares once a
+round and once a model, remembered in `<controller.dir>/clients/<cluster>-<index>/secagg-revealed` (fsynced before
+a share leaves); every refusal is audited in that directory's audit.log (`fl.secagg`). It masks its change from the
+round's model, clipped and noised first under `differential_privacy`, and sends no evaluation metrics then (they
+would fall outside what the accountant counts).
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import threading
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -19,15 +29,20 @@ import numpy as np
 from nebula.federated.client_api import Client, Weights
 from nebula.federated.config import FederatedJob
 from nebula.federated.messages import (ANY_START, MASKED_TENSOR, GetParameters, MaskedUpdate, PullUpdate,
-                                       SecureDelivery, SecureKeys, SecureReveal, SecureRoster, SecureShares,
-                                       SecureUnmask, Stop, TrainTask, UpdateDropped)
+                                       SecureCheck, SecureDelivery, SecureKeys, SecureReveal, SecureRoster,
+                                       SecureShares, SecureSigned, SecureSurvivors, SecureUnmask, SecureVerdict, Stop,
+                                       TrainTask, UpdateDropped)
 from nebula.federated.privacy import DPConfig, privatize_update
 from nebula.federated.protocol import Message
-from nebula.federated.secagg import (AdvertiseKeys, EncryptedShare, KeyRoster, SecAggClient, SecAggRefused,
-                                     ShareDelivery, UnmaskRequest, flatten, word_bits_for_codec)
-from nebula.federated.transport import COMBINER_RANK, CONTROLLER_RANK, Messenger, Peer, fits_inline, manifest
+from nebula.federated.secagg import (AdvertiseKeys, DealerCommitments, EncryptedShare, KeyRoster, MemoryJournal,
+                                     SecAggClient, SecAggRefused, ShareDelivery, ShareVerdict, Signer, SurvivorSet,
+                                     UnmaskRequest, Verifier, flatten, load_signer, load_verifier, model_digest,
+                                     word_bits_for_codec)
+from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Messenger, Peer,
+                                        fits_inline, manifest)
 
-__all__ = ["Answers", "train_secure", "privatize_weights", "mb_peers", "for_me"]
+__all__ = ["Answers", "train_secure", "privatize_weights", "mb_peers", "for_me", "FileJournal", "SecureIdentity",
+           "secure_identity", "check_cohort"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +98,88 @@ class Answers:
         return "timeout", None
 
 
+class FileJournal(MemoryJournal):
+    """A client's journal of revealed rounds and models, one line each in `path`, fsynced before shares leave, so a
+    restarted client still refuses a round or a model it answered."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            for line in path.read_text().splitlines():
+                r, _, m = line.partition(" ")
+                if r.lstrip("-").isdigit() and len(m) == 64:
+                    self.rounds.add(int(r))
+                    self.models.add(bytes.fromhex(m))
+
+    def record(self, round_: int, model: bytes) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{round_} {model.hex()}\n".encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        super().record(round_, model)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SecureIdentity:
+    """What a client of a secure job holds across rounds: its signer, the verifier of its neighbours, its journal
+    and its audit log."""
+
+    signer: Signer
+    verifier: Verifier
+    journal: FileJournal
+    audit: Any  # nebula.federated._actor.ActorAudit
+
+
+_IDENTITIES: dict[tuple[str, str], SecureIdentity] = {}
+_IDENTITIES_LOCK = threading.Lock()
+
+
+def secure_identity(job: FederatedJob, me: str) -> SecureIdentity:
+    """The SecureIdentity of client `me` ("cluster/rank") of `job`, loaded once a process (ValueError naming the
+    file and the fix when a credential cannot be read)."""
+    with _IDENTITIES_LOCK:
+        hit = _IDENTITIES.get((job.job, me))
+        if hit is not None:
+            return hit
+        from nebula.config.worker import load_worker_config
+        from nebula.federated._actor import ActorAudit
+
+        cluster, rank = me.split("/")
+        cl, cfg = job.cluster(cluster), job.secure_aggregation
+        worker = load_worker_config(cl.worker)
+        kit = Path(cl.worker).resolve().parent
+        if not cfg.signers:  # the job file refuses this too: the cluster's shared certificate is its combiner's
+            raise ValueError(cfg.SIGNERS_REQUIRED)
+        stem = kit / cfg.signers.format(cluster=cluster, index=int(rank) - FIRST_CLIENT_RANK)
+        signer = load_signer(stem.with_name(stem.name + ".pem"), stem.with_name(stem.name + ".key"))
+        ca, crl = (worker.tls.ca, worker.tls.crl) if worker.tls is not None else (kit / "ca.pem", kit / "crl.pem")
+        verifier = load_verifier(ca, crl, worker.federation, lambda c: cfg.signer_name(c, FIRST_CLIENT_RANK))
+        d = Path(job.controller.dir) / "clients" / f"{cluster}-{int(rank) - FIRST_CLIENT_RANK}"
+        hit = SecureIdentity(signer, verifier, FileJournal(d / "secagg-revealed"),
+                             ActorAudit(d, cl.worker, "client", cluster, int(rank)))
+        _IDENTITIES[(job.job, me)] = hit
+        return hit
+
+
+def check_cohort(job: FederatedJob, me: str, cohort: tuple[str, ...]) -> None:
+    """SecAggRefused unless every client of `cohort` is a client of this one's cluster, listed once."""
+    cluster = me.split("/")[0]
+    known = {f"{cluster}/{FIRST_CLIENT_RANK + i}" for i in range(job.cluster(cluster).num_clients)}
+    strangers = sorted(set(cohort) - known)
+    if strangers or len(set(cohort)) != len(cohort) or me not in cohort:
+        raise SecAggRefused(f"the round's cohort names {strangers[:3] or 'a client twice or not this one'}; a "
+                            f"round at this combiner takes only the clients of cluster {cluster}, each once")
+
+
+def _audit(ident: SecureIdentity | None, round_: int, reason: str) -> None:
+    if ident is not None:
+        ident.audit.record("fl.secagg", str(round_), "refused", {"reason": reason[:500]})
+
+
 def privatize_weights(dp: DPConfig, params: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
                       rng: np.random.Generator, min_clients: int = 1) -> Weights:
     """The weights to send under differential privacy: the round's model plus the change clipped to clip_norm and
@@ -104,31 +201,50 @@ def train_secure(mb: Messenger, peer: Peer, task: TrainTask, client: Client, job
     meanwhile and is to be served next.)"""
     params = mb.recv_model(peer, task, job.deadline_s, inline=parts)
     cfg, dp = job.secure_aggregation, job.differential_privacy
+    ident = None
     try:
+        ident = secure_identity(job, me)
         if task.session is None:
             raise SecAggRefused("the combiner asks for an update in the clear, but the job file sets "
                                 "secure_aggregation; nothing is sent")
+        check_cohort(job, me, task.cohort)
         length = sum(int(v.size) for v in params.values())
         sa = SecAggClient(me, cfg.round_params(task.round, task.cohort, length, task.session,
-                                               word_bits_for_codec(job.update_codec)))
+                                               word_bits_for_codec(job.update_codec), version=task.version,
+                                               model=model_digest(params)),
+                          ident.signer, ident.verifier, ident.journal)
     except (ValueError, SecAggRefused) as exc:
         log.warning("%s: round %s not joined: %s", me, task.round, exc)
+        _audit(ident, task.round, f"round not joined: {exc}")
         return False, None
     ans, r = Answers(mb, peer, job, me, nonce), task.round
     end = time.monotonic() + task.deadline_s + cfg.stage_timeout_s + 10
     try:
         keys = sa.advertise()
-        mb.send(peer, SecureKeys(round=r, cipher_pk=keys.cipher_pk, mask_pk=keys.mask_pk))
+        mb.send(peer, SecureKeys(round=r, cipher_pk=keys.cipher_pk, mask_pk=keys.mask_pk, chain=keys.chain,
+                                 signature=keys.signature))
         status, got = ans.wait((SecureRoster,), end, f"keys of round {r}")
         if status != "ok":
             return _done(status, got)
-        shared = sa.share_keys(KeyRoster(r, tuple(AdvertiseKeys(c, r, cpk, mpk) for c, cpk, mpk in got[0].keys)))
-        mb.send(peer, SecureShares(round=r, seed_commitment=shared.seed_commitment,
-                                   shares=tuple((e.receiver, e.ciphertext) for e in shared.shares)))
+        shared = sa.share_keys(KeyRoster(r, tuple(AdvertiseKeys(c, r, cpk, mpk, chain, sig)
+                                                  for c, cpk, mpk, chain, sig in got[0].keys)))
+        c = shared.commitments
+        mb.send(peer, SecureShares(round=r, seed_commitments=c.seed, key_commitments=c.key, signature=c.signature,
+                                   shares=tuple((e.receiver, e.ciphertext, e.key_check) for e in shared.shares)))
         status, got = ans.wait((SecureDelivery,), end, f"shares of round {r}")
         if status != "ok":
             return _done(status, got)
-        delivery = ShareDelivery(r, tuple(EncryptedShare(s, me, c) for s, c in got[0].shares))
+        checked = sa.check_shares(ShareDelivery(r, tuple(EncryptedShare(s, me, c) for s, c in got[0].shares),
+                                                tuple(DealerCommitments(*x) for x in got[0].commitments)))
+        for x in checked.complaints:
+            log.warning("%s: round %s: the share of %s fails its commitments; complaint sent", me, r, x.dealer)
+            ident.audit.record("fl.secagg", str(r), "complained", {"dealer": x.dealer, "reason": "its share fails "
+                                                                   "the dealer's commitments"})
+        mb.send(peer, SecureCheck(round=r, complaints=tuple((x.dealer, x.key) for x in checked.complaints)))
+        status, got = ans.wait((SecureVerdict,), end, f"share check of round {r}")
+        if status != "ok":
+            return _done(status, got)
+        verdict = ShareVerdict(r, got[0].excluded)
         config = dict(task.config)
         metrics: dict = {}
         if dp is None:
@@ -139,8 +255,9 @@ def train_secure(mb: Messenger, peer: Peer, task: TrainTask, client: Client, job
         change = flatten(weights, names) - flatten(params, names)
         if dp is not None:
             change = privatize_update({"change": change}, dp, rng, sa.params.threshold)[0]["change"]
-        masked = {MASKED_TENSOR: sa.mask(delivery, change, n).words}
-        head = MaskedUpdate(job=job.job, round=r, version=task.version,
+        m = sa.mask(verdict, change, n)
+        masked = {MASKED_TENSOR: m.words}
+        head = MaskedUpdate(job=job.job, round=r, version=task.version, weight=m.weight, signature=m.signature,
                             metrics=None if dp is not None else {**metrics, **fm})
         if masked[MASKED_TENSOR].nbytes <= task.push_bytes and fits_inline(manifest(masked), job.piece_bytes):
             mb.send_model(peer, dataclasses.replace(head, pushed=True), masked, inline=True)
@@ -150,13 +267,19 @@ def train_secure(mb: Messenger, peer: Peer, task: TrainTask, client: Client, job
             if status != "ok":
                 return _done(status, got)
             mb.send_pieces(peer, masked)
-        status, got = ans.wait((SecureUnmask,), end, f"masked update of round {r}")
+        status, got = ans.wait((SecureSurvivors,), end, f"masked update of round {r}")
+        if status != "ok":
+            return _done(status, got)
+        signed = sa.sign_survivors(SurvivorSet(r, got[0].survivors))
+        mb.send(peer, SecureSigned(round=r, signature=signed.signature))
+        status, got = ans.wait((SecureUnmask,), end, f"survivor set of round {r}")
         if status != "ok":
             return _done(status, got)
         req = got[0]
-        shares = sa.unmask(UnmaskRequest(r, req.survivors, req.dropped))
+        shares = sa.unmask(UnmaskRequest(r, req.survivors, req.signatures))
         mb.send(peer, SecureReveal(round=r, seed_shares=shares.seed_shares, key_shares=shares.key_shares))
         return True, None
     except (SecAggRefused, KeyError, ValueError) as exc:
         log.warning("%s: left secure round %s: %s", me, r, exc)
+        _audit(ident, r, str(exc))
         return False, None

@@ -1,29 +1,69 @@
 """A combiner's synchronous round with secure aggregation (`SecureRound`): the I/O around the pure
 `SecureRoundState`. The task carries the round's fresh session and its clients; then the stages follow, each
-closed when every client still in the round has answered or its time is up: the keys and the shares (each once
-`secure_aggregation.stage_timeout_s` pass without a new answer, and within half the round's deadline), the masked
-inputs (until the round's deadline) and the unmasking shares (as the keys, within UNMASK_STAGES x stage_timeout_s;
-the reducer waits one stage_timeout_s more for the sum). Every refusal is answered with its reason and audited
-as `fl.secagg` (an asked client's first one by one, what a sender can repeat counted), as in a plain round.
+closed when every client still in the round has answered or its time is up: the keys, the shares and the share
+check (each once `secure_aggregation.stage_timeout_s` pass without a new answer, and within half the round's
+deadline), the masked inputs (until the round's deadline), the survivors' signatures of the survivor set and the
+unmasking shares (as the keys, together within UNMASK_STAGES x stage_timeout_s; the reducer waits one
+stage_timeout_s more for the sum). Every refusal is answered with its reason and audited as `fl.secagg` (an asked
+client's first one by one, what a sender can repeat counted), as in a plain round.
+
+The combiner checks the clients' signatures on their share commitments and weights with the federation CA and CRL
+of its worker.yaml. A client the share check or the reveal shows to have cheated (a dealer of a bad share, a false
+complainer, the sender of a wrong share at the reveal) is audited (`fl.secagg` "blamed", with what it did) and not
+invited to another round of the job by this combiner process (a restarted combiner starts afresh; the audit log
+keeps the record). Its victims are never blamed.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
+import weakref
+from pathlib import Path
 
 from nebula.federated.checks import Refusal
 from nebula.federated.combiner_rounds import PULL_GRACE_S, SyncRound
 from nebula.federated.messages import MASKED_TENSOR, MaskedUpdate, PullUpdate, TrainTask
 from nebula.federated.protocol import Malformed, Message, to_json
-from nebula.federated.secagg import word_bits_for_codec
+from nebula.federated.secagg import Verifier, load_verifier, word_bits_for_codec
 from nebula.federated.secure_state import SecureRoundState
-from nebula.federated.transport import Peer
+from nebula.federated.transport import FIRST_CLIENT_RANK, Peer
 
 __all__ = ["SecureRound", "UNMASK_STAGES"]
 
 log = logging.getLogger(__name__)
 UNMASK_STAGES = 2  # the unmask stage lasts at most this many stage_timeout_s
+# per combiner object: the clients blamed in this job (client -> what it did), and its certificate verifier
+_BLAMED: "weakref.WeakKeyDictionary[object, dict[str, str]]" = weakref.WeakKeyDictionary()
+_VERIFIERS: "weakref.WeakKeyDictionary[object, Verifier]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def blamed_clients(comb: object) -> dict[str, str]:
+    """The clients combiner `comb` found cheating in this job (client -> what it did): not invited again."""
+    with _LOCK:
+        return _BLAMED.setdefault(comb, {})
+
+
+def combiner_verifier(comb) -> Verifier:
+    """The verifier of the clients' signatures at combiner `comb`: its worker.yaml's CA and CRL, each client's
+    certificate named as `secure_aggregation.signers` says (ValueError naming the file and the fix)."""
+    with _LOCK:
+        hit = _VERIFIERS.get(comb)
+    if hit is not None:
+        return hit
+    from nebula.config.worker import load_worker_config
+
+    job, cfg = comb.job, comb.job.secure_aggregation
+    cl = job.cluster(comb.cluster)
+    worker = load_worker_config(cl.worker)
+    kit = Path(cl.worker).resolve().parent
+    ca, crl = (worker.tls.ca, worker.tls.crl) if worker.tls is not None else (kit / "ca.pem", kit / "crl.pem")
+    hit = load_verifier(ca, crl, worker.federation, lambda c: cfg.signer_name(c, FIRST_CLIENT_RANK))
+    with _LOCK:
+        _VERIFIERS[comb] = hit
+    return hit
 
 
 class SecureRound(SyncRound):
@@ -31,8 +71,21 @@ class SecureRound(SyncRound):
 
     def make_state(self, **kw) -> SecureRoundState:
         job = self.c.job
+        banned = blamed_clients(self.c)
+        left = [p for p in kw.pop("asked") if str(p) not in banned]
+        if len(left) < len(self.cmd.clients):
+            log.warning("combiner %s: round %d leaves out %d client(s) found cheating earlier in the job",
+                        self.c.cluster, self.cmd.round, len(self.cmd.clients) - len(left))
+        try:
+            verifier = combiner_verifier(self.c)
+        except ValueError as exc:
+            state = SecureRoundState(config=job.secure_aggregation, word_bits=word_bits_for_codec(job.update_codec),
+                                     claimed={}, asked=left, **kw)
+            state.server, state.abandoned = None, str(exc)
+            return state
         return SecureRoundState(config=job.secure_aggregation, word_bits=word_bits_for_codec(job.update_codec),
-                                claimed={str(p): n for p, n in self.c.roster.items()}, **kw)
+                                claimed={str(p): n for p, n in self.c.roster.items()}, verifier=verifier,
+                                asked=left, **kw)
 
     def task(self) -> TrainTask:
         p = self.state.params
@@ -50,7 +103,7 @@ class SecureRound(SyncRound):
         if st.server is None:
             return None
         t0 = time.monotonic()
-        for close in (st.close_keys, st.close_shares):
+        for close in (st.close_keys, st.close_shares, st.close_check):
             command = self.pump_stage(min(self.deadline, time.monotonic() + self.cmd.deadline_s / 2),
                                       cfg.stage_timeout_s)
             if command is not None:
@@ -62,15 +115,22 @@ class SecureRound(SyncRound):
             return command
         self._closing(t0)
         self.send_stage(st.close_masked())
-        command = self.pump_stage(time.monotonic() + UNMASK_STAGES * cfg.stage_timeout_s, cfg.stage_timeout_s)
+        until = time.monotonic() + UNMASK_STAGES * cfg.stage_timeout_s
+        command = self.pump_stage(until, cfg.stage_timeout_s)
+        if command is not None:
+            return command
+        self._closing(t0)
+        self.send_stage(st.close_consistency())
+        command = self.pump_stage(until, cfg.stage_timeout_s)
         self._closing(t0)
         return command
 
     def _closing(self, t0: float) -> None:
         s = self.state.server
-        log.info("combiner %s: round %d: %s stage closed after %.2f s (keys %d, shares %d, masked %d, unmasking %d "
-                 "of %d clients)", self.c.cluster, self.state.round, s.stage, time.monotonic() - t0, len(s.keys),
-                 len(s.shared), len(s.masked), len(s.responded), len(s.params.clients))
+        log.info("combiner %s: round %d: %s stage closed after %.2f s (keys %d, shares %d, checked %d, masked %d, "
+                 "signed %d, unmasking %d of %d clients)", self.c.cluster, self.state.round, s.stage,
+                 time.monotonic() - t0, len(s.keys), len(s.shared), len(s.checked), len(s.masked), len(s.signatures),
+                 len(s.responded), len(s.params.clients))
 
     def pump_stage(self, until: float, quiet_s: float) -> Message | None:
         """Serve a stage until every client still in it has answered, or `quiet_s` pass without a new answer (a
@@ -130,9 +190,23 @@ class SecureRound(SyncRound):
         self.c.refuse(peer, msg, why, counted=not first, action="fl.secagg")
 
     def report(self) -> None:
-        super().report()
         st = self.state
+        if st.abandoned is None and st.server is not None and st.server.stage == "unmask":
+            st.sum()  # the reveal's findings come in with the sum: recorded before the round is reported
+        st.note_blamed()  # refused, not missing: the controller may ask them again, this combiner does not
+        super().report()
         detail = {"round": st.round, "survivors": sorted(st.accepted), "reason": st.abandoned}
         if st.server is not None:
-            detail["dropped"] = sorted(set(st.server.shared) - st.server.masked)
+            detail["dropped"] = sorted(st.server.active - st.server.masked)
+            detail["excluded"] = sorted(st.server.excluded)
         self.c.audit.record("fl.secagg", str(st.round), "abandoned" if st.abandoned else "summed", detail)
+        blamed, disputes = st.findings()
+        banned = blamed_clients(self.c)
+        for who, what in sorted(blamed.items()):
+            log.warning("combiner %s: round %d: client %s blamed, not invited again in this job: %s", self.c.cluster,
+                        st.round, who, what)
+            self.c.audit.record("fl.secagg", who, "blamed", {"round": st.round, "reason": what[:500]})
+            banned.setdefault(who, what)
+        for line in disputes:
+            log.warning("combiner %s: round %d: %s", self.c.cluster, st.round, line)
+            self.c.audit.record("fl.secagg", str(st.round), "disputed", {"round": st.round, "reason": line[:500]})

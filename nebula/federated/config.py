@@ -252,6 +252,8 @@ class FederatedJob:
                                  f"fedavg")
         if self.secure_aggregation is not None or self.differential_privacy is not None:
             self._check_privacy()
+        if self.secure_aggregation is not None and not self.secure_aggregation.signers:
+            raise ValueError(self.secure_aggregation.SIGNERS_REQUIRED)
 
     def _check_privacy(self) -> None:
         """The combinations secure aggregation and differential privacy refuse (one line each, with the fix)."""

@@ -71,7 +71,8 @@ class Controller(ControllerBase):
                     if budget is not None and not budget.may_continue:
                         self._budget_spent(r, budget.reason)
                         break
-                    self._round(r)
+                    if self._round(r) is not None:  # no combiner can advance the model: stopped, status written
+                        break
                 else:
                     self.write_status("finished", self.job.rounds, self.trail.head().version)
             self.finish()
@@ -82,7 +83,8 @@ class Controller(ControllerBase):
             ep.close(flush_s=5)
 
     # one round
-    def _round(self, r: int) -> None:
+    def _round(self, r: int) -> str | None:
+        """Run round `r`; why the job must stop instead (status, trail and audit written), or None."""
         job = self.job
         started = time.time()
         head = self.trail.head()
@@ -94,6 +96,16 @@ class Controller(ControllerBase):
             want = job.clients_per_round or sum(c.num_clients for c in job.clusters)
             self._started = True
         live, roster = self.wait_roster(job.validity.min_updates, want)
+        secure = job.secure_aggregation
+        # secure aggregation: a combiner whose clients revealed a sum on this model in a round that did not count
+        # is left out of rounds on it (its clients refuse a second reveal: two sums would expose a client)
+        spent = self.__dict__.setdefault("_secure_spent", {}).get(head.version, set()) if secure else set()
+        if spent & set(live):
+            log.warning("round %d: combiners %s already revealed a sum on model version %d in a round that did not "
+                        "count; they sit out rounds on it", r, sorted(map(str, spent & set(live))), head.version)
+            live = [c for c in live if c not in spent]
+            if not live:
+                return self._secure_stalled(r, head.version, spent)
         assignment = self.assign(live, roster, r)
         log.info("round %d: live combiners %s, %d clients connected", r, [str(c) for c in live], len(roster))
         expected_examples = sum(roster[p] for cl in assignment.values() for p in cl)
@@ -109,9 +121,9 @@ class Controller(ControllerBase):
                 self.mb.send_model(comb, ModelCopy(round=r, to=self.nonces[comb]), weights)
         home = job.controller.cluster
         self.wan_bytes.append(sum(n - sent_before.get(c, 0) for c, n in self.mb.sent_bytes.items() if c != home))
-        secure = job.secure_aggregation
         red = Reduction(weights, coded=job.update_codec != "none" or secure is not None, update_codec=job.update_codec,
-                        validity=job.validity, expected_examples=expected_examples)
+                        validity=job.validity, expected_examples=expected_examples,
+                        max_weight=secure.max_weight if secure is not None else None)
         # the combiners' unmask stage, then their sum (nebula.federated.combiner_secure)
         unmask_s = (UNMASK_STAGES + 1) * secure.stage_timeout_s if secure is not None else 0.0
         self._take_partials(r, assignment, red, t0 + job.deadline_s + REPORT_GRACE_S + unmask_s)
@@ -145,7 +157,24 @@ class Controller(ControllerBase):
                           {"version": version, "num_updates": red.num_updates, "why": why})
         log.info("round %d: %s, %d updates, %d examples, %.2f s %s", r, "valid" if why is None else f"invalid ({why})",
                  red.num_updates, red.num_examples, duration, json.dumps(metrics))
+        if why is not None and secure is not None and red.revealed:
+            self._secure_spent.setdefault(head.version, set()).update(red.revealed)
         self.write_status("running", r, self.trail.head().version)
+        return None
+
+    def _secure_stalled(self, r: int, version: int, spent: set[Peer]) -> str:
+        """No live combiner may run another secure round on model `version`: the job stops and says why."""
+        reason = (f"round {r}: no combiner can advance model version {version}: {', '.join(sorted(map(str, spent)))} "
+                  "already revealed their clients' secure sums on it in rounds that did not count, and their clients "
+                  "refuse a second sum on the same model (the difference would expose a client); relax validity "
+                  "(min_updates, min_fraction_examples) or add clusters, then run the job again")
+        log.warning("controller: %s", reason)
+        self.trail.record_round(RoundRecord(
+            round=r, status=STOPPED, version=None, num_updates=0, num_examples=0, rejected=[], started=time.time(),
+            duration_s=0.0, detail={"why": reason}))
+        self.audit.record("fl.stop", self.job.job, "secure", {"round": r, "reason": reason})
+        self.write_status("stopped", r - 1, version, reason=reason)
+        return reason
 
     def _privacy_detail(self, red: Reduction, privacy: dict | None) -> dict:
         """What the round's record keeps of secure aggregation and differential privacy."""
@@ -183,6 +212,8 @@ class Controller(ControllerBase):
                 why = red.refusal(p)
                 if why is not None:
                     raise ValueError(why)
+                if p.num_updates:  # its clients revealed their sum on this model
+                    red.revealed.append(peer)
                 red.begin(p, f"combiner {peer}")
                 if p.num_updates:
                     self.mb.recv_model(peer, p, max(1.0, give_up - time.monotonic()), on_piece=red.mean.add_part)

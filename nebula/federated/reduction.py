@@ -19,11 +19,15 @@ Weights = dict[str, np.ndarray]
 
 class Reduction:
     """The round's reduce from model `weights`: `coded` when the combiners average the clients' changes (an update
-    codec) rather than their weights; `expected_examples`: what the asked clients hold."""
+    codec) rather than their weights; `expected_examples`: what the asked clients hold; `max_weight`: secure
+    aggregation's cap W on a client's public weight, which bounds a secure partial's weight to [n, n·W] for its n
+    clients (so no combiner can claim a weight that silences the others)."""
 
     def __init__(self, weights: Weights, *, coded: bool, update_codec: str, validity: ValiditySpec,
-                 expected_examples: int) -> None:
+                 expected_examples: int, max_weight: int | None = None) -> None:
         self.weights, self.coded, self.update_codec = weights, coded, update_codec
+        self.max_weight = max_weight
+        self.revealed: list = []  # secure aggregation: the combiners whose partial carried a sum (it was revealed)
         self.validity, self.expected_examples = validity, expected_examples
         self.mean = RunningMean(weights)
         self.num_updates, self.update_bytes, self.norm_max, self.eval_examples = 0, 0, 0.0, 0
@@ -43,6 +47,11 @@ class Reduction:
         if p.delta != self.coded:
             return (f"partial is {'a change' if p.delta else 'weights'}, the job's update_codec="
                     f"{self.update_codec!r} makes it {'a change' if self.coded else 'weights'}")
+        if self.max_weight is not None and p.num_updates:
+            w, n = p.weight, p.num_updates
+            if isinstance(w, bool) or not isinstance(w, int) or not n <= w <= n * self.max_weight:
+                return (f"secure partial of {n} clients has weight {w!r}, outside [{n}, {n * self.max_weight}]: each "
+                        f"client's public weight is 1..secure_aggregation.max_weight={self.max_weight}")
         return None
 
     def begin(self, p: Partial, who: str) -> None:

@@ -3,12 +3,16 @@ are summed by a `SecAggServer` (nebula.federated.secagg) instead of a running me
 their sum. No sockets: `nebula.federated.combiner_secure.SecureRound` does the I/O (tasks, stage messages, pulls,
 audit records), and a test can drive it with messages it builds itself.
 
-The stages: keys (`sa_keys` in, `sa_roster` out), shares (`sa_shares` in, `sa_delivery` out), masked inputs
-(`sa_masked` in, `sa_unmask` out), reveal (`sa_reveal` in). Each stage ends when every client still in the round
-has answered, or when the I/O's clock says so (`close_*`). A client refused at a stage is out of the round; its
+The stages: keys (`sa_keys` in, `sa_roster` out), shares (`sa_shares` in, `sa_delivery` out), share check
+(`sa_check` in, `sa_verdict` out: complaints settled, the blamed left out), masked inputs (`sa_masked` in, with the
+signed public weight; `sa_survivors` out), consistency (`sa_signed` in, `sa_unmask` out), reveal (`sa_reveal` in).
+The round's parameters bind the model it trains (its version and `secagg.model_digest`), as each client sees it.
+Each stage ends when every client still in the round has answered, or when the I/O's clock says so (`close_*`). A client refused at a stage is out of the round; its
 first refusal is recorded (one per client and round), what it repeats is counted, as in a plain round. The partial
 is the survivors' SecureSum as a mean change (`secagg.compose.partial_mean`) with its count as its weight, the
-fixed-point bound on each value, and the clients that dropped after sharing keys.
+fixed-point bound on each value, and the clients that dropped after sharing keys. `findings()` lists, one line
+each, who the share check or the reveal showed to have cheated (`blamed`: to be audited and not invited again) and
+the complaints that could not be settled.
 """
 from __future__ import annotations
 
@@ -18,22 +22,27 @@ from typing import Mapping
 import numpy as np
 
 from nebula.federated.checks import Refusal
-from nebula.federated.messages import (MASKED_TENSOR, ClientUpdate, MaskedUpdate, Partial, SecureDelivery,
-                                       SecureKeys, SecureReveal, SecureRoster, SecureShares, SecureUnmask)
+from nebula.federated.messages import (MASKED_TENSOR, ClientUpdate, MaskedUpdate, Partial, SecureCheck,
+                                       SecureDelivery, SecureKeys, SecureReveal, SecureRoster, SecureShares,
+                                       SecureSigned, SecureSurvivors, SecureUnmask, SecureVerdict)
 from nebula.federated.protocol import Malformed, Message
 from nebula.federated.round_state import RoundState, Weights
-from nebula.federated.secagg import (AdvertiseKeys, EncryptedShare, MaskedInput, SecAggConfig, SecAggRefused,
-                                     SecAggServer, ShareKeys, UnmaskResponse, partial_mean, unflatten)
+from nebula.federated.secagg import (AdvertiseKeys, Complaint, DealerCommitments, EncryptedShare, MaskedInput,
+                                     SecAggConfig, SecAggRefused, SecAggServer, SecureSum, ShareCheck, ShareKeys,
+                                     SurvivorSignature, UnmaskResponse, Verifier, model_digest, partial_mean,
+                                     unflatten)
 
 __all__ = ["SecureRoundState"]
 
 
 class SecureRoundState(RoundState):
     """A round of `RoundState`'s arguments summed under `config` (the job's secure_aggregation) with `word_bits`
-    words; `claimed`: the examples each client said it holds (its hello), reported as the partial's count."""
+    words; `claimed`: the examples each client said it holds (its hello), reported as the partial's count;
+    `verifier`: checks the clients' commitment and weight signatures (None: unchecked, for tests of the I/O)."""
 
     def __init__(self, *, config: SecAggConfig, word_bits: int, claimed: Mapping[str, int],
-                 session: bytes | None = None, **kw) -> None:
+                 session: bytes | None = None, verifier: Verifier | None = None, **kw) -> None:
+        digest = model_digest(kw["weights"])
         super().__init__(**kw)
         self.mean = None  # no running mean: the server's sum of words is the round's only aggregate
         self.names = [t[0] for t in self.tensors]
@@ -41,16 +50,18 @@ class SecureRoundState(RoundState):
         self.claimed = dict(claimed)
         self.bytes_in = self.bytes_out = 0  # the stage messages from the clients and to them
         self.abandoned: str | None = None  # why the round cannot run or could not unmask
+        self._sum: SecureSum | None = None
         self.server: SecAggServer | None = None
         length = sum(int(np.prod(t[2], dtype=np.int64)) for t in self.tensors)
         try:
             self.params = config.round_params(self.round, [str(p) for p in self.asked], length,
-                                              session or os.urandom(16), word_bits)
+                                              session or os.urandom(16), word_bits, version=self.version,
+                                              model=digest)
         except ValueError as exc:
             self.params, self.abandoned = None, str(exc)
             return
-        self.server = SecAggServer(self.params)
-        self.masked_spec = [[MASKED_TENSOR, self.params.quantizer.dtype.name, [length + 1]]]
+        self.server = SecAggServer(self.params, verifier)
+        self.masked_spec = [[MASKED_TENSOR, self.params.quantizer.dtype.name, [length]]]
 
     # -- who the round waits for ---------------------------------------------------------------------------------
     def waiting(self) -> bool:
@@ -60,13 +71,16 @@ class SecureRoundState(RoundState):
             return False
         out = set(s.excluded) | {r["client"] for r in self.rejected}
         want = {"advertise": set(self.params.clients) - set(s.keys), "share_keys": set(s.holders) - set(s.shared),
-                "mask": set(s.shared) - s.masked, "unmask": set(s.requests) - s.responded}[s.stage]
+                "check_shares": set(s.shared) - s.checked, "mask": set(s.active) - s.masked,
+                "consistency": set(s.survivors) - set(s.signatures),
+                "unmask": set(s.requests) - s.responded}[s.stage]
         return bool(want - out)
 
     def answers(self) -> int:
         """How many stage messages the round has taken or refused so far (a stage that gains none is quiet)."""
         s = self.server
-        return len(s.keys) + len(s.shared) + len(s.masked) + len(s.responded) + len(self.rejected)
+        return (len(s.keys) + len(s.shared) + len(s.checked) + len(s.masked) + len(s.signatures) + len(s.responded)
+                + len(self.rejected))
 
     # -- stages 1, 2 and 4: small messages -----------------------------------------------------------------------
     def take(self, who: str, msg: Message) -> Refusal | None:
@@ -77,10 +91,16 @@ class SecureRoundState(RoundState):
             return Refusal("secagg", f"round {self.round} is not run at this combiner: {self.abandoned}")
         try:
             if isinstance(msg, SecureKeys):
-                self.server.receive_keys(AdvertiseKeys(who, msg.round, msg.cipher_pk, msg.mask_pk))
+                self.server.receive_keys(AdvertiseKeys(who, msg.round, msg.cipher_pk, msg.mask_pk, msg.chain,
+                                                       msg.signature))
             elif isinstance(msg, SecureShares):
-                self.server.receive_shares(ShareKeys(who, msg.round, msg.seed_commitment, tuple(
-                    EncryptedShare(who, r, c) for r, c in msg.shares)))
+                self.server.receive_shares(ShareKeys(who, msg.round, DealerCommitments(
+                    who, msg.seed_commitments, msg.key_commitments, msg.signature), tuple(
+                    EncryptedShare(who, r, c, k) for r, c, k in msg.shares)))
+            elif isinstance(msg, SecureCheck):
+                self.server.receive_check(ShareCheck(who, msg.round, tuple(Complaint(d, k) for d, k in msg.complaints)))
+            elif isinstance(msg, SecureSigned):
+                self.server.receive_signature(SurvivorSignature(who, msg.round, msg.signature))
             elif isinstance(msg, SecureReveal):
                 self.server.receive_unmask(UnmaskResponse(who, msg.round, msg.seed_shares, msg.key_shares))
             else:
@@ -120,24 +140,43 @@ class SecureRoundState(RoundState):
     # -- closing the stages ------------------------------------------------------------------------------------------
     def close_keys(self) -> dict[str, SecureRoster]:
         """End stage 1: each client's roster of its neighbours' keys."""
-        return {c: SecureRoster(round=self.round, keys=tuple((k.client, k.cipher_pk, k.mask_pk) for k in r.keys))
+        return {c: SecureRoster(round=self.round, keys=tuple((k.client, k.cipher_pk, k.mask_pk, k.chain, k.signature)
+                                                             for k in r.keys))
                 for c, r in self.server.rosters().items()}
 
     def close_shares(self) -> dict[str, SecureDelivery]:
-        """End stage 2: each client's shares, sealed for it by its neighbours."""
-        return {c: SecureDelivery(round=self.round, shares=tuple((e.sender, e.ciphertext) for e in d.shares))
+        """End stage 2: each client's shares, sealed for it by its neighbours, with their signed commitments."""
+        return {c: SecureDelivery(round=self.round, shares=tuple((e.sender, e.ciphertext) for e in d.shares),
+                                  commitments=tuple((x.dealer, x.seed, x.key, x.signature) for x in d.commitments))
                 for c, d in self.server.deliveries().items()}
 
-    def close_masked(self) -> dict[str, SecureUnmask]:
-        """End stage 3: ask each survivor for its shares (none when the round must be abandoned)."""
+    def close_check(self) -> dict[str, SecureVerdict]:
+        """End stage 3: complaints settled; each client still in gets the list of those left out."""
+        return {c: SecureVerdict(round=self.round, excluded=v.excluded) for c, v in self.server.verdicts().items()}
+
+    def findings(self) -> tuple[dict[str, str], list[str]]:
+        """(client -> what the share check or the reveal showed it did, the complaints that stayed unsettled)."""
+        if self.server is None:
+            return {}, []
+        return dict(self.server.blamed), list(self.server.disputes)
+
+    def close_masked(self) -> dict[str, SecureSurvivors]:
+        """End stage 4: the survivor set to each survivor, to sign (none when the round must be abandoned)."""
         try:
-            reqs = self.server.unmask_requests()
+            sets = self.server.survivor_sets()
         except SecAggRefused as exc:
             self.abandoned = str(exc)
             return {}
-        return {c: SecureUnmask(round=self.round, survivors=r.survivors, dropped=r.dropped) for c, r in reqs.items()}
+        return {c: SecureSurvivors(round=self.round, survivors=r.survivors) for c, r in sets.items()}
 
-    # -- stage 3: the masked inputs ------------------------------------------------------------------------------
+    def close_consistency(self) -> dict[str, SecureUnmask]:
+        """End stage 5: ask each survivor that signed for its shares, with its holders' signatures of the set."""
+        if self.abandoned is not None or self.server.stage != "consistency":
+            return {}
+        return {c: SecureUnmask(round=self.round, survivors=r.survivors, signatures=r.signatures)
+                for c, r in self.server.unmask_requests().items()}
+
+    # -- stage 4: the masked inputs ------------------------------------------------------------------------------
     def check_masked(self, who: str, msg: MaskedUpdate | Malformed, *, job: str) -> Refusal | None:
         """Why a masked update's header must be refused before its words are taken, or None."""
         if isinstance(msg, Malformed):
@@ -164,7 +203,7 @@ class SecureRoundState(RoundState):
     def fold_masked(self, who: str, msg: MaskedUpdate, words: np.ndarray, *, nbytes: int) -> Refusal | None:
         """Add a checked masked update's words to the sum; why it is refused, or None."""
         try:
-            self.server.receive_masked(MaskedInput(who, msg.round, words))
+            self.server.receive_masked(MaskedInput(who, msg.round, words, msg.weight, msg.signature))
         except SecAggRefused as exc:
             return self._kind(who, msg.round, str(exc))
         self.seen.add(who)
@@ -173,21 +212,34 @@ class SecureRoundState(RoundState):
         self._eval_metrics(msg.metrics)
         return None
 
+    def sum(self) -> SecureSum | None:
+        """The round's SecureSum once the reveal is over (computed once), or None (`abandoned` says why)."""
+        if self._sum is None and self.abandoned is None and self.server is not None and \
+                self.server.stage == "unmask":
+            try:
+                self._sum = self.server.result()
+            except SecAggRefused as exc:
+                self.abandoned = str(exc)
+        return self._sum
+
+    def note_blamed(self) -> None:
+        """Record each asked client the protocol showed to cheat as refused with what it did (not as missing)."""
+        for c, why in sorted(self.server.blamed.items() if self.server is not None else ()):
+            if c in self.expected and c not in self.seen:
+                self.seen.add(c)
+                self.rejected.append({"client": c, "reason": f"secure aggregation: {why}"})
+
     # -- the partial -------------------------------------------------------------------------------------------------
     def partial(self, *, run: str | None, counted: list[dict], checkpoint: str | None, delta: bool
                 ) -> tuple[Partial, Weights | None]:
         """The survivors' mean change with their count as its weight (no model when the round was abandoned)."""
-        weights, result = None, None
-        if self.abandoned is None and self.server is not None and self.server.stage == "unmask":
-            try:
-                result = self.server.result()
-            except SecAggRefused as exc:
-                self.abandoned = str(exc)
+        weights, result = None, self.sum()
         count, bound = None, 0.0
         if result is not None and result.num_examples > 0:
             mean, count = partial_mean(result)
             weights = unflatten(mean, self.like, self.names)
             bound = result.error_bound * result.max_weight / result.num_examples
+        self.note_blamed()
         rejected = list(self.rejected)
         if self.abandoned is not None:
             rejected.append({"client": f"{len(self.asked)} clients", "reason": f"secure aggregation: {self.abandoned}"})
@@ -198,5 +250,6 @@ class SecureRoundState(RoundState):
                       rejected=tuple(rejected + counted), missing=tuple(str(p) for p in self.missing()),
                       metrics=metrics, eval_examples=self.eval_examples, update_bytes=self.update_bytes,
                       delta=True, checkpoint=checkpoint, weight=count, error_bound=bound,
-                      dropped=result.dropped if result is not None else (), protocol_bytes=(self.bytes_in, self.bytes_out))
+                      dropped=result.dropped if result is not None else (),
+                      protocol_bytes=(self.bytes_in, self.bytes_out))
         return msg, weights

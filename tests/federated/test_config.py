@@ -62,7 +62,7 @@ def test_bad_job_files_are_refused_with_the_key_and_the_fix(tmp_path, over, need
         assert "is not a finite number" in str(e.value)
 
 
-SA = {"protocol": "secagg+"}
+SA = {"protocol": "secagg+", "signers": "signers/client-{index}"}
 DPS = {"clip_norm": 1.0, "noise_multiplier": 1.0}
 THREE = [{"id": "A", "worker": "w.yaml", "num_clients": 3}]
 

@@ -89,7 +89,8 @@ def test_fixed_size_epsilon_is_dp_accountings_sampling_without_replacement_with_
 
 @pytest.mark.parametrize("mode", ["local", "distributed"])
 def test_local_and_distributed_dp_are_accounted_unsampled_with_sensitivity_2c(tmp_path, mode):
-    sa = {"secure_aggregation": {"protocol": "secagg+", "max_weight": 1}} if mode == "distributed" else {}
+    sa = {"secure_aggregation": {"protocol": "secagg+", "max_weight": 1, "signers": "signers/client-{index}"}} \
+        if mode == "distributed" else {}
     job = load_federated_job(write_job(tmp_path, {"A": tmp_path / "A.yaml"}, {"A": 10}, clients_per_round=3,
                                        strategy={"name": "fedavg"}, **sa,
                                        differential_privacy={"clip_norm": 0.5, "noise_multiplier": 3.0,

@@ -1,15 +1,17 @@
 """How secure aggregation composes with the rest of the federated mode: strategies, update codecs, the hierarchy.
 
 Hierarchy. Each combiner runs SecAgg+ among its own clients and learns only their SecureSum: S_j = Σ w_i·clip(Δ_i)
-with w_i = min(n_i, W)/W, and C_j = Σ min(n_i, W) (the count word is masked too: a client's data size can itself
-be sensitive, e.g. a hospital's patient volume, and hiding it costs one word). The reducer adds sums of sums:
+with w_i = min(n_i, W)/W, and C_j = Σ min(n_i, W), the total of the survivors' public, signed weights (a weight
+is not masked: a masked count could be forged to 2^b − 1, silencing every other client and combiner, while the
+public C_j ≤ n·W bounds what one combiner weighs at the reducer). The reducer adds sums of sums:
 mean Δ = W·Σ_j S_j / Σ_j C_j, which is exactly FedAvg's example-weighted mean of the clients' changes (for
 n_i ≤ W and no clipping). Equivalently a combiner may hand the reducer the partial S_j·W/C_j with weight C_j: the
 reducer's existing example-weighted mean of partials gives the same model, so it needs no change.
 
 Weighting. A client pre-multiplies its change by its own weight before masking, since the server can no longer
 weight what it cannot see. The weight is capped at W (`max_weight`) so one client cannot claim an unbounded
-share of the mean, and so the masked sum has a known bound (the fixed-point headroom, see `quantize`).
+share of the mean, and so the masked sum has a known bound (the fixed-point headroom and the range check, see
+`quantize`).
 
 Codecs. The masked words are uniform, so no codec can shrink them, and a lossy codec's decode of a sum is not the
 sum of its decodes; on the masked path the fixed-point quantiser replaces the codec. `none` masks 32-bit words

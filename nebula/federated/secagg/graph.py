@@ -17,7 +17,8 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["harary_graph", "majority_threshold", "default_degree", "unrecoverable_probability", "components"]
+__all__ = ["harary_graph", "majority_threshold", "default_degree", "unrecoverable_probability", "components",
+           "colluders", "safe_threshold"]
 
 
 def majority_threshold(degree: int) -> int:
@@ -25,22 +26,38 @@ def majority_threshold(degree: int) -> int:
     return (degree + 1) // 2 + 1
 
 
-def unrecoverable_probability(n: int, degree: int, max_dropout: float) -> float:
+def colluders(n: int, max_corrupt: float) -> int:
+    """Corrupt clients a round of n must withstand besides the combiner: ⌈γ·n⌉ for γ = `max_corrupt`, and at least
+    one (any one client may be hostile)."""
+    return max(1, math.ceil(max_corrupt * n - 1e-9))
+
+
+def safe_threshold(degree: int, corrupt: int) -> int:
+    """The smallest threshold t with 2t > k + 1 + c: of a client's k + 1 share holders, c corrupt ones hold both
+    of its shares; the honest rest each reveal one kind only (once a round, on a survivor set at least t signed),
+    so the combiner cannot gather t shares of both its self-mask seed and its mask key (Bonawitz et al. 2017 §4,
+    Bell et al. 2020 §4: the worst case, all c corrupt clients among one client's neighbours)."""
+    return (degree + 1 + min(degree, corrupt)) // 2 + 1
+
+
+def unrecoverable_probability(n: int, degree: int, max_dropout: float, threshold: int | None = None) -> float:
     """Union bound on P(some dropped client of n has fewer than the threshold of its k neighbours alive)."""
-    t, p = majority_threshold(degree), 1.0 - max_dropout
+    t, p = threshold or majority_threshold(degree), 1.0 - max_dropout
     tail = sum(math.comb(degree, i) * p ** i * (1 - p) ** (degree - i) for i in range(min(t, degree + 1)))
     return min(1.0, n * tail)
 
 
-def default_degree(n: int, max_dropout: float = 0.1, failure: float = 1e-6) -> int:
-    """The smallest even degree (at most n − 1) whose round fails to unmask with probability <= `failure`."""
+def default_degree(n: int, max_dropout: float = 0.1, failure: float = 1e-6, max_corrupt: float | None = None) -> int:
+    """The smallest even degree (at most n − 1) whose round fails to unmask with probability <= `failure`, with the
+    majority threshold, or with `safe_threshold` against ⌈γ·n⌉ colluders when `max_corrupt` (γ) is given."""
     if n < 2:
         raise ValueError(f"secure aggregation needs at least 2 clients, got {n}")
     if not 0 <= max_dropout < 0.5:
         raise ValueError(f"secure_aggregation.max_dropout={max_dropout} must be in [0, 0.5): a majority threshold "
                          "cannot recover a client when half its neighbours are gone")
     for k in range(2, n - 1, 2):
-        if unrecoverable_probability(n, k, max_dropout) <= failure:
+        t = majority_threshold(k) if max_corrupt is None else safe_threshold(k, colluders(n, max_corrupt))
+        if t <= k and unrecoverable_probability(n, k, max_dropout, t) <= failure:
             return k
     return n - 1
 

@@ -1,10 +1,17 @@
-"""SecAgg+ round parameters and the typed messages of its four stages, as frozen dataclasses.
+"""SecAgg+ round parameters and the typed messages of its stages, as frozen dataclasses (the active-adversary
+variant: signed keys, verifiable shares and a consistency check of the survivor set, Bonawitz et al. 2017 §4).
 
-Stage                 client -> server            server -> client
-1 advertise keys      AdvertiseKeys               KeyRoster (its neighbours' keys)
-2 share keys          ShareKeys (sealed shares)   ShareDelivery (the shares sealed for it)
-3 masked input        MaskedInput                 UnmaskRequest (which neighbours survived, which dropped)
-4 unmask              UnmaskResponse              -- the server computes the SecureSum
+Stage                 client -> server                     server -> client
+1 advertise keys      AdvertiseKeys (signed)               KeyRoster (its neighbours' signed keys)
+2 share keys          ShareKeys (sealed shares, signed     ShareDelivery (the shares sealed for it, with their
+                      Feldman commitments)                 dealers' signed commitments)
+3 check shares        ShareCheck (complaints: a dealer     ShareVerdict (who is out of the round: dealers proven
+                      and the key of its one share)        bad, false complainers, too few valid holders)
+4 masked input        MaskedInput (signed public weight)   SurvivorSet (who sent a masked input)
+5 consistency         SurvivorSignature                    UnmaskRequest (the set, with the signatures of the
+                                                           receiver's neighbours that signed it)
+6 unmask              UnmaskResponse                       -- the server checks each share it uses against the
+                                                           owner's commitments and computes the SecureSum
 """
 from __future__ import annotations
 
@@ -16,8 +23,10 @@ import numpy as np
 from nebula.federated.secagg.graph import majority_threshold
 from nebula.federated.secagg.quantize import Quantizer
 
-__all__ = ["SecAggRefused", "SecAggParams", "AdvertiseKeys", "KeyRoster", "EncryptedShare", "ShareKeys",
-           "ShareDelivery", "MaskedInput", "UnmaskRequest", "UnmaskResponse", "SecureSum", "MIN_CLIENTS"]
+__all__ = ["SecAggRefused", "SecAggParams", "AdvertiseKeys", "KeyRoster", "EncryptedShare", "DealerCommitments",
+           "ShareKeys", "ShareDelivery", "Complaint", "ShareCheck", "ShareVerdict", "MaskedInput", "SurvivorSet",
+           "SurvivorSignature", "UnmaskRequest", "UnmaskResponse",
+           "SecureSum", "MIN_CLIENTS", "model_digest"]
 
 MIN_CLIENTS = 3  # with two, a majority of a dropped client's one neighbour is two: never recoverable
 
@@ -35,8 +44,10 @@ class SecAggParams:
     clients: tuple[str, ...]
     degree: int  # neighbours per client; >= len(clients) - 1 means everyone (the original SecAgg)
     threshold: int  # shares that recover a secret; a majority of the degree + 1 holders at least
-    vector_length: int  # parameters in the flattened update (the masked vector has one more word: the count)
+    vector_length: int  # parameters in the flattened update: one masked word each
     quantizer: Quantizer
+    version: int = 0  # the model version the round trains, as the task names it
+    model: bytes = bytes(32)  # SHA-256 of that model as the client received it (`model_digest`)
 
     def __post_init__(self) -> None:
         n = len(self.clients)
@@ -50,10 +61,12 @@ class SecAggParams:
         k = self.effective_degree
         if k < 2 or (k < n - 1 and k % 2):
             raise ValueError(f"secure_aggregation.degree={self.degree} must be even and >= 2 (or >= {n - 1})")
-        if not majority_threshold(k) <= self.threshold <= k:
+        if not majority_threshold(k) <= self.threshold <= k + 1:
             raise ValueError(f"secure_aggregation.threshold={self.threshold} must be between "
                              f"{majority_threshold(k)} (a majority of the {k + 1} holders, so no server gets both "
-                             f"shares of a client) and the degree {k}")
+                             f"shares of a client) and the {k + 1} holders")
+        if len(self.model) != 32:
+            raise ValueError(f"secure aggregation model digest is {len(self.model)} bytes; use model_digest")
         if self.vector_length < 1:
             raise ValueError(f"secure aggregation vector_length={self.vector_length} must be >= 1")
         if self.quantizer.max_clients < n:
@@ -70,7 +83,7 @@ class SecAggParams:
         q = self.quantizer
         text = "\n".join([str(self.round), self.session.hex(), *self.clients, str(self.effective_degree),
                           str(self.threshold), str(self.vector_length), repr(q.clip_range), str(q.max_clients),
-                          str(q.max_weight), str(q.word_bits)])
+                          str(q.max_weight), str(q.word_bits), str(self.version), self.model.hex()])
         return hashlib.sha256(text.encode()).digest()
 
     def point(self, client: str) -> int:
@@ -78,18 +91,32 @@ class SecAggParams:
         return self.clients.index(client) + 1
 
 
+def model_digest(weights) -> bytes:
+    """SHA-256 of a model (name, dtype, shape and bytes of each tensor, in order): the round's tag binds it, and a
+    client reveals shares for one round on a model at most once."""
+    h = hashlib.sha256(b"nebula secagg+ model")
+    for name, value in weights.items():
+        a = np.ascontiguousarray(value)
+        h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(memoryview(a).cast("B"))
+    return h.digest()
+
+
 @dataclass(frozen=True, slots=True)
 class AdvertiseKeys:
-    """Stage 1: a client's two fresh X25519 public keys (one to seal shares, one for pairwise masks)."""
+    """Stage 1: a client's two fresh X25519 public keys (one to seal shares, one for pairwise masks), signed with
+    its certificate's key over the round's tag (`vouch`); `chain` is that certificate (PEM)."""
 
     client: str
     round: int
     cipher_pk: bytes
     mask_pk: bytes
+    chain: bytes = b""
+    signature: bytes = b""
 
     @property
     def payload_bytes(self) -> int:
-        return len(self.cipher_pk) + len(self.mask_pk)
+        return len(self.cipher_pk) + len(self.mask_pk) + len(self.chain) + len(self.signature)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,64 +133,131 @@ class KeyRoster:
 
 @dataclass(frozen=True, slots=True)
 class EncryptedShare:
-    """A sender's shares of its self-mask seed and mask key, sealed for one receiver (the server relays it)."""
+    """A sender's shares of its self-mask seed and mask key, sealed for one receiver (the server relays it);
+    `key_check`: the sender's hash of the one key it sealed them under (`client.share_key_check`), which lets the
+    server settle a complaint about this share."""
 
     sender: str
     receiver: str
     ciphertext: bytes
+    key_check: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class DealerCommitments:
+    """A dealer's Feldman commitments (`vss.Commitments.to_bytes`, threshold values each) to the polynomials of its
+    self-mask seed and of its mask key, signed with its certificate's key over the round's tag and its name."""
+
+    dealer: str
+    seed: bytes
+    key: bytes
+    signature: bytes
+
+    @property
+    def payload_bytes(self) -> int:
+        return len(self.seed) + len(self.key) + len(self.signature)
 
 
 @dataclass(frozen=True, slots=True)
 class ShareKeys:
-    """Stage 2: one sealed share per neighbour, and a hash commitment to the self-mask seed."""
+    """Stage 2: the signed commitments of both secrets, and one sealed share per neighbour."""
 
     client: str
     round: int
-    seed_commitment: bytes
+    commitments: DealerCommitments
     shares: tuple[EncryptedShare, ...]
 
     @property
     def payload_bytes(self) -> int:
-        return len(self.seed_commitment) + sum(len(s.ciphertext) for s in self.shares)
+        return self.commitments.payload_bytes + sum(len(s.ciphertext) + len(s.key_check) for s in self.shares)
 
 
 @dataclass(frozen=True, slots=True)
 class ShareDelivery:
-    """Stage 2 answer: the shares sealed for the receiver by its neighbours that completed stage 2."""
+    """Stage 2 answer: the shares sealed for the receiver by its neighbours that completed stage 2, and each of those
+    dealers' signed commitments."""
 
     round: int
     shares: tuple[EncryptedShare, ...]
+    commitments: tuple[DealerCommitments, ...] = ()
 
     @property
     def payload_bytes(self) -> int:
-        return sum(len(s.ciphertext) for s in self.shares)
+        return sum(len(s.ciphertext) for s in self.shares) + sum(c.payload_bytes for c in self.commitments)
+
+
+@dataclass(frozen=True, slots=True)
+class Complaint:
+    """A receiver's evidence against a dealer: the key of the one share the dealer sealed for it (that key opens
+    nothing else), so the server opens the share and checks it against the dealer's commitments itself."""
+
+    dealer: str
+    key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ShareCheck:
+    """Stage 3: the receiver checked every share it was delivered; a complaint for each that failed."""
+
+    client: str
+    round: int
+    complaints: tuple[Complaint, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ShareVerdict:
+    """Stage 3 answer: the clients left out of the round before any masked input (nobody masks with them)."""
+
+    round: int
+    excluded: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class MaskedInput:
-    """Stage 3: the masked words (update then count), uniform to anyone without the masks."""
+    """Stage 4: the masked words (one per parameter, uniform to anyone without the masks) and the client's public
+    weight min(n_i, W), signed with its certificate's key over the round's tag and its name."""
 
     client: str
     round: int
     words: np.ndarray
+    weight: int = 1
+    signature: bytes = b""
 
     @property
     def payload_bytes(self) -> int:
-        return int(self.words.nbytes)
+        return int(self.words.nbytes) + 8 + len(self.signature)
+
+
+@dataclass(frozen=True, slots=True)
+class SurvivorSet:
+    """Stage 4 answer: every client whose masked input the server took; each survivor signs it."""
+
+    round: int
+    survivors: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SurvivorSignature:
+    """Stage 5: a survivor's signature over the round's tag and the survivor set it was sent."""
+
+    client: str
+    round: int
+    signature: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class UnmaskRequest:
-    """Stage 3 answer: among the receiver's neighbours, who sent a masked input and who did not."""
+    """Stage 5 answer: the survivor set, and (signer, signature) of the receiver's share holders that signed it;
+    the receiver reveals its shares only when at least the threshold of them agree with the set it signed."""
 
     round: int
     survivors: tuple[str, ...]
-    dropped: tuple[str, ...]
+    signatures: tuple[tuple[str, bytes], ...]
 
 
 @dataclass(frozen=True, slots=True)
 class UnmaskResponse:
-    """Stage 4: the receiver's shares of the survivors' self-mask seeds and of the dropped clients' mask keys."""
+    """Stage 6: the receiver's shares of the survivors' self-mask seeds and of the dropped clients' mask keys."""
 
     client: str
     round: int
@@ -177,11 +271,11 @@ class UnmaskResponse:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class SecureSum:
-    """What a combiner learns: the survivors' sum of w_i·clip(x_i) and of their counts, and who took part."""
+    """What a combiner learns: the survivors' sum of w_i·clip(x_i), their public weights' total, and who took part."""
 
     round: int
     vector: np.ndarray  # float64, Σ min(n_i, W)/W · clip(x_i)
-    num_examples: int  # Σ min(n_i, W)
+    num_examples: int  # Σ min(n_i, W): the survivors' signed public weights
     max_weight: int  # W: the mean is vector · W / num_examples
     survivors: tuple[str, ...]
     dropped: tuple[str, ...]

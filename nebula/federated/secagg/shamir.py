@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Sequence
 
-__all__ = ["PRIME", "SHARE_BYTES", "SECRET_BYTES", "split", "combine"]
+__all__ = ["PRIME", "SHARE_BYTES", "SECRET_BYTES", "split", "combine", "polynomial", "evaluate"]
 
 PRIME = 2 ** 521 - 1
 SHARE_BYTES = 66  # ceil(521 / 8)
@@ -23,16 +23,21 @@ def _element(random_bytes: Callable[[int], bytes]) -> int:
     return int.from_bytes(random_bytes(80), "big") % PRIME
 
 
-def split(secret: bytes, threshold: int, xs: Sequence[int],
-          random_bytes: Callable[[int], bytes] = os.urandom) -> list[bytes]:
-    """Shares of `secret` at the points `xs` (distinct, in 1..PRIME−1), any `threshold` of which recover it."""
+def polynomial(secret: bytes, threshold: int, xs: Sequence[int],
+               random_bytes: Callable[[int], bytes] = os.urandom) -> list[int]:
+    """The coefficients (constant term first: the secret) of a fresh random polynomial of degree threshold − 1,
+    after checking the arguments of a split: what `split` and the verifiable split share."""
     if len(secret) != SECRET_BYTES:
         raise ValueError(f"a shared secret is {SECRET_BYTES} bytes, got {len(secret)}")
     if not 1 <= threshold <= len(xs):
         raise ValueError(f"threshold {threshold} must be between 1 and the {len(xs)} share holders")
     if len(set(xs)) != len(xs) or not all(0 < x < PRIME for x in xs):
         raise ValueError("share points must be distinct and nonzero")
-    coeffs = [int.from_bytes(secret, "big")] + [_element(random_bytes) for _ in range(threshold - 1)]
+    return [int.from_bytes(secret, "big")] + [_element(random_bytes) for _ in range(threshold - 1)]
+
+
+def evaluate(coeffs: Sequence[int], xs: Sequence[int]) -> list[bytes]:
+    """The shares: the polynomial `coeffs` at each of `xs`, as SHARE_BYTES-byte elements."""
     out = []
     for x in xs:
         y = 0
@@ -40,6 +45,12 @@ def split(secret: bytes, threshold: int, xs: Sequence[int],
             y = (y * x + c) % PRIME
         out.append(y.to_bytes(SHARE_BYTES, "big"))
     return out
+
+
+def split(secret: bytes, threshold: int, xs: Sequence[int],
+          random_bytes: Callable[[int], bytes] = os.urandom) -> list[bytes]:
+    """Shares of `secret` at the points `xs` (distinct, in 1..PRIME−1), any `threshold` of which recover it."""
+    return evaluate(polynomial(secret, threshold, xs, random_bytes), xs)
 
 
 def combine(points: Sequence[tuple[int, bytes]]) -> bytes:

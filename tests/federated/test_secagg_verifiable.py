@@ -1,0 +1,209 @@
+"""Hostile clients in a SecAgg+ round, against the pure state machines (a combiner with a certificate verifier):
+a dealer of a bad share is found by the share check, left out before any masked input and blamed, while the honest
+clients' round closes with their exact sum; a false complaint blames the complainer; an unsettled one voids one
+share and blames nobody; a wrong share at the reveal blames its sender, never its owner; out-of-range words make
+the round invalid with the reason recorded; a weight above max_weight is refused even when signed; and a job file
+with secure aggregation but no per-client signers is refused in one line."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import yaml
+
+from nebula.federated.secagg import (Complaint, SecAggConfig, SecAggRefused, SecAggServer, ShareCheck,
+                                     crypto, shamir)
+from nebula.federated.secagg.client import share_aad, share_info, weight_statement
+from tests.federated.test_secagg import make_clients, run_round, seeded, updates, verifier, weighted_reference
+
+W = 1000
+
+
+def _round(n=7, d=64, seed=1, **cfg):
+    names, xs, ns = updates(n, d, seed=seed)
+    params = SecAggConfig(max_weight=W, **cfg).round_params(1, names, d, bytes([seed]) * 16)
+    return names, xs, ns, params
+
+
+def _reason(e: pytest.ExceptionInfo) -> str:
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def _bad_share(cl, params, dealer: str, victim: str):
+    """A tamper for run_round: `dealer` seals `victim` a share off its committed polynomials, under the true key
+    (so its key check holds and the server can prove it)."""
+    def tamper(stage, c, msg):
+        if stage != "shares" or c != dealer:
+            return msg
+        sa = cl[dealer]
+        key = crypto.agree(sa._cipher_sk, sa._roster[victim].cipher_pk, share_info(sa.tag, dealer, victim))
+        plain = shamir.SHARE_BYTES * b"\1" + shamir.SHARE_BYTES * b"\2"
+        bad = crypto.seal(key, plain, share_aad(sa.tag, dealer, victim))
+        return dataclasses.replace(msg, shares=tuple(dataclasses.replace(e, ciphertext=bad) if e.receiver == victim
+                                                     else e for e in msg.shares))
+    return tamper
+
+
+def test_a_bad_dealer_is_found_left_out_before_masking_and_blamed_while_the_honest_sum_is_exact():
+    names, xs, ns, params = _round()
+    cl = make_clients(params, seeded(2))
+    dealer, victim = names[3], names[0]
+    srv = SecAggServer(params, verifier())
+    srv, cl, masked = run_round(params, xs, ns, clients=cl, server=srv, tamper=_bad_share(cl, params, dealer, victim))
+    s = srv.result()
+    honest = [c for c in names if c != dealer]
+    assert s.survivors == tuple(honest) and s.dropped == () and dealer not in masked  # out before it could mask
+    assert np.abs(s.vector - weighted_reference(honest, xs, ns, W, 1.0)).max() <= s.error_bound
+    assert s.num_examples == sum(min(ns[c], W) for c in honest)
+    assert set(srv.blamed) == {dealer} and f"dealt {victim!r} a bad share" in srv.blamed[dealer]
+    assert "self-mask seed share is not on the dealer's committed polynomial" in srv.blamed[dealer]
+    assert srv.excluded[dealer] == srv.blamed[dealer] and not srv.disputes  # the victim is never blamed
+    assert dealer not in cl[victim]._held and all(dealer not in cl[c]._partners for c in honest)
+
+
+def test_a_false_complaint_blames_the_complainer_not_the_dealer():
+    names, xs, ns, params = _round(seed=3)
+    cl = make_clients(params, seeded(4))
+    liar, dealer = names[1], names[5]
+
+    def tamper(stage, c, msg):
+        if stage == "check" and c == liar:  # the true key of a share that opens and verifies
+            sa = cl[liar]
+            key = crypto.agree(sa._cipher_sk, sa._roster[dealer].cipher_pk, share_info(sa.tag, dealer, liar))
+            return ShareCheck(liar, msg.round, (Complaint(dealer, key),))
+        return msg
+
+    srv, _, _ = run_round(params, xs, ns, clients=cl, server=SecAggServer(params, verifier()), tamper=tamper)
+    s = srv.result()
+    assert set(srv.blamed) == {liar} and f"complained falsely about the share of {dealer!r}" in srv.blamed[liar]
+    assert dealer in s.survivors and liar not in s.survivors + s.dropped
+    honest = [c for c in names if c != liar]
+    assert np.abs(s.vector - weighted_reference(honest, xs, ns, W, 1.0)).max() <= s.error_bound
+
+
+def test_an_unsettled_complaint_voids_one_share_and_blames_nobody():
+    """The dealer seals a bad share and says it used another key (its key check): the receiver complains with the
+    true key, which the server cannot tell from a lie; that one share is held by nobody, nobody is blamed, both stay
+    in, and the round still closes."""
+    names, xs, ns, params = _round(seed=5)
+    cl = make_clients(params, seeded(6))
+    who, dealer = names[2], names[4]
+
+    def tamper(stage, c, msg):
+        if stage == "shares" and c == dealer:
+            return dataclasses.replace(msg, shares=tuple(
+                dataclasses.replace(e, ciphertext=bytes(len(e.ciphertext)), key_check=bytes(32)) if e.receiver == who
+                else e for e in msg.shares))
+        return msg
+
+    srv, _, _ = run_round(params, xs, ns, clients=cl, server=SecAggServer(params, verifier()), tamper=tamper)
+    s = srv.result()
+    assert not srv.blamed and srv.void == {(dealer, who)} and len(srv.disputes) == 1
+    assert "unsettled" in srv.disputes[0] and s.survivors == tuple(sorted(names))
+    assert dealer not in cl[who]._held and dealer in cl[who]._partners  # no share held, masks still shared
+    assert np.abs(s.vector - weighted_reference(names, xs, ns, W, 1.0)).max() <= s.error_bound
+
+
+def test_a_wrong_share_at_the_reveal_blames_its_sender_never_the_owner():
+    names, xs, ns, params = _round(seed=7)
+    cl = make_clients(params, seeded(8))
+    sender, owner = names[2], names[0]
+
+    def tamper(stage, c, msg):
+        if stage == "reveal" and c == sender:
+            return dataclasses.replace(msg, seed_shares=tuple(
+                (o, bytes(shamir.SHARE_BYTES - 1) + b"\7" if o == owner else s) for o, s in msg.seed_shares))
+        return msg
+
+    srv, _, _ = run_round(params, xs, ns, clients=cl, server=SecAggServer(params, verifier()), tamper=tamper)
+    assert params.point(sender) <= params.threshold  # its share is among the t used first: the secret fails
+    s = srv.result()
+    assert set(srv.blamed) == {sender} and f"self-mask seed of {owner!r}" in srv.blamed[sender]
+    assert owner in s.survivors  # the victim's input still counts, its seed rebuilt from t good shares
+    assert np.abs(s.vector - weighted_reference(names, xs, ns, W, 1.0)).max() <= s.error_bound
+
+
+def test_out_of_range_words_make_the_round_invalid_with_the_reason_recorded():
+    from nebula.federated import get_strategy
+    from nebula.federated.secure_state import SecureRoundState
+    from nebula.federated.transport import Peer
+
+    names, xs, ns, params = _round(n=5, d=16, seed=9)
+    weights = {"w": np.zeros(16, np.float32)}
+    st = SecureRoundState(config=SecAggConfig(max_weight=W), word_bits=32, claimed={c: 200 for c in names},
+                          verifier=verifier(), job="j", round=1, version=0, asked=[Peer.parse(c) for c in names],
+                          weights=weights, strategy=get_strategy("fedavg", {}), max_examples=10**6)
+    cl = make_clients(st.params, seeded(10))
+    bound = st.params.quantizer.sum_bound([min(ns[c], W) for c in names])
+
+    def tamper(stage, c, msg):  # one client pushes every word of its input past what all five could sum to
+        if stage == "masked" and c == names[1]:
+            return dataclasses.replace(msg, words=msg.words + np.array(2 * bound + 1, np.uint32))
+        return msg
+
+    run_round(st.params, {c: xs[c][:16] for c in names}, ns, clients=cl, server=st.server, tamper=tamper)
+    partial, model = st.partial(run=None, counted=[], checkpoint=None, delta=True)
+    assert model is None and partial.num_updates == 0 and st.abandoned is not None
+    (why,) = [r["reason"] for r in partial.rejected if r["client"] == "5 clients"]
+    assert "16 of 16 coordinates lie outside" in why and "out-of-range words" in why and "\n" not in why
+
+
+def test_a_weight_above_max_weight_is_refused_even_signed_by_its_client():
+    names, xs, ns, params = _round(n=5, seed=11)
+    cl = make_clients(params, seeded(12))
+    heavy = names[0]
+
+    def tamper(stage, c, msg):
+        if stage == "masked" and c == heavy:
+            sa = cl[c]
+            return dataclasses.replace(msg, weight=W + 1, signature=sa.signer.sign(weight_statement(sa.tag, c, W + 1)))
+        return msg
+
+    with pytest.raises(SecAggRefused) as e:
+        run_round(params, xs, ns, clients=cl, server=SecAggServer(params, verifier()), tamper=tamper)
+    assert f"integer in [1, {W}]; got {W + 1}" in _reason(e) and repr(heavy) in _reason(e)
+    # a weight within the cap but signed by nobody, or for another weight, is refused too
+    srv, fresh = SecAggServer(params, verifier()), make_clients(params, seeded(13))
+    for c in names:
+        srv.receive_keys(fresh[c].advertise())
+    sign = fresh[heavy].signer.sign
+    with pytest.raises(SecAggRefused, match="its weight is not signed by its certificate"):
+        srv.check_weight(heavy, 7, sign(weight_statement(srv.tag, heavy, 8)))
+    with pytest.raises(SecAggRefused, match="its weight is not signed by its certificate"):  # another's signature
+        srv.check_weight(heavy, 8, fresh[names[1]].signer.sign(weight_statement(srv.tag, heavy, 8)))
+    assert srv.check_weight(heavy, 8, sign(weight_statement(srv.tag, heavy, 8))) == 8
+
+
+def test_a_secure_job_without_per_client_signers_is_refused_in_one_line(tmp_path):
+    from nebula.config.schema import ConfigError
+    from nebula.federated.config import load_federated_job
+
+    doc = {"job": "j", "mode": "federated", "controller": {"cluster": "A"},
+           "clusters": [{"id": "A", "worker": "w.yaml", "num_clients": 3}], "client": {"factory": "m:f"},
+           "secure_aggregation": {"protocol": "secagg+"}}
+    f = tmp_path / "job.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError) as e:
+        load_federated_job(f)
+    msg = str(e.value)
+    assert "\n" not in msg and "secure_aggregation.signers is empty" in msg and "job.yaml" in msg
+    assert "nebula-admin cert issue --ca CA --role worker --cluster C --name client-<index> --out DIR" in msg
+    doc["secure_aggregation"]["signers"] = "signers/client-{index}"
+    f.write_text(yaml.safe_dump(doc))
+    assert load_federated_job(f).secure_aggregation.signers == "signers/client-{index}"
+
+
+def test_the_reducer_takes_a_secure_partial_s_weight_only_within_its_clients_public_weights():
+    from nebula.federated.config import ValiditySpec
+    from nebula.federated.messages import Partial
+    from nebula.federated.reduction import Reduction
+
+    red = Reduction({"w": np.zeros(3, np.float32)}, coded=True, update_codec="none", validity=ValiditySpec(),
+                    expected_examples=0, max_weight=W)
+    ok = Partial(run="r", round=1, version=1, num_updates=3, num_examples=600, delta=True, weight=3 * W)
+    assert red.refusal(ok) is None
+    for w in (2, 3 * W + 1, 2 ** 32 - 1, None, True):  # a combiner cannot silence the others with its weight
+        why = red.refusal(dataclasses.replace(ok, weight=w))
+        assert why is not None and f"outside [3, {3 * W}]" in why and "max_weight=1000" in why and "\n" not in why
