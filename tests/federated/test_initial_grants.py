@@ -4,6 +4,7 @@ and that refusal is audited with its reason."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import yaml
 
@@ -12,7 +13,19 @@ from tests.federated.harness import federation, run_job, write_job
 from tests.federated.test_grants import _home
 
 
-def test_a_client_without_the_job_grant_does_not_supply_the_initial_model(procs, tmp_path):
+@dataclass(frozen=True)
+class InitialRun:
+    """What a one-round job whose cluster B refuses the job left: models and rounds of the trail, the controller's
+    audit records and output."""
+
+    models: list
+    rounds: list
+    audit: list[dict]
+    out: str
+
+
+def initial_from_ungranted(procs, tmp_path) -> InitialRun:
+    """A one-round job over real switches in which B's accounts home holds no grant for the job (A's does)."""
     workers = federation(procs, tmp_path)
     homes = {"A": _home(tmp_path / "home-A", "job:fltest"), "B": _home(tmp_path / "home-B", "job:other")}
     # both clients would be asked (A's combiner accepts B's client too: A's home grants the account the job)
@@ -24,9 +37,15 @@ def test_a_client_without_the_job_grant_does_not_supply_the_initial_model(procs,
     job.write_text(yaml.safe_dump(doc))
     out = run_job(procs, job)
     with ModelTrail(tmp_path / "fl" / "trail") as t:
-        models = t.models()
-    assert models[0].clients == ["A/2"], out
+        models, rounds = t.models(), t.rounds()
     audit = [json.loads(line) for line in (tmp_path / "fl" / "controller" / "audit.log").read_text().splitlines()]
+    return InitialRun(models, rounds, audit, out)
+
+
+def test_a_client_without_the_job_grant_does_not_supply_the_initial_model(procs, tmp_path):
+    run = initial_from_ungranted(procs, tmp_path)
+    models, audit, out = run.models, run.audit, run.out
+    assert models[0].clients == ["A/2"], out
     initial = [(r["target"], r["outcome"]) for r in audit if r["action"] == "fl.initial"]
     assert ("B/2", "refused") in initial and ("A/2", "accepted") in initial and ("B/2", "accepted") not in initial
     why = next(r for r in audit if r["action"] == "fl.initial" and r["target"] == "B/2")["detail"]["reason"]

@@ -69,6 +69,17 @@ def _verify(capsys, log: Path) -> tuple[int, str]:
     return code, out
 
 
+def rewrite_unwitnessed_tail(log: Path, witnessed: int) -> None:
+    """The rewrite: cut back to the last witnessed checkpoint (seq `witnessed`), the refusals dropped, the chain
+    recomputed (no key needed: the records after it were never signed for anyone outside)."""
+    def cut(recs):
+        head, tail = recs[:witnessed + 1], recs[witnessed + 1:]
+        return head + [r for r in tail if r["action"] not in ("worker_rejected", CHECKPOINT_ACTION)]
+
+    kept = sum(cp.seq <= witnessed for cp in read_checkpoints(checkpoints_path(log)))
+    forge(log, cut, keep_checkpoint_file=kept)
+
+
 def test_a_refusal_reaches_the_peer_within_seconds_and_a_stop_hands_it_the_closing_checkpoint(procs, fed, tmp_path,
                                                                                              capsys):
     a, b = _start_both(procs, fed)
@@ -98,14 +109,7 @@ def test_a_tail_no_peer_holds_is_suspicious_and_so_is_its_rewrite(procs, fed, tm
     assert f"after seq {witnessed}, the last checkpoint a witness holds, are unwitnessed" in out
     assert "clean stop, but no witness holds its closing checkpoint" in out and "start it again while a peer" in out
 
-    # the rewrite: cut back to the last witnessed checkpoint, the refusal dropped, the chain recomputed (no key
-    # needed: the records after it were never signed for anyone outside)
-    def cut(recs):
-        head, tail = recs[:witnessed + 1], recs[witnessed + 1:]
-        return head + [r for r in tail if r["action"] not in ("worker_rejected", CHECKPOINT_ACTION)]
-
-    kept = sum(cp.seq <= witnessed for cp in read_checkpoints(checkpoints_path(log)))
-    forge(log, cut, keep_checkpoint_file=kept)
+    rewrite_unwitnessed_tail(log, witnessed)
     assert not [r for r in read_records(log) if r["action"] == "worker_rejected"]
     code, out = _verify(capsys, log)
     assert code == SUSPICIOUS and out.startswith("SUSPICIOUS"), out  # (it was OK: 1000 unsigned records passed)
