@@ -236,7 +236,11 @@ def bench_switch(n: int, d: int, dropout: float, secure: bool, train_s: float, p
                  for at in range(0, len(survivors), per_proc)]
         if crash:
             fed.py("-c", code, str(job), "A", ",".join(map(str, crash)))
-        threading.Thread(target=lambda: [None for _ in ctl.stdout], daemon=True).start()
+        # SECAGG_BENCH_STAGES=1: the combiner's stage closings echoed to stderr (each with its time since the
+        # round's task went out), to see where a secure round's time goes
+        stages = os.environ.get("SECAGG_BENCH_STAGES") == "1"
+        threading.Thread(target=lambda: [print(f"  {line.rstrip()}", file=sys.stderr, flush=True) for line in
+                                         ctl.stdout if stages and "stage closed" in line], daemon=True).start()
         cpu = _cpu_rounds(fed, [ctl, fed.switches[0], *procs], rounds, rounds * (deadline_s + 200) + 600)
         if ctl.wait(60):
             raise RuntimeError(f"controller exit {ctl.returncode}")
@@ -385,7 +389,8 @@ def main() -> None:
                   f"{r['clients_cpu_s']:.1f} | {r['load']} |")
         print("update bytes: the pieces of an update (plain: float32 weights; secagg+: the masked 32-bit words, one per "
               "parameter);\nstage bytes: secagg+'s key, share (with the Feldman commitments), share-check, "
-              "masked-header, survivor-set and unmask messages as JSON; CPU s: from /proc, per round from the end of "
+              "masked-header, survivor-set and unmask messages as sent (JSON headers, bytes as base64, but the "
+              "commitments a client is delivered raw after its header); CPU s: from /proc, per round from the end of "
               "round 1 to the last (the combiner's process with the controller, the switch, the surviving clients' "
               "processes together);\nclient CPU off the critical path: round s - clients' CPU s / cores + clients' "
               "CPU s / clients (each client's compute on its own host, at the same time as the others')")

@@ -31,13 +31,14 @@ from nebula.federated.config import FederatedJob
 from nebula.federated.messages import (ANY_START, MASKED_TENSOR, GetParameters, MaskedUpdate, PullUpdate,
                                        SecureCheck, SecureDelivery, SecureKeys, SecureReveal, SecureRoster,
                                        SecureShares, SecureSigned, SecureSurvivors, SecureUnmask, SecureVerdict, Stop,
-                                       TrainTask, UpdateDropped)
+                                       TrainTask, UpdateDropped, delivery_commitments)
 from nebula.federated.privacy import DPConfig, privatize_update
 from nebula.federated.protocol import Message
 from nebula.federated.secagg import (AdvertiseKeys, DealerCommitments, EncryptedShare, KeyRoster, MemoryJournal,
                                      SecAggClient, SecAggRefused, ShareDelivery, ShareVerdict, Signer, SurvivorSet,
                                      UnmaskRequest, Verifier, flatten, load_signer, load_verifier, model_digest,
                                      word_bits_for_codec)
+from nebula.federated.secagg.vss import ELEMENT_BYTES
 from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Messenger, Peer,
                                         fits_inline, manifest)
 
@@ -234,8 +235,10 @@ def train_secure(mb: Messenger, peer: Peer, task: TrainTask, client: Client, job
         status, got = ans.wait((SecureDelivery,), end, f"shares of round {r}")
         if status != "ok":
             return _done(status, got)
+        each = sa.params.threshold * ELEMENT_BYTES  # the commitments come raw after the header
         checked = sa.check_shares(ShareDelivery(r, tuple(EncryptedShare(s, me, c) for s, c in got[0].shares),
-                                                tuple(DealerCommitments(*x) for x in got[0].commitments)))
+                                                tuple(DealerCommitments(*x) for x in
+                                                      delivery_commitments(got[0], got[1], each))))
         for x in checked.complaints:
             log.warning("%s: round %s: the share of %s fails its commitments; complaint sent", me, r, x.dealer)
             ident.audit.record("fl.secagg", str(r), "complained", {"dealer": x.dealer, "reason": "its share fails "

@@ -21,6 +21,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from typing import Mapping
 
 from nebula.federated.checks import Refusal
 from nebula.federated.combiner_rounds import PULL_GRACE_S, SyncRound
@@ -143,13 +144,15 @@ class SecureRound(SyncRound):
             if command is not None or not st.waiting() or time.monotonic() >= until or st.answers() == before:
                 return command
 
-    def send_stage(self, messages: dict[str, Message]) -> None:
-        """Each client's answer at the end of a stage, naming its process."""
+    def send_stage(self, messages: Mapping[str, Message | tuple[Message, bytes]]) -> None:
+        """Each client's answer at the end of a stage, naming its process (with its raw part, if it has one);
+        the header is encoded once, for the count and the wire."""
         for who, msg in messages.items():
             peer = Peer.parse(who)
-            msg = dataclasses.replace(msg, to=self.c.nonces.get(peer))
-            self.state.bytes_out += len(to_json(msg))
-            self.c.mb.send(peer, msg)
+            msg, raw = msg if isinstance(msg, tuple) else (msg, None)
+            parts = [to_json(dataclasses.replace(msg, to=self.c.nonces.get(peer)))] + ([raw] if raw else [])
+            self.state.bytes_out += sum(len(p) for p in parts)
+            self.c.mb.send_parts(peer, parts, lane="control")
 
     def on_secure(self, peer: Peer, msg: Message, parts: list | None = None) -> None:
         """A client's stage message: taken, or refused with its reason."""

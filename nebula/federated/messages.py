@@ -17,7 +17,7 @@ signed weight in the header), `sa_survivors` (SurvivorSet), `sa_signed` (Survivo
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Any
+from typing import Any, Sequence
 
 from nebula.federated.protocol import MessageFamily, Message, Untrusted
 
@@ -26,7 +26,7 @@ __all__ = ["TO_CONTROLLER", "TO_COMBINER", "TO_CLIENT", "ANY_START", "StatusRequ
            "ClientUpdate", "TrainTask", "HelloRefused", "UpdateDropped", "PullUpdate", "GetParameters", "Parameters",
            "SecureKeys", "SecureRoster", "SecureShares", "SecureDelivery", "SecureCheck", "SecureVerdict",
            "MaskedUpdate", "SecureSurvivors", "SecureSigned", "SecureUnmask", "SecureReveal", "SECURE_FROM_CLIENT",
-           "MASKED_TENSOR"]
+           "MASKED_TENSOR", "delivery_parts", "delivery_commitments"]
 
 TO_CONTROLLER = MessageFamily("controller")
 TO_COMBINER = MessageFamily("combiner")
@@ -278,12 +278,37 @@ class SecureShares(Message):
 @TO_CLIENT.message("sa_delivery")
 class SecureDelivery(Message):
     """Stage 2's answer: (sender, sealed shares) sealed for the receiver by its neighbours that shared, and each
-    sender's (dealer, seed commitments, key commitments, signature)."""
+    sender's (dealer, signature over its commitments). The commitments themselves, the bulk of the stage, travel
+    raw in one part after the header (`delivery_parts`), not as base64 text: per dealer in this order its seed
+    commitments, then its key commitments, each of a size the receiver knows from the round (`delivery_commitments`)."""
 
     round: int
     shares: tuple[tuple[str, bytes], ...]
-    commitments: tuple[tuple[str, bytes, bytes, bytes], ...] = ()
+    commitments: tuple[tuple[str, bytes], ...] = ()
     to: str | None = None
+
+
+def delivery_parts(shares: tuple[tuple[str, bytes], ...], commitments: Sequence[tuple[str, bytes, bytes, bytes]],
+                   round_: int) -> tuple[SecureDelivery, bytes]:
+    """A `SecureDelivery` of `shares` and `commitments` ((dealer, seed, key, signature) each) and its one raw part."""
+    return (SecureDelivery(round=round_, shares=shares, commitments=tuple((d, sig) for d, _, _, sig in commitments)),
+            b"".join(x for _, seed, key, _ in commitments for x in (seed, key)))
+
+
+def delivery_commitments(msg: SecureDelivery, parts: Sequence[bytes | memoryview] | None, each: int
+                         ) -> tuple[tuple[str, bytes, bytes, bytes], ...]:
+    """(dealer, seed commitments, key commitments, signature) of each dealer of `msg`, cut from its raw part,
+    `each` bytes per commitment set; ValueError naming the problem (the combiner sent a malformed delivery)."""
+    n = len(msg.commitments)
+    if n == 0 and not parts:  # (no dealer: no part is sent)
+        return ()
+    raw = memoryview(parts[0]).cast("B") if parts and len(parts) == 1 else None
+    if raw is None or len(raw) != 2 * each * n:
+        got = "no part" if not parts else f"{len(parts)} part(s) of {sum(len(memoryview(p)) for p in parts)} bytes"
+        raise ValueError(f"sa_delivery of {n} dealers' commitments came with {got}, expected one part of "
+                         f"{2 * each * n} bytes ({each} per commitment set); the combiner relays malformed deliveries")
+    return tuple((d, bytes(raw[2 * i * each:(2 * i + 1) * each]), bytes(raw[(2 * i + 1) * each:(2 * i + 2) * each]),
+                  sig) for i, (d, sig) in enumerate(msg.commitments))
 
 
 @TO_COMBINER.message("sa_check")

@@ -24,7 +24,7 @@ import numpy as np
 from nebula.federated.checks import Refusal
 from nebula.federated.messages import (MASKED_TENSOR, ClientUpdate, MaskedUpdate, Partial, SecureCheck,
                                        SecureDelivery, SecureKeys, SecureReveal, SecureRoster, SecureShares,
-                                       SecureSigned, SecureSurvivors, SecureUnmask, SecureVerdict)
+                                       SecureSigned, SecureSurvivors, SecureUnmask, SecureVerdict, delivery_parts)
 from nebula.federated.protocol import Malformed, Message
 from nebula.federated.round_state import RoundState, Weights
 from nebula.federated.secagg import (AdvertiseKeys, Complaint, DealerCommitments, EncryptedShare, MaskedInput,
@@ -144,10 +144,11 @@ class SecureRoundState(RoundState):
                                                              for k in r.keys))
                 for c, r in self.server.rosters().items()}
 
-    def close_shares(self) -> dict[str, SecureDelivery]:
-        """End stage 2: each client's shares, sealed for it by its neighbours, with their signed commitments."""
-        return {c: SecureDelivery(round=self.round, shares=tuple((e.sender, e.ciphertext) for e in d.shares),
-                                  commitments=tuple((x.dealer, x.seed, x.key, x.signature) for x in d.commitments))
+    def close_shares(self) -> dict[str, tuple[SecureDelivery, bytes]]:
+        """End stage 2: each client's shares, sealed for it by its neighbours, with their signed commitments (the
+        header, and the commitments raw in the part after it: `messages.delivery_parts`)."""
+        return {c: delivery_parts(tuple((e.sender, e.ciphertext) for e in d.shares),
+                                  [(x.dealer, x.seed, x.key, x.signature) for x in d.commitments], self.round)
                 for c, d in self.server.deliveries().items()}
 
     def close_check(self) -> dict[str, SecureVerdict]:

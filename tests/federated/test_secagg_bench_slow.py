@@ -1,9 +1,9 @@
-"""The federated recipe's secure aggregation benchmark runs as printed and prints its tables: the pure protocol's
-row for every client count (SecAgg+'s neighbours and threshold, a client's bytes above a float32 update's), whole
-rounds through a switch for plain FedAvg and secagg+ (the dropped clients counted, an update's bytes as the protocol
-sends them: one 32-bit word per parameter, no count word; the round time as measured and with the clients' CPU off
-the critical path), and DP-FedAvg's accuracy at every epsilon, each spending no more than its target. The small command is CI's (readme tier); the README's full-size ones are slow. Times are the
-benchmark's, not asserted."""
+"""The federated recipe's secure aggregation benchmark runs as printed and prints its tables: the pure protocol's row
+for every client count (SecAgg+'s neighbours and threshold, a client's bytes above a float32 update's), whole rounds
+through a switch for plain FedAvg and secagg+ (the dropped clients counted, an update's bytes as the protocol sends
+them: one 32-bit word per parameter, no count word; the round time as measured and with the clients' CPU off the
+critical path), and DP-FedAvg's accuracy at every epsilon, each spending no more than its target. The small command
+is CI's (readme tier); the README's full-size ones are slow. Times are the benchmark's, not asserted."""
 from __future__ import annotations
 
 import re

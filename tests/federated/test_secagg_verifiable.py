@@ -207,3 +207,54 @@ def test_the_reducer_takes_a_secure_partial_s_weight_only_within_its_clients_pub
     for w in (2, 3 * W + 1, 2 ** 32 - 1, None, True):  # a combiner cannot silence the others with its weight
         why = red.refusal(dataclasses.replace(ok, weight=w))
         assert why is not None and f"outside [3, {3 * W}]" in why and "max_weight=1000" in why and "\n" not in why
+
+
+def test_commitments_travel_raw_after_the_delivery_header_and_a_client_takes_them_only_whole_and_signed():
+    """Through the combiner's state and the wire: the delivery's header carries the shares and each dealer's
+    signature, its one raw part the commitments (not base64 in the header); the client checks every share against
+    them, and refuses a part cut short or with two dealers' commitments swapped (their signatures do not hold)."""
+    import json
+
+    from nebula.federated import get_strategy
+    from nebula.federated.messages import TO_CLIENT, SecureKeys, SecureShares, delivery_commitments
+    from nebula.federated.protocol import decode, to_json
+    from nebula.federated.secagg import (AdvertiseKeys, DealerCommitments, EncryptedShare, KeyRoster, ShareDelivery,
+                                         vss)
+    from nebula.federated.secure_state import SecureRoundState
+    from nebula.federated.transport import Peer
+
+    names, _, _, _ = _round(n=5, d=16, seed=3)
+    st = SecureRoundState(config=SecAggConfig(max_weight=W), word_bits=32, claimed={c: 200 for c in names},
+                          verifier=verifier(), job="j", round=1, version=0, asked=[Peer.parse(c) for c in names],
+                          weights={"w": np.zeros(16, np.float32)}, strategy=get_strategy("fedavg", {}),
+                          max_examples=10**6)
+    cl = make_clients(st.params, seeded(4))
+    for c in names:
+        k = cl[c].advertise()
+        assert st.take(c, SecureKeys(round=1, cipher_pk=k.cipher_pk, mask_pk=k.mask_pk, chain=k.chain,
+                                     signature=k.signature)) is None
+    for c, r in st.close_keys().items():
+        s = cl[c].share_keys(KeyRoster(1, tuple(AdvertiseKeys(x, 1, *rest) for x, *rest in r.keys)))
+        assert st.take(c, SecureShares(round=1, seed_commitments=s.commitments.seed,
+                                       key_commitments=s.commitments.key, signature=s.commitments.signature,
+                                       shares=tuple((e.receiver, e.ciphertext, e.key_check) for e in s.shares))) is None
+    each = st.params.threshold * vss.ELEMENT_BYTES
+    for i, (c, (head, raw)) in enumerate(sorted(st.close_shares().items())):
+        wire = to_json(head)
+        assert len(raw) == 2 * each * len(head.commitments) and len(wire) < len(raw) / 2  # the bulk is raw
+        msg = decode(json.loads(wire), TO_CLIENT)
+
+        def delivery(parts):
+            return ShareDelivery(1, tuple(EncryptedShare(s, c, x) for s, x in msg.shares),
+                                 tuple(DealerCommitments(*x) for x in delivery_commitments(msg, parts, each)))
+
+        if i == 0:  # a part cut short, or none: refused before any share is opened
+            for parts in ([raw[:-1]], None, [raw, b""]):
+                with pytest.raises(ValueError, match="the combiner relays malformed deliveries"):
+                    delivery(parts)
+        if i == 1:  # the first two dealers' commitments swapped: each signature covers its own dealer's bytes
+            swapped = raw[2 * each:4 * each] + raw[:2 * each] + raw[4 * each:]
+            with pytest.raises(SecAggRefused, match="not signed by its certificate"):
+                cl[c].check_shares(delivery([memoryview(swapped)]))
+            continue
+        assert cl[c].check_shares(delivery([memoryview(raw)])).complaints == ()
