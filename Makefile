@@ -9,17 +9,21 @@ venv: .venv/.installed
 	.venv/bin/pip install -q -e '.[test]'
 	touch $@
 
-# The fast path: every feature end to end, without the tests marked slow (minutes each on 2 cores).
+# What CI runs: the fast path (every feature end to end, without the tests marked slow: minutes each on 2 cores)
+# and the readme tier (every test that runs a command a README or doc prints, as printed, slow or not).
 test: venv
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow or readme"
 
 test-all: venv
 	$(PY) -m pytest -q
 
-test-fast: test
+# The fast path alone.
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow"
 
+# make test without the tests that need root (ip netns, tc).
 test-no-root: venv
-	$(PY) -m pytest -q -m "not root"
+	$(PY) -m pytest -q -m "(not slow or readme) and not root"
 
 demo: venv
 	bash recipes/abnet/run_local.sh

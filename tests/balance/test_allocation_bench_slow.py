@@ -17,6 +17,7 @@ PRINTED = ALLOCATION + RUN
 
 
 @pytest.mark.slow
+@pytest.mark.readme  # (under a minute each)
 @pytest.mark.parametrize("command", ALLOCATION)
 def test_no_allocator_beats_optimal_on_any_instance(command):
     stdout = run_printed(command)
@@ -34,6 +35,7 @@ def test_no_allocator_beats_optimal_on_any_instance(command):
 
 
 @pytest.mark.slow
+@pytest.mark.readme  # (one to two minutes each)
 @pytest.mark.parametrize("command", RUN)
 def test_every_method_runs_on_real_ranks_under_every_probe(command):
     stdout = run_printed(command)

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.harness.readme import printed_commands, run_printed
+from tests.harness.readme import printed_commands, readme_tier, run_printed
 
 
 def _printed_commands(flag: str) -> list[str]:
@@ -18,8 +18,18 @@ def _printed_commands(flag: str) -> list[str]:
                             "PYTHONPATH=. .venv/bin/python benchmarks/federated.py", flag)
 
 
+PRINTED = [*_printed_commands("--only flower"), *_printed_commands("--only scale")]
+# the readme tier: one to two minutes each; slow only, the full comparison (the union of the first two sizes' runs)
+CI = [f"PYTHONPATH=. .venv/bin/python benchmarks/federated.py --only flower --flower-sizes {sizes}"
+      for sizes in ("1000000x10,1000000x50 --flower-rounds 5", "1000000x200,10000000x10 --flower-rounds 5",
+                    "100000x3,100000x10,300000x10 --flower-rounds 6")] + [
+    "PYTHONPATH=. .venv/bin/python benchmarks/federated.py --only scale --counts 100,200 --scale-size 1000000 "
+    "--train-s 0 --scale-rounds 3"]
+assert set(CI) <= set(PRINTED), sorted(set(CI) - set(PRINTED))  # (still printed)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("command", _printed_commands("--only flower"))
+@pytest.mark.parametrize("command", readme_tier(_printed_commands("--only flower"), CI))
 def test_the_flower_comparison_runs_as_printed_and_prints_both_placements(command):
     stdout = run_printed(command)
     sizes = re.search(r"--flower-sizes (\S+)", command).group(1).split(",")
@@ -31,7 +41,7 @@ def test_the_flower_comparison_runs_as_printed_and_prints_both_placements(comman
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", _printed_commands("--only scale"))
+@pytest.mark.parametrize("command", readme_tier(_printed_commands("--only scale"), CI))
 def test_the_same_host_scale_run_runs_as_printed_and_measures_every_count(command):
     stdout = run_printed(command)
     counts = [int(c) for c in re.search(r"--counts (\S+)", command).group(1).split(",")]

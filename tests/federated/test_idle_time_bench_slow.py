@@ -14,6 +14,7 @@ PRINTED = printed_commands("## FedOptima and OWL", "\n## ", "python benchmarks/i
 
 
 @pytest.mark.slow
+@pytest.mark.readme
 @pytest.mark.parametrize("command", PRINTED)
 def test_the_idle_time_benchmark_runs_as_printed(command):
     stdout = run_printed(command)

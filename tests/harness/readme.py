@@ -1,14 +1,27 @@
-"""Commands the README prints beside its figures, found and run exactly as printed (every README command is run by
-a test, or it rots)."""
+"""Commands the README, the recipes' READMEs and docs/ print, found and run exactly as printed (every printed command
+is run by a test, or it rots: tests/test_readme_commands.py)."""
 from __future__ import annotations
 
 import os
 import re
 import shlex
 import subprocess
+from pathlib import Path
+from typing import Iterable
+
+import pytest
+
 from tests.harness.procs import BIN, REPO
 
-__all__ = ["REPO", "all_commands", "printed_commands", "run_printed"]
+__all__ = ["READMES", "REPO", "all_commands", "bash_lines", "invocations", "is_template", "printed_commands",
+           "readme_files", "readme_tier", "run_printed", "section_commands"]
+
+READMES = ("README.md", "recipes/*/README.md", "docs/*.md")  # every file whose commands a test must run as printed
+# what a printed command starts with, after its NAME=value words: a program of the environment, a shell tool, a script
+_PROGRAM = re.compile(r"^(\w+=\S+ )*\(?(\.venv/bin/\S+|python3?|pytest|nebula(-switch|-admin)?|bash|make|pip|apt-get|"
+                      r"mkdir|tar|sed|cd|kill|nice|visualdl|ip|tc|\.|\S+\.sh|\S+/start)( |$)")
+# a word a user replaces (JOB, RUN_DIR, stage:NAME), a choice (a|b), an optional part ([--x]) or an elision (...)
+_PLACEHOLDER = re.compile(r"(?<![${\w])[A-Z][A-Z_]*[A-Z](?![\w=}])|[|[\]]|\.\.\.")
 
 
 def printed_commands(start: str, end: str, prefix: str, flag: str = "") -> list[str]:
@@ -26,11 +39,54 @@ def printed_commands(start: str, end: str, prefix: str, flag: str = "") -> list[
 def all_commands(text: str) -> set[str]:
     """Every command `text` prints: its inline spans and the lines of its ```bash blocks (without their trailing
     comments), whitespace joined; what is not a command is the caller's to leave out."""
-    lines = set()
-    for body in re.findall(r"```bash\n(.*?)```", text, re.S):
-        lines |= {" ".join(line.split(" #")[0].split()) for line in body.splitlines()}
+    lines = bash_lines(text)
     inline = re.sub(r"```.*?```", "", text, flags=re.S)
     return {c for c in lines | {" ".join(span.split()) for span in re.findall(r"`([^`]+)`", inline)} if c}
+
+
+def readme_files() -> list[Path]:
+    """The checkout's files that print commands (READMES), in order."""
+    return [p for pattern in READMES for p in sorted(REPO.glob(pattern))]
+
+
+def invocations(text: str) -> set[str]:
+    """The commands markdown `text` prints for a user to run: every line of its ```bash blocks, and every inline span
+    that starts with a program (`nebula ...`, `python ...`, `PYTHONPATH=. .venv/bin/python ...`, a script)."""
+    bash = bash_lines(text)
+    return {c for c in all_commands(text) if c and not c.startswith("#") and (_PROGRAM.match(c) or c in bash)}
+
+
+def is_template(command: str) -> bool:
+    """Whether `command` is a form to fill in, not one to run as printed: a placeholder (JOB, RUN_DIR, stage:NAME),
+    a choice (a|b), an optional part ([--method m]) or an elision (...); `${VAR:-default}` and NAME= words are not."""
+    return bool(_PLACEHOLDER.search(re.sub(r"\$\{[^}]*\}|'[^']*'|\"[^\"]*\"", "", command)))
+
+
+def section_commands(path: Path, title: str) -> list[str]:
+    """The lines of the ```bash blocks of section `title` (a heading, up to the next of its level) of `path`, as
+    printed (comments kept off, whitespace joined), in order: what a test that runs the section's blocks runs."""
+    text = path.read_text(encoding="utf-8")
+    start = text.index(title)
+    level = title.split(" ")[0]
+    end = text.find(f"\n{level} ", start + len(title))
+    return [c for c in _bash(text[start:] if end < 0 else text[start:end]) if c and not c.startswith("#")]
+
+
+def bash_lines(text: str) -> set[str]:
+    """The lines of the ```bash blocks of markdown `text`, without their trailing comments, whitespace joined."""
+    return set(_bash(text))
+
+
+def _bash(text: str) -> list[str]:
+    return [" ".join(line.split(" #")[0].split()) for body in re.findall(r"```bash\n(.*?)```", text, re.S)
+            for line in body.splitlines()]
+
+
+def readme_tier(commands: Iterable[str], ci: Iterable[str]) -> list:
+    """`commands` as pytest parameters, those in `ci` (the smallest printed: what CI runs) marked `readme`, which
+    `make test` runs slow or not; the others stay the slow tier's."""
+    ci = set(ci)
+    return [pytest.param(c, marks=pytest.mark.readme) if c in ci else c for c in commands]
 
 
 def run_printed(command: str, timeout_s: float = 1800) -> str:

@@ -8,15 +8,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from nebula.logbook import read_scalars
 from nebula.pipeline import read_metrics
 from tests.conftest import REPO
 from tests.llm.conftest import NEEDS_FORMERS
 from tests.harness.federation import BIN, drain, finish, wait_for_line
+from tests.harness.readme import section_commands
 
-pytestmark = NEEDS_FORMERS
+pytestmark = [NEEDS_FORMERS, pytest.mark.readme]
 SECTION = "## Your model across two clusters"
+PRINTED = section_commands(REPO / "README.md", SECTION)
 
 
 def _blocks() -> dict[str, str]:

@@ -14,6 +14,7 @@ PRINTED = printed_commands("**The pipeline against its ideal step.**",
 
 
 @pytest.mark.slow
+@pytest.mark.readme
 @pytest.mark.parametrize("command", PRINTED)
 def test_the_step_time_comparison_runs_as_printed_with_a_row_per_configuration(command):
     stdout = run_printed(command)

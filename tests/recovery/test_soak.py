@@ -22,7 +22,9 @@ def _limit_s(command: str) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [pytest.param(c, marks=pytest.mark.timeout(_limit_s(c))) for c in PRINTED])
+@pytest.mark.parametrize("command", [pytest.param(c, marks=[pytest.mark.timeout(_limit_s(c)),  # (CI: the short one)
+                                                        *([pytest.mark.readme] if "--minutes" in c else [])])
+                                     for c in PRINTED])
 def test_the_soak_loses_nothing_and_matches_the_fault_free_losses(command):
     text = run_printed(command, timeout_s=_limit_s(command) - 30)
     assert "load average" in text

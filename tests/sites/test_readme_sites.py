@@ -14,7 +14,7 @@ from tests.harness.netns import Sites
 from tests.harness.readme import section_commands
 from tests.sites.readme import SiteRunner, blocks, section
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.readme]
 SECTION = "## Running a federation by hand"
 PRINTED = section_commands(REPO / "README.md", SECTION)
 

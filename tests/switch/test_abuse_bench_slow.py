@@ -14,6 +14,7 @@ _ROW = re.compile(r"^(.+?)\s+(A->B|B->A)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d
 
 
 @pytest.mark.slow
+@pytest.mark.readme
 @pytest.mark.parametrize("command", PRINTED)
 def test_every_flood_stays_within_the_memory_cap_and_the_poisoned_peer_is_heard_again(command):
     stdout = run_printed(command)

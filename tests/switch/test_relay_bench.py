@@ -19,8 +19,12 @@ def _printed_commands() -> list[str]:
                             ".venv/bin/python benchmarks/relay.py --")
 
 
+PRINTED = _printed_commands()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [c for c in _printed_commands() if "--sustained" in c])
+@pytest.mark.readme  # (seconds)
+@pytest.mark.parametrize("command", [c for c in PRINTED if "--sustained" in c])
 def test_sustained_streams_print_every_repetition_and_the_arena_share(command):
     stdout = run_printed(command)
     reps = int(re.search(r"--reps (\d+)", command).group(1))
@@ -32,7 +36,8 @@ def test_sustained_streams_print_every_repetition_and_the_arena_share(command):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [c for c in _printed_commands() if "--vs-tunnels" in c])
+@pytest.mark.readme  # (seconds to a minute each)
+@pytest.mark.parametrize("command", [c for c in PRINTED if "--vs-tunnels" in c])
 def test_relay_against_stunnel_and_socat_prints_its_table(command):
     _assert_table(run_printed(command), "--receiver thread" not in command)
 
