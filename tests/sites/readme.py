@@ -159,8 +159,10 @@ class SiteRunner:
         words = re.findall(r"(?<![A-Za-z0-9])([A-Z][A-Z0-9]*)(?![A-Za-z0-9])", _strip_comment(line))
         return [w for w in words if w in self._clusters()]
 
-    def run(self, place: str, line: str, timeout_s: float = 300.0) -> subprocess.CompletedProcess | None:
-        """Run one command line at `place` ("admin" or a cluster); fail with its output unless it exits 0."""
+    def run(self, place: str, line: str, timeout_s: float = 300.0, exit_code: int = 0
+            ) -> subprocess.CompletedProcess | None:
+        """Run one command line at `place` ("admin" or a cluster); fail with its output unless it exits
+        `exit_code`."""
         self.ran.append((place, line))
         command = _strip_comment(line)
         background = command.endswith("&")
@@ -180,7 +182,7 @@ class SiteRunner:
             return None
         r = subprocess.run(argv, cwd=str(cwd), env={**os.environ, **self.env}, capture_output=True, text=True,
                            timeout=timeout_s)
-        assert r.returncode == 0, f"[{place}] {command}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        assert r.returncode == exit_code, f"[{place}] {command}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
         self.stdout[len(self.ran)] = r.stdout
         return r
 

@@ -14,11 +14,14 @@ import yaml
 
 from tests.conftest import REPO
 from tests.harness.netns import Sites
+from tests.harness.readme import section_commands
 from tests.sites.readme import SiteRunner, blocks, section
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.readme]
 REAL = "## On real clusters"
 MAIN = [code for _, code in blocks(section(REPO / "README.md", "## Running a federation by hand"))]
+PRINTED = [c for r in ("electra", "federated", "llm")
+           for c in section_commands(REPO / "recipes" / r / "README.md", REAL)]
 
 
 def _jsonl(path) -> list[dict]:
@@ -44,15 +47,19 @@ def _sites(procs, tmp_path, spec: str, env: dict[str, str]):
 
 
 def _review(runner: SiteRunner, clusters: list[str], block: str | None = None) -> list[str]:
-    """Stop the switches, copy each site's kit directory to the admin's review/, verify every audit log there
-    (with `block`, the README's own review commands); the verdicts, each of which exited 0."""
-    runner.stop_servers()
+    """Stop the switches one by one in the order of `clusters`, copy each site's kit directory to the admin's
+    review/, verify every audit log there but the last stopped one's (with `block`, the README's own review
+    commands), each exiting 0; the last one's tail has no witness left: SUSPICIOUS, exit 3, with the fix. The
+    verdicts, the last one's last."""
+    for c in clusters:
+        runner.stop_servers([c])
     runner.collect("review")
     if block is None:
-        for c in clusters:
+        for c in clusters[:-1]:
             runner.run("admin", f"nebula-admin audit verify --log review/{c}/audit.log")
     else:
         runner.run_block(block)
+    runner.run("admin", f"nebula-admin audit verify --log review/{clusters[-1]}/audit.log", exit_code=3)
     return [runner.stdout[n] for n, (_, line) in enumerate(runner.ran, 1) if "audit verify" in line]
 
 
@@ -76,7 +83,8 @@ def test_electra_on_real_clusters(procs, tmp_path):
     # each generator site held its own group's text only; D held no text at all
     assert not (g1 / "run" / "G2").exists() and not (g2 / "run" / "G1").exists()
     assert not (d / "run" / "G1").exists() and not (d / "run" / "G2").exists() and not (d / "run" / "corpus").exists()
-    assert len(verdicts) == 3 and all(v.startswith("OK") for v in verdicts), verdicts
+    assert len(verdicts) == 3 and all(v.startswith("OK") for v in verdicts[:-1]), verdicts
+    assert verdicts[-1].startswith("SUSPICIOUS"), verdicts
 
 
 def test_federated_on_real_clusters(procs, tmp_path):
@@ -93,7 +101,8 @@ def test_federated_on_real_clusters(procs, tmp_path):
     accuracy = runner.output("A", "recipes.federated.evaluate")
     values = [float(ln.split()[2]) for ln in accuracy.splitlines() if ln.split() and ln.split()[0].isdigit()]
     assert len(values) == 4 and values[-1] > values[0] + 0.2, accuracy
-    assert len(verdicts) == 3 and all(v.startswith("OK") for v in verdicts), verdicts
+    assert len(verdicts) == 3 and all(v.startswith("OK") for v in verdicts[:-1]), verdicts
+    assert verdicts[-1].startswith("SUSPICIOUS"), verdicts
 
 
 @pytest.mark.skipif(importlib.util.find_spec("paddleformers") is None,
@@ -115,4 +124,5 @@ def test_llm_on_real_clusters(procs, tmp_path):
         recs = _jsonl(site / "diloco" / "metrics" / f"{c}.rank0.jsonl")
         assert len(recs) == 24 and _falls([r["loss"] for r in recs])
         assert sum(1 for r in recs if r.get("synced")) == 4
-    assert len(verdicts) == 3 and all(v.startswith("OK") for v in verdicts), verdicts
+    assert len(verdicts) == 3 and all(v.startswith("OK") for v in verdicts[:-1]), verdicts
+    assert verdicts[-1].startswith("SUSPICIOUS"), verdicts
