@@ -5,8 +5,8 @@ key, its workers' credentials, the federation's CA certificate and CRL, `switch.
 worker credential (every path in them relative to the kit), `start` (runs the switch server from the kit),
 `README.md` (what to run there) and `kit.yaml` (federation, cluster, revision). `archive()` packs it into a
 `.tar.gz` to ship: links are stored as the files they point at, and what a running switch writes (its audit log,
-state, logs) stays out. `kit.sig`, the admin's signed manifest of the kit's files, is written when the kit is
-archived (`security.kit_seal`); peers updates for a site already running are `security.updates`.
+state, logs) stays out. `kit.sig`, the admin's signed manifest of the kit's files, is written by provisioning
+just before the kit is archived (`security.kit_seal.seal_kit`); peers updates for a site already running are `security.updates`.
 """
 from __future__ import annotations
 

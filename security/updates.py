@@ -185,7 +185,9 @@ def check_update(config: Path, update: Path) -> PendingUpdate:
             (statement.federation, statement.cluster, statement.revision, statement.peers):
         raise UpdateError(f"{update}: {UPDATE_FILE} says other than {SIG_FILE} (federation, cluster, revision or "
                           "peers); ask the admin for the update again", "altered")
-    peers_now = [p.get("cluster") for p in sw.get("peers") or [] if isinstance(p, dict)]
+    # (peers the update itself signs are let through: a kit cut short after switch.yaml takes the same update again)
+    peers_now = [c for p in sw.get("peers") or [] if isinstance(p, dict)
+                 and (c := p.get("cluster")) not in statement.peers]
     try:
         state = check_kit(config, federation=str(mine[0]), cluster=str(mine[1]), ca_path=ca_path, crl_path=crl_path,
                           peers=peers_now, check_crl=False)

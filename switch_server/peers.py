@@ -71,6 +71,8 @@ class PeerTrust:
             ca = key_fingerprint(x509.load_pem_x509_certificate(Path(tls.ca).read_bytes()).public_key())
         except SecurityError as exc:
             raise SwitchError(str(exc)) from None
+        except (OSError, ValueError) as exc:  # (the CA file replaced since the contexts read it)
+            raise SwitchError(f"CA certificate {tls.ca} cannot be read ({exc}); check the file") from None
         number = (ca, crl_number(crl))
         if number[0] == self.crl_number[0] and number[1] < self.crl_number[1]:  # (a CRL put back: revoked peers)
             raise SwitchError(f"CRL {tls.crl} is number {number[1]}, older than number {self.crl_number[1]} in use; "

@@ -3,10 +3,8 @@ removed cluster is refused (exit 2, one line, audited) while the admin's signed 
 refuses to start from a kit whose files were altered."""
 from __future__ import annotations
 
-import io
 import json
 import subprocess
-import tarfile
 import time
 from pathlib import Path
 
@@ -17,19 +15,11 @@ from security.ca import CertificateAuthority
 from security.provision import provision, remove_cluster
 from security.signing import Statement, crl_number, key_fingerprint, sha256_hex, sign_statement
 from tests.harness.federation import BIN, start_switch, wait_audit
+from tests.security.test_signed_updates import _pack
 
 
 def _switch(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(BIN / "nebula-switch"), *args], capture_output=True, text=True, timeout=60)
-
-
-def _pack(dest: Path, files: dict[str, bytes]) -> Path:
-    with tarfile.open(dest, "w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return dest
 
 
 def _unpack(archive: Path, site: Path) -> Path:
