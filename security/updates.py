@@ -11,8 +11,10 @@ keeps the signed update there (`applied-update.json`) for the switch's own check
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import io
 import tarfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ CRL_FILE = "crl.pem"
 SIG_FILE = "update.sig"
 MEMBERS = (UPDATE_FILE, CRL_FILE, SIG_FILE)
 MAX_UPDATE_BYTES = 1 << 20  # the archive and each member: an update is a few KiB
+MAX_INFLATED_BYTES = 4 * MAX_UPDATE_BYTES  # the three members with their tar headers, inflated
 
 
 class UpdateError(SecurityError):
@@ -95,8 +98,15 @@ def _members(path: Path) -> dict[str, bytes]:
     try:
         if path.stat().st_size > MAX_UPDATE_BYTES:
             raise UpdateError(f"{path} is larger than a peers update can be ({MAX_UPDATE_BYTES} bytes); is it a kit?")
+        # inflate within bounds first: tarfile reads a pax or long-name header whole, whatever its size, before
+        # any member check could refuse it (a 1 MiB archive can inflate to a gigabyte)
+        with gzip.open(path, "rb") as gz:
+            raw = gz.read(MAX_INFLATED_BYTES + 1)
+        if len(raw) > MAX_INFLATED_BYTES:
+            raise UpdateError(f"{path} inflates to more than {MAX_INFLATED_BYTES} bytes; a peers update is a few "
+                              "kilobytes: ask the admin for the update again")
         out: dict[str, bytes] = {}
-        with tarfile.open(path, "r:gz") as tar:
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
             for info in tar:
                 if info.name not in MEMBERS or not info.isfile() or info.name in out:
                     what = "a link" if info.issym() or info.islnk() else "a second copy" if info.name in out else ""
@@ -107,7 +117,7 @@ def _members(path: Path) -> dict[str, bytes]:
                     raise UpdateError(f"{path}: its {info.name} is larger than {MAX_UPDATE_BYTES} bytes; ask the "
                                       "admin for the update again")
                 out[info.name] = tar.extractfile(info).read()
-    except (OSError, tarfile.TarError, EOFError, ValueError) as exc:
+    except (OSError, tarfile.TarError, EOFError, ValueError, zlib.error) as exc:
         raise UpdateError(f"{path} is not a peers update archive ({type(exc).__name__}: {str(exc)[:120]}); use "
                           "the updates/<cluster>-r<N>.tar.gz that `nebula-admin provision` wrote") from None
     if SIG_FILE not in out and UPDATE_FILE in out:

@@ -315,3 +315,17 @@ def test_a_switch_refuses_its_crl_put_back_to_an_older_one(tmp_path):
     with pytest.raises(SwitchError, match=f"is number {old_number}, older than number {newer} in use"):
         trust.load(cfg)
     assert trust.crl_number[1] == newer
+
+
+def test_an_update_that_inflates_past_its_bound_is_refused_before_tar_reads_a_header(tmp_path):
+    """A pax header is read whole by tarfile: a small archive of a huge one is refused by its inflated size."""
+    import gzip
+
+    from security.updates import MAX_INFLATED_BYTES, UpdateError, _members
+
+    bomb = tmp_path / "A-r9.tar.gz"
+    with gzip.open(bomb, "wb") as gz:
+        gz.write(b"\0" * (MAX_INFLATED_BYTES + 512))
+    assert bomb.stat().st_size < 64 * 1024
+    with pytest.raises(UpdateError, match="inflates to more than"):
+        _members(bomb)
