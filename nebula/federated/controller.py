@@ -99,7 +99,7 @@ class Controller(ControllerBase):
         secure = job.secure_aggregation
         # secure aggregation: a combiner whose clients revealed a sum on this model in a round that did not count
         # is left out of rounds on it (its clients refuse a second reveal: two sums would expose a client)
-        spent = self.__dict__.setdefault("_secure_spent", {}).get(head.version, set()) if secure else set()
+        spent = self._secure_spent.get(head.version, set()) if secure else set()
         if spent & set(live):
             log.warning("round %d: combiners %s already revealed a sum on model version %d in a round that did not "
                         "count; they sit out rounds on it", r, sorted(map(str, spent & set(live))), head.version)
@@ -209,7 +209,7 @@ class Controller(ControllerBase):
             waiting.discard(peer)
             self.witness.receive(peer.cluster, p.checkpoint)
             try:
-                why = red.refusal(p)
+                why = red.refusal(p, len(assignment[peer]))  # a combiner folds only the clients it was asked
                 if why is not None:
                     raise ValueError(why)
                 if p.num_updates:  # its clients revealed their sum on this model

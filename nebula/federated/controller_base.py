@@ -61,6 +61,9 @@ class ControllerBase:
         self.grant_of: dict[str, str | None] = {}
         self.guarded = {c.id for c in job.clusters if c.accounts_home}
         self.privacy: RoundPrivacy | None = None  # differential privacy (set by run() once the trail is open)
+        # secure aggregation: model version -> the combiners whose clients revealed a sum on it in a round that
+        # did not count (they sit out further rounds on it: nebula.federated.controller)
+        self._secure_spent: dict[int, set[Peer]] = {}
 
     def _next_epoch(self) -> int:
         """This start's epoch: one more than the last start's (kept beside the trail)."""

@@ -13,7 +13,7 @@ The sampler run and the number drawn are in every round's record (`privacy.sampl
 
 Which rounds are counted: every round run, whatever came of it (a sample was drawn; a sum, if any, was computed
 and, under central DP, seen by its combiner); a restarted controller counts the rounds of its trail that ran
-(every recorded round but one the budget stopped).
+(every recorded round but a stopped one, which never ran).
 
 The released mean under central DP is (Σ clipped changes + N(0, (zC)²)) / clients_per_round: the expected count,
 not the count that took part, which would tell who was drawn (McMahan et al. 2018's fixed denominator); local and
@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RoundPrivacy", "STOPPED", "poisson_sample", "fixed_sample"]
 
-STOPPED = "stopped"  # the status of a round the budget forbade (never run, never counted)
+STOPPED = "stopped"  # the status of a round that was never run (the budget forbade it, or no combiner could
+# advance the model under secure aggregation): never counted
 
 Weights = dict[str, np.ndarray]
 

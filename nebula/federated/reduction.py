@@ -42,8 +42,11 @@ class Reduction:
         self.protocol_bytes = [0, 0]  # secure aggregation: its stage messages at every combiner, from and to clients
         self._bounds = 0.0  # Σ weight · error bound of the partials
 
-    def refusal(self, p: Partial) -> str | None:
-        """Why a partial cannot be folded (it averages what the job does not), or None."""
+    def refusal(self, p: Partial, asked: int) -> str | None:
+        """Why a partial cannot be folded (it averages what the job does not, or more clients than its combiner
+        was asked: `asked`), or None."""
+        if isinstance(p.num_updates, bool) or not isinstance(p.num_updates, int) or not 0 <= p.num_updates <= asked:
+            return f"partial claims {p.num_updates!r} updates, its combiner was asked {asked} clients"
         if p.delta != self.coded:
             return (f"partial is {'a change' if p.delta else 'weights'}, the job's update_codec="
                     f"{self.update_codec!r} makes it {'a change' if self.coded else 'weights'}")

@@ -35,14 +35,21 @@ def _audit(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_job_grants_hold_across_the_federation_refused_clients_train_through_no_combiner(procs, tmp_path):
+def job_b_refuses(procs, tmp_path, **job_options):
+    """(job file, accounts homes) of a job over real switches, one client per cluster, in which B's accounts home
+    grants the clients' account only another job (A's grants it this one); `job_options` go to write_job."""
     workers = federation(procs, tmp_path)
     homes = {"A": _home(tmp_path / "home-A", "job:fltest"), "B": _home(tmp_path / "home-B", "job:other")}
-    job = write_job(tmp_path, workers, {"A": 1, "B": 1}, rounds=2, validity={"min_updates": 1})
+    job = write_job(tmp_path, workers, {"A": 1, "B": 1}, validity={"min_updates": 1}, **job_options)
     doc = yaml.safe_load(job.read_text())
     for c in doc["clusters"]:
         c["accounts_home"] = str(homes[c["id"]])
     job.write_text(yaml.safe_dump(doc))
+    return job, homes
+
+
+def test_job_grants_hold_across_the_federation_refused_clients_train_through_no_combiner(procs, tmp_path):
+    job, homes = job_b_refuses(procs, tmp_path, rounds=2)
     out = run_job(procs, job)
     with ModelTrail(tmp_path / "fl" / "trail") as t:
         rounds, models = t.rounds(), t.models()

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-import yaml
-
 from nebula.federated.trail import ModelTrail
-from tests.federated.harness import federation, run_job, write_job
-from tests.federated.test_grants import _home
+from tests.federated.harness import run_job
+from tests.federated.test_grants import job_b_refuses
 
 
 @dataclass(frozen=True)
@@ -26,15 +24,8 @@ class InitialRun:
 
 def initial_from_ungranted(procs, tmp_path) -> InitialRun:
     """A one-round job over real switches in which B's accounts home holds no grant for the job (A's does)."""
-    workers = federation(procs, tmp_path)
-    homes = {"A": _home(tmp_path / "home-A", "job:fltest"), "B": _home(tmp_path / "home-B", "job:other")}
     # both clients would be asked (A's combiner accepts B's client too: A's home grants the account the job)
-    job = write_job(tmp_path, workers, {"A": 1, "B": 1}, rounds=1, initial_clients=2, initial_wait_s=5,
-                    validity={"min_updates": 1})
-    doc = yaml.safe_load(job.read_text())
-    for c in doc["clusters"]:
-        c["accounts_home"] = str(homes[c["id"]])
-    job.write_text(yaml.safe_dump(doc))
+    job, _ = job_b_refuses(procs, tmp_path, rounds=1, initial_clients=2, initial_wait_s=5)
     out = run_job(procs, job)
     with ModelTrail(tmp_path / "fl" / "trail") as t:
         models, rounds = t.models(), t.rounds()

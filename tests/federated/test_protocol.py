@@ -143,11 +143,11 @@ def test_the_controllers_reduce_is_pure_state_too():
     red = Reduction(W, coded=False, update_codec="none", validity=ValiditySpec(min_updates=3),
                     expected_examples=40)
     assert "is a change, the job's update_codec='none' makes it weights" in red.refusal(
-        Partial(round=1, version=1, num_updates=1, num_examples=10, delta=True))
+        Partial(round=1, version=1, num_updates=1, num_examples=10, delta=True), asked=1)
     for n, value, metrics in ((10, 1.0, {"accuracy": 0.5}), (30, 3.0, {"accuracy": 1.0})):
         p = Partial(round=1, version=1, num_updates=1, num_examples=n, clients=(f"A/{n}",), metrics=metrics,
                     eval_examples=n)
-        assert red.refusal(p) is None
+        assert red.refusal(p, asked=1) is None
         red.begin(p, "combiner A/1")
         for k, off, v in _pieces(value):
             red.mean.add_part(k, v, off)
