@@ -55,9 +55,11 @@ def credentials(names: list[str], d: Path):
 
 
 def secure_round(cfg: SecAggConfig, names: list[str], xs: np.ndarray, ns: list[int], signers, verifier,
-                 tamper: Callable[[SecAggClient, MaskedInput], MaskedInput] | None = None, round_: int = 1):
-    """One round of the state machines; `tamper` rewrites client 0's masked input. (mean or None, why refused)."""
-    params = cfg.round_params(round_, names, xs.shape[1], os.urandom(16))
+                 tamper: Callable[[SecAggClient, MaskedInput], MaskedInput] | None = None, round_: int = 1,
+                 word_bits: int = 32):
+    """One round of the state machines on `word_bits`-bit words; `tamper` rewrites client 0's masked input.
+    (mean or None, why refused, the round's parameters)."""
+    params = cfg.round_params(round_, names, xs.shape[1], os.urandom(16), word_bits)
     srv = SecAggServer(params, verifier())
     cl = {c: SecAggClient(c, params, signers[c], verifier()) for c in names}
     for c in names:
@@ -95,7 +97,7 @@ def run(n: int, d: int, clip: float, max_weight: int, word_bits: int, seed: int)
     ns = [2 * max_weight] + [int(v) for v in rng.integers(max_weight // 2 or 1, 2 * max_weight, n - 1)]
     with tempfile.TemporaryDirectory(prefix="secagg-influence-") as tmp:
         signers, verifier = credentials(names, Path(tmp))
-        base, why, params = secure_round(cfg, names, xs, ns, signers, verifier)
+        base, why, params = secure_round(cfg, names, xs, ns, signers, verifier, word_bits=word_bits)
         assert base is not None and why is None, f"an honest round must pass: {why}"
         q = params.quantizer
         weights = [q.weight(v) for v in ns]
@@ -124,7 +126,7 @@ def run(n: int, d: int, clip: float, max_weight: int, word_bits: int, seed: int)
                    "in-range worst case": (xs, shifted(q.sum_bound(weights) - others - own))}
         rows = {}
         for r, (name, (inputs, tamper)) in enumerate(attacks.items(), start=2):
-            mean, why, _ = secure_round(cfg, names, inputs, ns, signers, verifier, tamper, r)
+            mean, why, _ = secure_round(cfg, names, inputs, ns, signers, verifier, tamper, r, word_bits)
             if mean is None or why is not None:
                 rows[name] = {"influence": None, "detected": "yes", "why": why}
             else:

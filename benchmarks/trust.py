@@ -117,8 +117,8 @@ def peers_updates(procs: Procs, tmp: Path) -> list[Row]:
 
     from security.ca import CertificateAuthority
     from security.signing import Statement, crl_number, sha256_hex, sign_statement
-    from tests.security.test_signed_updates import _bomb_nested, _members, _signed
-    from tests.security.test_signed_updates_cli import _link_up, _pack, _switch, _unpack
+    from tests.security.test_signed_updates import _bomb_nested, _members, _pack, _signed
+    from tests.security.test_signed_updates_cli import _link_up, _switch, _unpack
 
     out = tmp / "fed"
     provision("acme", ["A", "B", "C"], out)
@@ -460,38 +460,58 @@ def lying_combiner(argv: list[str]) -> int:
     return run(argv)
 
 
+def _secure_jobs(procs: Procs, tmp: Path, n: dict[str, int]) -> tuple[Path, Callable[[Path, str], Path]]:
+    """Clusters A and B with `n` clients each, every client its own signing certificate: the job file of one SecAgg+
+    round (controller on A, under tmp/fl; 3 updates needed), and a maker of the same job in a directory of its own
+    whose clients run `hostile_client` with a given cheat."""
+    from tests.federated.harness import federation, write_job
+    from tests.federated.test_secagg_switch import SECURE, issue_signers
+
+    workers = federation(procs, tmp)
+    issue_signers(tmp, workers, n)
+    common = {"rounds": 1, "secure_aggregation": SECURE, "validity": {"min_updates": 3},
+              "controller": {"cluster": "A", "dir": str(tmp / "fl")}}
+
+    def hostile(directory: Path, cheat: str) -> Path:
+        return write_job(directory, workers, n, **common,
+                         client={"factory": "benchmarks.trust:hostile_client", "args": {"cheat": cheat}})
+
+    return write_job(tmp, workers, n, **common), hostile
+
+
+def _round_against_a_mean(tmp: Path):
+    """The first round of tmp/fl's trail (or None), and how far its model lies from the mean of A's honest clients
+    0-2 (the largest coordinate's difference; None when no model was released)."""
+    import numpy as np
+
+    from nebula.federated.trail import ModelTrail
+    from tests.federated.test_secagg_switch import _survivors_mean
+
+    with ModelTrail(tmp / "fl" / "trail") as t:
+        rounds, models = t.rounds(), t.models()
+        got = t.load(models[-1].version)[0] if len(models) > 1 else None
+    want = _survivors_mean({"A": [0, 1, 2]})
+    err = max(float(np.abs(got[k].astype(np.float64) - want[k]).max()) for k in want) if got is not None else None
+    return (rounds[0] if rounds else None), err
+
+
 def secagg_liars(procs: Procs, tmp: Path) -> list[Row]:
     """A lying combiner and a lying dealer in one SecAgg+ round: B's combiner substitutes a neighbour's mask key in
     every client's roster, and B's three clients refuse to share; A's fourth client deals a bad share, is found by
     the share check, left out and blamed; the round closes with the sum of A's three honest clients."""
-    import numpy as np
+    from tests.federated.harness import start_cluster, start_clients
 
-    from nebula.federated.trail import ModelTrail
-    from tests.federated.harness import federation, start_cluster, start_clients, write_job
-    from tests.federated.test_secagg_switch import SECURE, _survivors_mean, issue_signers
-
-    workers = federation(procs, tmp)
-    n = {"A": 4, "B": 3}
-    issue_signers(tmp, workers, n)
-    common = {"rounds": 1, "secure_aggregation": SECURE, "validity": {"min_updates": 3},
-              "controller": {"cluster": "A", "dir": str(tmp / "fl")}}
-    job = write_job(tmp, workers, n, **common)
-    dealer = write_job(tmp / "dealer", workers, n, **common,
-                       client={"factory": "benchmarks.trust:hostile_client", "args": {"cheat": "bad_share"}})
+    job, hostile = _secure_jobs(procs, tmp, {"A": 4, "B": 3})
+    dealer = hostile(tmp / "dealer", "bad_share")
     actors = [start_cluster(procs, job, "A"),
               procs.python("-c", "import sys; from benchmarks.trust import lying_combiner; "
                            "sys.exit(lying_combiner(sys.argv[1:]))", "cluster", str(job), "--cluster", "B")]
     clients = [start_clients(procs, job, "A", [0, 1, 2]), start_clients(procs, job, "B"),
                start_clients(procs, dealer, "A", [3])]
     codes = [_exited(procs, p, 120) for p in actors + clients]
-    with ModelTrail(tmp / "fl" / "trail") as t:
-        rounds, models = t.rounds(), t.models()
-        got = t.load(models[-1].version)[0] if len(models) > 1 else None
-    rnd = rounds[0] if rounds else None
+    rnd, err = _round_against_a_mean(tmp)
     valid = rnd is not None and rnd.status == "valid" and codes[:2] == [0, 0]
-    want = _survivors_mean({"A": [0, 1, 2]})
     bound = rnd.detail.get("secure", {}).get("error_bound", 0.0) if rnd is not None else 0.0
-    err = max(float(np.abs(got[k].astype(np.float64) - want[k]).max()) for k in want) if got is not None else None
     honest_a = err is not None and err <= bound + 1e-6
     substituted = [r for i in range(3) for r in _records(tmp / "fl" / "clients" / f"B-{i}" / "audit.log")
                    if r["action"] == "fl.secagg" and r["outcome"] == "refused"
@@ -519,34 +539,18 @@ def secagg_cheats(procs: Procs, tmp: Path) -> list[Row]:
     weight above max_weight (signed), B's sends out-of-range masked words. A's combiner refuses the weight and
     closes with its honest clients' sum; B's sum fails the range check and is dropped with the reason; the round's
     model is the mean of A's honest clients alone."""
-    import numpy as np
+    from tests.federated.harness import start_cluster, start_clients
 
-    from nebula.federated.trail import ModelTrail
-    from tests.federated.harness import federation, start_cluster, start_clients, write_job
-    from tests.federated.test_secagg_switch import SECURE, _survivors_mean, issue_signers
-
-    workers = federation(procs, tmp)
-    n = {"A": 4, "B": 4}
-    issue_signers(tmp, workers, n)
-    common = {"rounds": 1, "secure_aggregation": SECURE, "validity": {"min_updates": 3},
-              "controller": {"cluster": "A", "dir": str(tmp / "fl")}}
-    job = write_job(tmp, workers, n, **common)
-    hostile = {c: write_job(tmp / f"hostile-{c}", workers, n, **common,
-                            client={"factory": "benchmarks.trust:hostile_client", "args": {"cheat": cheat}})
-               for c, cheat in (("A", "weight"), ("B", "words"))}
+    job, hostile_job = _secure_jobs(procs, tmp, {"A": 4, "B": 4})
+    hostile = {c: hostile_job(tmp / f"hostile-{c}", cheat) for c, cheat in (("A", "weight"), ("B", "words"))}
     actors = [start_cluster(procs, job, c) for c in "AB"]
     clients = [start_clients(procs, job, c, [0, 1, 2]) for c in "AB"]
     cheaters = [start_clients(procs, hostile[c], c, [3]) for c in "AB"]
     codes = [_exited(procs, p, 120) for p in actors + clients + cheaters]
-    with ModelTrail(tmp / "fl" / "trail") as t:
-        rounds, models = t.rounds(), t.models()
-        got = t.load(models[-1].version)[0] if len(models) > 1 else None
     audit = {c: _records(tmp / "fl" / f"combiner-{c}" / "audit.log") for c in "AB"}
-    rnd = rounds[0] if rounds else None
+    rnd, err = _round_against_a_mean(tmp)
     valid = rnd is not None and rnd.status == "valid" and codes[:4] == [0, 0, 0, 0]
-    want = _survivors_mean({"A": [0, 1, 2]})
     bound = rnd.detail.get("secure", {}).get("error_bound", 0.0) if rnd is not None else 0.0
-    err = max(float(np.abs(got[k].astype(np.float64) - want[k]).max()) for k in want) if got is not None else None
     honest_a = err is not None and err <= bound + 1e-6
     heavy = next((r for r in audit["A"] if r["action"] == "fl.secagg" and r["outcome"] == "refused"
                   and "A/5" in [r["target"], *r["detail"].get("clients", [])]), None)

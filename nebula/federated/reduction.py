@@ -10,7 +10,6 @@ import numpy as np
 from nebula.federated.aggregate import RunningMean
 from nebula.federated.config import ValiditySpec
 from nebula.federated.messages import Partial
-from nebula.federated.privacy import add_gaussian_noise
 
 __all__ = ["Reduction"]
 
@@ -118,11 +117,8 @@ class Reduction:
                     f"{self.expected_examples} expected")
         return None
 
-    def result(self, noise_std: float = 0.0, rng: np.random.Generator | None = None) -> Weights:
-        """The weighted mean of the partials, as weights (a coded round's mean change added to the model). With
-        `noise_std` (central differential privacy: the std of the noise on the sum), the mean gets N(0, (noise_std
-        / weight)²) on every value, the sum's noise divided by the mean's denominator."""
+    def result(self) -> Weights:
+        """The weighted mean of the partials, as weights (a coded round's mean change added to the model); central
+        differential privacy's noisy release is `controller_privacy.RoundPrivacy.release`'s."""
         mean = self.mean.result()
-        if noise_std:
-            mean = add_gaussian_noise(mean, noise_std / self.weight, rng)
         return {k: self.weights[k] + mean[k] for k in self.weights} if self.coded else mean
