@@ -31,6 +31,23 @@ def _reason(exc: pytest.ExceptionInfo) -> str:
     return reason
 
 
+def _masked(params, cl, xs, ns, *, withheld=()):
+    """A fresh server taken through stage 4 with clients `cl`: every client masks, the `withheld` inputs never
+    reach the server."""
+    srv = SecAggServer(params)
+    for c in params.clients:
+        srv.receive_keys(cl[c].advertise())
+    for c, r in srv.rosters().items():
+        srv.receive_shares(cl[c].share_keys(r))
+    for c, dv in srv.deliveries().items():
+        srv.receive_check(cl[c].check_shares(dv))
+    for c, v in srv.verdicts().items():
+        m = cl[c].mask(v, xs[c], ns[c])
+        if c not in withheld:
+            srv.receive_masked(m)
+    return srv
+
+
 def test_a_substituted_neighbour_key_is_refused_before_anything_is_shared():
     params, xs, ns = _params()
     cl = make_clients(params, seeded(1))
@@ -114,17 +131,7 @@ def test_the_same_model_twice_is_refused_at_unmask_even_after_a_restart(tmp_path
     params2, _, _ = _params(n=6, round_=2, session=b"t" * 16)
     restarted = {c: FileJournal(tmp_path / c.replace("/", "-")) for c in params2.clients}  # a new process
     cl2 = make_clients(params2, seeded(4), restarted)
-    srv2 = SecAggServer(params2)
-    for c in params2.clients:
-        srv2.receive_keys(cl2[c].advertise())
-    for c, r in srv2.rosters().items():
-        srv2.receive_shares(cl2[c].share_keys(r))
-    for c, dv in srv2.deliveries().items():
-        srv2.receive_check(cl2[c].check_shares(dv))
-    for c, v in srv2.verdicts().items():
-        m = cl2[c].mask(v, xs[c], ns[c])
-        if c != victim:
-            srv2.receive_masked(m)
+    srv2 = _masked(params2, cl2, xs, ns, withheld=(victim,))
     for c, ss in srv2.survivor_sets().items():
         srv2.receive_signature(cl2[c].sign_survivors(ss))
     reasons = []
@@ -174,15 +181,7 @@ def test_different_survivor_sets_to_different_clients_reveal_nothing():
     params, xs, ns = _params(n=7)
     t = params.threshold
     cl = make_clients(params, seeded(5))
-    srv = SecAggServer(params)
-    for c in params.clients:
-        srv.receive_keys(cl[c].advertise())
-    for c, r in srv.rosters().items():
-        srv.receive_shares(cl[c].share_keys(r))
-    for c, dv in srv.deliveries().items():
-        srv.receive_check(cl[c].check_shares(dv))
-    for c, v in srv.verdicts().items():
-        srv.receive_masked(cl[c].mask(v, xs[c], ns[c]))
+    srv = _masked(params, cl, xs, ns)
     victim, others = params.clients[0], params.clients[1:]
     everyone = tuple(sorted(params.clients))
     without = tuple(sorted(others))
@@ -213,15 +212,7 @@ def test_different_survivor_sets_to_different_clients_reveal_nothing():
 def test_a_client_signs_one_survivor_set_a_round():
     params, xs, ns = _params(n=5)
     cl = make_clients(params, seeded(7))
-    srv = SecAggServer(params)
-    for c in params.clients:
-        srv.receive_keys(cl[c].advertise())
-    for c, r in srv.rosters().items():
-        srv.receive_shares(cl[c].share_keys(r))
-    for c, dv in srv.deliveries().items():
-        srv.receive_check(cl[c].check_shares(dv))
-    for c, v in srv.verdicts().items():
-        srv.receive_masked(cl[c].mask(v, xs[c], ns[c]))
+    srv = _masked(params, cl, xs, ns)
     sets = srv.survivor_sets()
     c = params.clients[1]
     cl[c].sign_survivors(sets[c])
@@ -231,3 +222,28 @@ def test_a_client_signs_one_survivor_set_a_round():
         cl[c].sign_survivors(SurvivorSet(params.round, tuple(x for x in sets[c].survivors if x != params.clients[0])))
     with pytest.raises(SecAggRefused, match="leaves this client out"):
         cl[params.clients[2]].sign_survivors(SurvivorSet(params.round, (params.clients[0],)))
+
+
+def test_a_certificate_revoked_during_a_job_stops_vouching_once_the_crl_file_changes(tmp_path):
+    """An actor's verifier lives for the whole job: it reads the CRL file again when it changes (keeping the one in
+    force when the new one is older or not the CA's), and checks revocation on every signature, cached or not."""
+    from cryptography import x509
+
+    from nebula.federated.secagg import load_verifier
+    from nebula.federated.secagg.vouch import statement
+    from tests.federated.test_secagg import FEDERATION, _ca
+
+    ca, _ = _ca()
+    crl = tmp_path / "crl.pem"
+    old = ca.write_crl(crl).read_bytes()
+    v = load_verifier(ca.cert_path, crl, FEDERATION)
+    s = signer_of("A/8", name="revoked-later-8")
+    data = statement(b"test", b"keys")
+    assert v.refusal("A/8", s.chain, data, s.sign(data)) is None  # checked and cached
+    ca.revoke(x509.load_pem_x509_certificate(s.chain).serial_number)
+    ca.write_crl(crl)
+    assert "revoked" in v.refusal("A/8", s.chain, data, s.sign(data))
+    crl.write_bytes(old)  # an older CRL put back: refused, the revocation stands
+    import os
+    os.utime(crl, ns=(1, 1))
+    assert "revoked" in v.refusal("A/8", s.chain, data, s.sign(data))

@@ -20,6 +20,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from security.signing import crl_number
+
 __all__ = ["Signer", "Verifier", "statement", "MAX_CHAIN_BYTES", "MAX_SIGNATURE_BYTES", "load_signer",
            "load_verifier"]
 
@@ -71,22 +73,60 @@ class Verifier:
 
     def __init__(self, ca_pem: bytes, crl_pem: bytes, federation: str,
                  name_of: Callable[[str], str | None] = lambda client: None,
-                 now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc)) -> None:
+                 now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.timezone.utc),
+                 crl_path: Path | None = None) -> None:
         self.ca = x509.load_pem_x509_certificate(ca_pem)
-        self.crl = x509.load_pem_x509_crl(crl_pem)
-        if not self.crl.is_signature_valid(self.ca.public_key()):
-            raise ValueError("the CRL is not signed by the federation CA; write it with that CA's `nebula-admin crl`")
+        self.crl = self._checked_crl(crl_pem)
         self.federation, self.name_of, self.now = federation, name_of, now
-        self._seen: dict[tuple[str, bytes], object] = {}  # (client, chain) -> its checked public key
+        # a verifier lives as long as its actor: the CRL file is read again when it changes, so a certificate
+        # revoked during a job stops vouching from the next message on
+        self._crl_path, self._crl_mtime = crl_path, self._mtime(crl_path)
+        # (client, chain) -> its checked public key and serial; validity and revocation are checked on every use
+        self._seen: dict[tuple[str, bytes], tuple[object, x509.Certificate]] = {}
+
+    def _checked_crl(self, crl_pem: bytes) -> x509.CertificateRevocationList:
+        crl = x509.load_pem_x509_crl(crl_pem)
+        if not crl.is_signature_valid(self.ca.public_key()):
+            raise ValueError("the CRL is not signed by the federation CA; write it with that CA's `nebula-admin crl`")
+        return crl
+
+    @staticmethod
+    def _mtime(path: Path | None) -> int | None:
+        try:
+            return path.stat().st_mtime_ns if path is not None else None
+        except OSError:
+            return None
+
+    def _refresh_crl(self) -> None:
+        """Take the CRL file again if it changed and its replacement is the CA's and not older (by CRL Number)."""
+        mtime = self._mtime(self._crl_path)
+        if mtime is None or mtime == self._crl_mtime:
+            return
+        self._crl_mtime = mtime
+        try:
+            crl = self._checked_crl(self._crl_path.read_bytes())
+        except (OSError, ValueError):
+            return  # a CRL being rewritten or not the CA's: keep the one in force
+        if crl_number(crl) >= crl_number(self.crl):
+            self.crl = crl
+
+    def _current(self, cert: x509.Certificate) -> None:
+        """ValueError unless `cert` is valid now and not revoked by the CRL in force."""
+        if not cert.not_valid_before_utc <= self.now() < cert.not_valid_after_utc:
+            raise ValueError(f"its certificate (serial {cert.serial_number:x}) is expired or not yet valid")
+        if self.crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None:
+            raise ValueError(f"its certificate (serial {cert.serial_number:x}) is revoked")
 
     def _key(self, client: str, chain: bytes) -> object:
         """The public key of `chain` if it may speak for `client`; ValueError with the reason."""
         from security.errors import IdentityError
         from security.identity import identity_of
 
+        self._refresh_crl()
         hit = self._seen.get((client, chain))
         if hit is not None:
-            return hit
+            self._current(hit[1])
+            return hit[0]
         if not isinstance(chain, bytes) or not 0 < len(chain) <= MAX_CHAIN_BYTES:
             raise ValueError(f"a certificate of 1..{MAX_CHAIN_BYTES} bytes must come with the signature")
         try:
@@ -94,11 +134,7 @@ class Verifier:
             cert.verify_directly_issued_by(self.ca)
         except (ValueError, TypeError, InvalidSignature):
             raise ValueError("its certificate is not one the federation CA issued") from None
-        now = self.now()
-        if not cert.not_valid_before_utc <= now < cert.not_valid_after_utc:
-            raise ValueError(f"its certificate (serial {cert.serial_number:x}) is expired or not yet valid")
-        if self.crl.get_revoked_certificate_by_serial_number(cert.serial_number) is not None:
-            raise ValueError(f"its certificate (serial {cert.serial_number:x}) is revoked")
+        self._current(cert)
         try:
             ident = identity_of(cert)
         except IdentityError as exc:
@@ -110,7 +146,7 @@ class Verifier:
             raise ValueError(f"its certificate is {ident.uri}, not spiffe://{self.federation}/worker/{cluster}/"
                              f"{want or '<name>'}")
         key = cert.public_key()
-        self._seen[(client, chain)] = key
+        self._seen[(client, chain)] = (key, cert)
         return key
 
     def refusal(self, client: str, chain: bytes, data: bytes, signature: bytes) -> str | None:
@@ -137,7 +173,7 @@ def load_verifier(ca: str | Path, crl: str | Path, federation: str,
                   name_of: Callable[[str], str | None] = lambda client: None) -> Verifier:
     """A Verifier of the CA certificate and CRL files; ValueError naming the file and the fix."""
     try:
-        return Verifier(Path(ca).read_bytes(), Path(crl).read_bytes(), federation, name_of)
+        return Verifier(Path(ca).read_bytes(), Path(crl).read_bytes(), federation, name_of, crl_path=Path(crl))
     except (OSError, ValueError) as exc:
         raise ValueError(f"secure aggregation cannot check certificates against {ca} and {crl} ({exc}); point the "
                          "worker.yaml tls section at the federation's ca.pem and crl.pem") from None
