@@ -31,6 +31,16 @@ def _reason(e: pytest.ExceptionInfo) -> str:
     return str(e.value)
 
 
+def _tamper_one(stage: str, who: str, change):
+    """A tamper for run_round: `change(msg)` replaces `who`'s message of `stage`; every other message passes."""
+    return lambda st, c, msg: change(msg) if st == stage and c == who else msg
+
+
+def _verified_round(params, xs, ns, cl, tamper):
+    """run_round with a combiner that checks certificates, and one tamper."""
+    return run_round(params, xs, ns, clients=cl, server=SecAggServer(params, verifier()), tamper=tamper)
+
+
 def _bad_share(cl, params, dealer: str, victim: str):
     """A tamper for run_round: `dealer` seals `victim` a share off its committed polynomials, under the true key
     (so its key check holds and the server can prove it)."""
@@ -68,14 +78,12 @@ def test_a_false_complaint_blames_the_complainer_not_the_dealer():
     cl = make_clients(params, seeded(4))
     liar, dealer = names[1], names[5]
 
-    def tamper(stage, c, msg):
-        if stage == "check" and c == liar:  # the true key of a share that opens and verifies
-            sa = cl[liar]
-            key = crypto.agree(sa._cipher_sk, sa._roster[dealer].cipher_pk, share_info(sa.tag, dealer, liar))
-            return ShareCheck(liar, msg.round, (Complaint(dealer, key),))
-        return msg
+    def complain(msg):  # with the true key of a share that opens and verifies
+        sa = cl[liar]
+        key = crypto.agree(sa._cipher_sk, sa._roster[dealer].cipher_pk, share_info(sa.tag, dealer, liar))
+        return ShareCheck(liar, msg.round, (Complaint(dealer, key),))
 
-    srv, _, _ = run_round(params, xs, ns, clients=cl, server=SecAggServer(params, verifier()), tamper=tamper)
+    srv, _, _ = _verified_round(params, xs, ns, cl, _tamper_one("check", liar, complain))
     s = srv.result()
     assert set(srv.blamed) == {liar} and f"complained falsely about the share of {dealer!r}" in srv.blamed[liar]
     assert dealer in s.survivors and liar not in s.survivors + s.dropped
@@ -91,14 +99,10 @@ def test_an_unsettled_complaint_voids_one_share_and_blames_nobody():
     cl = make_clients(params, seeded(6))
     who, dealer = names[2], names[4]
 
-    def tamper(stage, c, msg):
-        if stage == "shares" and c == dealer:
-            return dataclasses.replace(msg, shares=tuple(
-                dataclasses.replace(e, ciphertext=bytes(len(e.ciphertext)), key_check=bytes(32)) if e.receiver == who
-                else e for e in msg.shares))
-        return msg
-
-    srv, _, _ = run_round(params, xs, ns, clients=cl, server=SecAggServer(params, verifier()), tamper=tamper)
+    tamper = _tamper_one("shares", dealer, lambda msg: dataclasses.replace(msg, shares=tuple(
+        dataclasses.replace(e, ciphertext=bytes(len(e.ciphertext)), key_check=bytes(32)) if e.receiver == who
+        else e for e in msg.shares)))
+    srv, _, _ = _verified_round(params, xs, ns, cl, tamper)
     s = srv.result()
     assert not srv.blamed and srv.void == {(dealer, who)} and len(srv.disputes) == 1
     assert "unsettled" in srv.disputes[0] and s.survivors == tuple(sorted(names))
@@ -111,13 +115,9 @@ def test_a_wrong_share_at_the_reveal_blames_its_sender_never_the_owner():
     cl = make_clients(params, seeded(8))
     sender, owner = names[2], names[0]
 
-    def tamper(stage, c, msg):
-        if stage == "reveal" and c == sender:
-            return dataclasses.replace(msg, seed_shares=tuple(
-                (o, bytes(shamir.SHARE_BYTES - 1) + b"\7" if o == owner else s) for o, s in msg.seed_shares))
-        return msg
-
-    srv, _, _ = run_round(params, xs, ns, clients=cl, server=SecAggServer(params, verifier()), tamper=tamper)
+    tamper = _tamper_one("reveal", sender, lambda msg: dataclasses.replace(msg, seed_shares=tuple(
+        (o, bytes(shamir.SHARE_BYTES - 1) + b"\7" if o == owner else s) for o, s in msg.seed_shares)))
+    srv, _, _ = _verified_round(params, xs, ns, cl, tamper)
     assert params.point(sender) <= params.threshold  # its share is among the t used first: the secret fails
     s = srv.result()
     assert set(srv.blamed) == {sender} and f"self-mask seed of {owner!r}" in srv.blamed[sender]
@@ -203,9 +203,9 @@ def test_the_reducer_takes_a_secure_partial_s_weight_only_within_its_clients_pub
     red = Reduction({"w": np.zeros(3, np.float32)}, coded=True, update_codec="none", validity=ValiditySpec(),
                     expected_examples=0, max_weight=W)
     ok = Partial(run="r", round=1, version=1, num_updates=3, num_examples=600, delta=True, weight=3 * W)
-    assert red.refusal(ok) is None
+    assert red.refusal(ok, asked=3) is None
     for w in (2, 3 * W + 1, 2 ** 32 - 1, None, True):  # a combiner cannot silence the others with its weight
-        why = red.refusal(dataclasses.replace(ok, weight=w))
+        why = red.refusal(dataclasses.replace(ok, weight=w), asked=3)
         assert why is not None and f"outside [3, {3 * W}]" in why and "max_weight=1000" in why and "\n" not in why
 
 
@@ -258,3 +258,17 @@ def test_commitments_travel_raw_after_the_delivery_header_and_a_client_takes_the
                 cl[c].check_shares(delivery([memoryview(swapped)]))
             continue
         assert cl[c].check_shares(delivery([memoryview(raw)])).complaints == ()
+
+
+def test_the_reducer_takes_a_partial_of_no_more_updates_than_its_combiner_was_asked_clients():
+    from nebula.federated.config import ValiditySpec
+    from nebula.federated.messages import Partial
+    from nebula.federated.reduction import Reduction
+
+    red = Reduction({"w": np.zeros(3, np.float32)}, coded=True, update_codec="none", validity=ValiditySpec(),
+                    expected_examples=0, max_weight=W)
+    ok = Partial(run="r", round=1, version=1, num_updates=3, num_examples=600, delta=True, weight=3 * W)
+    assert red.refusal(ok, asked=3) is None
+    for n in (4, 2 ** 31, -1, True):  # more than it asked could not have been folded: its count and weight lie
+        why = red.refusal(dataclasses.replace(ok, num_updates=n, weight=3 * W), asked=3)
+        assert why is not None and "its combiner was asked 3 clients" in why

@@ -24,13 +24,13 @@ Masked inputs are added up on arrival, so the server holds one vector, never one
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from nebula.federated.secagg import crypto, shamir, vss
-from nebula.federated.secagg.client import (MASK_PURPOSE, PLAINTEXT_BYTES, commitments_statement, mask_sign,
-                                            open_share, share_key_check, weight_statement)
+from nebula.federated.secagg.client import (MASK_PURPOSE, PLAINTEXT_BYTES, commitments_statement, keys_statement,
+                                            mask_sign, open_share, share_key_check, weight_statement)
 from nebula.federated.secagg.graph import components, harary_graph
 from nebula.federated.secagg.messages import (AdvertiseKeys, KeyRoster, MaskedInput, SecAggParams, SecAggRefused,
                                               SecureSum, ShareCheck, ShareDelivery, ShareKeys, ShareVerdict,
@@ -45,7 +45,8 @@ STAGES = ("advertise", "share_keys", "check_shares", "mask", "consistency", "unm
 
 class SecAggServer:
     """One round of SecAgg+ over `params.clients`; `result()` gives the survivors' SecureSum. With `verifier`, the
-    dealers' commitment signatures and the clients' weight signatures are checked on arrival."""
+    clients' key signatures, the dealers' commitment signatures and the clients' weight signatures are checked on
+    arrival."""
 
     def __init__(self, params: SecAggParams, verifier: Verifier | None = None) -> None:
         self.params, self.verifier = params, verifier
@@ -86,6 +87,19 @@ class SecAggServer:
         if who not in allowed:
             raise self._refuse(who, f"not expected at {stage} (not in the round, or left it earlier)")
 
+    def _leave_out_short(self, alive: set[str], holders: Callable[[str, set[str]], int],
+                         why: Callable[[int], str]) -> set[str]:
+        """`alive` less, repeatedly until none is, each client whose `holders(c, alive)` is under the threshold
+        (its secrets could not be recovered); each one left out is recorded in `excluded` with `why(holders)`."""
+        while True:
+            counts = {c: holders(c, alive) for c in alive}
+            short = {c for c, n in counts.items() if n < self.params.threshold}
+            if not short:
+                return alive
+            for c in short:
+                self.excluded[c] = why(counts[c])
+            alive = alive - short
+
     # -- stage 1 -----------------------------------------------------------------------------------------------
     def receive_keys(self, msg: AdvertiseKeys) -> None:
         """Take one client's public keys."""
@@ -100,21 +114,20 @@ class SecAggServer:
         seen = {p for k in self.keys.values() for p in (k.cipher_pk, k.mask_pk)}
         if msg.cipher_pk == msg.mask_pk or {msg.cipher_pk, msg.mask_pk} & seen:
             raise self._refuse(msg.client, "reuses a public key; every key of a round is fresh")
+        if self.verifier is not None:  # else each neighbour refuses the roster it is on, and sits the round out
+            why = self.verifier.refusal(msg.client, msg.chain, keys_statement(
+                self.tag, self.params, msg.client, msg.cipher_pk, msg.mask_pk), msg.signature)
+            if why is not None:
+                raise self._refuse(msg.client, f"keys not signed by its certificate ({why})")
         self.keys[msg.client] = msg
 
     def rosters(self) -> dict[str, KeyRoster]:
         """Close stage 1: each advertiser gets its own and its advertising neighbours' keys. A client with fewer
         than the threshold of holders is left out (its secrets could not be recovered), repeatedly until none is."""
         self.stage = "share_keys"
-        alive = set(self.keys)
-        while True:
-            short = {c for c in alive if len(self.graph[c] & alive) + 1 < self.params.threshold}
-            if not short:
-                break
-            for c in short:
-                self.excluded[c] = (f"only {len(self.graph[c] & alive)} neighbours advertised keys; its secrets "
-                                    f"need {self.params.threshold} holders")
-            alive -= short
+        alive = self._leave_out_short(
+            set(self.keys), lambda c, alive: len(self.graph[c] & alive) + 1,
+            lambda n: f"only {n - 1} neighbours advertised keys; its secrets need {self.params.threshold} holders")
         for c in alive:
             self.holders[c] = frozenset(self.graph[c] & alive) | {c}
         return {c: KeyRoster(self.params.round, tuple(self.keys[h] for h in sorted(self.holders[c])))
@@ -201,15 +214,10 @@ class SecAggServer:
             self.excluded.setdefault(c, "sent no share check before the stage closed")
         for c, why in self.blamed.items():
             self.excluded.setdefault(c, why)
-        active -= set(self.excluded)
-        while True:
-            short = {c for c in active if len(self._valid_holders(c, active)) < self.params.threshold}
-            if not short:
-                break
-            for c in short:
-                self.excluded[c] = (f"only {len(self._valid_holders(c, active))} holders keep a valid share of its "
-                                    f"secrets, fewer than the threshold {self.params.threshold}")
-            active -= short
+        active = self._leave_out_short(
+            active - set(self.excluded), lambda c, active: len(self._valid_holders(c, active)),
+            lambda n: f"only {n} holders keep a valid share of its secrets, fewer than the threshold "
+                      f"{self.params.threshold}")
         self.active = frozenset(active)
         out = tuple(sorted(set(self.shared) - active))
         return {c: ShareVerdict(self.params.round, out) for c in sorted(active)}
@@ -283,7 +291,7 @@ class SecAggServer:
         self.signatures[msg.client] = msg.signature
 
     def unmask_requests(self) -> dict[str, UnmaskRequest]:
-        """Close stage 4: ask each survivor that signed for its shares, with the signatures of its holders."""
+        """Close stage 5: ask each survivor that signed for its shares, with the signatures of its holders."""
         self.stage = "unmask"
         for c in self.signatures:
             sigs = tuple((h, self.signatures[h]) for h in sorted(self.partners(c)) if h in self.signatures)
