@@ -247,3 +247,32 @@ def test_a_certificate_revoked_during_a_job_stops_vouching_once_the_crl_file_cha
     import os
     os.utime(crl, ns=(1, 1))
     assert "revoked" in v.refusal("A/8", s.chain, data, s.sign(data))
+
+
+def test_the_combiner_refuses_a_badly_signed_or_revoked_key_at_stage_one_and_its_neighbours_go_on():
+    """With a verifier the combiner checks each client's signature on its keys as the clients do: a key signed by
+    another client's certificate, or by a revoked one, is refused there (audited as fl.secagg by the combiner)
+    instead of reaching the neighbours, who would each refuse their roster and sit the round out."""
+    from cryptography import x509
+
+    from nebula.federated.secagg import SecAggClient
+    from tests.federated.test_secagg import _ca
+
+    params, xs, ns = _params(n=5)
+    rb = seeded(4)
+    cl = make_clients(params, rb)
+    srv = SecAggServer(params, verifier())
+    forged = SecAggClient("A/3", params, signer_of("A/4"), verifier(), None, rb).advertise()  # A/4's certificate
+    with pytest.raises(SecAggRefused, match="keys not signed by its certificate") as exc:
+        srv.receive_keys(forged)
+    assert _reason(exc)
+    revoked = signer_of("A/2", name="revoked-at-stage-one")
+    ca, _ = _ca()
+    ca.revoke(x509.load_pem_x509_certificate(revoked.chain).serial_number)
+    srv = SecAggServer(params, verifier(named=False))
+    with pytest.raises(SecAggRefused, match="revoked"):
+        srv.receive_keys(SecAggClient("A/2", params, revoked, verifier(named=False), None, rb).advertise())
+    for c in params.clients:
+        if c != "A/2":
+            srv.receive_keys(cl[c].advertise())
+    assert "A/2" not in srv.keys and len(srv.keys) == len(params.clients) - 1
