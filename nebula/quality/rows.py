@@ -1,0 +1,151 @@
+"""The rows of the quality-per-WAN-byte benchmark: what a row runs (`RowSpec`) and what it measured (`RowResult`).
+
+A row is one way of training the same model on the same tokens across two clusters: `one-cluster` (the baseline,
+no WAN), `all-reduce` (gradients averaged over the WAN every step), `pipeline` (the model cut in two, activations
+forward and gradients back over the WAN, optionally with N-step-stale weights upstream), `diloco` (a replica per
+cluster, DiLoCo's outer step every `sync_every` inner steps on pseudo-gradients sent through `codec`) and
+`federated` (FedAvg over each cluster's clients every `sync_every` local steps). Results serialise to the JSON rows
+`benchmarks/wan_quality.py --json` writes and `nebula plan` reads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+__all__ = ["MODES", "RowSpec", "RowResult", "Traffic", "write_rows", "read_rows"]
+
+MODES = ("one-cluster", "all-reduce", "pipeline", "diloco", "federated")
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What crosses the WAN in one run, for the link model (`nebula.plan.link`, whose docstring says what each mode
+    records).
+
+    `exchanges`: blocking exchanges over the whole run; `bytes_per_exchange`: the bytes on the critical path of one
+    (crossing one after another; two clusters sending to each other at once count once: the link is full duplex);
+    `link_bytes_per_exchange`: what the busier direction carries in one (0: the same as bytes_per_exchange);
+    `latencies_per_exchange`: the one-way latencies one waits; `overlapped`: the exchanges run behind compute
+    (stale weights) rather than between steps.
+    """
+
+    exchanges: int = 0
+    bytes_per_exchange: float = 0.0
+    latencies_per_exchange: float = 1.0
+    overlapped: bool = False
+    link_bytes_per_exchange: float = 0.0
+
+    @property
+    def link_bytes(self) -> float:
+        """Bytes the busier direction carries per exchange."""
+        return self.link_bytes_per_exchange or self.bytes_per_exchange
+
+    def __post_init__(self) -> None:
+        if min(self.exchanges, self.bytes_per_exchange, self.latencies_per_exchange,
+               self.link_bytes_per_exchange) < 0:
+            raise ValueError(f"traffic fields must be >= 0, got {self}")
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """One benchmark row: the mode and its WAN settings."""
+
+    mode: str
+    codec: str = "none"
+    sync_every: int = 1
+    stale_weights: int = 0
+    grad_codec: str = ""  # pipeline: the codec of gradients going back ("" = same as codec)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"row mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.sync_every < 1:
+            raise ValueError(f"row {self.mode}: sync_every={self.sync_every} must be >= 1")
+        if self.stale_weights and self.mode != "pipeline":
+            raise ValueError(f"row {self.mode}: stale_weights applies to mode pipeline only")
+
+    @property
+    def name(self) -> str:
+        """A short label: mode, codec, interval, staleness."""
+        parts = [self.mode]
+        if self.mode in ("diloco", "federated"):
+            parts.append(f"H={self.sync_every}")
+        if self.mode != "one-cluster":
+            parts.append(self.codec)
+        if self.stale_weights:
+            parts.append(f"stale {self.stale_weights}")
+        return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """What one row measured. Losses are mean next-token cross-entropy in nats on the held-out split."""
+
+    spec: RowSpec
+    heldout_loss: float
+    wan_bytes: int
+    wall_s: float
+    compute_s: float
+    steps: int
+    tokens: int
+    params: int
+    seed: int
+    peak_wan_bytes: int = 0
+    traffic: Traffic = field(default_factory=Traffic)
+    train_loss: float = float("nan")
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def perplexity(self) -> float:
+        """exp(held-out loss)."""
+        return math.exp(self.heldout_loss) if self.heldout_loss < 700 else float("inf")
+
+    def to_json(self) -> dict[str, Any]:
+        """A flat row: mode, codec, sync_every, stale_weights, heldout_loss, perplexity, wan_bytes, wall_s, ..."""
+        d = dataclasses.asdict(self.spec)
+        d.update({k: v for k, v in dataclasses.asdict(self).items() if k not in ("spec", "traffic")})
+        d["traffic"] = dataclasses.asdict(self.traffic)
+        d["perplexity"] = self.perplexity
+        d["name"] = self.spec.name
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "RowResult":
+        """The inverse of to_json (ValueError naming a missing key)."""
+        spec_keys = {f.name for f in dataclasses.fields(RowSpec)}
+        try:
+            spec = RowSpec(**{k: d[k] for k in spec_keys if k in d})
+            fields = {f.name for f in dataclasses.fields(cls)} - {"spec", "traffic"}
+            kw = {k: d[k] for k in fields if k in d}
+            return cls(spec=spec, traffic=Traffic(**d.get("traffic", {})), **kw)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"benchmark row {d.get('name', d.get('mode'))!r}: {exc}; write it with "
+                             "benchmarks/wan_quality.py --json") from None
+
+
+def write_rows(path: str | Path, rows: Iterable[RowResult], meta: dict[str, Any] | None = None) -> None:
+    """Write rows as a JSON list (one object per row; `meta` goes into each row's `meta` key)."""
+    out = []
+    for r in rows:
+        d = r.to_json()
+        if meta:
+            d["meta"] = meta
+        out.append(d)
+    Path(path).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+
+
+def read_rows(path: str | Path) -> list[RowResult]:
+    """Rows written by `write_rows` (ValueError naming the file on bad content)."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{p}: cannot read benchmark rows ({exc}); write them with benchmarks/wan_quality.py "
+                         "--json FILE") from None
+    if not isinstance(doc, list):
+        raise ValueError(f"{p}: benchmark rows must be a JSON list, got {type(doc).__name__}")
+    return [RowResult.from_json(d) for d in doc]
