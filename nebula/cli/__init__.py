@@ -14,6 +14,7 @@ _COMMANDS = {
     "bench": "nebula.cli.bench",
     "allocate": "nebula.cli.allocate",
     "fl": "nebula.cli.fl",
+    "plan": "nebula.cli.plan",
 }
 
 
