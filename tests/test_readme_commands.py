@@ -39,6 +39,10 @@ NOT_RUN = {
 # file assembled in prose; each needs a test of its own (slow) and, for CI, a smaller printed command
 PENDING = {
     # README.md
+    ".venv/bin/python benchmarks/wan_quality.py --json runs/wan_quality/rows.json": "the full table (about 2 hours "
+    "on 2 cores); tests/llm/test_wan_quality_bench.py runs --quick, every mode at a small size",
+    ".venv/bin/python benchmarks/wan_quality.py --scale --from runs/wan_quality/rows.json": "the largest model on a "
+    "million tokens per row (hours), after the full table",
     "make venv && bash recipes/abnet/run_local.sh": "the main job (2000 steps); tests/recipes run its script at 60",
     "bash recipes/llm/run_local.sh": "200 steps; tests/llm/test_recipe.py runs it at 12",
     "nebula bench job.yaml --cluster A --out profiles/A.yaml": "job.yaml assembled from the section's prose",
