@@ -14,6 +14,7 @@ at a time in worker processes with one thread each (CPU Paddle trains these size
     .venv/bin/python benchmarks/wan_quality.py --json rows.json           # the full table (~2 h on 2 cores)
     .venv/bin/python benchmarks/wan_quality.py --scale --from rows.json   # the largest model, baseline + best rows
     .venv/bin/python benchmarks/wan_quality.py --real                     # two rows through real switches
+    .venv/bin/python benchmarks/wan_quality.py --rows streaming --add-to rows.json --json rows.json   # rows added
 
 `--real` checks the one-process rows against the runtime: a DiLoCo row and a pipeline row (int8) at the quick size
 through two real switch servers (`nebula launch` per cluster, TLS between them; benchmarks/_wanq_real.py), beside
@@ -78,6 +79,8 @@ def rows_for(size: Size, quick: bool) -> list[Any]:
     out += [RowSpec("pipeline", codec=c, stale_weights=n) for c in codecs for n in (0, 1)]
     outer = ("none", "int4_block") if quick else ("none", "int8", "int4_block")
     out += [RowSpec("diloco", codec=c, sync_every=h) for h in size.intervals for c in outer]
+    h = size.intervals[-1]  # streaming at the longest interval, a fragment per quarter of the model, overlapped
+    out += [RowSpec("streaming-diloco", codec=c, sync_every=h, fragments=4, delay=1) for c in ("none", "int4_block")]
     out.append(RowSpec("federated", sync_every=size.intervals[0]))
     return out
 
@@ -127,7 +130,7 @@ def _work(job: tuple[Any, Any]) -> dict[str, Any]:
 
 
 class _Progress:
-    """One status line redrawn on a terminal (a line per 10% of the run otherwise)."""
+    """One status line redrawn on a terminal (otherwise a line per finished row and per 10% of the rows)."""
 
     def __init__(self, total_rows: int) -> None:
         self.tty = sys.stdout.isatty()
@@ -141,6 +144,9 @@ class _Progress:
         if done == total:
             self.active.pop((name, seed))
             self.done_rows += 1
+            if not self.tty:  # a line per finished row: a log shows how far the run is
+                print(f"row done: {name}{'' if seed == 1 else f' (seed {seed})'} at {time.monotonic() - self.t0:,.0f} s",
+                      flush=True)
         bars = "  ".join(f"{n}{'' if s == 1 else f' seed {s}'} [{'#' * (10 * d // t):<10}] {d}/{t}"
                          for (n, s), (d, t) in self.active.items())
         line = f"rows {self.done_rows}/{self.total_rows}, {time.monotonic() - self.t0:5.0f} s  {bars}"
@@ -213,7 +219,8 @@ def plot(rows: list[Any], out: Path) -> Path:
 
     links = [parse_link(x) for x in LINKS]
     fig, axes = plt.subplots(1, 1 + len(links), figsize=(5 * (1 + len(links)), 4.5))
-    marks = {"one-cluster": "*", "all-reduce": "s", "pipeline": "^", "diloco": "o", "federated": "D"}
+    marks = {"one-cluster": "*", "all-reduce": "s", "pipeline": "^", "diloco": "o", "streaming-diloco": "P",
+             "federated": "D"}
     for r in rows:
         kw = {"marker": marks[r.spec.mode], "label": r.spec.name}
         axes[0].scatter(max(r.wan_bytes, 1), r.heldout_loss, **kw)
@@ -240,7 +247,7 @@ def best_of_each_mode(rows: list[Any]) -> list[Any]:
     baseline (else the lowest loss)."""
     base = next(r for r in rows if r.spec.mode == "one-cluster")
     out = [base.spec]
-    for mode in ("all-reduce", "pipeline", "diloco", "federated"):
+    for mode in ("all-reduce", "pipeline", "diloco", "streaming-diloco", "federated"):
         cand = [r for r in rows if r.spec.mode == mode]
         if not cand:
             continue
@@ -299,6 +306,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the corpus, the model and the plot go (default runs/wan_quality)")
     ap.add_argument("--steps", type=int, help="optimizer steps per row (default: the size's)")
     ap.add_argument("--rows", help="only rows whose name contains one of these comma-separated words")
+    ap.add_argument("--add-to", type=Path, metavar="ROWS.json",
+                    help="run only the --rows rows (no baseline) at the size of this earlier run's rows and print "
+                         "them with its rows (written back with --json)")
     ap.add_argument("--workers", type=int, default=2, help="rows trained at once, one process each (default 2)")
     ap.add_argument("--seeds", type=int, default=2, help="baseline seeds, for the noise between them (default 2)")
     ap.add_argument("--lr", type=float, default=2e-3, help="inner learning rate (AdamW; default 0.002)")
@@ -324,17 +334,28 @@ def main(argv: list[str] | None = None) -> int:
         specs = best_of_each_mode(read_rows(args.source))
     else:
         specs = rows_for(size, args.quick)
+    earlier = read_rows(args.add_to) if args.add_to else []
     if args.rows:
         words = [w.strip() for w in args.rows.split(",") if w.strip()]
-        specs = [s for s in specs if s.mode == "one-cluster" or any(w in s.name for w in words)]
+        specs = [s for s in specs if (s.mode == "one-cluster" and not earlier) or any(w in s.name for w in words)]
+    if earlier and not specs:
+        raise SystemExit(f"--add-to {args.add_to}: --rows {args.rows!r} names no row of this size; see rows_for")
     t0 = time.monotonic()
     model, train, heldout = prepare(args.out, size, install=not args.no_install)
     budget = Budget(steps=size.steps, global_batch=size.global_batch, seq_len=size.seq_len, lr=args.lr)
     jobs = [(s, budget) for s in specs]
-    jobs += [(specs[0], replace(budget, seed=budget.seed + k)) for k in range(1, args.seeds)]
+    if not earlier:
+        jobs += [(specs[0], replace(budget, seed=budget.seed + k)) for k in range(1, args.seeds)]
     print(f"{len(jobs)} rows of {size.steps} steps x {size.global_batch} sequences x {size.seq_len} tokens "
           f"({budget.tokens:,} tokens each), {args.workers} at a time", flush=True)
     rows = run_rows(model, train, heldout, jobs, workers=args.workers, heldout_examples=size.heldout_examples)
+    if earlier:  # the earlier run's rows first (its baseline leads the table), a row run again replaced
+        if (earlier[0].steps, earlier[0].tokens, earlier[0].params) != (rows[0].steps, rows[0].tokens, rows[0].params):
+            raise SystemExit(f"--add-to {args.add_to}: its rows trained {earlier[0].params:,} parameters for "
+                             f"{earlier[0].steps} steps, these {rows[0].params:,} for {rows[0].steps}; give the same "
+                             "size options as that run")
+        new = {(r.spec, r.seed) for r in rows}
+        rows = [r for r in earlier if (r.spec, r.seed) not in new] + rows
     bases = [r.heldout_loss for r in rows if r.spec.mode == "one-cluster"]
     noise = (max(bases) / min(bases) - 1) * 100 if len(bases) > 1 else None
     print(table(rows, noise))

@@ -34,7 +34,7 @@ from nebula.quality.rows import RowResult, RowSpec, read_rows
 __all__ = ["Table", "PlanRow", "Plan", "load_table", "make_plan", "format_plan", "table_hidden", "TIE"]
 
 TIE = 0.01  # step times within this fraction of the fastest are ties
-_DATA_PARALLEL = ("all-reduce", "diloco", "federated")
+_DATA_PARALLEL = ("all-reduce", "diloco", "streaming-diloco", "federated")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,11 @@ Rows (two clusters, A and B):
   gradient N steps late (PipeDream-2BW, `nebula.pipeline.stale`), B steps at once; both drain at the end.
 - diloco: a replica per cluster with its own AdamW; every `sync_every` steps each sends its pseudo-gradient (anchor -
   replica) through the codec, and both apply DiLoCo's outer Nesterov step to the mean (`nebula.dataparallel.outer`).
+- streaming-diloco (Streaming DiLoCo, Douillard et al. 2025): the model's values, in layer order, cut into
+  `fragments` equal slices; slice f is sent every `sync_every` steps at its own offset (f + 1) * H / F, so one
+  F-th of the model crosses at a time (peak bandwidth / F); each slice has its own outer momentum; with `delay` tau
+  the send overlaps tau inner steps and the outer result is merged then, replica = alpha * replica + (1 - alpha) *
+  outer (alpha = `Budget.merge_alpha`, the paper's 0.5; tau 0 replaces at once).
 - federated: FedAvg over `clients` clients per cluster (each a share of the cluster's block, its own AdamW); every
   `sync_every` local steps each cluster's combiner averages its clients on the LAN and sends the partial through the
   codec to the reducer in cluster A, which sends the new global model back: one model each way per round.
@@ -55,6 +60,7 @@ class Budget:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     clients: int = 2  # federated: clients per cluster
+    merge_alpha: float = 0.5  # streaming-diloco with delay: the replica's share when the outer result is merged
     heldout_examples: int = 2000
 
     def __post_init__(self) -> None:
@@ -89,6 +95,19 @@ def _params(model: Any) -> dict[str, np.ndarray]:
 def _load(model: Any, state: dict[str, np.ndarray]) -> None:
     for k, v in model.state_dict().items():
         v.set_value(state[k])
+
+
+def _flat(model: Any) -> np.ndarray:
+    """Every value of `model` in one float32 vector, in state-dict (layer) order."""
+    return np.concatenate([v.numpy().reshape(-1) for v in model.state_dict().values()]).astype("float32")
+
+
+def _load_flat(model: Any, flat: np.ndarray) -> None:
+    at = 0
+    for v in model.state_dict().values():
+        n = int(np.prod(v.shape))
+        v.set_value(flat[at:at + n].reshape(v.shape).astype(v.numpy().dtype, copy=False))
+        at += n
 
 
 def _grads(model: Any) -> list[np.ndarray]:
@@ -173,7 +192,7 @@ class Bench:
 
         paddle.seed(budget.seed)
         runner = {"one-cluster": self._one_cluster, "all-reduce": self._all_reduce, "pipeline": self._pipeline,
-                  "diloco": self._diloco, "federated": self._federated}[spec.mode]
+                  "diloco": self._diloco, "streaming-diloco": self._streaming, "federated": self._federated}[spec.mode]
         t0 = time.perf_counter()
         out = runner(spec, budget, progress or (lambda done, total: None))
         wall = time.perf_counter() - t0
@@ -338,6 +357,66 @@ class Bench:
             progress(s + 1, b.steps)
         wan = sum(w.bytes for w in wires)
         traffic = Traffic(exchanges=syncs, bytes_per_exchange=wan / CLUSTERS / syncs, latencies_per_exchange=1)
+        return models[0], wan, peak, traffic, clock.total, losses, num_params(models[0]), {"syncs": syncs}
+
+    def _streaming(self, spec: RowSpec, b: Budget, progress: Progress) -> tuple:
+        from nebula.quality.evaluate import num_params
+
+        models, opts = self._replicas(b, CLUSTERS)
+        anchor = _flat(models[0])
+        cuts = np.linspace(0, anchor.size, spec.fragments + 1).round().astype(int)
+        bufs: list[np.ndarray | None] = [None] * spec.fragments
+        wires = [_Wire(spec.codec) for _ in range(CLUSTERS)]
+        h, f_count, tau = spec.sync_every, spec.fragments, spec.delay
+        offsets = [(f + 1) * h // f_count for f in range(f_count)]  # the step (mod H) each fragment is sent after
+        pending: list[tuple[int, int, np.ndarray]] = []  # (merge after step, fragment, outer result)
+        clock, losses, syncs, peak = _Clock(), [], 0, 0
+        for s in range(b.steps):
+            times, step_loss = [], 0.0
+            for model, opt, ids in zip(models, opts, np.split(self._ids(s, b), CLUSTERS)):
+                t = time.perf_counter()
+                loss = self._loss(model, ids)
+                loss.backward()
+                opt.step()
+                opt.clear_grad()
+                times.append(time.perf_counter() - t)
+                step_loss += float(loss) / CLUSTERS
+            t = time.perf_counter()
+            last = s == b.steps - 1
+            for f in range(f_count):
+                if (s + 1) % h != offsets[f] % h and not last:
+                    continue
+                lo, hi = cuts[f], cuts[f + 1]
+                before = sum(w.bytes for w in wires)
+                flats = [_flat(m) for m in models]
+                mean = sum(w.send(anchor[lo:hi] - x[lo:hi])[0] for w, x in zip(wires, flats)) / CLUSTERS
+                new, buf = outer_step({"f": anchor[lo:hi]}, {"f": mean}, None if bufs[f] is None else {"f": bufs[f]},
+                                      lr=b.outer_lr, momentum=b.outer_momentum)
+                anchor[lo:hi], bufs[f] = new["f"], buf["f"]
+                peak = max(peak, sum(w.bytes for w in wires) - before)
+                syncs += 1
+                pending.append((s + tau, f, anchor[lo:hi].copy()))
+            due = [p for p in pending if p[0] <= s]
+            pending = [p for p in pending if p[0] > s]
+            if last:  # the final sync sent every fragment: the replicas end as the model all clusters agree on
+                for m in models:
+                    _load_flat(m, anchor)
+                pending, due = [], []
+            if due:
+                alpha = b.merge_alpha if tau else 0.0
+                for m in models:
+                    x = _flat(m)
+                    for _, f, outer in due:
+                        lo, hi = cuts[f], cuts[f + 1]
+                        x[lo:hi] = alpha * x[lo:hi] + (1 - alpha) * outer
+                    _load_flat(m, x)
+            clock.step([x + time.perf_counter() - t for x in times])
+            losses.append(step_loss)
+            progress(s + 1, b.steps)
+        wan = sum(w.bytes for w in wires)
+        # a fragment's send overlaps the tau inner steps before its merge (with tau 0 it blocks, as DiLoCo's does)
+        traffic = Traffic(exchanges=syncs, bytes_per_exchange=wan / CLUSTERS / syncs, latencies_per_exchange=1,
+                          overlapped=tau > 0)
         return models[0], wan, peak, traffic, clock.total, losses, num_params(models[0]), {"syncs": syncs}
 
     def _federated(self, spec: RowSpec, b: Budget, progress: Progress) -> tuple:

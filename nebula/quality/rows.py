@@ -4,7 +4,9 @@ A row is one way of training the same model on the same tokens across two cluste
 no WAN), `all-reduce` (gradients averaged over the WAN every step), `pipeline` (the model cut in two, activations
 forward and gradients back over the WAN, optionally with N-step-stale weights upstream), `diloco` (a replica per
 cluster, DiLoCo's outer step every `sync_every` inner steps on pseudo-gradients sent through `codec`) and
-`federated` (FedAvg over each cluster's clients every `sync_every` local steps). Results serialise to the JSON rows
+`streaming-diloco` (DiLoCo with the model in `fragments` synced in turn, each every `sync_every` steps, its
+outer update merged `delay` inner steps after its send began, so the send overlaps compute) and `federated` (FedAvg
+over each cluster's clients every `sync_every` local steps). Results serialise to the JSON rows
 `benchmarks/wan_quality.py --json` writes and `nebula plan` reads.
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Iterable
 
 __all__ = ["MODES", "RowSpec", "RowResult", "Traffic", "write_rows", "read_rows"]
 
-MODES = ("one-cluster", "all-reduce", "pipeline", "diloco", "federated")
+MODES = ("one-cluster", "all-reduce", "pipeline", "diloco", "streaming-diloco", "federated")
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,23 @@ class RowSpec:
     sync_every: int = 1
     stale_weights: int = 0
     grad_codec: str = ""  # pipeline: the codec of gradients going back ("" = same as codec)
+    fragments: int = 1  # streaming-diloco: slices of the model synced in turn
+    delay: int = 0  # streaming-diloco: inner steps between a fragment's send and its merge (0: at once)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"row mode {self.mode!r} is not one of {', '.join(MODES)}")
         if self.sync_every < 1:
             raise ValueError(f"row {self.mode}: sync_every={self.sync_every} must be >= 1")
+        if self.mode == "streaming-diloco":
+            if not 1 <= self.fragments <= self.sync_every:
+                raise ValueError(f"row {self.mode}: fragments={self.fragments} must be from 1 to sync_every "
+                                 f"({self.sync_every}): each fragment syncs once per interval, at its own step")
+            if not 0 <= self.delay < self.sync_every:
+                raise ValueError(f"row {self.mode}: delay={self.delay} must be >= 0 and below sync_every "
+                                 f"({self.sync_every}): a fragment merges before its next send")
+        elif self.fragments != 1 or self.delay:
+            raise ValueError(f"row {self.mode}: fragments and delay apply to mode streaming-diloco only")
         if self.stale_weights and self.mode != "pipeline":
             raise ValueError(f"row {self.mode}: stale_weights applies to mode pipeline only")
 
@@ -72,8 +85,10 @@ class RowSpec:
     def name(self) -> str:
         """A short label: mode, codec, interval, staleness."""
         parts = [self.mode]
-        if self.mode in ("diloco", "federated"):
+        if self.mode in ("diloco", "streaming-diloco", "federated"):
             parts.append(f"H={self.sync_every}")
+        if self.mode == "streaming-diloco":
+            parts.append(f"F={self.fragments} tau={self.delay}")
         if self.mode != "one-cluster":
             parts.append(self.codec)
         if self.stale_weights:

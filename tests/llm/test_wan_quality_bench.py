@@ -24,7 +24,8 @@ def test_the_quick_table_runs_as_printed_with_every_mode(command):
     stdout = run_printed(command, timeout_s=1800)
     out = REPO / command.split("--json ")[1].split()[0]
     rows = {r["name"] + ("" if r["seed"] == 1 else f" seed {r['seed']}"): r for r in json.loads(out.read_text())}
-    assert {r["mode"] for r in rows.values()} == {"one-cluster", "all-reduce", "pipeline", "diloco", "federated"}
+    assert {r["mode"] for r in rows.values()} == {"one-cluster", "all-reduce", "pipeline", "diloco", "streaming-diloco",
+                                                  "federated"}
     for r in rows.values():
         assert {"mode", "codec", "sync_every", "heldout_loss", "wan_bytes", "wall_s"} <= set(r)
         assert r["steps"] == rows["one-cluster"]["steps"] and r["tokens"] == rows["one-cluster"]["tokens"]
@@ -35,6 +36,8 @@ def test_the_quick_table_runs_as_printed_with_every_mode(command):
     assert rows["pipeline none stale 1"]["wan_bytes"] == rows["pipeline none"]["wan_bytes"]
     assert rows["diloco H=10 none"]["wan_bytes"] * 9 < rows["all-reduce none"]["wan_bytes"]
     assert rows["diloco H=50 int4_block"]["wan_bytes"] * 4 < rows["diloco H=50 none"]["wan_bytes"]
+    stream = rows["streaming-diloco H=50 F=4 tau=1 none"]  # a quarter of the model at a time
+    assert stream["peak_wan_bytes"] * 3.5 < rows["diloco H=50 none"]["peak_wan_bytes"]
     assert "one-cluster seed 2" in rows and "Baseline noise" in stdout
     assert "| one-cluster |" in stdout and (REPO / "runs" / "wan_quality" / "wan_quality.png").is_file()
 
