@@ -79,7 +79,10 @@ def rows_for(size: Size, quick: bool) -> list[Any]:
     out += [RowSpec("pipeline", codec=c, stale_weights=n) for c in codecs for n in (0, 1)]
     outer = ("none", "int4_block") if quick else ("none", "int8", "int4_block")
     out += [RowSpec("diloco", codec=c, sync_every=h) for h in size.intervals for c in outer]
-    h = size.intervals[-1]  # streaming at the longest interval, a fragment per quarter of the model, overlapped
+    h = size.intervals[-1]
+    if not quick:  # the low-bit outer gradients of today's papers, at the longest interval
+        out += [RowSpec("diloco", codec=c, sync_every=h) for c in ("fp4", "ef(topk2(0.05))")]
+    # streaming at the longest interval, a fragment per quarter of the model, overlapped
     out += [RowSpec("streaming-diloco", codec=c, sync_every=h, fragments=4, delay=1) for c in ("none", "int4_block")]
     out.append(RowSpec("federated", sync_every=size.intervals[0]))
     return out

@@ -25,6 +25,10 @@ Better codecs
                             energy=E keeps the fewest singular values holding E of ||x||^2.
                             Falls back to the exact SVD when the sketch would cover half the smaller dimension.
   topk(f)                   the round(f*n) largest |x| as int32 indices + values; f in (0, 1].
+  fp4[(inner,] [block=32])  FP4 E2M1 (±{0, .5, 1, 1.5, 2, 3, 4, 6}) times a bf16 scale max|block|/6 per block, two
+                            codes per byte (0.5625 bytes/element at block 32): |error| <= max(max|block|/23.9, |x|/5).
+  topk2(f)                  top-k with 2-bit values (SparseLoCo): round(f*n) largest |x|, Elias-Fano indices
+                            (~2 + log2(1/f) bits each), sign + magnitude-bucket bit, two scales; use ef(topk2(f)).
   ef(inner)                 error feedback: sends inner(x + e), keeps e = (x + e) - decoded per tensor shape, so the
                             sum of decoded tensors tracks the sum of inputs (use for lossy gradient codecs).
   auto(budget[, cand, ...], mbit=100, every=500)
@@ -50,7 +54,7 @@ A codec whose encoding at some shape is larger than the raw tensor (``svd(r)`` o
 nested codec larger than its outer codec alone (``fp16(svd(0.6))`` vs ``fp16``), logs one warning per shape on the
 ``nebula.compress`` logger naming a smaller alternative; ``auto`` never picks such a candidate.
 """
-from . import cast, feedback, integer, lowrank, sparse  # noqa: F401  (register codecs)
+from . import cast, feedback, integer, lowbit, lowrank, sparse  # noqa: F401  (register codecs)
 from .auto import AutoCodec, Measurement
 from .backend import codec_path
 from .base import (Codec, CodecError, Encoded, NonFiniteError, SpecError, decode, get_codec, known_codecs,

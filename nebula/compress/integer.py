@@ -10,11 +10,11 @@ from . import quantize as Q
 from .base import CodecError, ElementCodec, Encoded, check_finite, parse_args, register, split_inner
 from .spec import SpecNode
 
-__all__ = ["Int8Codec", "Int8RowCodec", "Int8BlockCodec", "Int4BlockCodec"]
+__all__ = ["Int8Codec", "Int8RowCodec", "Int8BlockCodec", "Int4BlockCodec", "BlockArgs"]
 
 
 def _is_block(v: Any) -> bool:
-    return isinstance(v, int) and 1 <= v <= 1 << 24
+    return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 24
 
 
 def _all_finite(a: Any) -> bool:
@@ -55,6 +55,27 @@ class _BlockQuantCodec(ElementCodec):
         return Q.dequantize_blocks(q, parts["scales"], block, B.compute_dtype(enc.dtype))
 
 
+class BlockArgs:
+    """The `block=` argument of a per-block element codec (`name`, `name(block=B)`, `name(inner, block=B)`); the
+    class sets `default_block`."""
+
+    default_block: int = 64
+
+    def __init__(self, inner: Any = None, block: int | None = None):
+        super().__init__(inner)
+        self.block = self.default_block if block is None else block
+
+    @property
+    def leaf_spec(self) -> str:
+        return f"{self.name}({self.block})"
+
+    @classmethod
+    def from_spec(cls, node: SpecNode):
+        inner, rest = split_inner(node, cls.usage)
+        args = parse_args(rest, ("block",), {"block": _is_block}, cls.usage)
+        return cls(inner, args.get("block"))
+
+
 @register
 class Int8Codec(_BlockQuantCodec):
     """The paper's INT8: one absmax scale per tensor, q = round(127 x / max|x|), |error| <= max|x| / 254."""
@@ -79,26 +100,12 @@ class Int8RowCodec(_BlockQuantCodec):
 
 
 @register
-class Int8BlockCodec(_BlockQuantCodec):
+class Int8BlockCodec(BlockArgs, _BlockQuantCodec):
     """INT8 with one FP32 scale per `block` consecutive elements (default 64): 1.0625 bytes per element."""
 
     name = "int8_block"
     usage = "int8_block, int8_block(block=64) or int8_block(inner, block=64); block in 1..2^24"
     default_block = 64
-
-    def __init__(self, inner=None, block: int | None = None):
-        super().__init__(inner)
-        self.block = self.default_block if block is None else block
-
-    @property
-    def leaf_spec(self) -> str:
-        return f"{self.name}({self.block})"
-
-    @classmethod
-    def from_spec(cls, node: SpecNode):
-        inner, rest = split_inner(node, cls.usage)
-        args = parse_args(rest, ("block",), {"block": _is_block}, cls.usage)
-        return cls(inner, args.get("block"))
 
     def _block_of(self, x: Any) -> int:
         return self.block

@@ -37,27 +37,31 @@ def topk_scatter(idx: Any, val: Any, n: int, dtype: str) -> Any:
     return out
 
 
-@register
-class TopKCodec(Codec):
-    """Top-k sparsification: round(f*n) (at least 1) largest |x| as int32 indices plus values; pair it with ef(...)."""
-
-    name = "topk"
-    usage = "topk(f) with f in (0, 1], the fraction of elements kept, e.g. ef(topk(0.01))"
+class FractionArg(Codec):
+    """A codec of one argument, the fraction f in (0, 1] of elements it keeps (`name(f)`)."""
 
     def __init__(self, fraction: float):
         self.fraction = fraction
 
     @property
     def spec(self) -> str:
-        return f"topk({self.fraction!r})"
+        return f"{self.name}({self.fraction!r})"
 
     @classmethod
-    def from_spec(cls, node: SpecNode) -> "TopKCodec":
-        ok = lambda v: isinstance(v, (int, float)) and 0 < v <= 1  # noqa: E731
+    def from_spec(cls, node: SpecNode):
+        ok = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1  # noqa: E731
         args = parse_args(node, ("f",), {"f": ok}, cls.usage)
         if "f" not in args:
-            raise SpecError(f"codec 'topk' needs the fraction of elements to keep; usage: {cls.usage}")
+            raise SpecError(f"codec {cls.name!r} needs the fraction of elements to keep; usage: {cls.usage}")
         return cls(args["f"])
+
+
+@register
+class TopKCodec(FractionArg):
+    """Top-k sparsification: round(f*n) (at least 1) largest |x| as int32 indices plus values; pair it with ef(...)."""
+
+    name = "topk"
+    usage = "topk(f) with f in (0, 1], the fraction of elements kept, e.g. ef(topk(0.01))"
 
     def _encode(self, x: Any) -> Encoded:
         check_finite(x, self.spec)
