@@ -15,6 +15,7 @@ at a time in worker processes with one thread each (CPU Paddle trains these size
     .venv/bin/python benchmarks/wan_quality.py --scale --from rows.json   # the largest model, baseline + best rows
     .venv/bin/python benchmarks/wan_quality.py --real                     # two rows through real switches
     .venv/bin/python benchmarks/wan_quality.py --rows streaming --add-to rows.json --json rows.json   # rows added
+    .venv/bin/python benchmarks/wan_quality.py --report rows.json         # an earlier run's table, headline, plot
 
 `--real` checks the one-process rows against the runtime: a DiLoCo row and a pipeline row (int8) at the quick size
 through two real switch servers (`nebula launch` per cluster, TLS between them; benchmarks/_wanq_real.py), beside
@@ -211,6 +212,25 @@ def table(rows: list[Any], noise: float | None) -> str:
     return "\n".join(lines)
 
 
+def headline(rows: list[Any]) -> str:
+    """The baseline against the best row of each mode (`best_of_each_mode`): held-out loss, its difference, WAN bytes
+    and how many times fewer than all-reduce's, wall time per link."""
+    from nebula.plan.link import parse_link, predicted_wall_s
+
+    links = [parse_link(x) for x in LINKS]
+    base = next(r for r in rows if r.spec.mode == "one-cluster")
+    ar = next((r for r in rows if r.spec.mode == "all-reduce"), None)
+    best = {spec: next(r for r in rows if r.spec == spec and r.seed == base.seed) for spec in best_of_each_mode(rows)}
+    lines = ["| mode (best row) | held-out loss | vs one cluster | WAN bytes | x fewer than all-reduce | "
+             + " | ".join(f"wall s @ {lk.mbit:g} Mbit/s" for lk in links) + " |", "|" + "---|" * (5 + len(links))]
+    for r in best.values():
+        fewer = f"{ar.wan_bytes / r.wan_bytes:,.0f}" if ar and r.wan_bytes else "-"
+        walls = " | ".join(f"{predicted_wall_s(r.compute_s, r.traffic, lk):,.0f}" for lk in links)
+        lines.append(f"| {r.spec.name} | {r.heldout_loss:.4f} | {(r.heldout_loss / base.heldout_loss - 1) * 100:+.2f}% | "
+                     f"{r.wan_bytes:,} | {fewer} | {walls} |")
+    return "\n".join(lines)
+
+
 def plot(rows: list[Any], out: Path) -> Path:
     """Held-out loss against WAN bytes (log) and against the wall time each link would give."""
     import matplotlib
@@ -297,6 +317,14 @@ def real_check(out: Path, size: Size, *, steps: int, lr: float, rates: tuple[flo
     return "\n".join(agree) + "\n\n" + "\n".join(walls)
 
 
+def report(rows: list[Any], out: Path) -> str:
+    """The full table with the baseline's noise, the headline (best row of each mode) and where the plot went."""
+    bases = [r.heldout_loss for r in rows if r.spec.mode == "one-cluster"]
+    noise = (max(bases) / min(bases) - 1) * 100 if len(bases) > 1 else None
+    return (f"{table(rows, noise)}\n\nBest row of each mode (the fewest WAN bytes within 2% of one cluster's held-out "
+            f"loss, else the lowest loss):\n\n{headline(rows)}\n\nplot: {plot(rows, out / 'wan_quality.png')}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="every mode at a small size (about 10 minutes here)")
@@ -316,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=2, help="baseline seeds, for the noise between them (default 2)")
     ap.add_argument("--lr", type=float, default=2e-3, help="inner learning rate (AdamW; default 0.002)")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get the corpus's packages")
+    ap.add_argument("--report", type=Path, metavar="ROWS.json",
+                    help="print the table, the headline and the plot of an earlier run's rows; train nothing")
     ap.add_argument("--real", action="store_true",
                     help="check two rows through real switches and the link model against a shaped link")
     ap.add_argument("--real-steps", type=int, default=60, help="steps of each --real run (default 60)")
@@ -330,6 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         size = replace(size, steps=args.steps)
     if args.real:
         print(real_check(args.out, size, steps=args.real_steps, lr=args.lr))
+        return 0
+    if args.report:
+        rows = read_rows(args.report)
+        print(report(rows, args.out))
         return 0
     if args.scale:
         if not args.source:
@@ -359,10 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                              "size options as that run")
         new = {(r.spec, r.seed) for r in rows}
         rows = [r for r in earlier if (r.spec, r.seed) not in new] + rows
-    bases = [r.heldout_loss for r in rows if r.spec.mode == "one-cluster"]
-    noise = (max(bases) / min(bases) - 1) * 100 if len(bases) > 1 else None
-    print(table(rows, noise))
-    print(f"\nplot: {plot(rows, args.out / 'wan_quality.png')}; total {time.monotonic() - t0:,.0f} s")
+    print(report(rows, args.out))
+    print(f"total {time.monotonic() - t0:,.0f} s")
     if args.json:
         write_rows(args.json, rows, meta={"size": asdict(size), "lr": args.lr, "model": model.name,
                                           "baseline_noise_pct": noise})
