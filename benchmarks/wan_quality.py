@@ -15,7 +15,7 @@ at a time in worker processes with one thread each (CPU Paddle trains these size
     .venv/bin/python benchmarks/wan_quality.py --scale --from rows.json   # the largest model, baseline + best rows
     .venv/bin/python benchmarks/wan_quality.py --real                     # two rows through real switches
     .venv/bin/python benchmarks/wan_quality.py --rows streaming --add-to rows.json --json rows.json   # rows added
-    .venv/bin/python benchmarks/wan_quality.py --report rows.json         # an earlier run's table, headline, plot
+    .venv/bin/python benchmarks/wan_quality.py --report rows.json more.json   # earlier runs' table, headline, plot
 
 `--real` checks the one-process rows against the runtime: a DiLoCo row and a pipeline row (int8) at the quick size
 through two real switch servers (`nebula launch` per cluster, TLS between them; benchmarks/_wanq_real.py), beside
@@ -320,6 +320,21 @@ def real_check(out: Path, size: Size, *, steps: int, lr: float, rates: tuple[flo
     return "\n".join(agree) + "\n\n" + "\n".join(walls)
 
 
+def merge_rows(runs: list[list[Any]]) -> list[Any]:
+    """The rows of several runs of one size in order, a row (spec and seed) of a later run replacing an earlier's;
+    SystemExit when their sizes differ."""
+    first = next(r for run in runs for r in run)
+    out: dict[tuple, Any] = {}
+    for run in runs:
+        for r in run:
+            if (r.steps, r.tokens, r.params) != (first.steps, first.tokens, first.params):
+                raise SystemExit(f"rows of different sizes: {r.spec.name} trained {r.params:,} parameters for "
+                                 f"{r.steps} steps, {first.spec.name} {first.params:,} for {first.steps}; merge "
+                                 "runs made with the same size options")
+            out[(r.spec, r.seed)] = r
+    return list(out.values())
+
+
 def report(rows: list[Any], out: Path) -> str:
     """The full table with the baseline's noise, the headline (best row of each mode) and where the plot went."""
     bases = [r.heldout_loss for r in rows if r.spec.mode == "one-cluster"]
@@ -347,8 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=2, help="baseline seeds, for the noise between them (default 2)")
     ap.add_argument("--lr", type=float, default=2e-3, help="inner learning rate (AdamW; default 0.002)")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get the corpus's packages")
-    ap.add_argument("--report", type=Path, metavar="ROWS.json",
-                    help="print the table, the headline and the plot of an earlier run's rows; train nothing")
+    ap.add_argument("--report", type=Path, nargs="+", metavar="ROWS.json",
+                    help="print the table, the headline and the plot of earlier runs' rows (a row in a later file "
+                         "replaces the same row of an earlier one; --json writes them together); train nothing")
     ap.add_argument("--real", action="store_true",
                     help="check two rows through real switches and the link model against a shaped link")
     ap.add_argument("--real-steps", type=int, default=60, help="steps of each --real run (default 60)")
@@ -365,8 +381,10 @@ def main(argv: list[str] | None = None) -> int:
         print(real_check(args.out, size, steps=args.real_steps, lr=args.lr))
         return 0
     if args.report:
-        rows = read_rows(args.report)
+        rows = merge_rows([read_rows(f) for f in args.report])
         print(report(rows, args.out))
+        if args.json:
+            write_rows(args.json, rows)
         return 0
     if args.scale:
         if not args.source:
@@ -390,12 +408,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({budget.tokens:,} tokens each), {args.workers} at a time", flush=True)
     rows = run_rows(model, train, heldout, jobs, workers=args.workers, heldout_examples=size.heldout_examples)
     if earlier:  # the earlier run's rows first (its baseline leads the table), a row run again replaced
-        if (earlier[0].steps, earlier[0].tokens, earlier[0].params) != (rows[0].steps, rows[0].tokens, rows[0].params):
-            raise SystemExit(f"--add-to {args.add_to}: its rows trained {earlier[0].params:,} parameters for "
-                             f"{earlier[0].steps} steps, these {rows[0].params:,} for {rows[0].steps}; give the same "
-                             "size options as that run")
-        new = {(r.spec, r.seed) for r in rows}
-        rows = [r for r in earlier if (r.spec, r.seed) not in new] + rows
+        rows = merge_rows([earlier, rows])
     print(report(rows, args.out))
     print(f"total {time.monotonic() - t0:,.0f} s")
     if args.json:
