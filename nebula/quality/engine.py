@@ -122,18 +122,23 @@ def _set_grads(model: Any, grads: list[np.ndarray]) -> None:
 
 
 class _Wire:
-    """One direction of the WAN: a codec instance (its own state), bytes counted."""
+    """One sender's side of the WAN: a codec instance per tensor it sends (error-feedback residuals and warm starts
+    are per tensor, as the runtime keeps them: `ClusterMean` per tensor name, a pipeline boundary per channel), the
+    bytes counted."""
 
     def __init__(self, spec: str) -> None:
-        from nebula.compress import get_codec
-
-        self.codec = get_codec(spec)
+        self.spec = spec
+        self._codecs: dict[Any, Any] = {}
         self.bytes = 0
 
-    def send(self, x: np.ndarray) -> tuple[np.ndarray, int]:
-        from nebula.compress import decode
+    def send(self, x: np.ndarray, key: Any = None) -> tuple[np.ndarray, int]:
+        """`x` through the codec of tensor `key` and back, as the receiver decodes it; (decoded, bytes sent)."""
+        from nebula.compress import decode, get_codec
 
-        enc = self.codec.encode(x)
+        codec = self._codecs.get(key)
+        if codec is None:
+            codec = self._codecs[key] = get_codec(self.spec)
+        enc = codec.encode(x)
         self.bytes += enc.nbytes
         return np.asarray(decode(enc), dtype=x.dtype).reshape(x.shape), enc.nbytes
 
@@ -238,7 +243,7 @@ class Bench:
                 opt.clear_grad()
                 times.append(time.perf_counter() - t)
                 before = wires[c].bytes
-                sent.append([wires[c].send(g)[0] for g in grads])
+                sent.append([wires[c].send(g, i)[0] for i, g in enumerate(grads)])
                 per_step = max(per_step, wires[c].bytes - before)
                 step_loss += float(loss) / CLUSTERS
             t = time.perf_counter()
@@ -344,7 +349,7 @@ class Bench:
                 deltas = []
                 for model, wire in zip(models, wires):
                     replica = _params(model)
-                    deltas.append({k: wire.send(anchor[k] - replica[k])[0] for k in anchor})
+                    deltas.append({k: wire.send(anchor[k] - replica[k], k)[0] for k in anchor})
                 mean = {k: sum(d[k] for d in deltas) / CLUSTERS for k in anchor}
                 anchor, buf = outer_step(anchor, mean, buf, lr=b.outer_lr, momentum=b.outer_momentum)
                 for model in models:
@@ -389,7 +394,7 @@ class Bench:
                 lo, hi = cuts[f], cuts[f + 1]
                 before = sum(w.bytes for w in wires)
                 flats = [_flat(m) for m in models]
-                mean = sum(w.send(anchor[lo:hi] - x[lo:hi])[0] for w, x in zip(wires, flats)) / CLUSTERS
+                mean = sum(w.send(anchor[lo:hi] - x[lo:hi], f)[0] for w, x in zip(wires, flats)) / CLUSTERS
                 new, buf = outer_step({"f": anchor[lo:hi]}, {"f": mean}, None if bufs[f] is None else {"f": bufs[f]},
                                       lr=b.outer_lr, momentum=b.outer_momentum)
                 anchor[lo:hi], bufs[f] = new["f"], buf["f"]
@@ -442,9 +447,9 @@ class Bench:
                 states = [_params(m) for m in models]
                 partials = [{n: sum(st[n] for st in states[c * k:(c + 1) * k]) / k for n in states[0]}
                             for c in range(CLUSTERS)]
-                partials[1] = {n: up.send(v)[0] for n, v in partials[1].items()}
+                partials[1] = {n: up.send(v, n)[0] for n, v in partials[1].items()}
                 merged = {n: sum(p[n] for p in partials) / CLUSTERS for n in partials[0]}
-                sent = {n: down.send(v)[0] for n, v in merged.items()}
+                sent = {n: down.send(v, n)[0] for n, v in merged.items()}
                 for c, model in enumerate(models):  # cluster A's clients get the reducer's own copy
                     _load(model, merged if c < k else sent)
                 peak = max(peak, up.bytes + down.bytes - before)

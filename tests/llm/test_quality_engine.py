@@ -145,3 +145,15 @@ def test_streaming_diloco_sends_a_fragment_at_a_time_and_merges_late(bench):
     assert late.heldout_loss != stream.heldout_loss and abs(late.heldout_loss - stream.heldout_loss) < 0.2
     with pytest.raises(ValueError, match="fragments=7 must be from 1 to sync_every"):
         run(bench, "streaming-diloco", sync_every=6, fragments=7)
+
+
+def test_a_wire_keeps_error_feedback_per_tensor_as_the_runtime_does():
+    from nebula.quality.engine import _Wire
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=(8, 8)).astype("float32"), rng.normal(size=(8, 8)).astype("float32")
+    shared, own_a, own_b = _Wire("ef(int4_block)"), _Wire("ef(int4_block)"), _Wire("ef(int4_block)")
+    for _ in range(3):  # two tensors of one shape: each keeps its own residual, as if sent on wires of their own
+        assert np.array_equal(shared.send(a, "a")[0], own_a.send(a)[0])
+        assert np.array_equal(shared.send(b, "b")[0], own_b.send(b)[0])
+    assert shared.bytes == own_a.bytes + own_b.bytes
