@@ -9,8 +9,8 @@ from nebula.config.fields import CodecSpec
 from nebula.config.schema import check_fields
 
 __all__ = ["PipelineSpec", "ClusterSpec", "StageSpec", "RecipeSpec", "TrainSpec", "OneWaySpec", "OuterSpec",
-           "DataParallelSpec", "CheckpointSpec", "MetricsSpec", "WanSpec", "AllocationSpec", "CompressionConfig",
-           "DEVICES"]
+           "StreamingSpec", "DataParallelSpec", "CheckpointSpec", "MetricsSpec", "WanSpec", "AllocationSpec",
+           "CompressionConfig", "DEVICES"]
 
 DEVICES = ("cpu", "gpu", "npu", "xpu")
 
@@ -167,17 +167,63 @@ class OuterSpec:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class StreamingSpec:
+    """Streaming DiLoCo (Douillard et al. 2025): the model's values, in layer order, cut into `fragments` equal
+    slices, each synced once every `sync_every` steps at its own offset, so one slice crosses the WAN at a time.
+
+    `delay` inner steps run while a slice's pseudo-gradient is on the WAN; its outer result is then merged as
+    replica <- merge_alpha * replica + (1 - merge_alpha) * outer (delay 0: the replica becomes the outer result at
+    once, as plain DiLoCo does)."""
+
+    fragments: int = 1
+    delay: int = 0
+    merge_alpha: float = 0.5
+
+    def __post_init__(self) -> None:
+        for key in ("fragments", "delay"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"data_parallel.streaming.{key}={v!r} must be an integer")
+        if self.fragments < 1:
+            raise ValueError(f"data_parallel.streaming.fragments={self.fragments} must be >= 1 (slices of the model "
+                             "synced in turn; 1 = the whole model at once)")
+        if self.delay < 0:
+            raise ValueError(f"data_parallel.streaming.delay={self.delay} must be >= 0 (inner steps a slice's sync "
+                             "overlaps; 0 = merge at once)")
+        if isinstance(self.merge_alpha, bool) or not 0.0 <= self.merge_alpha <= 1.0:
+            raise ValueError(f"data_parallel.streaming.merge_alpha={self.merge_alpha!r} must be in [0, 1] (the "
+                             "replica's share when a delayed outer result is merged; the paper's 0.5)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class DataParallelSpec:
     """Cross-cluster data parallelism: every cluster trains a whole replica on its own share of every step's data and
-    the clusters average over the WAN every `sync_every` steps (and after the last step)."""
+    the clusters average over the WAN every `sync_every` steps (and after the last step); with `streaming`, in
+    fragments synced in turn (Streaming DiLoCo, `StreamingSpec`)."""
 
     sync_every: int = 1
     outer: OuterSpec = field(default_factory=OuterSpec)
+    streaming: StreamingSpec | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.sync_every, bool) or not isinstance(self.sync_every, int) or self.sync_every < 1:
             raise ValueError(f"data_parallel.sync_every={self.sync_every!r} must be an integer >= 1 (steps between "
                              "averaging; 1 = every step)")
+        st = self.streaming
+        if st is None:
+            return
+        h = self.sync_every
+        if st.fragments > h:
+            raise ValueError(f"data_parallel.streaming.fragments={st.fragments} must be from 1 to "
+                             f"data_parallel.sync_every ({h}): each fragment syncs once per interval at its own step; "
+                             f"lower fragments or raise sync_every")
+        if st.delay > h - 1:
+            raise ValueError(f"data_parallel.streaming.delay={st.delay} must be from 0 to data_parallel.sync_every - 1 "
+                             f"({h - 1}): a fragment's outer result merges before its next send; lower delay or "
+                             "raise sync_every")
+        if self.outer.algorithm not in ("diloco", "average"):
+            raise ValueError(f"data_parallel.streaming needs data_parallel.outer.algorithm diloco or average, got "
+                             f"{self.outer.algorithm!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -2,7 +2,8 @@
 clusters average every `sync_every` steps over the WAN, plainly or with DiLoCo's outer Nesterov step.
 
 The outer math is pure (`outer`); the exchange is `allmean.ClusterMean`; `hooks.DataParallelHooks` is the mode on
-the stage runner and `run_data_parallel` its entry point (`nebula launch` starts it through `nebula.modes`).
+the stage runner and `run_data_parallel` its entry point (`nebula launch` starts it through `nebula.modes`). With
+`data_parallel.streaming` the model is synced in slices on their own schedules (Streaming DiLoCo, `streaming`).
 """
 from nebula.dataparallel.outer import (OuterState, average_step, outer_step, pack_state, pseudo_gradient,
                                        unpack_state)

@@ -4,7 +4,9 @@ The spine's aggregation runs through a reducer (FEDn's rounds); cross-cluster da
 primitive instead: each leader sends its tensors, encoded with the job's codec, to every other leader over its
 `nebula.federated.transport.Messenger` and folds every cluster's decoded tensors, in job order, into a
 `nebula.federated.aggregate.RunningMean`. Because every leader decodes the same bytes (its own included) in the same
-order, all of them hold bitwise the same mean without a second broadcast. With two clusters this is also the
+order, all of them hold bitwise the same mean without a second broadcast. `post` and `collect` are the two halves of
+`mean`: the send goes out at once and the peers' shares are read later, so the exchange overlaps the inner steps in
+between (streaming DiLoCo's delayed merge). With two clusters this is also the
 fewest bytes: each link carries one encoded model each way per mean.
 
 `agree()` is the start-up handshake: the leaders exchange their initial models (the bulk lane, in pieces), refuse
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -26,7 +28,7 @@ from nebula.federated.aggregate import RunningMean, check_update
 from nebula.federated.protocol import MessageFamily, Malformed, Message
 from nebula.federated.transport import Messenger, Peer
 
-__all__ = ["ClusterMean", "ClusterLost", "ModelMismatch", "TO_LEADER", "LeaderHello", "MeanShare"]
+__all__ = ["ClusterMean", "ClusterLost", "ModelMismatch", "TO_LEADER", "LeaderHello", "MeanShare", "Posted"]
 
 log = logging.getLogger(__name__)
 TO_LEADER = MessageFamily("data-parallel leader")  # what one cluster's leader sends another's
@@ -157,6 +159,11 @@ class ClusterMean:
 
     def mean(self, tensors: Mapping[str, np.ndarray], num_examples: int) -> dict[str, np.ndarray]:
         """The mean of every cluster's `tensors`, weighted by their `num_examples`, identical on every leader."""
+        return self.collect(self.post(tensors, num_examples))
+
+    def post(self, tensors: Mapping[str, np.ndarray], num_examples: int) -> Posted:
+        """The sending half of `mean`: encode `tensors` and hand them to every peer without waiting for delivery
+        (their bytes count in `sent_bytes` at once); `collect` the handle later, in the order posted."""
         self.num_means += 1
         blobs = {k: b"".join(bytes(f) for f in encode_to_frames(self._codec(k), np.ascontiguousarray(v)))
                  for k, v in tensors.items()}
@@ -165,24 +172,39 @@ class ClusterMean:
         payload = b"".join(blobs.values())
         for p in self.peers:
             self.mb.send(p, share, payload, lane="bulk")
-        got = {self.me: (share, memoryview(payload))}
+        like = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+        return Posted(share, payload, like)
+
+    def collect(self, posted: Posted) -> dict[str, np.ndarray]:
+        """The receiving half of `mean`: every peer's share of the mean `posted` was, folded in job order.
+        Handles are collected in the order they were posted (the peers' shares arrive in that order)."""
+        seq = posted.share.seq
+        got = {self.me: (posted.share, memoryview(posted.payload))}
         for p in self.peers:
-            m, body = self._recv(p, self.timeout_s, f"tensors for mean {self.num_means}")
+            m, body = self._recv(p, self.timeout_s, f"tensors for mean {seq}")
             if isinstance(m, MeanShare) and p.cluster in self.peer_runs and m.run != self.peer_runs[p.cluster]:
                 raise ModelMismatch(f"cluster {p.cluster} delivered mean #{m.seq} of an earlier run (a message "
                                     "its leader sent before a restart, kept for this rank); restart every cluster of "
                                     "the job: they resume from the last common checkpoint")
-            if not isinstance(m, MeanShare) or m.seq != self.num_means:
+            if not isinstance(m, MeanShare) or m.seq != seq:
                 what = f"{m.TYPE!r} #{getattr(m, 'seq', None)}" if not isinstance(m, Malformed) else m.reason
                 raise ModelMismatch(f"cluster {p.cluster} sent {what} while {self.me} waits for mean "
-                                    f"#{self.num_means}; the clusters are out of step: restart every cluster with "
+                                    f"#{seq}; the clusters are out of step: restart every cluster with "
                                     "the same job file")
             got[p.cluster] = (m, body if body is not None else memoryview(b""))
-        acc = RunningMean(like=tensors)
+        acc = RunningMean(like=posted.like)
         for c in self.order:  # the same order on every leader: the same floating-point sums
             m, body = got[c]
             acc.add(_unpack(m, body, c), m.num_examples, who=f"cluster {c}")
         return acc.result()
+
+
+class Posted(NamedTuple):
+    """A mean whose share this leader has sent (`ClusterMean.post`) and not yet collected."""
+
+    share: MeanShare
+    payload: bytes
+    like: dict[str, np.ndarray]
 
 
 def _unpack(share: MeanShare, body: memoryview, cluster: str) -> dict[str, np.ndarray]:

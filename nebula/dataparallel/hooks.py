@@ -14,6 +14,13 @@ through the switches (whole-job recovery, docs/recovery.md), the leaders talk on
 a cluster's other ranks wait for their leader's mean at a meeting in the job's TCP store, which a leader that lost
 a peer cluster releases. The codec's own state (error-feedback residuals,
 low-rank warm starts) is not saved: it restarts from zero, so with such a codec a resumed run differs slightly.
+
+With `data_parallel.streaming` (Streaming DiLoCo, `nebula.dataparallel.streaming`) the leader sends one slice of the
+model at a time on the slice's own schedule (`ClusterMean.post`, not waiting for delivery), reads the other clusters'
+shares `delay` steps later (`ClusterMean.collect`), takes the slice's outer step with its own momentum and broadcasts
+the outer result to its ranks, which merge it into their replicas. A checkpoint first waits for the slices in flight
+and takes their outer steps, so it holds the anchor, each slice's momentum and the merges still due, never a slice
+half merged; a resumed run computes what the uninterrupted one does.
 """
 from __future__ import annotations
 
@@ -27,9 +34,10 @@ import numpy as np
 
 from nebula.config.job import JobConfig, StageSpec
 from nebula.config.schema import ConfigError
-from nebula.dataparallel.allmean import ClusterLost, ClusterMean, ModelMismatch
+from nebula.dataparallel.allmean import ClusterLost, ClusterMean, ModelMismatch, Posted
 from nebula.dataparallel.outer import (OuterState, average_step, outer_step, pack_state, pseudo_gradient,
                                        unpack_state)
+from nebula.dataparallel.streaming import Fragments, flatten, merge, unflatten
 from nebula.pipeline import checkpoint as ckpt
 from nebula.pipeline.data import rank_micro_batches, step_ids
 from nebula.pipeline.hooks import PipelineHooks
@@ -64,6 +72,14 @@ class DataParallelHooks(PipelineHooks):
         self.buf: dict[str, np.ndarray] | None = None
         self.last_sync = 0
         self.fields: dict[str, Any] = {}  # this step's record: WAN bytes, sync time
+        # streaming: the flat anchor, each slice's outer momentum, the merges due (slice, after which step) on every
+        # rank, and on the leader the slices sent and not yet collected, in the order sent
+        self.stream = self.dp.streaming
+        self.frags: Fragments | None = None
+        self.flat_anchor = np.zeros(0, np.float32)
+        self.fbufs: dict[int, np.ndarray] = {}
+        self.pending: list[tuple[int, int]] = []
+        self.posted: dict[int, Posted | np.ndarray] = {}
 
     # ---- data: this cluster's block of every step ------------------------------------------------------
     def ids(self, step: int, rank: int, world: int) -> list[np.ndarray]:
@@ -109,6 +125,8 @@ class DataParallelHooks(PipelineHooks):
                                     startup_timeout_s=cfg.startup_timeout_s, channel=f"dp.{tag}" if tag else None)
             plan = {"sync_every": self.dp.sync_every, "outer": dataclasses.asdict(self.dp.outer),
                     "steps": cfg.train.steps, "global_batch": cfg.train.global_batch, "start": start}
+            if self.stream is not None:
+                plan["streaming"] = dataclasses.asdict(self.stream)
             adopted, resume = self._guard(lambda: self.mean.agree(mine, plan, steps))
         self._meet("start")
         resume = self._broadcast_int(resume)
@@ -116,7 +134,9 @@ class DataParallelHooks(PipelineHooks):
             d = ckpt.step_dir(ck.dir, resume)
             start = ckpt.load(d, r.stages.states())
             try:
-                self.anchor, self.buf, self.last_sync = unpack_state(ckpt.load_extra(d, r.cluster) or {}, mine)
+                state = unpack_state(ckpt.load_extra(d, r.cluster) or {}, mine)
+                self.anchor, self.buf, self.last_sync = state.anchor, state.buf, state.last_sync
+                self._resume_stream(state, mine)
             except ValueError as exc:
                 raise ConfigError(f"checkpoint {d}: {exc}; remove it or set checkpoint.resume: false") from None
             log.info("cluster %s rank %d: resumed from checkpoint step %d (last sync at step %d)", r.cluster,
@@ -126,17 +146,53 @@ class DataParallelHooks(PipelineHooks):
         self.anchor = self._broadcast(adopted, mine)
         for k, p in params.items():
             p.set_value(self.anchor[k])
+        self._resume_stream(OuterState(self.anchor, None, start, {} if self.stream else None), mine)
         return start
 
+    def _resume_stream(self, state: OuterState, like: dict[str, np.ndarray]) -> None:
+        """The streaming state of `state` (a checkpoint's or the initial one); ValueError when the checkpoint was
+        written with other streaming settings, or without."""
+        self.posted = {}
+        if self.stream is None:
+            if state.fragment_bufs is not None:
+                raise ValueError("it was written with data_parallel.streaming and this job has none")
+            return
+        if state.fragment_bufs is None:
+            raise ValueError("it was written without data_parallel.streaming and this job streams")
+        flat = flatten(state.anchor if state.anchor else like)
+        self.frags = Fragments(flat.size, self.stream.fragments, self.dp.sync_every, self.stream.delay)
+        for f, b in state.fragment_bufs.items():
+            lo, hi = self.frags.bounds(f) if 0 <= f < self.frags.fragments else (0, -1)
+            if b.shape != (hi - lo,):
+                raise ValueError(f"its outer momentum of fragment {f} has shape {b.shape}, not ({hi - lo},) of "
+                                 f"{self.frags.fragments} fragments: it was saved with other streaming settings")
+        if any(not 0 <= f < self.frags.fragments for f, _ in state.pending):
+            raise ValueError(f"its merges due {list(state.pending)} name fragments beyond {self.frags.fragments}: "
+                             "it was saved with other streaming settings")
+        self.flat_anchor = flat
+        self.fbufs = {f: np.array(b, np.float32) for f, b in state.fragment_bufs.items()}
+        self.pending = [(int(f), int(s)) for f, s in state.pending]
+
     def extra_state(self) -> dict[str, np.ndarray]:
-        """The outer optimizer's state, saved in every checkpoint so that a restart resumes it exactly."""
-        return pack_state(OuterState(self.anchor, self.buf, self.last_sync))
+        """The outer optimizer's state, saved in every checkpoint so that a restart resumes it exactly. Streaming:
+        the slices in flight are collected first and their outer steps taken (their merges stay due at their step),
+        so the checkpoint holds no exchange half done."""
+        if self.stream is None:
+            return pack_state(OuterState(self.anchor, self.buf, self.last_sync))
+        self._guard(self._drain)
+        anchor = unflatten(self.flat_anchor, self.anchor)
+        return pack_state(OuterState(anchor, None, self.last_sync, dict(self.fbufs), tuple(self.pending)))
+
+    def abandon(self) -> None:
+        self.posted = {}  # a recovery resumes from a checkpoint: what was in flight is gone with its round
 
     # ---- outer step -------------------------------------------------------------------------------------
     def step(self, step: int) -> float | None:
         loss = super().step(step)
         done = step + 1
-        if done % self.dp.sync_every == 0 or done == self.r.cfg.train.steps:
+        if self.stream is not None:
+            self._stream(done)
+        elif done % self.dp.sync_every == 0 or done == self.r.cfg.train.steps:
             self._sync(done)
         else:
             self.fields = {"synced": False, "sync_s": 0.0, "bytes_sent": 0,
@@ -169,6 +225,95 @@ class DataParallelHooks(PipelineHooks):
         sent = self.mean.sent_bytes if self.mean else 0
         self.fields = {"synced": True, "sync_s": round(time.perf_counter() - t0, 6), "bytes_sent": sent - before,
                        "wan_bytes": sent}
+
+    # ---- streaming: slices sent in turn, merged `delay` steps later -----------------------------------------
+    def _stream(self, done: int) -> None:
+        """After step `done`: send the slices due (the leader posts them, not waiting), merge the outer results
+        due; after the last step every slice is sent and the replicas end as the anchor."""
+        t0 = time.perf_counter()
+        st, frags, steps = self.stream, self.frags, self.r.cfg.train.steps
+        leader = self.r.rank == 0
+        last = done >= steps
+        sends = frags.sends(done, steps)
+        before = self.mean.sent_bytes if self.mean else 0
+        params = self.r.stages.params()
+        replica = None
+        if sends or any(at <= done for _, at in self.pending):
+            replica = flatten({k: p.numpy() for k, p in params.items()})
+        if last:  # the final sync sends every slice: those in flight take their outer steps first, unmerged
+            if leader:
+                self._guard(self._drain)
+            self.pending = []
+        n = self.r.cfg.train.global_batch * self.dp.sync_every
+        for f in sends:
+            if leader:
+                lo, hi = frags.bounds(f)
+                delta = self.flat_anchor[lo:hi] - replica[lo:hi]
+                self.posted[f] = (self._guard(lambda: self.mean.post({f"fragment/{f}": delta}, n))
+                                  if self.mean is not None else delta)
+            self.pending.append((f, done if last else done + st.delay))
+            self.last_sync = done
+        ck = self.r.cfg.checkpoint
+        saving = bool(ck.dir) and (last or bool(ck.every) and done % ck.every == 0)
+        if saving and leader:  # a checkpoint holds no exchange half done: wait for the slices in flight now
+            self._guard(self._drain)
+        due = [f for f, at in self.pending if at <= done]
+        self.pending = [(f, at) for f, at in self.pending if at > done]
+        if leader:
+            for f in due:
+                self._guard(lambda: self._collect(f))
+        if sends or due or saving:
+            # the ranks wait for their leader's WAN work of this step here (not later at the step boundary, where
+            # a leader that lost a peer cluster would leave them waiting): a lost peer abandons the step for all
+            self._meet(f"stream/{done}")
+        if due:
+            if last:
+                self.flat_anchor = self._broadcast({"m": self.flat_anchor} if leader else None,
+                                                   {"m": self.flat_anchor})["m"]
+                replica = self.flat_anchor.copy()
+            else:
+                spans = [frags.bounds(f) for f in due]
+                outer = (np.concatenate([self.flat_anchor[lo:hi] for lo, hi in spans]) if leader else
+                         np.zeros(sum(hi - lo for lo, hi in spans), np.float32))
+                outer = self._broadcast({"o": outer} if leader else None, {"o": outer})["o"]
+                alpha = st.merge_alpha if st.delay else 0.0
+                at = 0
+                for lo, hi in spans:
+                    self.flat_anchor[lo:hi] = outer[at:at + hi - lo]
+                    replica[lo:hi] = merge(replica[lo:hi], outer[at:at + hi - lo], alpha)
+                    at += hi - lo
+            new = unflatten(replica, {k: p.numpy() for k, p in params.items()})
+            for k, p in params.items():
+                p.set_value(new[k])
+        sent = self.mean.sent_bytes if self.mean else 0
+        self.fields = {"synced": bool(sends), "fragments_sent": sends, "fragments_merged": due,
+                       "sync_s": round(time.perf_counter() - t0, 6), "bytes_sent": sent - before, "wan_bytes": sent}
+
+    def _collect(self, f: int) -> None:
+        """Collect the slices posted up to slice `f`'s (in the order posted: the peers' shares come in that
+        order) and take their outer steps on the anchor."""
+        while f in self.posted:
+            g = next(iter(self.posted))
+            self._outer_slice(g, self.posted.pop(g))
+
+    def _drain(self) -> None:
+        """Collect every slice in flight and take its outer step (its merge stays due)."""
+        while self.posted:
+            g = next(iter(self.posted))
+            self._outer_slice(g, self.posted.pop(g))
+
+    def _outer_slice(self, f: int, posted: Posted | np.ndarray) -> None:
+        mean = self.mean.collect(posted)[f"fragment/{f}"] if isinstance(posted, Posted) else posted
+        lo, hi = self.frags.bounds(f)
+        out = self.dp.outer
+        a = {"f": self.flat_anchor[lo:hi]}
+        if out.algorithm == "average":
+            new = average_step(a, {"f": mean})
+        else:
+            new, buf = outer_step(a, {"f": mean}, {"f": self.fbufs[f]} if f in self.fbufs else None, lr=out.lr,
+                                  momentum=out.momentum, nesterov=out.nesterov)
+            self.fbufs[f] = buf["f"]
+        self.flat_anchor[lo:hi] = new["f"]
 
     # ---- helpers ----------------------------------------------------------------------------------------
     def _meet(self, name: str) -> None:

@@ -61,18 +61,26 @@ def average_step(anchor: Weights, delta: Weights) -> dict[str, np.ndarray]:
 
 
 class OuterState(NamedTuple):
-    """What the outer optimizer carries between syncs: the agreed model, the momentum buffer, the last sync's step."""
+    """What the outer optimizer carries between syncs: the agreed model, the momentum buffer, the last sync's step;
+    with streaming (fragments synced in turn) the momentum of each fragment instead of `buf`, and the merges still
+    due: (fragment, step after which it merges), each fragment's outer result being its slice of `anchor`."""
 
     anchor: dict[str, np.ndarray]
     buf: dict[str, np.ndarray] | None
     last_sync: int
+    fragment_bufs: dict[int, np.ndarray] | None = None
+    pending: tuple[tuple[int, int], ...] = ()
 
 
 def pack_state(state: OuterState) -> dict[str, np.ndarray]:
-    """`state` as flat named arrays (`anchor/<tensor>`, `buf/<tensor>`, `last_sync`) for a checkpoint."""
+    """`state` as flat named arrays (`anchor/<tensor>`, `buf/<tensor>`, `last_sync`; with streaming also
+    `fbuf/<fragment>` and `pending`, rows of (fragment, merge step)) for a checkpoint."""
     out = {f"anchor/{k}": np.asarray(v) for k, v in state.anchor.items()}
     out.update({f"buf/{k}": np.asarray(v) for k, v in (state.buf or {}).items()})
+    out.update({f"fbuf/{f}": np.asarray(v) for f, v in (state.fragment_bufs or {}).items()})
     out["last_sync"] = np.array(state.last_sync, dtype=np.int64)
+    if state.fragment_bufs is not None or state.pending:
+        out["pending"] = np.array(state.pending, dtype=np.int64).reshape(-1, 2)
     return out
 
 
@@ -80,7 +88,7 @@ def unpack_state(flat: Mapping[str, np.ndarray], like: Weights) -> OuterState:
     """The inverse of pack_state, checked against the model's tensors `like` (ValueError naming what differs)."""
     if "last_sync" not in flat:
         raise ValueError("the checkpoint's outer state has no last_sync: it was not written by mode data_parallel")
-    parts: dict[str, dict[str, np.ndarray]] = {"anchor": {}, "buf": {}}
+    parts: dict[str, dict[str, np.ndarray]] = {"anchor": {}, "buf": {}, "fbuf": {}}
     for key, v in flat.items():
         kind, _, name = key.partition("/")
         if kind in parts:
@@ -93,4 +101,8 @@ def unpack_state(flat: Mapping[str, np.ndarray], like: Weights) -> OuterState:
             if v.shape != np.shape(like[k]):
                 raise ValueError(f"the checkpoint's outer {kind} {k!r} has shape {v.shape}, the model's "
                                  f"{np.shape(like[k])}: it was saved by another model")
-    return OuterState(parts["anchor"], parts["buf"] or None, int(flat["last_sync"]))
+    fbufs = {int(f): v for f, v in parts["fbuf"].items()}
+    streaming = "pending" in flat
+    pending = tuple((int(f), int(s)) for f, s in np.asarray(flat["pending"]).reshape(-1, 2)) if streaming else ()
+    return OuterState(parts["anchor"], parts["buf"] or None, int(flat["last_sync"]),
+                      fbufs if streaming else None, pending)

@@ -69,13 +69,14 @@ class RowSpec:
             raise ValueError(f"row mode {self.mode!r} is not one of {', '.join(MODES)}")
         if self.sync_every < 1:
             raise ValueError(f"row {self.mode}: sync_every={self.sync_every} must be >= 1")
-        if self.mode == "streaming-diloco":
-            if not 1 <= self.fragments <= self.sync_every:
-                raise ValueError(f"row {self.mode}: fragments={self.fragments} must be from 1 to sync_every "
-                                 f"({self.sync_every}): each fragment syncs once per interval, at its own step")
-            if not 0 <= self.delay < self.sync_every:
-                raise ValueError(f"row {self.mode}: delay={self.delay} must be >= 0 and below sync_every "
-                                 f"({self.sync_every}): a fragment merges before its next send")
+        if self.mode == "streaming-diloco":  # the job file's own rules for the same settings
+            from nebula.config.job_sections import DataParallelSpec, OuterSpec, StreamingSpec
+
+            try:
+                DataParallelSpec(sync_every=self.sync_every, outer=OuterSpec(algorithm="diloco"),
+                                 streaming=StreamingSpec(fragments=self.fragments, delay=self.delay))
+            except ValueError as exc:
+                raise ValueError(f"row {self.mode}: {exc}") from None
         elif self.fragments != 1 or self.delay:
             raise ValueError(f"row {self.mode}: fragments and delay apply to mode streaming-diloco only")
         if self.stale_weights and self.mode != "pipeline":

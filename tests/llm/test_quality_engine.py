@@ -143,7 +143,7 @@ def test_streaming_diloco_sends_a_fragment_at_a_time_and_merges_late(bench):
     late = run(bench, "streaming-diloco", codec="none", sync_every=6, fragments=3, delay=1, b=budget(steps=12))
     assert late.traffic.overlapped and not stream.traffic.overlapped
     assert late.heldout_loss != stream.heldout_loss and abs(late.heldout_loss - stream.heldout_loss) < 0.2
-    with pytest.raises(ValueError, match="fragments=7 must be from 1 to sync_every"):
+    with pytest.raises(ValueError, match="fragments=7 must be from 1 to data_parallel.sync_every"):
         run(bench, "streaming-diloco", sync_every=6, fragments=7)
 
 
