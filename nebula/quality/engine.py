@@ -367,13 +367,14 @@ class Bench:
     def _streaming(self, spec: RowSpec, b: Budget, progress: Progress) -> tuple:
         from nebula.quality.evaluate import num_params
 
+        from nebula.dataparallel.streaming import Fragments
+
         models, opts = self._replicas(b, CLUSTERS)
         anchor = _flat(models[0])
-        cuts = np.linspace(0, anchor.size, spec.fragments + 1).round().astype(int)
+        frags = Fragments(anchor.size, spec.fragments, spec.sync_every, spec.delay)  # the runtime's schedule
+        cuts, tau = frags.cuts, spec.delay
         bufs: list[np.ndarray | None] = [None] * spec.fragments
         wires = [_Wire(spec.codec) for _ in range(CLUSTERS)]
-        h, f_count, tau = spec.sync_every, spec.fragments, spec.delay
-        offsets = [(f + 1) * h // f_count for f in range(f_count)]  # the step (mod H) each fragment is sent after
         pending: list[tuple[int, int, np.ndarray]] = []  # (merge after step, fragment, outer result)
         clock, losses, syncs, peak = _Clock(), [], 0, 0
         for s in range(b.steps):
@@ -388,9 +389,7 @@ class Bench:
                 step_loss += float(loss) / CLUSTERS
             t = time.perf_counter()
             last = s == b.steps - 1
-            for f in range(f_count):
-                if (s + 1) % h != offsets[f] % h and not last:
-                    continue
+            for f in frags.sends(s + 1, b.steps):
                 lo, hi = cuts[f], cuts[f + 1]
                 before = sum(w.bytes for w in wires)
                 flats = [_flat(m) for m in models]
