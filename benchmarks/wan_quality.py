@@ -168,25 +168,36 @@ class _Progress:
 
 
 def run_rows(model: Path, train: Path, heldout: Path, jobs: list[tuple[Any, Any]], *, workers: int,
-             heldout_examples: int) -> list[Any]:
-    """Run `jobs` ((RowSpec, Budget) pairs) in `workers` processes; RowResults in the order given."""
+             heldout_examples: int, done: Any = None) -> list[Any]:
+    """Run `jobs` ((RowSpec, Budget) pairs) in `workers` processes; RowResults in the order given. `done(row)` is
+    called with each row as it finishes (the benchmark saves it at once: a long run stopped keeps its rows)."""
     from nebula.quality.rows import RowResult
 
     b = jobs[0][1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     bar = _Progress(len(jobs))
+    results: dict[int, Any] = {}
     with ctx.Pool(workers, initializer=_init, initargs=(str(model), str(train), str(heldout), b.seq_len, b.lr,
                                                          heldout_examples, queue)) as pool:
-        pending = pool.map_async(_work, jobs, chunksize=1)
-        while not pending.ready() or not queue.empty():
+        pending = pool.imap_unordered(_work_indexed, list(enumerate(jobs)), chunksize=1)
+        while len(results) < len(jobs):
             try:
-                bar.update(*queue.get(timeout=0.5))
-            except Exception:  # queue.Empty: nothing new within the timeout
-                pass
-        results = pending.get()
+                i, row = pending.next(timeout=0.5)
+            except mp.TimeoutError:
+                i = None
+            while not queue.empty():
+                bar.update(*queue.get())
+            if i is not None:
+                results[i] = RowResult.from_json(row)
+                if done:
+                    done(results[i])
     bar.close()
-    return [RowResult.from_json(r) for r in results]
+    return [results[i] for i in range(len(jobs))]
+
+
+def _work_indexed(job: tuple[int, tuple[Any, Any]]) -> tuple[int, dict[str, Any]]:
+    return job[0], _work(job[1])
 
 
 # -- reporting ------------------------------------------------------------------------------------------------------
@@ -354,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "wan_quality",
                     help="where the corpus, the model and the plot go (default runs/wan_quality)")
     ap.add_argument("--steps", type=int, help="optimizer steps per row (default: the size's)")
-    ap.add_argument("--rows", help="only rows whose name contains one of these comma-separated words")
+    ap.add_argument("--rows", help="only rows whose name contains one of these comma-separated words, run in that "
+                                   "order (the baseline first)")
     ap.add_argument("--add-to", type=Path, metavar="ROWS.json",
                     help="run only the --rows rows (no baseline) at the size of this earlier run's rows and print "
                          "them with its rows (written back with --json)")
@@ -365,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", type=Path, nargs="+", metavar="ROWS.json",
                     help="print the table, the headline and the plot of earlier runs' rows (a row in a later file "
                          "replaces the same row of an earlier one; --json writes them together); train nothing")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --json FILE: keep the rows a stopped run of this command saved there, run the others "
+                         "(every row is saved as it finishes)")
     ap.add_argument("--real", action="store_true",
                     help="check two rows through real switches and the link model against a shaped link")
     ap.add_argument("--real-steps", type=int, default=60, help="steps of each --real run (default 60)")
@@ -393,27 +408,42 @@ def main(argv: list[str] | None = None) -> int:
     else:
         specs = rows_for(size, args.quick)
     earlier = read_rows(args.add_to) if args.add_to else []
-    if args.rows:
+    if args.resume:
+        if not (args.json and args.json.is_file()):
+            raise SystemExit("--resume needs --json FILE of a run stopped before (it keeps that file's rows and runs "
+                             "the others)")
+        earlier = read_rows(args.json)
+        print(f"{args.json}: {len(earlier)} rows kept from the run stopped before", flush=True)
+    if args.rows:  # (the baseline stays: it is dropped below when the earlier rows hold it)
         words = [w.strip() for w in args.rows.split(",") if w.strip()]
-        specs = [s for s in specs if (s.mode == "one-cluster" and not earlier) or any(w in s.name for w in words)]
-    if earlier and not specs:
-        raise SystemExit(f"--add-to {args.add_to}: --rows {args.rows!r} names no row of this size; see rows_for")
+        specs = [s for s in specs if s.mode == "one-cluster" or any(w in s.name for w in words)]
+        # in the order the words name them (the baseline first): what matters most runs first
+        specs.sort(key=lambda s: -1 if s.mode == "one-cluster" else min(i for i, w in enumerate(words) if w in s.name))
     t0 = time.monotonic()
     model, train, heldout = prepare(args.out, size, install=not args.no_install)
     budget = Budget(steps=size.steps, global_batch=size.global_batch, seq_len=size.seq_len, lr=args.lr)
     jobs = [(s, budget) for s in specs]
-    if not earlier:
+    if not args.add_to:
         jobs += [(specs[0], replace(budget, seed=budget.seed + k)) for k in range(1, args.seeds)]
+    have = {(r.spec, r.seed) for r in earlier}
+    jobs = [(s, b) for s, b in jobs if (s, b.seed) not in have]
+    kept = list(earlier)
+
+    def save(row: Any) -> None:
+        kept.append(row)
+        if args.json:  # after every row: a stopped run resumes from here
+            write_rows(args.json, merge_rows([kept]), meta={"size": asdict(size), "lr": args.lr, "model": model.name})
+
     print(f"{len(jobs)} rows of {size.steps} steps x {size.global_batch} sequences x {size.seq_len} tokens "
           f"({budget.tokens:,} tokens each), {args.workers} at a time", flush=True)
-    rows = run_rows(model, train, heldout, jobs, workers=args.workers, heldout_examples=size.heldout_examples)
+    rows = run_rows(model, train, heldout, jobs, workers=args.workers, heldout_examples=size.heldout_examples,
+                    done=save) if jobs else []
     if earlier:  # the earlier run's rows first (its baseline leads the table), a row run again replaced
         rows = merge_rows([earlier, rows])
     print(report(rows, args.out))
     print(f"total {time.monotonic() - t0:,.0f} s")
     if args.json:
-        write_rows(args.json, rows, meta={"size": asdict(size), "lr": args.lr, "model": model.name,
-                                          "baseline_noise_pct": noise})
+        write_rows(args.json, rows, meta={"size": asdict(size), "lr": args.lr, "model": model.name})
         print(f"rows: {args.json}")
     return 0
 
