@@ -373,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2, help="rows trained at once, one process each (default 2)")
     ap.add_argument("--seeds", type=int, default=2, help="baseline seeds, for the noise between them (default 2)")
     ap.add_argument("--lr", type=float, default=2e-3, help="inner learning rate (AdamW; default 0.002)")
+    ap.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo's outer learning rate (default 0.7)")
+    ap.add_argument("--outer-momentum", type=float, default=0.9,
+                    help="DiLoCo's outer Nesterov momentum (default 0.9, the paper's; 0: none)")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get the corpus's packages")
     ap.add_argument("--report", type=Path, nargs="+", metavar="ROWS.json",
                     help="print the table, the headline and the plot of earlier runs' rows (a row in a later file "
@@ -421,18 +424,21 @@ def main(argv: list[str] | None = None) -> int:
         specs.sort(key=lambda s: -1 if s.mode == "one-cluster" else min(i for i, w in enumerate(words) if w in s.name))
     t0 = time.monotonic()
     model, train, heldout = prepare(args.out, size, install=not args.no_install)
-    budget = Budget(steps=size.steps, global_batch=size.global_batch, seq_len=size.seq_len, lr=args.lr)
+    budget = Budget(steps=size.steps, global_batch=size.global_batch, seq_len=size.seq_len, lr=args.lr,
+                    outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
     jobs = [(s, budget) for s in specs]
     if not args.add_to:
         jobs += [(specs[0], replace(budget, seed=budget.seed + k)) for k in range(1, args.seeds)]
     have = {(r.spec, r.seed) for r in earlier}
     jobs = [(s, b) for s, b in jobs if (s, b.seed) not in have]
     kept = list(earlier)
+    meta = {"size": asdict(size), "lr": args.lr, "model": model.name, "outer_lr": args.outer_lr,
+            "outer_momentum": args.outer_momentum}
 
     def save(row: Any) -> None:
         kept.append(row)
         if args.json:  # after every row: a stopped run resumes from here
-            write_rows(args.json, merge_rows([kept]), meta={"size": asdict(size), "lr": args.lr, "model": model.name})
+            write_rows(args.json, merge_rows([kept]), meta=meta)
 
     print(f"{len(jobs)} rows of {size.steps} steps x {size.global_batch} sequences x {size.seq_len} tokens "
           f"({budget.tokens:,} tokens each), {args.workers} at a time", flush=True)
@@ -443,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     print(report(rows, args.out))
     print(f"total {time.monotonic() - t0:,.0f} s")
     if args.json:
-        write_rows(args.json, rows, meta={"size": asdict(size), "lr": args.lr, "model": model.name})
+        write_rows(args.json, rows, meta=meta)
         print(f"rows: {args.json}")
     return 0
 
