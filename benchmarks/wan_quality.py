@@ -401,8 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         rows = merge_rows([read_rows(f) for f in args.report])
         print(report(rows, args.out))
-        if args.json:
-            write_rows(args.json, rows)
+        if args.json:  # with the first file's meta (the size the rows were measured at)
+            first = json.loads(args.report[0].read_text(encoding="utf-8"))
+            write_rows(args.json, rows, meta=first[0].get("meta") if first else None)
         return 0
     if args.scale:
         if not args.source:

@@ -43,6 +43,12 @@ PENDING = {
     "on 2 cores); tests/llm/test_wan_quality_bench.py runs --quick, every mode at a small size",
     ".venv/bin/python benchmarks/wan_quality.py --scale --from runs/wan_quality/rows.json": "the largest model on a "
     "million tokens per row (hours), after the full table",
+    ".venv/bin/python benchmarks/wan_quality.py --report runs/wan_quality/rows.json runs/wan_quality/rows2.json":
+        "reads the full-size rows' files, which the full table's runs write (hours)",
+    ".venv/bin/python benchmarks/wan_quality.py --rows streaming,fp4,topk2 --seeds 1 --workers 1 --json "
+    "runs/wan_quality/extra.json": "five full-size rows (40 min)",
+    ".venv/bin/python benchmarks/wan_quality.py --rows 'diloco H=100 int8,diloco H=10 int8' --outer-momentum 0 "
+    "--seeds 1 --json runs/wan_quality/rows-m0.json": "three full-size rows (30 min)",
     "make venv && bash recipes/abnet/run_local.sh": "the main job (2000 steps); tests/recipes run its script at 60",
     "bash recipes/llm/run_local.sh": "200 steps; tests/llm/test_recipe.py runs it at 12",
     "nebula bench job.yaml --cluster A --out profiles/A.yaml": "job.yaml assembled from the section's prose",
