@@ -326,6 +326,19 @@ class Bench:
         models = [self._build(b.seed) for _ in range(count)]
         return models, [self._opt(m) for m in models]
 
+    def _local_steps(self, models: list[Any], opts: list[Any], s: int, b: Budget) -> tuple[list[float], float]:
+        """One inner step of each replica on its block of step `s`'s ids: (seconds per replica, mean loss)."""
+        times, step_loss = [], 0.0
+        for model, opt, ids in zip(models, opts, np.split(self._ids(s, b), len(models))):
+            t = time.perf_counter()
+            loss = self._loss(model, ids)
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            times.append(time.perf_counter() - t)
+            step_loss += float(loss) / len(models)
+        return times, step_loss
+
     def _diloco(self, spec: RowSpec, b: Budget, progress: Progress) -> tuple:
         from nebula.quality.evaluate import num_params
 
@@ -334,15 +347,7 @@ class Bench:
         wires = [_Wire(spec.codec) for _ in range(CLUSTERS)]
         clock, losses, syncs, peak = _Clock(), [], 0, 0
         for s in range(b.steps):
-            times, step_loss = [], 0.0
-            for model, opt, ids in zip(models, opts, np.split(self._ids(s, b), CLUSTERS)):
-                t = time.perf_counter()
-                loss = self._loss(model, ids)
-                loss.backward()
-                opt.step()
-                opt.clear_grad()
-                times.append(time.perf_counter() - t)
-                step_loss += float(loss) / CLUSTERS
+            times, step_loss = self._local_steps(models, opts, s, b)
             if (s + 1) % spec.sync_every == 0 or s == b.steps - 1:
                 t = time.perf_counter()
                 before = sum(w.bytes for w in wires)
@@ -378,15 +383,7 @@ class Bench:
         pending: list[tuple[int, int, np.ndarray]] = []  # (merge after step, fragment, outer result)
         clock, losses, syncs, peak = _Clock(), [], 0, 0
         for s in range(b.steps):
-            times, step_loss = [], 0.0
-            for model, opt, ids in zip(models, opts, np.split(self._ids(s, b), CLUSTERS)):
-                t = time.perf_counter()
-                loss = self._loss(model, ids)
-                loss.backward()
-                opt.step()
-                opt.clear_grad()
-                times.append(time.perf_counter() - t)
-                step_loss += float(loss) / CLUSTERS
+            times, step_loss = self._local_steps(models, opts, s, b)
             t = time.perf_counter()
             last = s == b.steps - 1
             for f in frags.sends(s + 1, b.steps):
@@ -431,15 +428,8 @@ class Bench:
         up, down = _Wire(spec.codec), _Wire(spec.codec)  # cluster B's combiner <-> the reducer in A
         clock, losses, rounds, peak = _Clock(), [], 0, 0
         for s in range(b.steps):
-            times, step_loss = [0.0] * CLUSTERS, 0.0
-            for i, (model, opt, ids) in enumerate(zip(models, opts, np.split(self._ids(s, b), CLUSTERS * k))):
-                t = time.perf_counter()
-                loss = self._loss(model, ids)
-                loss.backward()
-                opt.step()
-                opt.clear_grad()
-                times[i // k] += time.perf_counter() - t  # a cluster's clients share its hardware
-                step_loss += float(loss) / (CLUSTERS * k)
+            per_client, step_loss = self._local_steps(models, opts, s, b)
+            times = [sum(per_client[c * k:(c + 1) * k]) for c in range(CLUSTERS)]  # clients share their cluster
             if (s + 1) % spec.sync_every == 0 or s == b.steps - 1:
                 t = time.perf_counter()
                 before = up.bytes + down.bytes
