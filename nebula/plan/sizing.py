@@ -94,9 +94,16 @@ def safetensors_params(directory: Path) -> int | None:
                 header = json.loads(fh.read(n))
         except (OSError, ValueError, struct.error):
             return None
+        if not isinstance(header, dict):
+            return None
         for name, t in header.items():
-            if name != "__metadata__":
-                total += math.prod(t["shape"])
+            if name == "__metadata__":
+                continue
+            shape = t.get("shape") if isinstance(t, dict) else None
+            if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                      for d in shape):
+                return None  # not a safetensors header: the caller falls back to config.json's sizes
+            total += math.prod(shape)
     return total or None
 
 

@@ -137,3 +137,18 @@ def test_a_saved_llamas_size_matches_the_built_models_parameters(tmp_path):
     config = json.loads((ckpt / "config.json").read_text(encoding="utf-8"))
     built = num_params(pft.LlamaForCausalLM.from_pretrained(str(ckpt)))
     assert config_params(config) == safetensors_params(ckpt) == built
+
+
+def test_a_malformed_safetensors_header_falls_back_to_no_count(tmp_path):
+    import json as _json
+    import struct as _struct
+
+    from nebula.plan.sizing import safetensors_params
+
+    for header in ({"w": {"dtype": "F32"}}, {"w": {"shape": ["x", 2]}}, {"w": 3}, [1, 2]):
+        body = _json.dumps(header).encode()
+        (tmp_path / "model.safetensors").write_bytes(_struct.pack("<Q", len(body)) + body)
+        assert safetensors_params(tmp_path) is None, header
+    body = _json.dumps({"w": {"dtype": "F32", "shape": [3, 4], "data_offsets": [0, 48]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(_struct.pack("<Q", len(body)) + body)
+    assert safetensors_params(tmp_path) == 12
