@@ -86,7 +86,7 @@ class TrainingRun:
     supervisors: dict[str, Any] = field(default_factory=dict)
     schedule: Schedule = field(default_factory=Schedule)
     killed_at: float | None = None  # wall clock of the kill
-    rss: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # (pid, MiB) samples by switch
+    rss: dict[str, list[tuple[int, float, float]]] = field(default_factory=dict)  # (pid, s, MiB) by switch
 
     def start(self) -> TrainingRun:
         f = self.faults
@@ -151,13 +151,37 @@ class TrainingRun:
     def sample_rss(self) -> None:
         for c, sw in self.wan.fed.switches.items():
             if sw.proc.poll() is None:
-                self.rss.setdefault(c, []).append((sw.proc.pid, rss_mib(sw.proc.pid)))
+                self.rss.setdefault(c, []).append((sw.proc.pid, time.monotonic(), rss_mib(sw.proc.pid)))
+
+    def _last_process(self, cluster: str) -> list[tuple[float, float]]:
+        """(s, MiB) samples of the switch process that ran last (a restarted switch: since its restart)."""
+        pid = self.rss[cluster][-1][0]
+        return [(t, m) for p, t, m in self.rss[cluster] if p == pid]
 
     def rss_span(self, cluster: str) -> tuple[float, float, float]:
         """(first, last, peak) RSS in MiB of the switch process that ran last (a restarted switch: since then)."""
-        pid = self.rss[cluster][-1][0]
-        mine = [m for p, m in self.rss[cluster] if p == pid]
+        mine = [m for _, m in self._last_process(cluster)]
         return mine[0], mine[-1], max(mine)
+
+    def rss_settled(self, cluster: str, settle_s: float) -> tuple[float, float, float, float, float] | None:
+        """After `settle_s` of the last switch process's life: (minutes covered, MiB at the start, at the end, the
+        least-squares slope in MiB per hour, max - min); None when the process did not live that long."""
+        mine = self._last_process(cluster)
+        t0 = mine[0][0]
+        late = [(t - t0, m) for t, m in mine if t - t0 >= settle_s]
+        if len(late) < 3:
+            return None
+        ts, ms = [t for t, _ in late], [m for _, m in late]
+        mt, mm = sum(ts) / len(ts), sum(ms) / len(ms)
+        var = sum((t - mt) ** 2 for t in ts)
+        slope = sum((t - mt) * (m - mm) for t, m in late) / var if var else 0.0
+        return (ts[-1] - ts[0]) / 60, ms[0], ms[-1], slope * 3600, max(ms) - min(ms)
+
+    def write_rss(self, path: Path) -> None:
+        """Every RSS sample as CSV (cluster, pid, seconds since the first sample, MiB): the soak's evidence."""
+        t0 = min(t for samples in self.rss.values() for _, t, _ in samples)
+        rows = [f"{c},{p},{t - t0:.1f},{m:.2f}" for c, samples in self.rss.items() for p, t, m in samples]
+        path.write_text("cluster,pid,s,rss_mib\n" + "\n".join(rows) + "\n")
 
     def stop(self) -> None:
         """Stop the schedule, the supervisors (first: nothing is launched again) and the ranks; sample RSS."""

@@ -55,7 +55,7 @@ def _wait(pred, timeout_s: float, what: str, runs: list[TrainingRun]) -> None:
 
 
 def training(tmp: Path, procs: Procs, mode: str, clusters: list[str], minutes: float, kill: str, restart: str,
-             namespaces: bool, ranks: dict[str, int] | None = None) -> dict:
+             namespaces: bool, ranks: dict[str, int] | None = None, settle_minutes: float = 20.0) -> dict:
     """The faulty run and its fault-free twin side by side for `minutes`; the rows of the table."""
     duration = minutes * 60
     faults = Faults.over(duration, clusters, kill=kill, restart=restart, cuts=namespaces, loss=namespaces)
@@ -75,7 +75,11 @@ def training(tmp: Path, procs: Procs, mode: str, clusters: list[str], minutes: f
         elapsed = time.monotonic() - t0
         for r in runs:
             r.stop()
-        return _rows(runs, mode, clusters, faults, elapsed)
+        runs[0].write_rss(tmp / f"{mode}-rss.csv")
+        row = _rows(runs, mode, clusters, faults, elapsed)
+        row["settled"] = {c: runs[0].rss_settled(c, settle_minutes * 60) for c in clusters}
+        row["settle_minutes"], row["rss_csv"] = settle_minutes, str(tmp / f"{mode}-rss.csv")
+        return row
     finally:
         for r in runs:
             r.close()
@@ -147,6 +151,13 @@ def _fmt(x, spec: str = ".2f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _settled(settled: dict) -> str:
+    """Whether RSS levelled off: each switch's first and last MiB after the settling time, its slope and range."""
+    return "; ".join(f"{c} -" if v is None else
+                     f"{c} {v[1]:.1f} -> {v[2]:.1f} over {v[0]:.0f} min (slope {v[3]:+.2f} MiB/h, range {v[4]:.1f})"
+                     for c, v in settled.items()) + " (a switch that lived less than that: -)"
+
+
 def table(rows: list[dict], fed: dict | None, note: str) -> str:
     out = [note, ""]
     for r in rows:
@@ -163,6 +174,7 @@ def table(rows: list[dict], fed: dict | None, note: str) -> str:
                 f"  steps redone (checkpoint every {r['every']})   {_fmt(r['redone'], 'd')} (resumed at "
                 f"{_fmt(r['resumed'], 'd')})",
                 f"  switch RSS start -> end (MiB)        {rss}",
+                f"  switch RSS after {r['settle_minutes']:.0f} min (MiB)         " + _settled(r["settled"]),
                 "  faults: " + "; ".join(f"{e['name']} @{e['start']:.0f}s" + (f" FAILED {e['error']}" if e["error"]
                                                                                else "") for e in r["faults"]), ""]
     if fed:
@@ -180,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--oneway-minutes", type=float, default=None, help="three-cluster one-way run (default "
                                                                        "--minutes / 4; 0 leaves it out)")
     ap.add_argument("--rounds", type=int, default=10, help="federated rounds with churn (0 leaves them out)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--settle-minutes", type=float, default=20.0,
+                    help="RSS is judged flat over what follows this many minutes of a switch's life (default 20)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the fault schedule's choices")
     ap.add_argument("--dir", type=Path, default=None, help="keep the runs' files here (default: a temporary "
                                                              "directory, removed at the end)")
     args = ap.parse_args(argv)
@@ -196,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = args.dir or scratch
         try:
             if args.minutes > 0:
-                rows.append(training(Path(tmp), procs, "pipeline", ["A", "B"], args.minutes, "A", "B", namespaces))
+                rows.append(training(Path(tmp), procs, "pipeline", ["A", "B"], args.minutes, "A", "B", namespaces,
+                                     settle_minutes=args.settle_minutes))
             if oneway > 0:
                 rows.append(training(Path(tmp), procs, "oneway3", ["A", "B", "C"], oneway, "B", "C", namespaces,
                                      ranks={"C": 2}))  # a receiver rank per sender rank
