@@ -193,7 +193,7 @@ class ControllerBase:
         clients = sorted(roster)
         k = self.job.clients_per_round or len(clients)
         if self.privacy is not None:  # the sampler the accountant analyses, unpredictable (controller_privacy)
-            chosen = self.privacy.sample(clients)
+            chosen = self.privacy.sample(clients, r)
         else:
             chosen = sorted(random.Random(self.job.seed * 100003 + r).sample(clients, min(k, len(clients))))
         out: dict[Peer, list[Peer]] = {c: [] for c in live}

@@ -12,8 +12,10 @@ connected (a client that is drawn but not connected takes no part, which lowers 
 The sampler run and the number drawn are in every round's record (`privacy.sampler`, `privacy.sampled`).
 
 Which rounds are counted: every round run, whatever came of it (a sample was drawn; a sum, if any, was computed
-and, under central DP, seen by its combiner); a restarted controller counts the rounds of its trail that ran
-(every recorded round but a stopped one, which never ran).
+and, under central DP, seen by its combiner). Each draw is recorded in the trail before the round's clients hear of
+it, so a restarted controller counts every draw made, including that of a round its predecessor died in (and a
+round run again after such a crash counts twice: both draws reached an aggregator); rounds recorded before draws
+were (older trails) count once each, a stopped round (never run) not at all.
 
 The released mean under central DP is (Σ clipped changes + N(0, (zC)²)) / clients_per_round: the expected count,
 not the count that took part, which would tell who was drawn (McMahan et al. 2018's fixed denominator); local and
@@ -64,7 +66,9 @@ class RoundPrivacy:
         self.clients = [Peer(c.id, FIRST_CLIENT_RANK + i) for c in job.clusters for i in range(c.num_clients)]
         self.population = len(self.clients)
         self.per_round = min(job.clients_per_round or self.population, self.population)
-        spent = sum(1 for r in trail.rounds() if r.status != STOPPED)
+        self.trail = trail
+        draws = trail.draws()
+        spent = len(draws) + sum(1 for r in trail.rounds() if r.status != STOPPED and r.round not in set(draws))
         self.accountant = accountant_for(dp.mode, dp.sampler, dp.noise_multiplier, self.per_round, self.population,
                                          dp.delta, dp.accountant, spent)
         self.sampling_rate = self.accountant.sampling_rate
@@ -92,13 +96,15 @@ class RoundPrivacy:
                 "sampled": self.sampled, "clients_per_round": self.per_round, "clip_norm": self.dp.clip_norm,
                 "target_epsilon": self.dp.target_epsilon}
 
-    def sample(self, connected: Sequence[Peer]) -> list[Peer]:
-        """The round's clients: the job's sampler run over the whole population, then those of them connected."""
+    def sample(self, connected: Sequence[Peer], round: int) -> list[Peer]:
+        """Round `round`'s clients: the job's sampler run over the whole population, the draw recorded in the trail
+        (durably, before anyone hears of it), then those of them connected."""
         if self.dp.sampler == "poisson":
             drawn = poisson_sample(self.clients, self.per_round / self.population, self.draw_rng.random)
         else:
             drawn = fixed_sample(self.clients, self.per_round, self.draw_rng)
         self.sampled = len(drawn)
+        self.trail.record_draw(round, self.dp.sampler, self.sampled)
         here = set(connected)
         return [p for p in drawn if p in here]
 

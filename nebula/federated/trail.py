@@ -3,7 +3,8 @@
 The index is SQLite (`trail.db`); tensors live in files (`models/<version>.npz`, the strategy's server state in
 `state/<version>.npz`), written to a temporary name and renamed before the index row is committed, so a crash
 leaves either a complete model or none. A restarted controller resumes from `head()`; `export` writes any model.
-Rounds (valid or not, with their rejected updates) are kept too, for `nebula fl rounds`.
+Rounds (valid or not, with their rejected updates) are kept too, for `nebula fl rounds`, and every draw of a
+round's clients under differential privacy (`record_draw`), written before the round starts so a crash loses none.
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ CREATE TABLE IF NOT EXISTS rounds (
     round INTEGER PRIMARY KEY, status TEXT NOT NULL, version INTEGER, num_updates INTEGER NOT NULL,
     num_examples INTEGER NOT NULL, rejected TEXT NOT NULL, started REAL NOT NULL, duration_s REAL NOT NULL,
     detail TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS draws (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, round INTEGER NOT NULL, sampler TEXT NOT NULL, sampled INTEGER NOT NULL,
+    drawn_at REAL NOT NULL);
 """
 
 
@@ -174,6 +178,17 @@ class ModelTrail:
                         (rec.round, rec.status, rec.version, rec.num_updates, rec.num_examples,
                          json.dumps(rec.rejected), rec.started, rec.duration_s, json.dumps(rec.detail, default=str)))
         self.db.commit()
+
+    def record_draw(self, round: int, sampler: str, sampled: int) -> None:
+        """Record, durably (committed before it returns), that round `round` drew its clients: differential
+        privacy counts the draw from here on, even if the process dies before the round's own record."""
+        self.db.execute("INSERT INTO draws (round, sampler, sampled, drawn_at) VALUES (?,?,?,?)",
+                        (round, sampler, sampled, time.time()))
+        self.db.commit()
+
+    def draws(self) -> list[int]:
+        """The round of every recorded draw, in the order drawn (a round run again after a crash: twice)."""
+        return [r for (r,) in self.db.execute("SELECT round FROM draws ORDER BY seq")]
 
     def rounds(self) -> list[RoundRecord]:
         """Every recorded round, in order."""

@@ -29,8 +29,7 @@ def _privacy(tmp_path, num_clients: dict[str, int], per_round: int, rng=None, **
     job = load_federated_job(write_job(tmp_path, {c: tmp_path / f"{c}.yaml" for c in num_clients}, num_clients,
                                        clients_per_round=per_round,
                                        differential_privacy={"clip_norm": 0.5, "delta": DELTA, **dp}))
-    with ModelTrail(tmp_path / "trail") as trail:
-        return RoundPrivacy(job, trail, rng)
+    return RoundPrivacy(job, ModelTrail(tmp_path / "trail"), rng)  # (open: the draws are recorded in it)
 
 
 def _reference(event: dp_accounting.DpEvent, rounds: int, kind: str, replace_one: bool = False) -> float:
@@ -121,7 +120,7 @@ def test_the_samplers_draw_what_their_analysis_assumes_from_the_whole_population
 def test_a_round_draws_from_the_population_and_takes_part_only_if_connected(tmp_path):
     priv = _privacy(tmp_path, {"A": 3, "B": 3}, 6, noise_multiplier=1.0, sampler="fixed")
     connected = [Peer("A", 2), Peer("B", 3)]
-    assert priv.sample(connected) == sorted(connected) and priv.sampled == 6
+    assert priv.sample(connected, 1) == sorted(connected) and priv.sampled == 6
 
 
 class _Never(random.Random):
@@ -133,7 +132,7 @@ class _Never(random.Random):
 
 def test_a_poisson_round_that_draws_nobody_is_skipped_but_counted_and_counted_again_on_restart(tmp_path):
     priv = _privacy(tmp_path, {"A": 4}, 2, rng=_Never(), noise_multiplier=1.5, sampler="poisson")
-    assert priv.sample([Peer("A", 2 + i) for i in range(4)]) == [] and priv.sampled == 0
+    assert priv.sample([Peer("A", 2 + i) for i in range(4)], 1) == [] and priv.sampled == 0
     spent = priv.spend()  # the controller counts every round it runs
     assert spent["rounds"] == 1 and spent["epsilon"] == priv.accountant.epsilon_after(1) > 0
     assert spent["sampled"] == 0 and spent["sampler"] == "poisson"
@@ -143,6 +142,27 @@ def test_a_poisson_round_that_draws_nobody_is_skipped_but_counted_and_counted_ag
                                            rejected=[], started=0.0, duration_s=0.0, detail={}))
     again = _privacy(tmp_path, {"A": 4}, 2, noise_multiplier=1.5, sampler="poisson")
     assert again.accountant.rounds == 2
+
+
+def test_a_draw_is_counted_even_when_the_controller_dies_before_the_rounds_record(tmp_path):
+    """The draw is in the trail before the round's clients hear of it: a controller killed between the draw and the
+    round's record still counts it on restart, and the round run again counts a second draw (both reached an
+    aggregator); a round recorded but never drawn (an older trail) counts once."""
+    clients = [Peer("A", 2 + i) for i in range(10)]
+    priv = _privacy(tmp_path, {"A": 10}, 4, noise_multiplier=1.2, sampler="fixed")
+    priv.sample(clients, 1)
+    priv.spend()
+    priv.trail.record_round(RoundRecord(round=1, status="valid", version=None, num_updates=4, num_examples=4,
+                                        rejected=[], started=0.0, duration_s=0.0, detail={}))
+    priv.sample(clients, 2)  # ... and the controller dies here: no spend, no record of round 2
+    priv.trail.close()
+    again = _privacy(tmp_path, {"A": 10}, 4, noise_multiplier=1.2, sampler="fixed")
+    assert again.accountant.rounds == 2 and again.trail.draws() == [1, 2]
+    again.sample(clients, 2)  # round 2 run again
+    assert again.spend()["rounds"] == 3 == len(again.trail.draws())
+    again.trail.record_round(RoundRecord(round=3, status="invalid", version=None, num_updates=0, num_examples=0,
+                                         rejected=[], started=0.0, duration_s=0.0, detail={}))
+    assert _privacy(tmp_path, {"A": 10}, 4, noise_multiplier=1.2, sampler="fixed").accountant.rounds == 4
 
 
 def test_the_central_release_divides_the_noisy_sum_by_the_expected_count(tmp_path):
