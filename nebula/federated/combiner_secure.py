@@ -10,13 +10,14 @@ client's first one by one, what a sender can repeat counted), as in a plain roun
 The combiner checks the clients' signatures on their share commitments and weights with the federation CA and CRL
 of its worker.yaml. A client the share check or the reveal shows to have cheated (a dealer of a bad share, a false
 complainer, the sender of a wrong share at the reveal) is audited (`fl.secagg` "blamed", with what it did) and not
-invited to another round of the job by this combiner process (a restarted combiner starts afresh; the audit log
-keeps the record). Its victims are never blamed.
+invited to another round of the job by this combiner, restarted or not (`secagg-blamed` in its workdir, appended
+and fsynced before the round is reported). Its victims are never blamed.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 import weakref
@@ -41,10 +42,41 @@ _VERIFIERS: "weakref.WeakKeyDictionary[object, Verifier]" = weakref.WeakKeyDicti
 _LOCK = threading.Lock()
 
 
+BLAMED_FILE = "secagg-blamed"  # in the combiner's workdir: job, client and reason per line, fsynced
+
+
 def blamed_clients(comb: object) -> dict[str, str]:
-    """The clients combiner `comb` found cheating in this job (client -> what it did): not invited again."""
+    """The clients combiner `comb` found cheating in this job (client -> what it did): not invited again. Read back
+    from its workdir's journal the first time, so a restarted combiner keeps refusing them."""
     with _LOCK:
-        return _BLAMED.setdefault(comb, {})
+        hit = _BLAMED.get(comb)
+        if hit is None:
+            hit = _BLAMED[comb] = _read_blamed(Path(comb.workdir) / BLAMED_FILE, comb.job.job)
+        return hit
+
+
+def _read_blamed(path: Path, job: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split("\t", 2)
+            if len(parts) == 3 and parts[0] == job:
+                out.setdefault(parts[1], parts[2])
+    return out
+
+
+def _remember_blamed(comb: object, who: str, what: str) -> None:
+    """Append `who` to the journal (fsynced) and to the combiner's set: blamed for the rest of the job."""
+    path = Path(comb.workdir) / BLAMED_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    clean = " ".join(what.split())[:500]  # one line: tabs and newlines of a reason never split a record
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, f"{comb.job.job}\t{who}\t{clean}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    blamed_clients(comb).setdefault(who, what)
 
 
 def combiner_verifier(comb) -> Verifier:
@@ -209,7 +241,8 @@ class SecureRound(SyncRound):
             log.warning("combiner %s: round %d: client %s blamed, not invited again in this job: %s", self.c.cluster,
                         st.round, who, what)
             self.c.audit.record("fl.secagg", who, "blamed", {"round": st.round, "reason": what[:500]})
-            banned.setdefault(who, what)
+            if who not in banned:
+                _remember_blamed(self.c, who, what)
         for line in disputes:
             log.warning("combiner %s: round %d: %s", self.c.cluster, st.round, line)
             self.c.audit.record("fl.secagg", str(st.round), "disputed", {"round": st.round, "reason": line[:500]})

@@ -337,9 +337,29 @@ def test_a_bad_dealer_is_excluded_blamed_and_not_invited_again_while_the_honest_
     assert summed[1]["survivors"] == ["A/2", "A/3", "A/4"] and summed[1]["excluded"] == []
     assert str(me) in r2.detail["assignment"]["A/1"], r2.detail  # the controller asks it, the combiner does not
     assert "leaves out 1 client(s) found cheating earlier" in out
+    journal = (tmp_path / "fl" / "combiner-A" / "secagg-blamed").read_text().splitlines()
+    assert [line.split("\t")[:2] for line in journal] == [["fltest", str(me)]]  # what a restarted combiner reads
     victim_audit = [json.loads(x) for x in (tmp_path / "fl" / "clients" / "A-0" / "audit.log").read_text()
                     .splitlines()]
     assert [r["detail"]["dealer"] for r in victim_audit if r["outcome"] == "complained"] == [str(me)]
+
+
+class _Combiner:
+    """What blamed_clients reads of a combiner: its job's name and its workdir."""
+
+    def __init__(self, workdir, job: str) -> None:
+        self.workdir, self.job = workdir, type("Job", (), {"job": job})()
+
+
+def test_a_restarted_combiner_still_refuses_the_clients_blamed_earlier_in_the_job_and_only_that_job(tmp_path):
+    from nebula.federated.combiner_secure import _remember_blamed, blamed_clients
+
+    first = _Combiner(tmp_path, "fltest")
+    _remember_blamed(first, "A/5", "dealt 'A/2' a bad share\twith a tab\nand a newline")
+    assert blamed_clients(first) == {"A/5": "dealt 'A/2' a bad share with a tab and a newline"}  # one line
+    again = _Combiner(tmp_path, "fltest")  # the same workdir after a restart: a new process, a new object
+    assert blamed_clients(again) == {"A/5": "dealt 'A/2' a bad share with a tab and a newline"}
+    assert blamed_clients(_Combiner(tmp_path, "another-job")) == {}
 
 
 def test_a_revealed_round_that_did_not_count_stops_the_job_with_the_reason_when_no_combiner_can_advance(
