@@ -4,6 +4,8 @@ nebula.federated.checks.)"""
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,9 +14,30 @@ from typing import Any, Mapping
 from nebula.config.worker import load_worker_config
 from nebula.federated.checks import Refusal
 
-__all__ = ["ActorAudit", "JobGrants", "RefusalTally"]
+__all__ = ["ActorAudit", "JobGrants", "RefusalTally", "Terminated", "stop_on_sigterm", "check_terminated"]
 
 log = logging.getLogger(__name__)
+_TERMINATE = threading.Event()  # set by SIGTERM: the process's actors end their run at their next poll
+
+
+class Terminated(Exception):
+    """SIGTERM asked this process to stop: an actor ends its run with an audit record and its closing checkpoint
+    instead of dying with a tail that no one witnessed."""
+
+
+def stop_on_sigterm() -> bool:
+    """Make SIGTERM end this process's actors cleanly (they raise `Terminated` at their next poll, within about a
+    second); False where a handler cannot be installed (not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    signal.signal(signal.SIGTERM, lambda *_: _TERMINATE.set())
+    return True
+
+
+def check_terminated() -> None:
+    """Raise `Terminated` once SIGTERM came (see `stop_on_sigterm`)."""
+    if _TERMINATE.is_set():
+        raise Terminated("SIGTERM")
 
 
 class ActorAudit:

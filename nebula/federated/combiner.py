@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from nebula.channel import Endpoint
-from nebula.federated._actor import ActorAudit, JobGrants
+from nebula.federated._actor import ActorAudit, JobGrants, Terminated, check_terminated
 from nebula.federated.combiner_base import ANY_START, CombinerBase, client_peers
 from nebula.federated.combiner_rounds import SyncRound, serve_async
 from nebula.federated.combiner_secure import SecureRound
@@ -43,6 +43,7 @@ class Combiner(CombinerBase):
         try:
             command = None  # a controller's command that ended a round, served next
             while True:
+                check_terminated()
                 got = (self.controller, command, None) if command else self.mb.poll(self.listen, 1.0)
                 command = None
                 self.flush_if_due()
@@ -56,6 +57,8 @@ class Combiner(CombinerBase):
                     command = (SecureRound if self.job.secure_aggregation else SyncRound).serve(self, cmd)
                 elif isinstance(cmd, StartAsync) and serve_async(self, cmd) == "stop":
                     return
+        except Terminated:
+            self.terminated()
         finally:
             self.tally.flush(self.audit)
             self.audit.close()

@@ -97,6 +97,7 @@ class CombinerBase:
             return None
 
     def status(self, req: StatusRequest) -> None:
+        self.run_seen = req.run  # (a combiner stopped by SIGTERM says goodbye to this run)
         self.mb.send(self.controller, StatusAnswer(
             seq=req.seq, run=req.run, nonce=self.nonce, roster={str(c): n for c, n in self.roster.items()},
             missed=tuple(sorted(str(c) for c in self.missed)), grant=self.grant_refusal(),
@@ -109,6 +110,17 @@ class CombinerBase:
         self.tally.flush(self.audit)
         self.audit.record("fl.stop", self.cluster, "ok", {"run": cmd.run})
         self.mb.send(self.controller, Bye(run=cmd.run, checkpoint=self.checkpoint()))
+
+    def terminated(self) -> None:
+        """SIGTERM: stop the clients, audit the stop and send the controller the final signed head of the audit log,
+        as `stop` does, so the log's tail is witnessed (the controller takes a Bye at any time)."""
+        for c in self.roster:
+            self.stop_client(c)
+        self.tally.flush(self.audit)
+        run = getattr(self, "run_seen", None)
+        self.audit.record("fl.stop", self.cluster, "terminated", {"run": run})
+        log.warning("combiner %s: stopped by SIGTERM; closing checkpoint sent to the controller", self.cluster)
+        self.mb.send(self.controller, Bye(run=run, checkpoint=self.checkpoint()))
 
     def stop_client(self, peer: Peer) -> None:
         """Stop on the channels of the client's current incarnation (naming its process) and of the next (a client

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nebula.federated._actor import check_terminated
 from nebula.federated.checks import Refusal, check_received, check_update_header
 from nebula.federated.intake import NONE_CODEC, GlobalModel, Refused, clip_pieces, receive_update
 from nebula.federated.messages import (AsyncUpdate, ClientHello, ClientUpdate, NewModel, PullUpdate, StartAsync,
@@ -83,6 +84,7 @@ class SyncRound:
         comb = self.c
         command = None
         while command is None and self.state.waiting() and time.monotonic() < until:
+            check_terminated()
             if self.pulled and (len(self.pulled) > PULL_AHEAD or comb.mb.channel(self.pulled[0][0]).pending()):
                 self.receive_pulled()
                 continue
@@ -230,6 +232,7 @@ def serve_async(comb: Combiner, cmd: StartAsync) -> str | None:
     for p in asked:
         task(p)
     while True:
+        check_terminated()
         got = mb.poll(comb.listen, 1.0)
         comb.flush_if_due()
         if got is None:

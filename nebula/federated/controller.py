@@ -27,7 +27,7 @@ from nebula.federated.messages import ModelCopy, Partial, StartRound
 from nebula.federated.reduction import Reduction
 from nebula.federated.trail import ModelTrail, RoundRecord
 from nebula.federated.transport import CONTROLLER_RANK, Messenger, Peer
-from nebula.federated._actor import ActorAudit
+from nebula.federated._actor import ActorAudit, Terminated, check_terminated
 from nebula.federated.witness import CombinerWitness
 
 __all__ = ["Controller", "REPORT_GRACE_S"]
@@ -64,6 +64,7 @@ class Controller(ControllerBase):
                 run_async(self)
             else:
                 for r in range(done + 1, self.job.rounds + 1):
+                    check_terminated()
                     if self.stop_requested():
                         self.write_status("stopped", r - 1, self.trail.head().version)
                         break
@@ -77,6 +78,11 @@ class Controller(ControllerBase):
                     self.write_status("finished", self.job.rounds, self.trail.head().version)
             self.finish()
             return self.trail.head().version
+        except Terminated:  # SIGTERM (a cluster's process): the status and the audit log say so; the trail is whole
+            head = self.trail.head()
+            self.audit.record("fl.stop", self.job.job, "terminated", {"head": head.version})
+            self.write_status("stopped", head.round, head.version, reason="stopped by SIGTERM")
+            return head.version
         finally:
             self.audit.close()
             self.trail.close()
@@ -199,9 +205,10 @@ class Controller(ControllerBase):
         """Take the combiners' partials of round `r` until all came or `give_up` (a monotonic time)."""
         waiting = set(assignment)
         while waiting and time.monotonic() < give_up:
-            got = self.mb.poll(sorted(waiting), give_up - time.monotonic())
+            check_terminated()
+            got = self.mb.poll(sorted(waiting), min(1.0, give_up - time.monotonic()))
             if got is None:
-                break
+                continue
             peer, p, _ = got
             if not isinstance(p, Partial) or p.round != r or p.run != self.run_id:
                 self.discard(peer, p)

@@ -16,7 +16,7 @@ import random
 import time
 from pathlib import Path
 
-from nebula.federated._actor import ActorAudit
+from nebula.federated._actor import ActorAudit, check_terminated
 from nebula.federated.config import FederatedJob
 from nebula.federated.controller_privacy import RoundPrivacy
 from nebula.federated.initial import fetch_initial, load_initial_model
@@ -99,9 +99,10 @@ class ControllerBase:
         deadline = time.monotonic() + STATUS_WAIT_S
         waiting = set(self.combiners)
         while waiting and time.monotonic() < deadline:
-            got = self.mb.poll(sorted(waiting), deadline - time.monotonic())
+            check_terminated()
+            got = self.mb.poll(sorted(waiting), min(1.0, deadline - time.monotonic()))
             if got is None:
-                break
+                continue
             peer, msg, _ = got
             if not isinstance(msg, StatusAnswer) or msg.seq != self._seq or msg.run != self.run_id:
                 self.discard(peer, msg)
@@ -144,7 +145,12 @@ class ControllerBase:
         return self.grant_of[p.cluster]
 
     def discard(self, peer: Peer, msg: Message) -> None:
-        """Drop a message of an earlier round or run (consuming the model pieces that follow it)."""
+        """Drop a message of an earlier round or run (consuming the model pieces that follow it); a combiner's Bye
+        of this run (it was stopped by SIGTERM) is its closing checkpoint, kept as at the end of a run."""
+        if isinstance(msg, Bye) and msg.run == self.run_id:
+            log.warning("controller: combiner %s stopped (its closing audit checkpoint is kept)", peer)
+            self.witness.receive(peer.cluster, msg.checkpoint, final=True)
+            return
         what = msg.claimed if isinstance(msg, Malformed) else msg.TYPE
         log.info("controller: dropping a late %s from %s (round %s)", str(what)[:32], peer,
                  str(getattr(msg, "round", None))[:32])

@@ -9,6 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
+from nebula.federated._actor import stop_on_sigterm
 from nebula.federated.client import load_client, run_client
 from nebula.federated.combiner import Combiner
 from nebula.federated.config import load_federated_job
@@ -86,6 +87,8 @@ def start_rounds(job_file: str | Path, cluster: str, role: str = "cluster", inde
         return f"client {cluster}/{index} trained {run_one_client(job_file, cluster, index)} rounds"
     if role == "clients":
         return f"clients of {cluster} trained {sum(run_clients(job_file, cluster).values())} rounds in all"
+    if role in ("cluster", "combiner", "controller"):
+        stop_on_sigterm()  # SIGTERM ends the run cleanly: a combiner's closing checkpoint, the controller's status
     if role in ("controller", "combiner"):
         keep_freed_memory()  # (the other roles' functions set it themselves)
     if role == "controller":

@@ -90,3 +90,51 @@ def test_the_controller_keeps_every_combiners_last_signed_head_and_an_emptied_co
     records = [json.loads(x) for x in controller_log.read_text().splitlines()]
     assert {r["target"] for r in records if r["action"] == "audit.peer_checkpoint"} == {"combiner-A", "combiner-B"}
     assert not [r for r in records if r["action"] == "fl.witness"]  # nothing refused
+
+
+def test_a_combiner_stopped_by_sigterm_mid_run_sends_its_closing_checkpoint_and_its_tail_verifies(procs, tmp_path):
+    """Combiner B in its own process gets SIGTERM while the job runs: it audits the stop, sends the controller its
+    final signed head and exits 0; the controller keeps that checkpoint, so B's whole log, the stop included,
+    verifies against the controller's copies (no unwitnessed tail). SIGTERM to the controller's process then ends
+    the run with its status saying why."""
+    import signal
+    import time
+
+    from tests.federated.harness import start_cluster, start_clients, wait_exit
+
+    workers = federation(procs, tmp_path)
+    job = write_job(tmp_path, workers, {"A": 1, "B": 1}, rounds=200, validity={"min_updates": 1})
+    ctl = start_cluster(procs, job, "A")
+    comb_b = start_cluster(procs, job, "B", role="combiner")
+    start_clients(procs, job, "A")
+    start_clients(procs, job, "B")
+    trail, deadline = tmp_path / "fl" / "trail", time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if (trail / "trail.db").exists():
+            with ModelTrail(trail) as t:
+                if len(t.rounds()) >= 2:
+                    break
+        assert ctl.poll() is None and comb_b.poll() is None, "an actor stopped before the test's SIGTERM"
+        time.sleep(0.2)
+    else:
+        raise AssertionError("two rounds did not finish within 120 s")
+    comb_b.send_signal(signal.SIGTERM)
+    out = wait_exit(comb_b, 60)
+    assert "combiner B done" in out and "stopped by SIGTERM" in out, out[-2000:]
+    d = tmp_path / "fl" / "combiner-B"
+    records = [json.loads(x) for x in (d / "audit.log").read_text().splitlines()]
+    stop = [r for r in records if r["action"] == "fl.stop"]
+    assert stop and stop[-1]["outcome"] == "terminated", stop
+    own = read_checkpoints(checkpoints_path(d / "audit.log"))
+    kept_path = peer_checkpoints_path(tmp_path / "fl" / "controller" / "audit.log", "combiner-B")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (kept_path.exists() and read_checkpoints(kept_path)[-1] == own[-1]):
+        time.sleep(0.2)
+    kept = read_checkpoints(kept_path)
+    assert kept[-1] == own[-1], (kept[-1], own[-1])
+    report = verify_log(d / "audit.log", public_key_pem(d / "audit_signing.key"), kept)
+    assert report.ok and report.last_checkpoint == kept[-1].seq == report.records - 1, report
+    ctl.send_signal(signal.SIGTERM)  # the controller's process (with combiner A) stops cleanly too, and says so
+    wait_exit(ctl, 60)
+    status = json.loads((tmp_path / "fl" / "status.json").read_text())
+    assert status["state"] == "stopped" and status["reason"] == "stopped by SIGTERM", status
