@@ -1,5 +1,6 @@
 """Audit records of repeated events, bounded: up to `burst` of a kind are written per period, the rest are counted
-and written as one summary record (so a flood of connections or frames cannot become an audit-log flood)."""
+and written as one summary record (so a flood of connections or frames cannot become an audit-log flood). No event
+is lost: each record stands for its own event and `suppressed` earlier ones of its kind not written one by one."""
 from __future__ import annotations
 
 __all__ = ["AuditThrottle"]
@@ -57,14 +58,16 @@ class AuditThrottle:
         k.written += 1
         k.suppressed = 0
 
-    def flush(self) -> None:
-        """Write a summary record for every kind with events counted but not written; forget idle kinds."""
+    def flush(self, force: bool = False) -> None:
+        """Write a summary record for every kind with events counted but not written (of a period ended, or with
+        `force` of every kind: at a stop, so that no count is lost); forget idle kinds."""
         now = time.monotonic()
         for kind, k in list(self._kinds.items()):
-            if now - k.start < self.period_s:
+            if now - k.start < self.period_s and not (force and k.suppressed):
                 continue
             if k.suppressed:
                 k.start, k.written = now, 0
+                k.suppressed -= 1  # (the record written is the last of them: it stands for itself and the rest)
                 self._write(k)
             else:
                 del self._kinds[kind]

@@ -213,6 +213,7 @@ async def close_audit(server: Any) -> list[str]:
             await link.stop()  # (a link that came up now would be recorded after the closing checkpoint)
     peers = sorted({c for c, link in server.links.items() if link.up and link.writer is not None}
                    | {c for c, s in server.sessions.items() if not s.closed})
+    server.audit_limited.flush(force=True)  # refusals counted but not yet written: before the closing record
     server.audit(server.actor, "switch_stopped", server.wan_address, "ok", {"peers": peers})
     ex.closing = True  # (peers' answers are kept beside the log: the closing checkpoint stays its last record)
     if ex.log is None or not peers:

@@ -6,7 +6,7 @@ priority, and after a reconnect resends exactly what the other side did not rece
 """
 from __future__ import annotations
 
-__all__ = ["HANDSHAKE_TIMEOUT_S", "IDLE_TIMEOUT_S", "OutboundLink", "Unacked"]
+__all__ = ["HANDSHAKE_TIMEOUT_S", "IDLE_TIMEOUT_S", "OutboundLink", "Unacked", "kit_revision"]
 
 import asyncio
 import logging
@@ -14,7 +14,10 @@ import random
 import ssl
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from nebula.config import PeerConfig, split_host_port
 from nebula.wire import ChannelKey, Dispatcher, FrameType, Lane, WireError, encode_frame
@@ -22,6 +25,7 @@ from switch_server.budget import Party
 from switch_server.fairlanes import FairLanes
 from switch_server.framestream import FrameStream, write_frame
 from switch_server.host import LinkHost
+from switch_server.linklog import REFUSED_ALERTS, LinkLog
 from switch_server.linkwriter import Unacked, write_loop, write_through
 from switch_server.shaper import TokenBucket, min_rate
 from switch_server.tlstransport import open_connection
@@ -33,6 +37,20 @@ IDLE_TIMEOUT_S = 15.0  # a link with no frame (not even a PONG or ACK) for this 
 PING_EVERY_S = 1.0
 CHECKPOINT_MIN_S = 1.0  # a peer's audit checkpoints are taken at most this often per connection
 HOLD_S = 2.0  # an account whose frames the peer drops (its ranks there are not connected) waits this long
+KIT_FILE_MAX_BYTES = 64 * 1024
+
+
+def kit_revision(config_path: Path | None) -> int | None:
+    """The revision of the kit a switch.yaml lies in (`kit.yaml` beside it), None if it cannot be told."""
+    if config_path is None:
+        return None
+    try:
+        with open(Path(config_path).parent / "kit.yaml", "rb") as f:
+            doc = yaml.safe_load(f.read(KIT_FILE_MAX_BYTES))
+    except (OSError, yaml.YAMLError, RecursionError):
+        return None
+    rev = doc.get("revision") if isinstance(doc, dict) else None
+    return rev if isinstance(rev, int) and not isinstance(rev, bool) and rev > 0 else None
 
 
 class OutboundLink:
@@ -63,6 +81,7 @@ class OutboundLink:
         self.credit = 0
         self.bytes_out = 0  # since start, for status
         self.last_error = ""
+        self.log = LinkLog(self.cluster)  # what is said of its ups and downs: each change once, then summaries
         self.established = False
         self.last_checkpoint = -CHECKPOINT_MIN_S
         self.on_frame = Dispatcher(f"the outgoing link to {self.cluster}", {
@@ -129,12 +148,12 @@ class OutboundLink:
             except asyncio.CancelledError:
                 raise
             except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError) as exc:
-                self.last_error = self.server.trust.link_down(self, exc)
+                self.failed(*self.server.trust.link_down(self, exc))
             except WireError as exc:
-                self.last_error = f"peer sent a malformed frame: {exc}"
-                log.warning("link to %s: %s", self.cluster, self.last_error)
-            except Exception:
+                self.failed(f"peer sent a malformed frame: {exc}", logging.WARNING)
+            except Exception as exc:
                 log.exception("link to %s failed", self.cluster)
+                self.failed(f"{type(exc).__name__}: {exc}", logging.ERROR)
             finally:
                 self._close()
             if self.established:  # a cut after a working session is retried quickly
@@ -142,7 +161,15 @@ class OutboundLink:
             await asyncio.sleep(backoff * (0.5 + random.random() / 2))
             backoff = min(backoff * 2, cfg.reconnect_max_s)
 
+    def failed(self, reason: str, level: int = logging.INFO) -> None:
+        """A session ended or an attempt failed: `reason` is the link's last error, said as `LinkLog` decides."""
+        self.last_error = reason
+        line = self.log.failed(reason, level)
+        log.log(line.level, "%s", line.text)
+
     async def _session(self) -> bool:
+        """One connection to the peer: dial, check, LINK_HELLO, then serve it until it ends; False (with the reason
+        said through `failed`) if it never came up."""
         server = self.server
         host, port = split_host_port(self.address)
         writer = FrameStream(server.cfg.link.chunk_bytes)
@@ -151,23 +178,38 @@ class OutboundLink:
             reader = writer
         except ssl.SSLError as exc:
             reason = server.trust.tls_reason(exc)
+            if any(needle in str(exc).upper() for needle, _ in REFUSED_ALERTS):
+                raise  # (the peer's alert about our certificate: `PeerTrust.link_down` says it with the fix)
             server.trust.peer_rejected(self.cluster, self.address, reason, str(exc), outgoing=True)
-            self.last_error = f"TLS handshake failed: {reason}"
+            self.failed(f"TLS handshake failed: {reason}: this switch refuses the certificate of peer "
+                        f"{self.cluster} ({self.address}): {exc}", logging.WARNING)
             return False
         self.writer = writer
         ssl_obj = writer.get_extra_info("ssl_object")
         ident = server.trust.check_switch(ssl_obj, self.cluster, self.address, outgoing=True,
                                           federation=server.cfg.federation, peers=server.links)
         if ident is None:
-            self.last_error = "peer certificate refused"
+            self.failed(f"this switch refuses the certificate of peer {self.cluster} ({self.address}): it is not "
+                        f"the certificate of cluster {self.cluster} of this federation (see the audit log)",
+                        logging.WARNING)
             return False
         self.peer_serial = server.trust.serial_of(ssl_obj)
         self.peer_not_after = server.trust.not_after_of(ssl_obj)
         write_frame(writer, encode_frame(FrameType.LINK_HELLO, {"cluster": server.cfg.cluster, "epoch": server.epoch}))
-        frame, _, _ = await reader.read_frame(HANDSHAKE_TIMEOUT_S)
+        try:
+            frame, _, _ = await reader.read_frame(HANDSHAKE_TIMEOUT_S)
+        except asyncio.IncompleteReadError as exc:
+            if writer.error is not None:
+                raise  # (a TLS alert: `PeerTrust.link_down` reads it)
+            # (a peer that refuses a cluster it does not know without a word: a switch of an older version)
+            self.failed(f"peer {self.cluster} ({self.address}) closed the connection after this switch's LINK_HELLO "
+                        f"without a reason ({type(exc).__name__}); its peers list may lack cluster "
+                        f"{server.cfg.cluster} (the admin's update that adds it not applied there): its log says why",
+                        logging.WARNING)
+            return False
         if frame.type == FrameType.ERROR:
-            self.last_error = f"peer refused us: {frame.meta['code']}: {frame.meta['message']}"
-            log.warning("link to %s: %s", self.cluster, self.last_error)
+            self.failed(*server.trust.peer_error(self, frame.meta["code"], frame.meta["message"], server.cfg.cluster,
+                                                 kit_revision(getattr(server, "config_path", None))))
             return False
         if frame.type != FrameType.LINK_WELCOME or frame.meta["cluster"] != self.cluster:
             raise WireError("bad_handshake", f"expected LINK_WELCOME from {self.cluster}, got {frame.type.name} {frame.meta}")
@@ -184,8 +226,8 @@ class OutboundLink:
         self.established = True
         self.last_error = ""  # (what ended an earlier session is history once the link is up again)
         server.metrics.link_up.labels(peer=self.cluster).set(1)
-        log.info("link to %s up (peer epoch %d, resume after %d, resending %d frames)",
-                 self.cluster, self.peer_epoch, resume, len(resend))
+        log.info("link to %s up (peer epoch %d, resume after %d, resending %d frames)%s",
+                 self.cluster, self.peer_epoch, resume, len(resend), self.log.up())
         server.link_changed(peer_restarted=epoch_changed)
         self.send_checkpoint()
         reader.dispatch(self._on_frame)

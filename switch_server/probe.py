@@ -6,17 +6,22 @@ that receipt, not how fast its own endpoint queued (a receiving process holds up
 """
 from __future__ import annotations
 
-__all__ = ["PROBE_CHANNEL", "ProbeError", "probe_recv", "probe_send", "receipt", "worker_file"]
+__all__ = ["PROBE_CHANNEL", "ProbeError", "cert_refusals", "every_peer_refuses", "probe_recv", "probe_send",
+           "receipt", "unreached", "worker_file"]
 
 import json
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 from nebula.channel import ChannelError, Endpoint
 
 _HEAD = struct.Struct("!QdQ")  # message index, send time, how many messages this sender sends
 PROBE_CHANNEL = "probe"
+STATUS_FRESH_S = 10.0  # a status file older than this is not the running switch's (it writes one every second)
+# how a link's last error says that the peer refuses this switch's certificate (`switch_server.peers`)
+REFUSED_MARK = "refuses this switch's certificate"
 
 
 class ProbeError(Exception):
@@ -34,6 +39,74 @@ def worker_file(config: str | Path) -> Path:
     return config
 
 
+def cert_refusals(status: dict[str, Any]) -> dict[str, str]:
+    """Peers whose link is down because they refuse this switch's certificate, from its status: how each
+    refuses it, in a few words."""
+    out = {}
+    for cluster, link in (status.get("links") or {}).items():
+        err = str(link.get("last_error") or "")
+        if link.get("up") or REFUSED_MARK not in err:
+            continue
+        if "peers list has no cluster" in err:
+            out[cluster] = f"{cluster} has no cluster {status.get('cluster', '?')} in its peers list"
+        else:
+            how = err.partition(REFUSED_MARK)[2].partition(":")[0].strip()
+            out[cluster] = f"{cluster} refuses it {how}".rstrip()
+    return out
+
+
+def every_peer_refuses(status: dict[str, Any]) -> bool:
+    """Whether every peer of the switch refuses its certificate (revoked, or not in their peers lists)."""
+    links = status.get("links") or {}
+    return bool(links) and len(cert_refusals(status)) == len(links)
+
+
+def unreached(status: dict[str, Any], to: str | None) -> str | None:
+    """Why cluster `to` (None: any peer) cannot be reached, from this switch's status (None if its link is up or
+    not known): every peer refusing this switch's certificate is said as such, with the fix."""
+    links = status.get("links") or {}
+    refused = cert_refusals(status)
+    me = status.get("cluster", "?")
+    if every_peer_refuses(status):
+        fixes = []
+        if any("peers list" not in why for why in refused.values()):
+            fixes.append("if this cluster is still in the federation, get the current CRL (and a new kit if it was "
+                         "revoked) from the federation's admin")
+        if any("peers list" in why for why in refused.values()):
+            fixes.append(f"a peer without {me} in its peers list must apply the admin's update that adds {me} "
+                         "(`nebula-switch reload --update`)")
+        return (f"every peer refused this switch's certificate (revoked or not in their peers list): "
+                f"{'; '.join(refused[c] for c in sorted(refused))}; {'; '.join(fixes)} (this switch's log says "
+                "more)")
+    link = links.get(to) if to is not None else None
+    if link is None or link.get("up"):
+        return None
+    return f"the link of switch {me} to {to} is down: {link.get('last_error') or 'not up yet'}"
+
+
+def _status(config: str | Path) -> dict[str, Any] | None:
+    """The status the running switch of `config` (its switch.yaml, or the one beside a worker.yaml) wrote lately;
+    None if there is none to read here (a worker on another host)."""
+    from nebula.config import ConfigError, load_switch_config
+    from switch_server.status import status_path
+
+    config = Path(config)
+    path = config if config.name == "switch.yaml" else config.parent / "switch.yaml"
+    try:
+        st = json.loads(status_path(load_switch_config(path)).read_text())
+    except (OSError, ValueError, ConfigError):
+        return None
+    if not isinstance(st, dict) or time.time() - float(st.get("time", 0)) > STATUS_FRESH_S:
+        return None
+    return st
+
+
+def _why(config: str | Path, to: str) -> str | None:
+    """Why `to` was not reached, as the switch of `config` knows it (None: it does not know, or the link is up)."""
+    st = _status(config)
+    return None if st is None else unreached(st, to)
+
+
 def _connect(config: str | Path, job: str, timeout_s: float) -> Endpoint:
     try:
         return Endpoint.connect(worker_file(config), job=job, rank=0, timeout_s=min(timeout_s, 30.0))
@@ -48,6 +121,9 @@ def probe_send(config: str | Path, *, to: str, count: int, size_bytes: int, job:
         raise ProbeError(f"--bytes {size_bytes} is too small; use at least {_HEAD.size}")
     ep = _connect(config, job, timeout_s)
     try:
+        st = _status(config)
+        if st is not None and every_peer_refuses(st):
+            raise ProbeError(unreached(st, to))  # (so until an admin acts: waiting out the timeout tells nothing)
         ch = ep.channel(to, 0, PROBE_CHANNEL)
         pad = bytes(size_bytes - _HEAD.size)
         t0 = time.monotonic()
@@ -57,14 +133,15 @@ def probe_send(config: str | Path, *, to: str, count: int, size_bytes: int, job:
             try:
                 f.result(timeout=timeout_s)
             except ChannelError as exc:
-                raise ProbeError(f"message refused: {exc}") from None
+                raise ProbeError(_why(config, to) or f"message refused: {exc}") from None
         if not ep.flush(timeout_s):
-            raise ProbeError(f"not every message was acknowledged within {timeout_s} s; is a receiver running?")
+            raise ProbeError(_why(config, to) or f"not every message was acknowledged within {timeout_s} s; is a "
+                             "receiver running?")
         try:
             got = json.loads(ch.recv(timeout_s=timeout_s))
         except (TimeoutError, ChannelError, ValueError):
-            raise ProbeError(f"the receiver in cluster {to} sent no receipt within {timeout_s} s; is it a "
-                             "`nebula-switch probe --recv` of this version?") from None
+            raise ProbeError(_why(config, to) or f"the receiver in cluster {to} sent no receipt within {timeout_s} "
+                             "s; is it a `nebula-switch probe --recv` of this version?") from None
         dt = max(time.monotonic() - t0, 1e-9)
     finally:
         ep.close(flush_s=timeout_s)
@@ -115,6 +192,10 @@ def probe_recv(config: str | Path, *, count: int, job: str = "probe", timeout_s:
     """Receive `count` probe messages in all from the peer clusters' senders; report received, missing, duplicates
     and order in total and per sender ("cluster/rank": each numbers its messages from 0), Mbit/s and latency."""
     ep = _connect(config, job, timeout_s)
+    st = _status(config)
+    if st is not None and every_peer_refuses(st):
+        ep.close(flush_s=0)
+        raise ProbeError(unreached(st, None))
     sources: dict[str, _Source] = {}
     nbytes = 0
     latencies: list[float] = []
@@ -149,6 +230,10 @@ def probe_recv(config: str | Path, *, count: int, job: str = "probe", timeout_s:
                 deadline = time.monotonic() + timeout_s
     finally:
         ep.close(flush_s=2.0)
+    if not sources:
+        st = _status(config)
+        if st is not None and every_peer_refuses(st):
+            raise ProbeError(unreached(st, None))
     dt = (t_last - t_first) if t_first and t_last and t_last > t_first else None
     latencies.sort()
     per_peer = {name: src.report() for name, src in sorted(sources.items())}

@@ -7,7 +7,7 @@ to `switch.log` beside its config; a switch that does not come up fails with the
 """
 from __future__ import annotations
 
-__all__ = ["BIN", "LocalFederation", "Switch", "drain", "edit_yaml", "finish", "launch", "start_switch",
+__all__ = ["BIN", "LocalFederation", "Switch", "drain", "edit_yaml", "finish", "launch", "start_switch", "wait_until",
            "slot_bytes", "start_switches", "wait_audit", "wait_for_line"]
 
 import json
@@ -27,6 +27,17 @@ import yaml
 from tests.harness.procs import BIN, Procs
 
 LISTENING = re.compile(r"^listening (wan=\S+ local=\S+)", re.M)
+
+
+def wait_until(pred: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """`pred()`'s first truthy value, polled every 0.1 s; AssertionError naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def edit_yaml(path: Path, fn: Callable[[dict], Any]) -> None:
