@@ -39,6 +39,7 @@ __all__ = [
     "format_serial",
     "load_private_key",
     "make_csr",
+    "csr_from_key",
 ]
 
 log = logging.getLogger(__name__)
@@ -355,6 +356,17 @@ class CertificateAuthority:
     def certificate(self, serial: int | str) -> x509.Certificate:
         """The issued certificate with `serial`."""
         return x509.load_pem_x509_certificate(self._row(parse_serial(serial))["pem"].encode())
+
+
+def csr_from_key(key_path: str | os.PathLike, name: str, out: str | os.PathLike, *, uri: str | None = None,
+                 key_passphrase: str | bytes | None = None) -> Path:
+    """A CSR for `name` (and identity `uri`) from the existing key at `key_path`, written to `out`: a renewal
+    for the key a host already uses (`provision renew --csr`), which never leaves it."""
+    key = load_private_key(key_path, key_passphrase, "private key")
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise CAError(f"private key {key_path} is {type(key).__name__}, not ECDSA; a Nebula kit's keys are P-256")
+    check_name(name, "name")
+    return atomic_write(out, csr_for(name, key, uri).public_bytes(serialization.Encoding.PEM), PUBLIC)
 
 
 def make_csr(name: str, out_dir: str | os.PathLike, *, stem: str | None = None,

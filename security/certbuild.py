@@ -179,13 +179,15 @@ def revocation_list(ca_cert: x509.Certificate, ca_key, revoked: Iterable[Revoked
     return builder.sign(ca_key, hashes.SHA256())
 
 
-def csr_for(name: str, key: ec.EllipticCurvePrivateKey) -> x509.CertificateSigningRequest:
-    """A request naming `name` as its common name, signed by `key` (the requesting host's own)."""
-    return (
-        x509.CertificateSigningRequestBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .sign(key, hashes.SHA256())
-    )
+def csr_for(name: str, key: ec.EllipticCurvePrivateKey, uri: str | None = None) -> x509.CertificateSigningRequest:
+    """A request naming `name` as its common name (and identity `uri` as its URI SAN, when given: what a renewal
+    asks for), signed by `key` (the requesting host's own)."""
+    builder = x509.CertificateSigningRequestBuilder().subject_name(
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+    if uri is not None:
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri)]),
+                                        critical=False)
+    return builder.sign(key, hashes.SHA256())
 
 
 def read_csr(data: bytes, where: object) -> tuple[x509.CertificateSigningRequest, str | None]:

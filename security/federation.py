@@ -39,6 +39,7 @@ __all__ = ["AccountSpec", "CASpec", "ClusterSpec", "FederationError", "Federatio
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 DEFAULT_ACCOUNT = "nebula"
 DEFAULT_WORKER = "worker"
+MIN_CRL_DAYS = 1 / 86400  # one second: a CRL lifetime in seconds is for drills and tests
 
 
 class FederationError(SecurityError, ValueError):
@@ -109,7 +110,9 @@ class CASpec:
 
     days: int = 3650
     cert_days: int | None = None  # (None: the CA's defaults, security.ca.DEFAULT_DAYS)
-    crl_days: int = 7  # the CRL's next update: switches refuse a CRL past it, so re-provision or `crl` before
+    # the CRL's next update, in days (a fraction is allowed: short lifetimes for drills and tests); switches refuse
+    # a CRL past it, so `nebula-admin provision renew` (from cron) sends the sites a fresh one before
+    crl_days: int | float = 7
     passphrase_env: str | None = None
 
 
@@ -217,10 +220,13 @@ def parse_federation(doc: Any, where: str = "federation file") -> FederationSpec
         check_keys(doc, "", {"federation": str, "ca": dict, "link": dict, "limits": dict, "clusters": list},
                    required=("federation", "clusters"))
         ca = doc.get("ca") or {}
-        check_keys(ca, "ca", {"days": int, "cert_days": int, "crl_days": int, "passphrase_env": str})
-        for key in ("days", "cert_days", "crl_days"):
+        check_keys(ca, "ca", {"days": int, "cert_days": int, "crl_days": (int, float), "passphrase_env": str})
+        for key in ("days", "cert_days"):
             if key in ca and not 1 <= ca[key] <= 36500:
                 raise FederationError(f"ca.{key} {ca[key]} must be 1-36500 days")
+        if "crl_days" in ca and not MIN_CRL_DAYS <= ca["crl_days"] <= 36500:
+            raise FederationError(f"ca.crl_days {ca['crl_days']} must be {MIN_CRL_DAYS:g}-36500 days (a fraction "
+                                  "is allowed, e.g. 0.5 for twelve hours)")
         spec = FederationSpec(_name(doc["federation"], "federation", "federation"),
                               tuple(_cluster(c, f"clusters[{i}]") for i, c in enumerate(doc["clusters"])),
                               CASpec(**ca), dict(doc.get("link") or {}), dict(doc.get("limits") or {}))

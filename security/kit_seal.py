@@ -5,7 +5,9 @@ peers and the number of the CRL it holds. Three files are the site's own to chan
 `switch.yaml` (its operator tunes it; only peers the admin signed may be in it), `crl.pem` (fresh CRLs replace it:
 it must be signed by the CA and not older than the newest one the admin's statements name) and `kit.yaml`. A peers
 update applied with `nebula-switch reload --update` is kept in the kit (`applied-update.json`: its update.yaml and
-update.sig, written at once): from then on its signed revision, peers and CRL number are the ones in force. A
+update.sig, written at once): from then on its signed revision, peers and CRL number are the ones in force, and
+the switch certificate (`switch.pem`) may be the one that update signs instead of the sealed one (a renewal: the
+admin's `provision renew` sends each site its current certificate in every update). A
 directory without `kit.sig` and `kit.yaml` is not a kit (a switch.yaml written by hand) and is not checked.
 """
 from __future__ import annotations
@@ -25,12 +27,13 @@ from security.errors import SecurityError, TLSConfigError
 from security.signing import SignatureError, Statement, crl_number, sha256_hex, sign_statement, verify_statement
 from security.tls import load_crl
 
-__all__ = ["APPLIED_UPDATE", "KIT_FILE", "KitError", "KitState", "SEAL_FILE", "check_kit",
+__all__ = ["APPLIED_UPDATE", "CERT_FILE", "KIT_FILE", "KitError", "KitState", "SEAL_FILE", "check_kit",
            "applied_record", "ca_certificate", "crl_number_at", "kit_is_sealed", "seal_kit", "sealed_files"]
 
 KIT_FILE = "kit.yaml"
 SEAL_FILE = "kit.sig"
 APPLIED_UPDATE = "applied-update.json"  # the last peers update applied here, as the admin signed it
+CERT_FILE = "switch.pem"  # the switch's certificate: renewed by peers updates (`security.updates`)
 # the site changes these itself (its configuration, fresh CRLs, the record of updates): checked, not hashed
 SITE_FILES = frozenset({"switch.yaml", "crl.pem", KIT_FILE, SEAL_FILE, APPLIED_UPDATE})
 # what a running switch writes into its directory (never part of a kit)
@@ -167,13 +170,14 @@ def check_kit(config: str | os.PathLike, *, federation: str, cluster: str, ca_pa
     if (seal.federation, seal.cluster) != (federation, cluster):
         raise KitError(f"{seal_path} seals cluster {seal.cluster} of {seal.federation}, but {config} says "
                        f"{cluster} of {federation}; use the kit's own switch.yaml")
+    applied = _applied(d, ca, seal)
+    renewed = applied[0].file_hash(CERT_FILE) if applied is not None and applied[0].revision > seal.revision else None
     for name, digest in seal.files:
         path = d / name
-        if _hash_file_checked(path) != digest:
+        if _hash_file_checked(path) not in (digest, renewed if name == CERT_FILE else digest):
             raise KitError(f"kit file {path} was altered since the admin signed the kit ({SEAL_FILE}); get the kit "
                            "again from the admin (or restore that file from its archive)")
     state = KitState(seal.revision, seal.crl_number, seal.peers, signer, SEAL_FILE)
-    applied = _applied(d, ca, seal)
     if applied is not None and applied[0].revision > seal.revision:
         update, by = applied
         state = KitState(update.revision, max(update.crl_number, seal.crl_number), update.peers, by,

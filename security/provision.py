@@ -8,7 +8,8 @@ machine it shares the CA's certificate and CRL through links, so a revocation re
 once), `kits/<cluster>.tar.gz` (the archive to ship) and `updates/<cluster>-r<N>.tar.gz` (peers updates of a
 revision for the sites already running, applied live with `nebula-switch reload --update`). Every kit is sealed and
 every update signed with the CA key (`security.kit_seal`, `security.updates`): a switch checks both against the CA
-certificate its kit holds.
+certificate its kit holds. `renew` (from cron) keeps a running federation within its lifetimes: a fresh CRL and the
+switch certificates near their expiry renewed (for the sites' own keys), sent to every site as a signed update.
 """
 from __future__ import annotations
 
@@ -27,17 +28,22 @@ from typing import Any, Sequence
 import yaml
 
 from security._files import PUBLIC, atomic_write
+from cryptography import x509
+
+from security._time import iso, utcnow
 from security.ca import CertificateAuthority, format_serial
+from security.certbuild import DEFAULT_DAYS, read_csr
 from security.errors import CAError, SecurityError
 from security.federation import (AccountSpec, CASpec, ClusterSpec, FederationError, FederationSpec, federation_doc,
                                  is_loopback, load_federation, parse_federation)
 from security.identity import check_name
-from security.kit_seal import KIT_FILE, seal_kit
+from security.identity import identity_of
+from security.kit_seal import CERT_FILE, KIT_FILE, seal_kit
 from security.signing import key_fingerprint
-from security.kits import archive, build_kit, read_doc, set_peers, worker_file
+from security.kits import archive, build_kit, dump_yaml, read_doc, set_peers, worker_file
 from security.updates import write_update
 
-__all__ = ["add_cluster", "free_ports", "provision", "provision_spec", "remove_cluster"]
+__all__ = ["add_cluster", "free_ports", "provision", "provision_spec", "remove_cluster", "renew"]
 
 STATE = "state.json"
 SPEC = "federation.yaml"
@@ -204,15 +210,19 @@ def _finish(out: Path, spec: FederationSpec, state: dict, ca: CertificateAuthori
         seal_kit(ca, out / c.name, spec.federation, c.name, read_doc(out / c.name / KIT_FILE, "kit file")["revision"],
                  [p.name for p in spec.clusters if p.name != c.name])
     kits = {c.name: archive(out / c.name, out / "kits" / f"{c.name}.tar.gz") for c in spec.clusters}
+    # (every update carries the site's switch certificate as it is here: renewed or not, the site's kit check
+    # accepts the one its latest update signs)
     updates = {c.name: write_update(ca, spec, c, out / "updates" / f"{c.name}-r{state['revision']}.tar.gz",
-                                    state["revision"]) for c in changed}
+                                    state["revision"], (out / c.name / CERT_FILE).read_bytes()) for c in changed}
     ca.audit_event(action.split()[0], spec.federation, detail={"revision": state["revision"], **detail})
     clusters = {}
     for c in spec.clusters:
         d = (out / c.name).resolve()
-        clusters[c.name] = {"dir": str(d), "switch_yaml": str(d / "switch.yaml"),
-                            "worker_yaml": str(d / worker_file(c.worker_names()[0][1])), "listen": c.address,
-                            "endpoint": c.local, "kit": str(kits[c.name].resolve())}
+        worker = worker_file(c.worker_names()[0][1])
+        # (dir, switch_yaml, worker_yaml: the admin's copy here; site_*: as the kit is unpacked at the site)
+        clusters[c.name] = {"dir": str(d), "switch_yaml": str(d / "switch.yaml"), "worker_yaml": str(d / worker),
+                            "site_switch_yaml": f"{c.name}/switch.yaml", "site_worker_yaml": f"{c.name}/{worker}",
+                            "listen": c.address, "endpoint": c.local, "kit": str(kits[c.name].resolve())}
     return {"federation": spec.federation, "ca": str(ca.dir.resolve()), "revision": state["revision"],
             "signer": key_fingerprint(ca.cert.public_key()),
             "clusters": clusters, "updates": {k: str(v.resolve()) for k, v in updates.items()},
@@ -264,6 +274,9 @@ def add_cluster(out: str | os.PathLike, name: str, host: str = "127.0.0.1", port
                 ca_passphrase: str | bytes | None = None) -> dict:
     """Add cluster `name` at `host:port` to the federation in `out`: its kit, and a peers update for every other."""
     out = Path(out)
+    if not port and not is_loopback(host):
+        raise FederationError(f"add-cluster {name}: --host {host} is not this machine's loopback, so a free port "
+                              "here means nothing there; pass --port PORT (the WAN port its switch listens on)")
     spec, _ = _spec_of(out)
     doc = federation_doc(spec)
     entry: dict[str, Any] = {"name": name, "host": host, "port": port}
@@ -304,3 +317,92 @@ def remove_cluster(out: str | os.PathLike, name: str, ca_passphrase: str | bytes
         set_peers(spec, c, out / c.name, state["revision"])
     (out / "kits" / f"{gone.name}.tar.gz").unlink(missing_ok=True)
     return _finish(out, spec, state, ca, rest, "federation.remove_cluster", {"cluster": name})
+
+
+def _ca_of(out: Path, spec: FederationSpec, state: dict, passphrase: str | bytes | None) -> CertificateAuthority:
+    ca_path = out / state["ca"] if not Path(state["ca"]).is_absolute() else Path(state["ca"])
+    return CertificateAuthority.open(ca_path, _passphrase(spec, passphrase))
+
+
+def _csr_for_renewal(path: Path, cluster: str, current: x509.Certificate) -> None:
+    """Check CSR `path` asks for `cluster`'s switch certificate for the key it holds now; CAError naming it."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CAError(f"CSR {path} for {cluster} cannot be read ({exc.strerror}); make it on {cluster} with "
+                      "`nebula-switch csr --config switch.yaml --out req.pem` and pass --csr "
+                      f"{cluster}=req.pem") from None
+    csr, cn = read_csr(data, path)  # (its signature: the requester holds the key)
+    ident = identity_of(current)
+    try:
+        uris = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+            x509.UniformResourceIdentifier)
+    except x509.ExtensionNotFound:
+        uris = []
+    if cn != ident.name or any(u != ident.uri for u in uris):
+        raise CAError(f"CSR {path} asks for {', '.join(uris) or cn!r}, not {cluster}'s switch ({ident.uri}); make it "
+                      f"on {cluster} with `nebula-switch csr --config switch.yaml --out req.pem`")
+    if csr.public_key().public_numbers() != current.public_key().public_numbers():
+        raise CAError(f"CSR {path} holds another key than {cluster}'s switch certificate; its kit seals that key, so "
+                      "make the CSR from it (`nebula-switch csr --config switch.yaml`), or give the site a new kit "
+                      "(remove-cluster, add-cluster) to change keys")
+
+
+def renew(out: str | os.PathLike, *, margin_days: float | None = None, renew_all: bool = False,
+          csrs: dict[str, str | os.PathLike] | None = None, crl_margin_days: float | None = None,
+          ca_passphrase: str | bytes | None = None) -> dict:
+    """Keep the federation in `out` within its lifetimes, as a signed update for every site: a fresh CRL (CRL number
+    up) and, renewed for the key each site holds, every switch certificate with less than `margin_days` left
+    (default a third of its lifetime; `renew_all`: all of them; `csrs`: cluster -> CSR the site made with its key).
+    Nothing due (no certificate, no CSR, and the CRL's next update more than `crl_margin_days` away, default half
+    its lifetime): nothing is written and the summary says `nothing_due`. Safe to run from cron."""
+    out = Path(out)
+    spec, state = _spec_of(out)
+    csrs = {k: Path(v) for k, v in (csrs or {}).items()}
+    for name in csrs:
+        spec.cluster(name)  # (FederationError naming the known clusters)
+    cert_days = spec.ca.cert_days or DEFAULT_DAYS["switch"]
+    margin = cert_days / 3 if margin_days is None else margin_days
+    crl_margin = spec.ca.crl_days / 2 if crl_margin_days is None else crl_margin_days
+    for what, value in (("--margin-days", margin), ("--crl-margin-days", crl_margin)):
+        if not value >= 0:
+            raise FederationError(f"{what} {value} must be a number of days >= 0")
+    ca = _ca_of(out, spec, state, ca_passphrase)
+    ca.key  # a wrong passphrase fails here, before anything is written
+    now = utcnow()
+    current = {c.name: x509.load_pem_x509_certificate((out / c.name / CERT_FILE).read_bytes()) for c in spec.clusters}
+    due = [c for c in spec.clusters if renew_all or c.name in csrs
+           or (current[c.name].not_valid_after_utc - now).total_seconds() < margin * 86400]
+    for c in due:
+        if c.name in csrs:
+            _csr_for_renewal(csrs[c.name], c.name, current[c.name])
+    try:
+        crl_next = x509.load_pem_x509_crl(ca.crl_path.read_bytes()).next_update_utc
+    except (OSError, ValueError):
+        crl_next = None  # (unreadable: write a fresh one)
+    crl_due = crl_next is None or (crl_next - now).total_seconds() < crl_margin * 86400
+    if not due and not crl_due:
+        return {"federation": spec.federation, "nothing_due": True, "revision": state["revision"],
+                "crl_next_update": iso(crl_next), "margin_days": margin, "crl_margin_days": crl_margin,
+                "next_expiry": {n: iso(c.not_valid_after_utc) for n, c in current.items()}}
+    ca.write_crl(days=spec.ca.crl_days)
+    renewed = {}
+    for c in due:
+        old = current[c.name]
+        new = ca.renew(old.serial_number, cert_days, out=out / c.name / CERT_FILE)
+        cert = ca.certificate(new.serial)
+        renewed[c.name] = {"serial": format_serial(new.serial), "old_serial": format_serial(old.serial_number),
+                           "not_after": iso(cert.not_valid_after_utc), "csr": str(csrs[c.name]) if c.name in csrs
+                           else None}
+        # (the old certificate stays valid until it expires: live sessions made with it go on; both are revoked
+        # should the cluster leave)
+        state["clusters"][c.name]["serials"].append(format_serial(new.serial))
+        ca.audit_event("federation.renew_certificate", c.name, detail=renewed[c.name])
+    state["revision"] += 1
+    for c in spec.clusters:
+        d = out / c.name
+        dump_yaml(d / KIT_FILE, {**read_doc(d / KIT_FILE, "kit file"), "revision": state["revision"]})
+    crl = x509.load_pem_x509_crl(ca.crl_path.read_bytes())
+    summary = _finish(out, spec, state, ca, list(spec.clusters), "federation.renew",
+                      {"renewed": sorted(renewed), "crl_next_update": iso(crl.next_update_utc)})
+    return {**summary, "nothing_due": False, "renewed": renewed, "crl_next_update": iso(crl.next_update_utc)}

@@ -46,18 +46,23 @@ def _need(path: str | os.PathLike, what: str) -> bytes:
     return read_file(path, what, TLSConfigError, "provision it with `nebula-admin provision` or fix the path")
 
 
+# what a site does about a bad or expired CRL (it holds no CA key: the admin's signed update brings a fresh one)
+FIX_CRL = ("apply the admin's latest update (`nebula-switch reload --config switch.yaml --update FILE`; the admin "
+           "writes one for every site with `nebula-admin provision renew --out DIR`, or `nebula-admin crl` on the "
+           "CA's host)")
+
+
 def load_crl(crl: str | os.PathLike, ca_cert: x509.Certificate | None = None) -> x509.CertificateRevocationList:
     """Parse a PEM CRL, check it is signed by `ca_cert` and not past its next update; raise TLSConfigError."""
     try:
         obj = x509.load_pem_x509_crl(_need(crl, "CRL"))
     except ValueError as exc:
-        raise TLSConfigError(f"CRL {crl} is not a valid PEM CRL ({exc}); "
-                             "regenerate it with `nebula-admin crl`") from None
+        raise TLSConfigError(f"CRL {crl} is not a valid PEM CRL ({exc}); {FIX_CRL}") from None
     if ca_cert is not None and not obj.is_signature_valid(ca_cert.public_key()):
         raise TLSConfigError(f"CRL {crl} is not signed by the CA in use; write it with that CA's `nebula-admin crl`")
     nxt = obj.next_update_utc
     if nxt is not None and nxt < dt.datetime.now(dt.timezone.utc):
-        raise TLSConfigError(f"CRL {crl} expired at {nxt:%Y-%m-%dT%H:%M:%SZ}; regenerate it with `nebula-admin crl`")
+        raise TLSConfigError(f"CRL {crl} expired at {nxt:%Y-%m-%dT%H:%M:%SZ}; {FIX_CRL}")
     return obj
 
 
@@ -192,6 +197,8 @@ def _ident_wanted(federation: str, role: str, cluster: str | None) -> str:
 _VERIFY_CODES = {
     9: "expired",  # not yet valid: outside its validity window all the same
     10: "expired",
+    11: "expired",  # the CRL is not yet valid
+    12: "expired",  # the CRL is past its next update
     23: "revoked",
     2: "unknown_ca",
     18: "unknown_ca",

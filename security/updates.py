@@ -1,11 +1,13 @@
 """Peers updates: what the admin sends a site already running when the federation changes, and how a site takes one.
 
 An update is a small archive: `update.yaml` (the site's peers at a new revision, and its own listen address), the
-CA's current `crl.pem`, and `update.sig`, the CA key's signature over both files' sha256 and what they bind
-(federation, cluster, revision, CRL number, peers; `security.signing`). `check_update` refuses, before anything is
-written, an update that is unsigned, signed by another key, altered, for another site, not above the revision in
-force, or whose CRL is not the CA's or older (by its CRL Number) than the one in place, and a hostile archive (links,
-`..` paths, stray or missing or oversized members, YAML bombs); `install_update` then writes it into the kit and
+CA's current `crl.pem`, the site's switch certificate as the admin holds it now (`switch.pem`: renewed by
+`nebula-admin provision renew` before it expires, for the site's own key), and `update.sig`, the CA key's signature
+over the files' sha256 and what they bind (federation, cluster, revision, CRL number, peers; `security.signing`).
+`check_update` refuses, before anything is written, an update that is unsigned, signed by another key, altered, for
+another site, not above the revision in force, or whose CRL is not the CA's or older (by its CRL Number) than the one
+in place, a certificate that is not the CA's for this cluster's switch and the key it holds, and a hostile archive
+(links, `..` paths, stray or missing or oversized members, YAML bombs); `install_update` then writes it into the kit and
 keeps the signed update there (`applied-update.json`) for the switch's own check at start and reload.
 """
 from __future__ import annotations
@@ -21,23 +23,26 @@ from typing import Any
 
 import yaml
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 
 from security._files import PUBLIC, atomic_write
 from security._yaml import YamlError, check_keys, parse_yaml
-from security.errors import SecurityError
+from security.errors import IdentityError, SecurityError
 from security.federation import ClusterSpec, FederationSpec
-from security.kit_seal import (APPLIED_UPDATE, KIT_FILE, KitError, applied_record, ca_certificate, check_kit,
+from security.identity import identity_of
+from security.kit_seal import (APPLIED_UPDATE, CERT_FILE, KIT_FILE, KitError, applied_record, ca_certificate, check_kit,
                                crl_number_at)
 from security.kits import dump_yaml, peers_of, read_doc
 from security.signing import SignatureError, Statement, crl_number, sha256_hex, sign_statement, verify_statement
 
-__all__ = ["CRL_FILE", "MAX_UPDATE_BYTES", "PendingUpdate", "SIG_FILE", "UPDATE_FILE", "UpdateError",
+__all__ = ["CERT_FILE", "CRL_FILE", "MAX_UPDATE_BYTES", "PendingUpdate", "SIG_FILE", "UPDATE_FILE", "UpdateError",
            "apply_update", "check_update", "install_update", "write_update"]
 
 UPDATE_FILE = "update.yaml"
 CRL_FILE = "crl.pem"
 SIG_FILE = "update.sig"
 MEMBERS = (UPDATE_FILE, CRL_FILE, SIG_FILE)
+OPTIONAL = (CERT_FILE,)
 MAX_UPDATE_BYTES = 1 << 20  # the archive and each member: an update is a few KiB
 MAX_INFLATED_BYTES = 4 * MAX_UPDATE_BYTES  # the three members with their tar headers, inflated
 
@@ -59,6 +64,7 @@ class PendingUpdate:
     update: Path
     statement: Statement
     signer: str
+    renewed: str | None  # the new certificate's serial and expiry when the update renews it, else None
     peers: tuple[dict, ...]  # update.yaml's peers, as switch.yaml takes them
     listen: str | None
     files: dict  # member name -> bytes
@@ -70,23 +76,27 @@ class PendingUpdate:
     def audit_detail(self) -> dict[str, Any]:
         """What the audit record of this update says: who signed which revision and CRL number."""
         return {"signer": self.signer, "revision": self.statement.revision, "crl_number": self.statement.crl_number,
+                **({"certificate": self.renewed} if self.renewed else {}),
                 "peers": list(self.statement.peers), "previous_revision": self.before[0],
                 "previous_crl_number": self.before[1], "update_sha256": sha256_hex(self.files[UPDATE_FILE])}
 
 
-def write_update(ca: Any, spec: FederationSpec, cluster: ClusterSpec, dest: Path, revision: int) -> Path:
-    """The signed peers update of an existing site at `revision`: its peers now, and the CA's (`ca`) current CRL."""
+def write_update(ca: Any, spec: FederationSpec, cluster: ClusterSpec, dest: Path, revision: int,
+                 certificate: bytes | None = None) -> Path:
+    """The signed peers update of an existing site at `revision`: its peers now, the CA's (`ca`) current CRL and,
+    when given, `certificate` (PEM: the site's switch certificate as the admin holds it now)."""
     doc = {"federation": spec.federation, "cluster": cluster.name, "revision": revision, "listen": cluster.listen,
            "peers": peers_of(spec, cluster)}
     text = yaml.safe_dump(doc, sort_keys=False).encode()
     crl = ca.crl_path.read_bytes()
+    files = {UPDATE_FILE: text, CRL_FILE: crl, **({CERT_FILE: certificate} if certificate is not None else {})}
     statement = Statement("peers_update", spec.federation, cluster.name, revision,
                           crl_number(x509.load_pem_x509_crl(crl)), tuple(p["cluster"] for p in doc["peers"]),
-                          ((UPDATE_FILE, sha256_hex(text)), (CRL_FILE, sha256_hex(crl))))
+                          tuple(sorted((name, sha256_hex(data)) for name, data in files.items())))
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         signature = sign_statement(statement, ca.cert, ca.key)
-        for name, data in ((UPDATE_FILE, text), (CRL_FILE, crl), (SIG_FILE, signature)):
+        for name, data in (*files.items(), (SIG_FILE, signature)):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
@@ -108,11 +118,11 @@ def _members(path: Path) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
             for info in tar:
-                if info.name not in MEMBERS or not info.isfile() or info.name in out:
+                if info.name not in MEMBERS + OPTIONAL or not info.isfile() or info.name in out:
                     what = "a link" if info.issym() or info.islnk() else "a second copy" if info.name in out else ""
                     raise UpdateError(f"{path} holds {info.name[:100]!r}{' (' + what + ')' if what else ''}; a peers "
-                                      f"update holds only {', '.join(MEMBERS)}, each once (is it a kit? extract a "
-                                      "kit with tar instead)")
+                                      f"update holds only {', '.join(MEMBERS + OPTIONAL)}, each once (is it a kit? "
+                                      "extract a kit with tar instead)")
                 if info.size > MAX_UPDATE_BYTES:
                     raise UpdateError(f"{path}: its {info.name} is larger than {MAX_UPDATE_BYTES} bytes; ask the "
                                       "admin for the update again")
@@ -155,8 +165,45 @@ def _incoming_crl(data: bytes, ca: x509.Certificate, where: str) -> x509.Certifi
     nxt = crl.next_update_utc
     if nxt is not None and nxt < dt.datetime.now(dt.timezone.utc):
         raise UpdateError(f"{where} expired at {nxt:%Y-%m-%dT%H:%M:%SZ}; ask the admin for a fresh update "
-                          "(`nebula-admin crl`, then the update again)", "old_crl")
+                          "(`nebula-admin provision renew --out DIR` writes one for every site)", "old_crl")
     return crl
+
+
+def _incoming_cert(data: bytes, ca: x509.Certificate, current: Path, federation: str, cluster: str,
+                   where: str) -> tuple[x509.Certificate, bool]:
+    """(the update's switch certificate, whether it differs from the one in place) if the CA issued it to this
+    cluster's switch, for the key of the certificate in place (`current`), and it is valid now."""
+    try:
+        cert = x509.load_pem_x509_certificate(data)
+    except ValueError as exc:
+        raise UpdateError(f"{where} is not a PEM certificate ({exc}); ask the admin for the update again") from None
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        raise UpdateError(f"{where} is not issued by this kit's CA; ask the admin for a fresh update",
+                          "bad_signature") from None
+    try:
+        ident = identity_of(cert)
+    except IdentityError as exc:
+        raise UpdateError(f"{where} carries no valid identity ({exc}); ask the admin for the update again",
+                          "other_site") from None
+    if (ident.federation, ident.role, ident.cluster) != (federation, "switch", cluster):
+        raise UpdateError(f"{where} is {ident.uri}, not a switch certificate of cluster {cluster} of {federation}; "
+                          f"apply {cluster}'s own update", "other_site")
+    try:
+        now_cert = x509.load_pem_x509_certificate(current.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise UpdateError(f"{where} not applied: the certificate in place {current} cannot be read ({exc}); get "
+                          "the kit again from the admin", "kit") from None
+    if cert.public_key().public_numbers() != now_cert.public_key().public_numbers():
+        raise UpdateError(f"{where} is for another key than this switch's ({current}); renew it for this key "
+                          "(`nebula-switch csr`, then the admin's `provision renew --csr`)", "other_site")
+    now = dt.datetime.now(dt.timezone.utc)
+    if not cert.not_valid_before_utc <= now < cert.not_valid_after_utc:
+        raise UpdateError(f"{where} is valid {cert.not_valid_before_utc:%Y-%m-%dT%H:%M:%SZ} to "
+                          f"{cert.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}, not now; ask the admin for a fresh update",
+                          "old_crl")
+    return cert, cert.serial_number != now_cert.serial_number
 
 
 def check_update(config: Path, update: Path) -> PendingUpdate:
@@ -178,10 +225,17 @@ def check_update(config: Path, update: Path) -> PendingUpdate:
         raise UpdateError(str(exc), "kit") from None
     except SignatureError as exc:
         raise UpdateError(str(exc), "bad_signature") from None
-    if {name for name, _ in statement.files} != {UPDATE_FILE, CRL_FILE}:
+    signed = {name for name, _ in statement.files}
+    if signed - {CERT_FILE} != {UPDATE_FILE, CRL_FILE}:
         raise UpdateError(f"{update}: {SIG_FILE} signs {', '.join(n for n, _ in statement.files)}, not {UPDATE_FILE} "
-                          f"and {CRL_FILE}; ask the admin for the update again", "altered")
-    for name in (UPDATE_FILE, CRL_FILE):
+                          f"and {CRL_FILE} (and optionally {CERT_FILE}); ask the admin for the update again", "altered")
+    for name in (UPDATE_FILE, CRL_FILE, CERT_FILE):
+        if name not in signed and name not in files:
+            continue
+        if name not in signed or name not in files:
+            raise UpdateError(f"{update}: its {name} is {'not signed' if name in files else 'missing'} although "
+                              f"{SIG_FILE} {'signs it' if name in signed else 'does not'}: it was altered after the "
+                              "admin signed it; use only the update the admin sent", "altered")
         if statement.file_hash(name) != sha256_hex(files[name]):
             raise UpdateError(f"{update}: its {name} was altered after the admin signed it ({SIG_FILE}); use only "
                               "the update the admin sent", "altered")
@@ -218,8 +272,14 @@ def check_update(config: Path, update: Path) -> PendingUpdate:
     if number < in_place:
         raise UpdateError(f"{update} carries CRL number {number}, older than number {in_place} in force here; "
                           "apply only the admin's latest update", "old_crl")
+    renewed = None
+    if CERT_FILE in files:
+        cert, new = _incoming_cert(files[CERT_FILE], ca, base / CERT_FILE, str(mine[0]), str(mine[1]),
+                                   f"{update}: {CERT_FILE}")
+        if new:
+            renewed = f"serial {cert.serial_number:x} until {cert.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}"
     listen = doc.get("listen")
-    return PendingUpdate(config, update, statement, signer, tuple(doc["peers"]),
+    return PendingUpdate(config, update, statement, signer, renewed, tuple(doc["peers"]),
                          listen if listen and listen != sw.get("listen") else None, files, sw, crl_path,
                          len(crl), (revision, in_place))
 
@@ -232,6 +292,8 @@ def install_update(p: PendingUpdate) -> str:
     if p.crl_path.is_symlink():
         p.crl_path.unlink()
     atomic_write(p.crl_path, p.files[CRL_FILE], PUBLIC)
+    if CERT_FILE in p.files:  # (before the record that vouches for it: a kit cut short takes the update again)
+        atomic_write(base / CERT_FILE, p.files[CERT_FILE], PUBLIC)
     dump_yaml(p.config, {**p.switch_doc, "peers": [dict(x) for x in p.peers],
                          **({"listen": p.listen} if p.listen else {})})
     atomic_write(base / APPLIED_UPDATE, applied_record(p.files[UPDATE_FILE], p.files[SIG_FILE]), PUBLIC)
@@ -239,8 +301,9 @@ def install_update(p: PendingUpdate) -> str:
     dump_yaml(base / KIT_FILE, {**kit, "revision": p.statement.revision})
     peers = ", ".join(f"{x['cluster']} {x['address']}" for x in p.peers) or "none"
     restart = f"; this switch now listens on {p.listen}: restart it to bind there" if p.listen else ""
+    renewed = f"; certificate renewed ({p.renewed})" if p.renewed else ""
     return (f"revision {p.statement.revision}: peers {peers}; CRL number {p.statement.crl_number} revokes "
-            f"{p.revoked} certificate(s); signed by the CA key {p.signer[:23]}...{restart}")
+            f"{p.revoked} certificate(s){renewed}; signed by the CA key {p.signer[:23]}...{restart}")
 
 
 def apply_update(config: Path, update: Path) -> str:

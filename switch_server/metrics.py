@@ -108,6 +108,9 @@ class SwitchMetrics:
             "unless metrics.account_names) holds no route grant for", ["account", "cluster"], registry=r), account_ids)
         self.link_up = Gauge("nebula_switch_link_up", "1 while the outgoing link to a peer is established", ["peer"], registry=r)
         self.cert_expiry = Gauge("nebula_switch_certificate_expiry_seconds", "Seconds until this switch's certificate expires", registry=r)
+        self.expiry = Gauge("nebula_switch_expiry_seconds", "Seconds until this switch's certificate, the "
+                            "federation's CA or the CRL's next update expires (negative: expired)", ["what"],
+                            registry=r)
         self.workers = Gauge("nebula_switch_workers", "Workers registered on the local side", registry=r)
 
     def count(self, peer: str, lane: int, direction: str, nbytes: int) -> None:
@@ -117,6 +120,15 @@ class SwitchMetrics:
             t = self._tally[(peer, lane, direction)] = [0, 0]
         t[0] += nbytes
         t[1] += 1
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        """Per peer, what was counted since the start, over every lane: bytes and frames, out and in."""
+        out: dict[str, dict[str, int]] = {}
+        for (peer, _lane, direction), (nbytes, frames) in list(self._tally.items()):
+            t = out.setdefault(peer, {"bytes_out": 0, "frames_out": 0, "bytes_in": 0, "frames_in": 0})
+            t[f"bytes_{direction}"] += nbytes
+            t[f"frames_{direction}"] += frames
+        return out
 
     def serve(self, host: str, port: int) -> tuple[str, int]:
         """Start the HTTP endpoint; return the bound address."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula.config import SwitchConfig
+from switch_server.expiry import iso, watch_of
 from switch_server.state import state_dir
 
 STATUS_FILE = "status.json"
@@ -26,6 +27,7 @@ def switch_status(server: Any, prev: dict[str, Any]) -> dict[str, Any]:
     now = time.time()
     dt_s = max(1e-3, now - prev.get("time", now - 1))
     links = {}
+    totals = server.metrics.totals()
     for c, link in server.links.items():
         before = prev.get("links", {}).get(c, {}).get("bytes_out", link.bytes_out)
         links[c] = {
@@ -36,6 +38,10 @@ def switch_status(server: Any, prev: dict[str, Any]) -> dict[str, Any]:
             "queued_bytes": link.queued_bytes(),
             "unacked_bytes": link.rtx_bytes,
             "bytes_out": link.bytes_out,
+            # since the switch started, over every session (a session's own bytes_in restarts with it)
+            "bytes_in": totals.get(c, {}).get("bytes_in", 0),
+            "frames_out": totals.get(c, {}).get("frames_out", 0),
+            "frames_in": totals.get(c, {}).get("frames_in", 0),
             "mbit_out": round((link.bytes_out - before) * 8 / dt_s / 1e6, 3),
             "last_error": link.last_error,
             # accounts the peer asked us to hold back (their ranks there are not connected), and queued bytes per
@@ -48,8 +54,12 @@ def switch_status(server: Any, prev: dict[str, Any]) -> dict[str, Any]:
         before = prev.get("sessions", {}).get(c, {}).get("bytes_in", s.bytes_in)
         sessions[c] = {"bytes_in": s.bytes_in, "mbit_in": round((s.bytes_in - before) * 8 / dt_s / 1e6, 3)}
     local = server.local
+    watch = watch_of(server)
+    expiring = {e.what: e.at for e in watch.refresh(server.cfg, server.trust.cert_not_after)}
+    cp = server.checkpoints.last
     return {
         "time": now,
+        "started": server.started_at,
         "cluster": server.cfg.cluster,
         "epoch": server.epoch,
         "pid": os.getpid(),
@@ -66,6 +76,12 @@ def switch_status(server: Any, prev: dict[str, Any]) -> dict[str, Any]:
         "links": links,
         "sessions": sessions,
         "certificate_expires": dt.datetime.fromtimestamp(server.trust.cert_not_after, dt.timezone.utc).isoformat(),
+        "ca_expires": iso(expiring["ca"]) if expiring.get("ca") else None,
+        "crl_next_update": iso(expiring["crl"]) if "crl" in expiring else None,
+        # one line each for what is within its warning margin or past it: what expires when, and the fix
+        "expiry_warnings": watch.warnings(now, server.cfg.cluster, str(server.config_path or "switch.yaml")),
+        # our newest signed audit checkpoint (what the peers hold as witnesses of our log)
+        "audit_checkpoint": None if cp is None else {"seq": cp.seq, "time": cp.time},
         "reload": dict(server.reloads),  # the last reload's outcome (`nebula-switch reload` waits for it)
         "fatal": server.fatal,
     }

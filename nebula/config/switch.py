@@ -31,6 +31,14 @@ class TLSFiles:
     key: str  # its private key
     crl: str  # the federation CRL; re-read on reload
     key_passphrase_env: str | None = None  # environment variable holding the key's passphrase, if encrypted
+    # warn (log, status file, metrics) this many days before the certificate or the CA expires; the CRL warns at the
+    # lesser of this and a third of its lifetime (`switch_server.expiry`)
+    expiry_warning_days: float = 7.0
+
+    def __post_init__(self) -> None:
+        days = self.expiry_warning_days
+        if isinstance(days, bool) or not isinstance(days, (int, float)) or not 0 <= days <= 3650:
+            raise ValueError(f"tls.expiry_warning_days={days!r} must be a number of days from 0 to 3650 (default 7)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

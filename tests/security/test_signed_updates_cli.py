@@ -50,7 +50,8 @@ def test_a_forged_update_is_refused_live_and_the_admins_update_is_taken(procs, t
     old_crl = (cfg.parent / "crl.pem").read_bytes()
     a = start_switch(procs, cfg)
     start_switch(procs, out / "B" / "switch.yaml")
-    start_switch(procs, out / "C" / "switch.yaml")
+    # C from its own unpacked kit: the admin's CRL (which revokes C below) is not C's until C is sent an update
+    start_switch(procs, _unpack(out / "kits" / "C.tar.gz", tmp_path / "siteC") / "C" / "switch.yaml")
     _link_up(cfg, "C", True)
 
     real = Path(remove_cluster(out, "C")["updates"]["A"])
