@@ -48,6 +48,7 @@ class CheckpointExchange:
         self._due = False  # a security record waits for a checkpoint the peers hold
         self._owed: set[str] = set()  # peers a checkpoint is owed to that pacing held back
         self._sent: dict[str, float] = {}  # peer -> when a checkpoint was last sent on our link to it
+        self.last: Any = None  # our newest signed checkpoint (security.audit.Checkpoint), for the status file
 
     def frame(self) -> bytes | None:
         """A CHECKPOINT frame with a fresh signed checkpoint of our log; None if there is no log to sign."""
@@ -58,6 +59,7 @@ class CheckpointExchange:
         except Exception:
             log.exception("cannot write an audit checkpoint")
             return None
+        self.last = cp
         return encode_frame(FrameType.CHECKPOINT, {"checkpoint": cp.to_json()})
 
     def urgent(self) -> None:

@@ -1,5 +1,5 @@
 """`nebula-switch`: serve (run a switch server), reload (apply a changed config or a peers update to it, live),
-status (links and throughput), probe (end-to-end link test)."""
+status (links: state, RTT, rates, totals since start; certificate, CA and CRL expiry), probe (end-to-end link test)."""
 from __future__ import annotations
 
 __all__ = ["build_parser", "main"]
@@ -15,9 +15,14 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nebula.config import ConfigError
 from nebula.config.switch import load_switch_config
+from switch_server.csr import add_csr_parser
+
+if TYPE_CHECKING:
+    from security.federation_view import SiteView
 
 STOP_TIMEOUT_S = 5.0
 EXIT_REVOKED = 3  # the switch's own certificate was revoked: it stopped, and a restart is refused alike
@@ -132,6 +137,8 @@ def _reload_count(path: Path, pid: int) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from security.federation_view import site_from_status
+    from switch_server.state import state_dir
     from switch_server.status import status_path
 
     try:
@@ -145,21 +152,101 @@ def _status(args: argparse.Namespace) -> int:
     except (OSError, ValueError):
         print(f"nebula-switch: no status at {path}; is the switch of cluster {cfg.cluster} running?", file=sys.stderr)
         return 1
-    age = time.time() - st["time"]
+    now = time.time()
+    age = now - st["time"]
+    fresh = age < STALE_AFTER_S
+    # totals since start: the status file's own where it has them, else the switch's metrics endpoint (on this host)
+    totals = _metrics_totals(st.get("metrics")) if fresh else None
+    view = site_from_status(st.get("cluster", cfg.cluster), str(path), st, now, STALE_AFTER_S, totals)
+    started = view.started if view.started is not None else _boot_time(state_dir(cfg) / "epoch", st)
     if args.json:
+        st = dict(st, uptime_s=None if started is None else round(now - started, 3),
+                  totals={lk.peer: {"bytes_out": lk.totals.bytes_out, "bytes_in": lk.totals.bytes_in,
+                                    "frames_out": lk.totals.frames_out, "frames_in": lk.totals.frames_in}
+                          for lk in view.links})
         print(json.dumps(st))
-        return 0 if age < 10 else 1
-    stale = f"  (STALE: last written {age:.0f} s ago; the switch is not running)" if age >= 10 else ""
-    print(f"switch {st['cluster']} epoch {st['epoch']} pid {st['pid']}{stale}")
-    print(f"  wan {st['wan']}  local {st['local']}  ipc {st.get('local_ipc') or '-'}  metrics {st['metrics'] or '-'}")
-    print(f"  workers {st['workers']} ({st.get('shm_workers', 0)} with shared memory)  queued {st['queued_bytes']} B  certificate expires {st['certificate_expires']}")
-    print(f"  {'peer':<12}{'state':<7}{'rtt ms':>9}{'out Mbit/s':>12}{'in Mbit/s':>11}{'queued B':>12}{'unacked B':>12}  last error")
-    for c, link in sorted(st["links"].items()):
-        sess = st["sessions"].get(c, {})
-        rtt = "-" if link["rtt_ms"] is None else f"{link['rtt_ms']:.2f}"
-        print(f"  {c:<12}{'up' if link['up'] else 'down':<7}{rtt:>9}{link['mbit_out']:>12.2f}"
-              f"{sess.get('mbit_in', 0.0):>11.2f}{link['queued_bytes']:>12}{link['unacked_bytes']:>12}  {link['last_error']}")
-    return 0 if age < 10 else 1
+        return 0 if fresh else 1
+    print(_status_text(st, view, started, now))
+    return 0 if fresh else 1
+
+
+STALE_AFTER_S = 10.0  # the switch rewrites its status every second: older than this, it is not running
+METRICS_TIMEOUT_S = 2.0
+
+
+def _metrics_totals(address: object) -> dict | None:
+    """Per-peer totals since start from the switch's metrics endpoint `address` (host:port); None if it has none or
+    cannot be reached (the table then shows what the status file holds)."""
+    import urllib.request
+
+    from security.federation_view import totals_from_metrics
+
+    if not isinstance(address, str) or not address:
+        return None
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", "::", ""):  # (listening on every address: this host's loopback reaches it)
+        host = "::1" if host == "::" else "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=METRICS_TIMEOUT_S) as resp:
+            return totals_from_metrics(resp.read(8 << 20).decode("utf-8", "replace"))
+    except (OSError, ValueError):
+        return None
+
+
+def _boot_time(epoch_file: Path, st: dict) -> float | None:
+    """When the switch that wrote `st` started: its boot epoch file is written once at each start."""
+    try:
+        mtime = epoch_file.stat().st_mtime
+    except OSError:
+        return None
+    return mtime if mtime <= st.get("time", 0) + 1 else None
+
+
+def _status_text(st: dict, view: SiteView, started: float | None, now: float) -> str:
+    """`nebula-switch status` as text: the switch, its expiry dates, then one row per link with rates and totals."""
+    from security.federation_view import format_age, format_bytes
+
+    age = now - st["time"]
+    stale = f"  (STALE: last written {age:.0f} s ago; the switch is not running)" if age >= STALE_AFTER_S else ""
+    since = "" if started is None else f"  up {format_age(now - started)} (since " \
+        f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(started))})"
+    out = [f"switch {st['cluster']} epoch {st['epoch']} pid {st['pid']}{since}{stale}",
+           f"  wan {st['wan']}  local {st['local']}  ipc {st.get('local_ipc') or '-'}  metrics {st['metrics'] or '-'}",
+           f"  workers {st['workers']} ({st.get('shm_workers', 0)} with shared memory)  queued {st['queued_bytes']} B"]
+    expiry = [f"certificate expires {view.certificate_expires or st.get('certificate_expires', '-')}"]
+    if view.ca_expires:
+        expiry.append(f"CA expires {view.ca_expires}")
+    if view.crl_next_update:
+        expiry.append(f"CRL next update {view.crl_next_update}")
+    if view.checkpoint_seq is not None:
+        expiry.append(f"last audit checkpoint #{view.checkpoint_seq}")
+    out.append("  " + "  ".join(expiry))
+    out += [f"  WARNING: {w}" for w in view.expiry_warnings]
+    out.append(f"  {'peer':<12}{'state':<6}{'rtt ms':>8}{'out Mbit/s':>11}{'in Mbit/s':>10}{'sent':>11}"
+               f"{'received':>11}{'frames out':>11}{'frames in':>10}{'queued B':>10}{'unacked B':>10}  last error")
+    links, sessions = st.get("links", {}), st.get("sessions", {})
+    sums = [0, 0, 0, 0]
+    for lk in view.links:
+        raw, sess = links.get(lk.peer, {}), sessions.get(lk.peer, {})
+        rtt = "-" if lk.rtt_ms is None else f"{lk.rtt_ms:.2f}"
+        t = lk.totals
+        for i, v in enumerate((t.bytes_out, t.bytes_in, t.frames_out, t.frames_in)):
+            sums[i] += v or 0
+        out.append(f"  {lk.peer:<12}{'up' if lk.up else 'down':<6}{rtt:>8}{raw.get('mbit_out', 0.0):>11.2f}"
+                   f"{sess.get('mbit_in', 0.0):>10.2f}{format_bytes(t.bytes_out):>11}{format_bytes(t.bytes_in):>11}"
+                   f"{_n(t.frames_out):>11}{_n(t.frames_in):>10}{raw.get('queued_bytes', 0):>10}"
+                   f"{raw.get('unacked_bytes', 0):>10}  {lk.last_error}")
+    if len(view.links) > 1:
+        out.append(f"  {'total':<12}{'':<6}{'':>8}{'':>11}{'':>10}{format_bytes(sums[0]):>11}"
+                   f"{format_bytes(sums[1]):>11}{sums[2]:>11}{sums[3]:>10}")
+    return "\n".join(out)
+
+
+def _n(v: int | None) -> str:
+    """A count, or `-` where it is not known."""
+    return "-" if v is None else str(v)
 
 
 def _probe(args: argparse.Namespace) -> int:
@@ -187,7 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="run the switch server of one cluster")
     s.add_argument("--config", required=True, help="switch.yaml (from nebula-admin provision)")
-    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="least severe log lines written to stderr (default info)")
     s.set_defaults(func=_serve)
     r = sub.add_parser("reload", help="apply a changed switch.yaml, certificates and CRL (or a peers update) to the "
                                       "running switch, without a restart (what SIGHUP does), and report the outcome")
@@ -196,23 +284,27 @@ def build_parser() -> argparse.ArgumentParser:
                                     "and CRL are written into the kit first")
     r.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the switch's answer")
     r.set_defaults(func=_reload)
-    st = sub.add_parser("status", help="print links and throughput of a running switch")
-    st.add_argument("--config", required=True)
-    st.add_argument("--json", action="store_true")
+    st = sub.add_parser("status", help="print a running switch's links: state, RTT, rates, and bytes and messages "
+                                       "moved since it started; its certificate, CA and CRL expiry")
+    st.add_argument("--config", required=True, help="switch.yaml of the switch (its state directory holds the status)")
+    st.add_argument("--json", action="store_true",
+                    help="print the status file as one JSON object, with uptime_s and per-peer totals added")
     st.set_defaults(func=_status)
     pr = sub.add_parser("probe", help="send or receive numbered test messages through the federation")
     pr.add_argument("--config", required=True, help="switch.yaml of this cluster (worker.yaml beside it is used)")
     pr.add_argument("--worker", help="worker.yaml to use instead of the one beside --config")
     mode = pr.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--recv", action="store_true")
-    mode.add_argument("--send", action="store_true")
+    mode.add_argument("--recv", action="store_true", help="receive --count messages from the peers' senders, "
+                                                          "then print what arrived (start it first)")
+    mode.add_argument("--send", action="store_true", help="send --count messages to --to and wait for its receipt")
     pr.add_argument("--to", help="destination cluster (with --send)")
     pr.add_argument("--count", type=int, default=100,
                     help="messages to send; with --recv, to receive in all (each sender numbers its own from 0)")
-    pr.add_argument("--bytes", type=int, default=65536)
-    pr.add_argument("--job", default="probe")
+    pr.add_argument("--bytes", type=int, default=65536, help="size of each message in bytes (with --send)")
+    pr.add_argument("--job", default="probe", help="job name the probe's workers register as (the same at both ends)")
     pr.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each message")
     pr.set_defaults(func=_probe)
+    add_csr_parser(sub)
     return p
 
 

@@ -6,6 +6,7 @@ __all__ = ["SwitchError", "SwitchServer", "load_curve_keys", "status_path"]
 import asyncio
 import logging
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,7 @@ class SwitchServer:
         self.audit_log: AuditLog | None = None
         self.closed = asyncio.Event()
         self.started = False
+        self.started_at: float | None = None  # wall clock of the start, for status (uptime)
         self.fatal: str | None = None  # why the switch must stop (its own certificate revoked), once it must
         self.must_stop = asyncio.Event()
         self.reloads: dict[str, Any] = {"count": 0}  # the last reload's outcome, for `nebula-switch reload`
@@ -132,6 +134,7 @@ class SwitchServer:
             self.add_link(peer)
         self.tasks = [asyncio.create_task(self._periodic())]
         self.started = True
+        self.started_at = time.time()
         self.write_status()
         self.audit(self.actor, "switch_started", self.wan_address, "ok",
                    {"epoch": self.epoch, "local": local_endpoint, "peers": [p.cluster for p in self.cfg.peers]})

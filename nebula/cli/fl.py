@@ -29,12 +29,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     for name, text in (("status", "where the job stands"), ("rounds", "every round: valid or not, and why"),
                        ("stop", "ask the controller to stop after the round in progress")):
         q = sub.add_parser(name, help=text)
-        q.add_argument("job")
+        q.add_argument("job", help="federated job YAML (mode: federated)")
         if name != "stop":
             q.add_argument("--json", action="store_true", help="machine-readable output")
     m = sub.add_parser("models", help="the model trail; --export writes one model")
-    m.add_argument("job")
-    m.add_argument("--json", action="store_true")
+    m.add_argument("job", help="federated job YAML (mode: federated)")
+    m.add_argument("--json", action="store_true", help="machine-readable output")
     m.add_argument("--export", type=int, metavar="VERSION", help="write this model version")
     m.add_argument("--out", help="file for --export (.npz, or .pdparams to save with paddle)")
 

@@ -1,4 +1,5 @@
-"""`nebula-admin`: CA, certificates, CRL, provisioning, accounts, grants, resource access and audit commands."""
+"""`nebula-admin`: CA, certificates, CRL, provisioning, accounts, grants, resource access, audit and federation
+commands."""
 from __future__ import annotations
 
 import argparse
@@ -6,12 +7,12 @@ import logging
 import os
 import sys
 
-from security.cli import audit, ca, cert, crl, data, grant, provision, user
+from security.cli import audit, ca, cert, crl, data, federation, grant, provision, user
 from security.errors import SecurityError
 
 __all__ = ["main", "build_parser"]
 
-_COMMANDS = (ca, cert, crl, provision, user, grant, data, audit)
+_COMMANDS = (ca, cert, crl, provision, user, grant, data, audit, federation)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     ver = s.add_parser("verify", help="check the hash chain and signed checkpoints; name the first bad record",
                        formatter_class=argparse.RawDescriptionHelpFormatter, description=VERIFY_HELP)
-    ver.add_argument("--log", required=True)
+    ver.add_argument("--log", required=True, help="the audit log file to verify (e.g. STATE_DIR/audit.log)")
     ver.add_argument("--key", help="public (or signing) key PEM the checkpoints must be signed with, kept apart "
                                    "from the log's host (counts as evidence from outside the log)")
     ver.add_argument("--witness", action="append", default=[],
@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                           "directories next to its own")
     ver.set_defaults(handler=verify)
     show = s.add_parser("show", help="records filtered by user, action, time")
-    show.add_argument("--log", required=True)
+    show.add_argument("--log", required=True, help="the audit log file to read")
     show.add_argument("--user", help="records whose actor or target is this user")
     show.add_argument("--action", help="action, or prefix such as `cert` (the log's own signed checkpoints show "
                                        "only with --action audit)")
@@ -59,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.add_argument("--json", action="store_true", help="one JSON object per line")
     show.set_defaults(handler=show_records)
     key = s.add_parser("keygen", help="create an Ed25519 checkpoint signing key")
-    key.add_argument("--out", required=True)
+    key.add_argument("--out", required=True, help="file to write the private key PEM to (0600, never overwritten); "
+                                                  "the public key is printed")
     key.set_defaults(handler=keygen)
 
 

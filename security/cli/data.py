@@ -17,8 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         q = s.add_parser(name, help=f"{name} OWNER's RESOURCE as account --as (stdout/stdin)")
         add_home(q)
         q.add_argument("--as", dest="as_user", required=True, help="acting account")
-        q.add_argument("--owner", required=True)
-        q.add_argument("--resource", required=True)
+        q.add_argument("--owner", required=True, help="account whose namespace holds the resource")
+        q.add_argument("--resource", required=True, help="path in the owner's namespace, e.g. data/corpus.txt")
         q.set_defaults(handler=handler)
 
 

@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add = s.add_parser("add", help="let --to read --owner's --resource, or let --to's workers address a route")
     add_home(add)
     add.add_argument("--owner", help="owner of a namespace resource (not given for route grants)")
-    add.add_argument("--to", required=True)
+    add.add_argument("--to", required=True, help="account that receives the grant")
     add.add_argument("--resource", required=True,
                      help="path in the owner's namespace, e.g. data/corpus.txt; or a route: cluster:B, stage:NAME, "
                           "cluster:* (once any cluster: grant exists, accounts reach only the clusters granted)")
@@ -30,9 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     rev.set_defaults(handler=revoke_grant)
     lst = s.add_parser("list", help="grants with their status")
     add_home(lst)
-    lst.add_argument("--owner")
-    lst.add_argument("--to")
-    lst.add_argument("--json", action="store_true")
+    lst.add_argument("--owner", help="only grants on this account's resources")
+    lst.add_argument("--to", help="only grants held by this account")
+    lst.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     lst.set_defaults(handler=list_grants)
 
 

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                     ("unlock", "unlock an account and reset its failures", set_lock),
                                     ("login", "check a password (failures count towards lockout)", login)):
         q = s.add_parser(name, help=helptext)
-        q.add_argument("name")
+        q.add_argument("name", help="account name")
         add_home(q)
         if name in ("add", "passwd", "login"):
             add_password(q)
@@ -33,11 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
             q.add_argument("--scrypt-n", type=_scrypt_n, default=SCRYPT_N,
                            help=f"scrypt cost parameter N (default {SCRYPT_N})")
         if name == "add":
-            q.add_argument("--role", default="user", choices=ACCOUNT_ROLES)
+            q.add_argument("--role", default="user", choices=ACCOUNT_ROLES,
+                           help="role recorded with the account (default user)")
         q.set_defaults(handler=handler)
     lst = s.add_parser("list", help="name, role, locked, failed attempts")
     add_home(lst)
-    lst.add_argument("--json", action="store_true")
+    lst.add_argument("--json", action="store_true", help="print one JSON list instead of a table")
     lst.set_defaults(handler=list_users)
 
 
