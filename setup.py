@@ -18,7 +18,6 @@ setup(
         "PyYAML>=6",
         "scipy",
         "sacrebleu>=2",
-        "tqdm",
         "prometheus-client",
         "matplotlib",
         "dp-accounting>=0.6",

@@ -137,6 +137,7 @@ def launch_elastic(job_file: str | Path, cluster: str, *, min_ranks: int = 1,
     from nebula.hybrid.layered import layered_model
     from nebula.launch.departures import DepartureWatch
     from nebula.launch.launcher import log_dir_of
+    from nebula.launch.quiet import STOPPED_CODES
     from nebula.pipeline.stage import load_recipe
 
     if launch is None:
@@ -152,8 +153,8 @@ def launch_elastic(job_file: str | Path, cluster: str, *, min_ranks: int = 1,
     while True:
         with DepartureWatch(log_dir_of(cfg, cluster) / "ranks") as watch:
             code = launch(current, cluster)
-        if code == 0:
-            return 0
+        if code == 0 or code in STOPPED_CODES:  # finished, or stopped by the operator: nothing to relaunch
+            return code
         gone = [r for r in watch.departed if r < ranks]
         if not gone:
             log.warning("cluster %s: no rank was seen leaving; taking the last, rank %d, as gone", cluster, ranks - 1)

@@ -18,6 +18,7 @@ from typing import Callable
 
 from nebula.launch.departures import failure_codes
 from nebula.launch.launcher import launch, log_dir_of, prepare
+from nebula.launch.quiet import STOPPED_CODES
 
 __all__ = ["supervise", "NO_RESTART", "should_restart"]
 
@@ -29,8 +30,9 @@ MAX_BACKOFF_S = 60.0
 
 
 def should_restart(code: int, rank_codes: set[int]) -> bool:
-    """Whether a launch that ended with `code` (its ranks having recorded `rank_codes`) is launched again."""
-    return code != 0 and not (rank_codes & set(NO_RESTART))
+    """Whether a launch that ended with `code` (its ranks having recorded `rank_codes`) is launched again (not
+    when it finished, when a rank's code says a new launch cannot help, nor when the operator stopped it)."""
+    return code != 0 and code not in STOPPED_CODES and not (rank_codes & set(NO_RESTART))
 
 
 def supervise(job_file: str | Path, cluster: str, *, max_restarts: int = 10, backoff_s: float = 2.0,
@@ -63,5 +65,10 @@ def supervise(job_file: str | Path, cluster: str, *, max_restarts: int = 10, bac
         if report is not None:
             report(f"nebula launch: cluster {cluster} stopped (exit {code}); launching it again in {wait:.0f} s "
                    f"(restart {restarts} of at most {max_restarts})")
-        sleep(wait)
+        try:
+            sleep(wait)
+        except KeyboardInterrupt:  # stopped between two launches: one line, as a launch stopped says
+            if report is not None:
+                report(f"nebula launch: cluster {cluster} stopped (SIGINT) before launching it again")
+            return STOPPED_CODES[0]
         wait = min(wait * 2, MAX_BACKOFF_S)

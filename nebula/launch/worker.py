@@ -57,10 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     from nebula.channel import ChannelError, SwitchRefused
     from nebula.config.schema import ConfigError
     from nebula.launch.preflight import load_for_cluster
+    from nebula.launch.quiet import default_sigterm
     from nebula.modes import run
     from nebula.pipeline.links import PeerLost, PeerNeverCame
     from nebula.recovery.driver import RecoveryAbandoned, RecoverySuperseded
 
+    default_sigterm()  # (paddle's handler printed a C++ traceback block when the launcher stopped the ranks)
     cfg = load_for_cluster(args.job, args.cluster, intra=args.intra)  # as the launcher loaded it: the same cut
     try:
         res = run(cfg, args.cluster, workdir=Path(args.job).resolve().parent)

@@ -176,9 +176,9 @@ class StageRunner:
         result = RunResult(cluster=self.cluster, rank=self.rank, start_step=start, end_step=start)
         bar = None
         if cfg.metrics.progress and self.rank == 0 and start < cfg.train.steps:
-            from tqdm import tqdm
+            from nebula.progress import Progress
 
-            bar = tqdm(total=cfg.train.steps, initial=start, desc=f"{cfg.job}@{self.cluster}", unit="step")
+            bar = Progress(cfg.train.steps, f"{cfg.job}@{self.cluster}", start=start)
         self.step = start  # the step being run (or next, at a boundary)
         try:
             while True:
@@ -189,7 +189,7 @@ class StageRunner:
                 except Exception as exc:
                     self.step = self._recover_from(exc, self.step, result)
                     if bar is not None:
-                        bar.n = self.step
+                        bar.set_to(self.step)
             result.end_step = cfg.train.steps
         finally:
             if bar is not None:
@@ -214,9 +214,7 @@ class StageRunner:
             self._maybe_save(step + 1, result)
             self.step = step + 1
             if bar is not None:
-                bar.update(1)
-                if loss is not None:
-                    bar.set_postfix(loss=f"{loss:.4f}")
+                bar.update(1, **({} if loss is None else {"loss": f"{loss:.4f}"}))
             if self.recovery is not None and self.step < self.cfg.train.steps and self.recovery.pause_at(self.step):
                 raise PauseRequested(f"cluster {self.cluster}: another cluster began a recovery")
 
