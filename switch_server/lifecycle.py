@@ -60,15 +60,42 @@ def bind_error(key: str, value: str, where: str, exc: BaseException, also: str =
     return f"cannot bind {key} {value}: {why}{' ' + also if also else ''}"
 
 
-def check_kit(cfg: SwitchConfig, config_path: Any) -> KitState | None:
-    """The admin's signed state of the kit `config_path` lies in, if it is one; SwitchError naming the file."""
+KIT_HIGH_WATER = "kit_high_water.json"  # in the state directory: the highest kit revision and CRL number run here
+
+
+def check_kit(cfg: SwitchConfig, config_path: Any, state: Any = None) -> KitState | None:
+    """The admin's signed state of the kit `config_path` lies in, if it is one; SwitchError naming the file. With
+    the switch's `state` (a SwitchState), a kit below the revision or CRL number this switch already ran with is
+    refused (a site that put back an older signed update, or the kit's original files, rolls back nothing), and the
+    high-water mark rises to this kit's."""
     if config_path is None:
         return None
     try:
-        return check_kit_files(config_path, federation=cfg.federation, cluster=cfg.cluster, ca_path=cfg.tls.ca,
-                               crl_path=cfg.tls.crl, peers=[p.cluster for p in cfg.peers])
+        kit = check_kit_files(config_path, federation=cfg.federation, cluster=cfg.cluster, ca_path=cfg.tls.ca,
+                              crl_path=cfg.tls.crl, peers=[p.cluster for p in cfg.peers])
     except KitError as exc:
         raise SwitchError(str(exc)) from None
+    if state is not None:
+        hold_high_water(state, kit, str(config_path))
+    return kit
+
+
+def hold_high_water(state: Any, kit: KitState, where: str) -> None:
+    """Refuse `kit` below the revision or CRL number recorded in `state`; record the higher of the two."""
+    seen = state.read_json(KIT_HIGH_WATER, {}) or {}
+    mark = state.dir / KIT_HIGH_WATER
+    for key, now in (("revision", kit.revision), ("crl_number", kit.crl_number)):
+        was = seen.get(key) if isinstance(seen, dict) else None
+        if isinstance(was, int) and not isinstance(was, bool) and now < was:
+            raise SwitchError(f"the kit of {where} is at {key.replace('_', ' ')} {now}, but this switch already ran "
+                              f"with {was} ({mark}): the kit was rolled back; apply the admin's latest update "
+                              f"(nebula-switch reload --update), or, if the admin provisioned this site anew, remove "
+                              f"{mark}")
+    high = {"revision": kit.revision, "crl_number": kit.crl_number}
+    if isinstance(seen, dict):
+        high = {k: max(v, seen[k]) if isinstance(seen.get(k), int) else v for k, v in high.items()}
+    if high != seen:
+        state.write_json(KIT_HIGH_WATER, high)
 
 
 def _kit_detail(kit: KitState) -> dict[str, Any]:
@@ -79,7 +106,7 @@ async def bind(server: Any, on_conn: Callable[[socket.socket, Any], None]) -> tu
     """Check the kit, then bind the metrics endpoint, the local side and the WAN listener of `server` (whose
     connections go to `on_conn`); (local endpoint, WAN address)."""
     cfg = server.cfg
-    kit = check_kit(cfg, server.config_path)
+    kit = check_kit(cfg, server.config_path, server.state)
     if kit is not None:
         server.audit(server.actor, "kit_verified", str(server.config_path), "ok", _kit_detail(kit))
     where = f" of {server.config_path}" if server.config_path else ""
@@ -130,7 +157,7 @@ def reload(server: Any) -> bool:
         if (new.cluster, new.federation) != (server.cfg.cluster, server.cfg.federation):
             raise ConfigError("cluster and federation cannot change on reload; restart the switch")
         read_policy(new.accounts_home)  # an unreadable accounts_home refuses the reload before anything changes
-        kit = check_kit(new, server.config_path)  # a kit altered since its admin signed it is refused
+        kit = check_kit(new, server.config_path, server.state)  # an altered or rolled-back kit is refused
         server.trust.load(new)  # (unchanged if it raises)
         server.route_grants.set_home(new.accounts_home)
         server.cfg = new

@@ -122,3 +122,31 @@ def test_serve_refuses_an_altered_kit_in_one_line(procs, tmp_path):
     run = _switch("reload", "--config", str(cfg))
     assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
     assert f"refused the reload and keeps its running configuration: kit file {readme} was altered" in run.stderr
+
+
+def test_a_site_that_rolls_its_kit_back_is_refused_at_start(procs, tmp_path):
+    """A site that took update r2 and then puts back its kit's original files (signed r1: every file checks against
+    kit.sig) is refused: the switch's state directory remembers the highest revision and CRL number it ran with."""
+    out = tmp_path / "fed"
+    provision("acme", ["A", "B", "C"], out)
+    site = _unpack(out / "kits" / "A.tar.gz", tmp_path / "siteA")
+    cfg = site / "A" / "switch.yaml"
+    original = {p.relative_to(site): p.read_bytes() for p in (site / "A").rglob("*") if p.is_file()}
+    a = start_switch(procs, cfg)
+    real = Path(remove_cluster(out, "C")["updates"]["A"])
+    assert _switch("reload", "--config", str(cfg), "--update", str(real)).returncode == 0
+    wait_audit(a, lambda r: r["action"] == "peers_update" and r["outcome"] == "ok")
+    assert a.stop() == 0
+    (cfg.parent / "applied-update.json").unlink()
+    for rel, data in original.items():  # the kit as the admin first sent it: r1, C a peer, the older CRL
+        (site / rel).write_bytes(data)
+    _one_line_refusal(_switch("serve", "--config", str(cfg)), "but this switch already ran with 2")
+    audit = [json.loads(line) for line in (cfg.parent / "audit.log").read_text().splitlines()]
+    assert any(r["action"] == "switch_start_failed" and "rolled back" in r["detail"]["reason"] for r in audit)
+    # the admin's update written into the kit again (it is above the kit's r1): the switch starts, at r2
+    from security.updates import apply_update
+
+    apply_update(cfg, real)
+    a = start_switch(procs, cfg)
+    wait_audit(a, lambda r: r["action"] == "kit_verified" and r["detail"]["revision"] == 2)
+    assert [r["detail"]["revision"] for r in a.audit() if r["action"] == "kit_verified"] == [1, 2]
