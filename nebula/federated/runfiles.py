@@ -7,10 +7,11 @@ A stop request is an empty-ish file; each run clears an earlier run's request wh
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from security._files import PUBLIC, atomic_write
 
 __all__ = ["RunFiles", "STATUS_FILE", "STOP_FILE"]
 
@@ -30,10 +31,7 @@ class RunFiles:
 
     def write_status(self, doc: dict[str, Any]) -> None:
         """Replace the status document (with the time it was written as `updated`)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.dir / (STATUS_FILE + ".tmp")
-        tmp.write_text(json.dumps({**doc, "updated": time.time()}))
-        os.replace(tmp, self.status_path)
+        atomic_write(self.status_path, json.dumps({**doc, "updated": time.time()}).encode(), PUBLIC)
 
     def read_status(self) -> dict[str, Any] | None:
         """The last status document written, or None before any run wrote one."""

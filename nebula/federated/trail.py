@@ -18,6 +18,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from security._files import PUBLIC, atomic_write
+
 __all__ = ["ModelTrail", "ModelRecord", "RoundRecord"]
 
 _SCHEMA = """
@@ -64,12 +66,11 @@ class RoundRecord:
 
 
 def _save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> int:
-    tmp = path.with_suffix(".tmp.npz")
-    with open(tmp, "wb") as f:
-        np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:  # (a file object: np.savez would add .npz to a name)
+            np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
+
+    atomic_write(path, write, PUBLIC)
     return path.stat().st_size
 
 

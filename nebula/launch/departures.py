@@ -12,6 +12,8 @@ import os
 import threading
 from pathlib import Path
 
+from security._files import PUBLIC, atomic_write
+
 __all__ = ["RANK_DIR_ENV", "DepartureWatch", "record_rank", "record_failure", "failures", "failure_codes",
            "clear_failures"]
 
@@ -31,9 +33,7 @@ def _rank_file(suffix: str) -> Path | None:
 
 def _write(path: Path, text: str) -> None:
     """Replace `path` at once (written beside it, then renamed): the launcher never reads half a file."""
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
+    atomic_write(path, text.encode(), PUBLIC)
 
 
 def record_rank() -> Path | None:

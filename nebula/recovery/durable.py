@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from security._files import PUBLIC, atomic_write, sync_file
+
 __all__ = ["CheckpointError", "write_atomic", "write_marker", "read_marker", "file_digest", "check_files",
            "check_step", "verified_steps", "listed_digests", "check_listed", "sync_dir", "refuse_once"]
 
@@ -29,22 +31,14 @@ class CheckpointError(ValueError):
     """A checkpoint file that is torn, truncated or not the one its marker names."""
 
 
-def _tmp(path: Path) -> Path:
-    return path.with_name(f"{path.name}.{os.getpid()}.tmp")
-
-
 def sync_dir(path: str | Path) -> None:
     """Flush a directory's entries (renames, unlinks) to disk."""
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync_file(path)
 
 
 def _remove_stale(path: Path) -> None:
-    """Temporary files of `path` left by writers that were killed."""
-    for old in path.parent.glob(f"{path.name}.*.tmp"):
+    """Temporary files of `path` left by writers that were killed (`atomic_write`'s names)."""
+    for old in path.parent.glob(f".{path.name}.*.tmp"):
         old.unlink(missing_ok=True)
 
 
@@ -73,26 +67,20 @@ def file_digest(path: str | Path) -> str:
 
 
 def write_atomic(path: str | Path, write: Callable[[Path], None]) -> str:
-    """Have `write(tmp)` write the file under a temporary name, flush it to disk and rename it to `path`; returns
-    its SHA-256. A kill leaves `path` as it was (and a temporary file the next write of `path` removes)."""
+    """Have `write(tmp)` write the file under a temporary name; it is flushed to disk and renamed to `path`
+    (`security._files.atomic_write`, readable by all as the writer's files were); returns its SHA-256. A kill leaves
+    `path` as it was (and a temporary file the next write of `path` removes)."""
     path = Path(path)
     _remove_stale(path)
-    tmp = _tmp(path)
-    try:
+    digests: list[str] = []
+
+    def written(tmp: Path) -> None:
         write(tmp)
-        fd = os.open(str(tmp), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        digest = file_digest(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _remember(_key(path), digest)  # (its own bytes: hashed once, not again when the step is listed)
-    sync_dir(path.parent)
-    return digest
+        digests.append(file_digest(tmp))
+
+    atomic_write(path, written, PUBLIC)
+    _remember(_key(path), digests[0])  # (its own bytes: hashed once, not again when the step is listed)
+    return digests[0]
 
 
 def _canonical(doc: Mapping[str, Any]) -> bytes:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from security._files import PUBLIC, atomic_write
+
 __all__ = [
     "CatalogError",
     "DataConfig",
@@ -250,13 +252,16 @@ def split_of(src: str, cfg: DataConfig) -> str:
 
 
 def _write_tsv(path: Path, rows: Iterable[tuple[str, str]]) -> int:
-    tmp = path.with_suffix(path.suffix + ".tmp")
     n = 0
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for rid, text in rows:
-            fh.write(f"{rid}\t{text}\n")
-            n += 1
-    tmp.replace(path)
+
+    def write(tmp: Path) -> None:
+        nonlocal n
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for rid, text in rows:
+                fh.write(f"{rid}\t{text}\n")
+                n += 1
+
+    atomic_write(path, write, PUBLIC)
     return n
 
 

@@ -30,6 +30,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
+from security._files import PUBLIC, atomic_write
+
 __all__ = [
     "CorpusError",
     "CorpusInfo",
@@ -610,11 +612,7 @@ def _reuse(out: Path, params: dict) -> CorpusInfo | None:
 
 
 def _write_lines(path: Path, lines: Sequence[str]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as fh:
-        for ln in lines:
-            fh.write(ln + "\n")
-    tmp.replace(path)
+    atomic_write(path, "".join(ln + "\n" for ln in lines).encode("utf-8"), PUBLIC)
 
 
 def build_corpus(out: str | Path, *, sources: Sequence[str] = SOURCES, line_chars: int = 320,
@@ -706,9 +704,7 @@ def build_corpus(out: str | Path, *, sources: Sequence[str] = SOURCES, line_char
     meta = {"params": params, "info": info.to_json(), "heldout_documents": sorted(heldout_docs),
             "train_chars_by_source": by_source, "available_chars": total,
             "bytes": {"train": info.train.stat().st_size, "heldout": info.heldout.stat().st_size}}
-    tmp = out / "corpus.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(out / "corpus.json")
+    atomic_write(out / "corpus.json", (json.dumps(meta, indent=1, sort_keys=True) + "\n").encode("utf-8"), PUBLIC)
     return info
 
 

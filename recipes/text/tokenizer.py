@@ -8,6 +8,8 @@ from typing import Sequence
 
 import numpy as np
 
+from security._files import PUBLIC, atomic_write
+
 __all__ = ["TokenizerBase", "Tokenizer", "train_tokenizer", "PAD_ID", "UNK_ID", "MASK_ID", "CLS_ID", "NUM_SPECIAL"]
 
 log = logging.getLogger(__name__)
@@ -98,8 +100,6 @@ def train_tokenizer(texts: Sequence[str], out_file: str | Path, vocab_size: int 
         num_threads=1,
         minloglevel=2,
     )
-    tmp = out.with_suffix(".tmp")
-    tmp.write_bytes(buf.getvalue())
-    tmp.replace(out)
+    atomic_write(out, buf.getvalue(), PUBLIC)
     log.info("tokenizer %s: %d pieces", out, vocab_size)
     return Tokenizer(out)
