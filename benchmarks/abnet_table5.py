@@ -73,7 +73,7 @@ def write_job(run: Path, work: Path, fed: Federation, row: Row, seed: int, steps
 
     name, fwd, bwd, start = row
     run.mkdir(parents=True, exist_ok=True)
-    train = yaml.safe_load((REPO / "recipes" / "abnet" / "configs" / "tiny.yaml").read_text())
+    train = yaml.safe_load(train_config(work).read_text())
     train.update(steps=steps, seed=seed)
     (run / "train.yaml").write_text(yaml.safe_dump(train, sort_keys=False))
     job = {
@@ -160,6 +160,37 @@ def mean_sd(values: list[float], fmt: str) -> str:
     return f"{format(statistics.fmean(values), fmt)} ± {format(sd, fmt)}"
 
 
+def train_config(work: Path) -> Path:
+    """The demo's training config (recipes/abnet/configs/tiny.yaml); under NEBULA_SMOKE a copy in `work` with the
+    bases pretrained for 20 steps and BLEU on 20 test sentences (every stage still runs)."""
+    import yaml
+
+    from nebula import smoke
+
+    tiny = REPO / "recipes" / "abnet" / "configs" / "tiny.yaml"
+    if not smoke.active():
+        return tiny
+    cfg = yaml.safe_load(tiny.read_text())
+    cfg.update(pretrain_steps=min(cfg["pretrain_steps"], 20), eval_limit=20)
+    out = work / "tiny-smallest.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return out
+
+
+def smallest(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` capped at the smallest size that still runs every row, stage and table (NEBULA_SMOKE, nebula/smoke.py:
+    how CI runs the printed commands): one seed of 6 steps (2 untimed) on one rank per cluster, Figure 10's later
+    starts within them, one codec timing per row."""
+    from nebula import smoke
+
+    steps = int(smoke.cap(args.steps, 6))
+    fig10 = ",".join(str(smoke.cap(int(s), steps // 2)) for s in args.fig10.split(",") if s)
+    return argparse.Namespace(**{**vars(args), "steps": steps, "warmup": smoke.cap(args.warmup, 2),
+                                 "seeds": smoke.cap(args.seeds, 1), "procs": smoke.cap(args.procs, 1),
+                                 "reps": smoke.cap(args.reps, 1), "fig10": fig10})
+
+
 def prepare(work: Path) -> None:
     """The demo's data split and both frozen bases, once for every row (cluster A and B keep their own sides)."""
     from recipes.text.catalogs import DataConfig, prepare_data
@@ -168,7 +199,7 @@ def prepare(work: Path) -> None:
     if not (data / "A" / "en-es" / "manifest.json").is_file():
         prepare_data(data / "A", data / "B", ["es"],
                      cfg=DataConfig(max_words=6, vocab_top_k=300, test_per_mille=100, dev_per_mille=50))
-    cfg = REPO / "recipes" / "abnet" / "configs" / "tiny.yaml"
+    cfg = train_config(work)
     for side, c in (("encoder", "A"), ("decoder", "B")):
         with open(work / f"prepare_{c}.log", "w") as log:
             done = subprocess.run([sys.executable, "-m", "recipes.abnet.prepare", "base", "--side", side, "--data",
@@ -328,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="score each trained run's BLEU on the test split over the switches (as the main job does)")
     p.add_argument("--paper-shape", action="store_true", help="the communication-only table at [128, 64, 768]")
     p.add_argument("--reps", type=int, default=3, help="codec timings per row in --paper-shape")
-    args = p.parse_args(argv)
+    args = smallest(p.parse_args(argv))
     if args.warmup >= args.steps:
         p.error(f"--warmup {args.warmup} leaves no timed step of --steps {args.steps}; lower --warmup")
     specs = rows(args.rows)

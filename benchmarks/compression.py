@@ -212,7 +212,10 @@ def demo_shapes_table(seed: int) -> None:
     import logging
 
     logging.getLogger("nebula.compress").setLevel(logging.ERROR)  # inflation warnings: the table says it
-    acts = {t: layer_tensors(8, t, 64, 2, seed)[-1][0] for t in DEMO_SEQS}
+    from nebula import smoke
+
+    seqs = smoke.pick(DEMO_SEQS, DEMO_SEQS[::3])  # (NEBULA_SMOKE: the shortest and the longest)
+    acts = {t: layer_tensors(8, t, 64, 2, seed)[-1][0] for t in seqs}
     rows = []
     for spec in DEMO_SPECS:
         ratios, errors = [], []
@@ -223,7 +226,7 @@ def demo_shapes_table(seed: int) -> None:
         rows.append([spec, *(f"{r:.3f}" for r in ratios), f"{max(ratios):.3f}", f"{max(errors):.4f}",
                      "yes" if max(ratios) < 0.5 else "no"])
     print_table("Forward ratio at the ABNet demo's micro-batch shapes [8, T, 64] (wire bytes incl. header / float32)",
-                ["codec", *(f"T={t}" for t in DEMO_SEQS), "worst ratio", "worst rel. L2 err", "below fp16's 0.50"],
+                ["codec", *(f"T={t}" for t in seqs), "worst ratio", "worst rel. L2 err", "below fp16's 0.50"],
                 rows)
 
 
@@ -277,7 +280,9 @@ def main() -> int:
                     help="only the codec time of CPU tensors at [8, 16, 64]: paddle ops vs the runtime's numpy path")
     args = ap.parse_args()
     if args.cpu_paths:
-        cpu_paths_table(args.seed)
+        from nebula import smoke
+
+        cpu_paths_table(args.seed, reps=smoke.pick(15, 3))  # (NEBULA_SMOKE: every codec, fewer timings)
         return 0
     if args.demo_shapes:
         demo_shapes_table(args.seed)

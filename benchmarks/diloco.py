@@ -140,6 +140,16 @@ def _plot(results: dict[str, dict], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def smallest(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` at the smallest size that still runs every configuration (NEBULA_SMOKE, nebula/smoke.py: how CI runs the
+    printed commands): 6 steps of 8 examples, a sync every 3 (two syncs a row)."""
+    from nebula import smoke
+
+    return argparse.Namespace(**{**vars(args), "steps": smoke.cap(args.steps, 6),
+                                 "sync_every": smoke.cap(args.sync_every, 3),
+                                 "global_batch": smoke.cap(args.global_batch, 8)})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every configuration and print the table."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -162,10 +172,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the sync-every-step row (--no-baseline: ratios against the first row, averaging)")
     ap.add_argument("--data", type=Path, help="prepared .npz (default: prepared into OUT)")
     ap.add_argument("--out", type=Path, help="working directory (default: a new temporary one)")
-    args = ap.parse_args(argv)
+    args = smallest(ap.parse_args(argv))
     out = args.out or Path(tempfile.mkdtemp(prefix="diloco-bench-"))
     out.mkdir(parents=True, exist_ok=True)
-    if args.data is None:
+    if args.data is not None:  # (the clusters run in their job's directory: a path relative to here would miss)
+        args.data = args.data.absolute()
+    else:
         from recipes.federated.data import prepare
 
         args.data = out / "langid.npz"

@@ -33,7 +33,7 @@ import yaml
 from _federation import Federation  # benchmarks/ is this script's directory
 
 BIN = Path(sys.executable).parent
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).absolute().parent.parent  # (not resolved: a checkout linked elsewhere writes its own runs/)
 WARMUP = 5  # first steps excluded from timings
 
 
@@ -99,6 +99,20 @@ def _timing(job: Path, global_batch: int) -> dict:
             "gen_s": statistics.median(r["step_s"] for r in g) if g else None}
 
 
+def smallest(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` capped at the smallest size that still runs every table and the figure (NEBULA_SMOKE, nebula/smoke.py:
+    how CI runs the printed commands): one round of 3 timed steps, k of 1 and 2, a hot start at step 4 of 8, a
+    small corpus."""
+    from nebula import smoke
+
+    ks = [k for k in args.k_list.split(",") if int(k) <= 2] or args.k_list.split(",")[:1]
+    return argparse.Namespace(**{**vars(args), "steps": smoke.cap(args.steps, WARMUP + 3),
+                                 "repeats": smoke.cap(args.repeats, 1), "k_list": smoke.pick(args.k_list, ",".join(ks)),
+                                 "disc_delay_s": smoke.cap(args.disc_delay_s, 0.05),
+                                 "hot_start": smoke.cap(args.hot_start, 4), "fig_steps": smoke.cap(args.fig_steps, 8),
+                                 "max_per_language": smoke.cap(args.max_per_language, 200)})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every measurement and print the tables."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -114,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fig-steps", type=int, default=80, help="Figure 8: last step of both runs")
     ap.add_argument("--max-per-language", type=int, default=1500)
     ap.add_argument("--out", default=None, help="keep runs and the PNG here (default: a temporary directory)")
-    args = ap.parse_args(argv)
+    args = smallest(ap.parse_args(argv))
     root = Path(args.out or tempfile.mkdtemp(prefix="nebula-bench-electra-"))
     root.mkdir(parents=True, exist_ok=True)
     from recipes.electra.data import DEFAULT_GROUPS, CorpusConfig, prepare

@@ -77,7 +77,8 @@ def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int, s
                 raise RuntimeError(f"controller exit {ctl.returncode}")
             times = [r.duration_s for r in _rounds(fed)[1:]]
             last = max(k for k, v in cpu.items() if None not in v)
-            per = [(cpu[last][i] - cpu[1][i]) / max(1, last - 1) for i in (0, 1, 2)]
+            first = min(cpu)  # round 1's end, or the first end the polling saw (short rounds can pass unseen)
+            per = [(cpu[last][i] - cpu[first][i]) / max(1, last - first) for i in (0, 1, 2)]
             rows.append({"clients": n, "round_s": statistics.median(times), "rounds": len(times),
                          "updates": _rounds(fed)[-1].num_updates, "combiner_cpu_s": per[0], "switch_cpu_s": per[1],
                          "clients_cpu_s": per[2], "switch_peak_mb": switch_peak / 1e6})
@@ -253,6 +254,21 @@ def bench_robust(data_path: str, rounds: int, num_clients: int, alpha: float) ->
     return rows
 
 
+def smallest(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` capped at the smallest size that still runs every table (NEBULA_SMOKE, nebula/smoke.py: how CI runs
+    the printed commands): two rounds of seven clients (Krum with 2 Byzantine needs 7), the scale run at 10 and
+    20 clients for three rounds, small models."""
+    from nebula import smoke
+
+    counts = ",".join(str(smoke.cap(int(c), 10 * (i + 1))) for i, c in enumerate(args.counts.split(",")))
+    return argparse.Namespace(**{**vars(args), "counts": counts, "train_s": smoke.cap(args.train_s, 1.0),
+                                 "scale_rounds": smoke.cap(args.scale_rounds, 3),  # (rounds 2+ measured)
+                                 "rounds": smoke.cap(args.rounds, 2), "clients": smoke.cap(args.clients, 7),
+                                 "mem_mb": smoke.cap(args.mem_mb, 16), "mem_clients": smoke.cap(args.mem_clients, 2),
+                                 "wan_clients": smoke.cap(args.wan_clients, 3), "wan_kb": smoke.cap(args.wan_kb, 64),
+                                 "flower_rounds": smoke.cap(args.flower_rounds, 3)})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", default="scale,memory,wan,accuracy,robust")
@@ -278,7 +294,7 @@ def main() -> None:
     p.add_argument("--alpha", type=float, default=0.1)
     p.add_argument("--codecs", default="none;fp16;ef(int8_block);topk(0.05);ef(topk(0.05))",
                    help="update codecs to compare (';'-separated; the first is the baseline of the ratio)")
-    args = p.parse_args()
+    args = smallest(p.parse_args())
     only = set(args.only.split(","))
     if "scale" in only:
         load0 = " ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -333,6 +333,24 @@ def owl_part(workers: list[int], rate_mbit: float, rounds: int, width: int) -> N
           f"{'met' if cut >= 0.2 else 'NOT met'}; paper: 20%-69% less training time\n")
 
 
+def smallest(a: argparse.Namespace) -> argparse.Namespace:
+    """`a` at the smallest size that still runs every part, setting and method (NEBULA_SMOKE, nebula/smoke.py: how
+    CI runs the printed commands): 3 s of virtual wall time (every method finishes a round), the slowest and fastest
+    server speeds, two local iterations, OWL with 2 and 4 workers for 2 rounds of a narrow model."""
+    from nebula import smoke
+
+    def ends(csv: str) -> str:
+        values = csv.split(",")
+        return ",".join(dict.fromkeys([values[0], values[-1]]))
+
+    return argparse.Namespace(**{**vars(a), "wall_s": smoke.cap(a.wall_s, 3.0),
+                                 "local_iterations": smoke.cap(a.local_iterations, 2),
+                                 "speeds_a": smoke.pick(a.speeds_a, ends(a.speeds_a)),
+                                 "speeds_b": smoke.pick(a.speeds_b, ends(a.speeds_b)),
+                                 "workers": smoke.pick(a.workers, ",".join(a.workers.split(",")[:2])),
+                                 "rounds": smoke.cap(a.rounds, 2), "width": smoke.cap(a.width, 64)})
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--wall-s", type=float, default=30.0, help="virtual wall time per FedOptima method")
@@ -351,7 +369,7 @@ def main() -> int:
     ap.add_argument("--width", type=int, default=512, help="tower width of the OWL model")
     ap.add_argument("--skip-owl", action="store_true")
     ap.add_argument("--skip-fedoptima", action="store_true")
-    a = ap.parse_args()
+    a = smallest(ap.parse_args())
     print(f"# benchmarks/idle_time.py (load average {', '.join(f'{x:.2f}' for x in os.getloadavg())})")
     if not a.skip_fedoptima:
         best = {}

@@ -39,77 +39,7 @@ NOT_RUN = {
 # file assembled in prose; each needs a test of its own (slow) and, for CI, a smaller printed command
 PENDING = {
     # README.md
-    ".venv/bin/python benchmarks/wan_quality.py --json runs/wan_quality/rows.json": "the full table (about 2 hours "
-    "on 2 cores); tests/llm/test_wan_quality_bench.py runs --quick, every mode at a small size",
-    ".venv/bin/python benchmarks/wan_quality.py --scale --from runs/wan_quality/rows.json": "the largest model on a "
-    "million tokens per row (hours), after the full table",
-    ".venv/bin/python benchmarks/wan_quality.py --report runs/wan_quality/rows.json runs/wan_quality/rows2.json":
-        "reads the full-size rows' files, which the full table's runs write (hours)",
-    ".venv/bin/python benchmarks/wan_quality.py --rows streaming,fp4,topk2 --seeds 1 --workers 1 --json "
-    "runs/wan_quality/extra.json": "five full-size rows (40 min)",
-    ".venv/bin/python benchmarks/wan_quality.py --rows 'diloco H=100 int8,diloco H=10 int8' --outer-momentum 0 "
-    "--seeds 1 --json runs/wan_quality/rows-m0.json": "three full-size rows (30 min)",
-    "make venv && bash recipes/abnet/run_local.sh": "the main job (2000 steps); tests/recipes run its script at 60",
-    "bash recipes/llm/run_local.sh": "200 steps; tests/llm/test_recipe.py runs it at 12",
-    "nebula bench job.yaml --cluster A --out profiles/A.yaml": "job.yaml assembled from the section's prose",
-    "nebula bench job.yaml --cluster B --out profiles/B.yaml": "job.yaml assembled from the section's prose",
-    "nebula launch job.yaml --cluster A": "job.yaml assembled from the section's prose",
     "nebula launch job.yaml --cluster A --elastic": "job.yaml assembled from the section's prose",
-    "nebula allocate --model job.yaml": "a name of the option in prose, with the section's job",
-    # recipes/abnet/README.md
-    "bash recipes/abnet/run_local.sh runs/main-int8": "the main job (2000 steps)",
-    "python -m recipes.abnet.prepare data --encoder-out D/A --decoder-out D/B --langs es --max-words 6 "
-    "--vocab-top-k 300 --test-per-mille 100": "the first of a three-command sequence (6000 steps)",
-    "python -m recipes.abnet.train --encoder-data D/A --decoder-data D/B --work D/w --config "
-    "recipes/abnet/configs/tiny.yaml --steps 6000": "6000 steps",
-    "python benchmarks/abnet_table5.py --paper-shape --work runs/table5": "the paper's shapes (hours)",
-    "python benchmarks/abnet_table5.py --steps 2000 --warmup 20 --seeds 3 --procs 2 --bleu --fig10 1000 --work "
-    "runs/table5": "hours",
-    "python benchmarks/abnet_table5.py --steps 30 --warmup 5 --seeds 3 --procs 2 --work runs/table5": "minutes",
-    "python benchmarks/compression.py --cpu-paths": "minutes",
-    "python benchmarks/compression.py --demo-shapes": "minutes",
-    # recipes/electra/README.md
-    "bash recipes/electra/run_local.sh": "400 steps",
-    "bash recipes/electra/run_local.sh /tmp/elmain": "400 steps",
-    "python -m recipes.abnet.prepare data --encoder-out A/data --decoder-out B/data --langs es --max-words 6 "
-    "--vocab-top-k 300 --test-per-mille 100": "the first of an ABNet-on-ELECTRA sequence (hours)",
-    "python -m recipes.abnet.train --encoder-data A/data --decoder-data B/data --work default --config default.yaml":
-        "hours",
-    "python -m recipes.abnet.train --encoder-data A/data --decoder-data B/data --work electra --config electra.yaml":
-        "hours",
-    "python -m recipes.electra.prepare data --out /tmp/electra-long --max-per-language 0": "the long pretraining",
-    "python -m recipes.electra.prepare export --ckpt /tmp/electra-long/ckpt_intra/step_00000750 --data "
-    "/tmp/electra-long/D/data --out /tmp/electra-long/bases/intra750": "the long pretraining",
-    "python -m recipes.electra.summary --progress /tmp/electra-long/metrics_intra/D.rank0.jsonl 750,1500,2250":
-        "the long pretraining",
-    "nice -n 5 nebula launch /tmp/electra-long/intra.yaml --cluster D & nice -n 5 nebula launch "
-    "/tmp/electra-long/english.yaml --cluster D": "the long pretraining",
-    "python benchmarks/electra.py": "hours",
-    "python benchmarks/electra.py --out /tmp/elbench12": "hours",
-    # recipes/federated/README.md
-    "bash recipes/federated/run_local.sh /tmp/flrun3": "15 rounds; the sites' test runs the recipe at 3",
-    "ALGORITHM=fedoptima bash recipes/federated/run_local.sh /tmp/flmodes-rfo": "minutes",
-    ".venv/bin/python benchmarks/diloco.py --steps 600 --sync-every 50 --momentum 0,0.9 --data langid.npz":
-        "600 steps in six configurations",
-    "PYTHONPATH=. .venv/bin/python benchmarks/federated.py --only accuracy,robust --rounds 3 --clients 10 --data "
-    "/tmp/flrun1/data/langid.npz": "needs a run's data first",
-    "PYTHONPATH=. .venv/bin/python benchmarks/federated.py --only codec --rounds 5 --clients 10": "minutes",
-    "PYTHONPATH=. .venv/bin/python benchmarks/federated.py --only memory --mem-mb 256": "minutes",
-    "PYTHONPATH=. .venv/bin/python benchmarks/federated.py --only scale --counts 200,1000 --scale-rounds 4":
-        "1000 clients",
-    "PYTHONPATH=. .venv/bin/python benchmarks/federated.py --only wan": "minutes",
-    "PYTHONPATH=. .venv/bin/python benchmarks/idle_time.py --skip-owl --wall-s 10": "the README's command, with "
-                                                                                      "PYTHONPATH",
-    "cd recipes/federated/configs": "the first of a DiLoCo sequence of 600 steps",
-    "nebula-admin provision --federation dp --clusters A,B --out fed": "the DiLoCo sequence",
-    "python -c \"from recipes.federated.data import prepare; prepare('langid.npz')\"": "the DiLoCo sequence",
-    "nebula-switch serve --config fed/A/switch.yaml & nebula launch data_parallel.yaml --cluster A":
-        "the DiLoCo sequence",
-    "nebula-switch serve --config fed/B/switch.yaml & nebula launch data_parallel.yaml --cluster B":
-        "the DiLoCo sequence",
-    "python -m recipes.federated.replica ckpt/A/step_00000600 --data langid.npz": "the DiLoCo sequence",
-    # recipes/llm/README.md
-    "nebula allocate --model pipeline.yaml --devices devices.yaml --write-job pipeline.yaml": "in prose",
 }
 
 

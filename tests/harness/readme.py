@@ -11,10 +11,11 @@ from typing import Iterable
 
 import pytest
 
+from nebula.smoke import ENV as SMOKE
 from tests.harness.procs import BIN, REPO
 
 __all__ = ["READMES", "REPO", "all_commands", "bash_lines", "invocations", "is_template", "printed_commands",
-           "readme_files", "readme_tier", "run_printed", "section_commands"]
+           "readme_files", "readme_tier", "run_printed", "scratch_checkout", "section_commands"]
 
 READMES = ("README.md", "recipes/*/README.md", "docs/*.md")  # every file whose commands a test must run as printed
 # what a printed command starts with, after its NAME=value words: a program of the environment, a shell tool, a script
@@ -89,15 +90,29 @@ def readme_tier(commands: Iterable[str], ci: Iterable[str]) -> list:
     return [pytest.param(c, marks=pytest.mark.readme) if c in ci else c for c in commands]
 
 
-def run_printed(command: str, timeout_s: float = 1800) -> str:
-    """Run a printed command in the checkout as the README tells a user to, with the environment activated (its bin
-    directory first on PATH: `python`, `nebula`); its leading NAME=value words set the environment. Its output,
-    after asserting it succeeded."""
+def run_printed(command: str, timeout_s: float = 1800, *, smallest: bool = False, cwd: Path = REPO) -> str:
+    """Run a printed command in the checkout (or `cwd`, e.g. a `scratch_checkout`) as the README tells a user to,
+    with the environment activated (its bin directory first on PATH: `python`, `nebula`); its leading NAME=value
+    words set the environment; `smallest`: at its smallest size (NEBULA_SMOKE=1, nebula/smoke.py), how CI runs a
+    command that takes minutes to hours at the size printed. Its output, after asserting it succeeded."""
     words = shlex.split(command)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    if smallest:
+        env[SMOKE] = "1"
     while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
         name, _, value = words.pop(0).partition("=")
         env[name] = value
-    out = subprocess.run(words, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+    out = subprocess.run(words, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
+
+
+def scratch_checkout(dest: Path, keep_out: Iterable[str] = ("runs",)) -> Path:
+    """`dest`, a view of the checkout (a link to each of its top-level entries but `keep_out`): a printed command run
+    there (`run_printed(..., cwd=dest)`) reads the checkout's files and writes its own runs/, never the rows a user
+    measured at the full size."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in REPO.iterdir():
+        if entry.name not in keep_out:
+            (dest / entry.name).symlink_to(entry)
+    return dest

@@ -8,8 +8,8 @@ import datetime as dt
 import json
 import os
 import shlex
+import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,7 @@ from tests.harness.procs import REPO
 # printed in README.md ("Running a federation by hand"); run as printed by test_the_printed_renewal_commands_run
 PRINTED = [
     "nebula-admin provision renew --out fed",
-    "nebula-switch csr --config A/switch.yaml --out req.pem",
+    "nebula-switch csr --config fed/A/switch.yaml --out req.pem",
     "nebula-admin provision renew --csr A=req.pem --out fed",
 ]
 
@@ -182,28 +182,27 @@ def test_every_option_of_provision_and_its_actions_has_help_text():
 
 
 def _printed(command: str, cwd: Path) -> subprocess.CompletedProcess:
-    """`command` as printed, in `cwd` (`nebula-switch csr` through its module until the CLI lists it)."""
+    """`command` as printed, in `cwd`, with the environment's programs."""
     argv = shlex.split(command)
-    if argv[:2] == ["nebula-switch", "csr"] and subprocess.run(
-            [str(BIN / "nebula-switch"), "csr", "--help"], capture_output=True, cwd=cwd).returncode != 0:
-        argv = [sys.executable, "-m", "switch_server.csr", *argv[2:]]
-    else:
-        argv[0] = str(BIN / argv[0])
+    argv[0] = str(BIN / argv[0])
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=cwd,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def test_the_printed_renewal_commands_run(tmp_path):
     provision("acme", ["A", "B"], tmp_path / "fed")
-    subprocess.run(["tar", "xzf", "fed/kits/A.tar.gz"], check=True, cwd=tmp_path)
+    site = tmp_path / "siteA"  # A's kit unpacked at its site, as the README's walkthrough does: fed/A there
+    (site / "fed").mkdir(parents=True)
+    subprocess.run(["tar", "xzf", str(tmp_path / "fed" / "kits" / "A.tar.gz"), "-C", "fed"], check=True, cwd=site)
     idle = _printed(PRINTED[0], tmp_path)
     assert idle.returncode == 0 and "nothing due" in idle.stdout and "nothing written" in idle.stdout, idle
-    csr = _printed(PRINTED[1], tmp_path)
-    assert csr.returncode == 0 and (tmp_path / "req.pem").exists() and "spiffe://acme/switch/A/switch" in csr.stdout
+    csr = _printed(PRINTED[1], site)
+    assert csr.returncode == 0 and (site / "req.pem").exists() and "spiffe://acme/switch/A/switch" in csr.stdout
+    shutil.copy(site / "req.pem", tmp_path / "req.pem")  # (shipped to the admin)
     signed = _printed(PRINTED[2], tmp_path)
     assert signed.returncode == 0, signed.stderr
     assert "cluster A: certificate renewed as serial" in signed.stdout and "peers update for A" in signed.stdout
-    said = apply_update(tmp_path / "A" / "switch.yaml", tmp_path / "fed" / "updates" / "A-r2.tar.gz")
+    said = apply_update(site / "fed" / "A" / "switch.yaml", tmp_path / "fed" / "updates" / "A-r2.tar.gz")
     assert "certificate renewed" in said
     # a CSR for another cluster, or no CLUSTER=: one line, exit 2, nothing written
     for bad, says in (("--csr B=req.pem", "not B's switch"), ("--csr req.pem", "is not CLUSTER=FILE")):

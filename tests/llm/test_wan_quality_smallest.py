@@ -1,0 +1,106 @@
+"""README "Quality per WAN byte": the full table, the largest model, the rows files, their report, the extra rows and
+the rows without outer momentum run as printed, in the README's order, at their smallest size (NEBULA_SMOKE: a tiny
+Llama for 20 steps; every row of each command still runs) in a view of the checkout with its own runs/, so the rows
+measured at the full size are never overwritten. Each command prints the rows the README's table beside it lists."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+
+import pytest
+
+from nebula.quality.rows import read_rows
+
+from tests.conftest import REPO
+from tests.harness.readme import printed_commands, run_printed, scratch_checkout
+from tests.llm.conftest import NEEDS_FORMERS
+
+_BENCH = ".venv/bin/python benchmarks/wan_quality.py"
+_ALL = printed_commands("## Quality per WAN byte: which mode", "\n## ", _BENCH)
+
+
+def _one(*words: str) -> str:
+    found = [c for c in _ALL if all(w in c for w in words) and "--quick" not in c and "--real" not in c]
+    assert len(found) == 1, (words, found)
+    return found[0]
+
+
+FULL = f"{_BENCH} --json runs/wan_quality/rows.json"  # the full table
+SCALE = _one("--scale --from runs/wan_quality/rows.json")
+ROWS = _one("--rows 'diloco H=100 int8,all-reduce", "rows.json")
+ROWS2 = _one("--json runs/wan_quality/rows2.json")
+REPORT = _one("--report runs/wan_quality/rows.json runs/wan_quality/rows2.json")
+EXTRA = _one("--json runs/wan_quality/extra.json")
+M0 = _one("--outer-momentum 0")
+PRINTED = [FULL, SCALE, ROWS, ROWS2, REPORT, EXTRA, M0]
+assert FULL in _ALL
+
+
+def _bench_module():
+    spec = importlib.util.spec_from_file_location("wan_quality_bench", REPO / "benchmarks" / "wan_quality.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def best_of_each_mode(rows):
+    """The benchmark's own choice of the rows --scale runs."""
+    return _bench_module().best_of_each_mode(rows)
+
+
+def _names(stdout: str) -> list[str]:
+    """The first column of the full table (`| row | params | ...`) a command printed."""
+    return re.findall(r"^\| ([^|]+?) \| [\d,]+ \| [\d,]+ \| [\d,]+ \| ", stdout, re.M)
+
+
+def _readme_rows(command: str) -> list[str]:
+    """The rows of the README's table printed after `command` (wrapped over lines in the prose)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    pattern = r"\s+".join(map(re.escape, command.split()))
+    for m in re.finditer(pattern, text):
+        after = text[m.end():]
+        table = after[after.index("\n| "):]
+        table = table[:table.index("\n\n", 1)]
+        if table.lstrip().startswith("| row |"):
+            return _names(table.strip() + "\n")
+    raise AssertionError(f"no `| row |` table after {command!r} in the README")
+
+
+@NEEDS_FORMERS
+@pytest.mark.slow
+@pytest.mark.readme
+@pytest.mark.timeout(3600)  # seven runs; a few minutes on a quiet machine
+def test_every_printed_wan_quality_command_runs_at_its_smallest_size_in_the_readmes_order(tmp_path):
+    view = scratch_checkout(tmp_path / "checkout")
+    rows_file = view / "runs" / "wan_quality" / "rows.json"
+
+    full = run_printed(FULL, smallest=True, cwd=view)
+    rows = json.loads(rows_file.read_text())
+    assert {r["mode"] for r in rows} == {"one-cluster", "all-reduce", "pipeline", "diloco", "streaming-diloco",
+                                        "federated"}
+    assert {r["codec"] for r in rows if r["mode"] == "pipeline"} == {"none", "fp16", "int8", "int4_block"}
+    assert {r["name"] for r in rows} >= {"diloco H=100 fp4", "diloco H=100 ef(topk2(0.05))"}
+    assert len(_names(full)) == len(rows) == 25 and "Baseline noise" in full and "Best row of each mode" in full
+    assert (view / "runs" / "wan_quality" / "wan_quality.png").is_file()
+    assert not (REPO / "runs" / "wan_quality" / "corpus-200k").exists()  # (the view's runs/, not the checkout's)
+
+    best = [s.name for s in best_of_each_mode(read_rows(rows_file))]
+    scale = run_printed(SCALE, smallest=True, cwd=view)  # the baseline (two seeds) and the best row of each mode
+    assert _names(scale) == [*best, "one-cluster (seed 2)"]
+
+    for command in (ROWS, ROWS2):  # the two files the report reads, each the README's rows
+        out = view / command.split("--json ")[1]
+        run_printed(command, smallest=True, cwd=view)
+        assert [r["name"] for r in json.loads(out.read_text())], out
+    report = run_printed(REPORT, smallest=True, cwd=view)
+    assert _names(report) == _readme_rows(REPORT) and "Best row of each mode" in report
+
+    for command in (EXTRA, M0):
+        stdout = run_printed(command, smallest=True, cwd=view)
+        assert sorted(_names(stdout)) == sorted(_readme_rows(command)), stdout[-2000:]  # (the README's own order)
+        assert (view / command.split("--json ")[1]).is_file()
+    m0 = json.loads((view / "runs" / "wan_quality" / "rows-m0.json").read_text())
+    assert m0[0]["meta"]["outer_momentum"] == 0.0
