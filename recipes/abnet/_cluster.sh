@@ -16,6 +16,8 @@ NEBULA=$BIN/nebula
 [ -x "$NEBULA" ] || NEBULA=nebula
 CODEC_EVAL=${CODEC_EVAL:-none}
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+# paddle warns on import that ccache is missing: nothing here compiles C++ (see nebula/launch/quiet.py)
+case ",${PYTHONWARNINGS:-}," in *",ignore:No ccache found:UserWarning,"*) ;; *) export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:No ccache found:UserWarning" ;; esac
 cd "$RUN"
 PATHS=$("$PY" - job.yaml "$CLUSTER" "$SIDE" <<'PYEOF'
 import shlex, sys
@@ -53,3 +55,8 @@ echo "[$CLUSTER] training the $SIDE stage"
 echo "[$CLUSTER] evaluating"
 "$PY" -m recipes.abnet.remote eval --side "$SIDE" --worker "$WORKER" --peer "$PEER" --data "$DATA" --work "$WORK" \
     --ckpt "$CKPT" --config "$CONFIG" --codec "$CODEC_EVAL" --out "$RUN/$CLUSTER/eval.json"
+# this cluster's side of the run's summary, from its own files (run_local.sh prints the whole run's instead)
+if [ "${SIDE_SUMMARY:-1}" != 0 ]; then
+    echo "[$CLUSTER] summary"
+    "$PY" -m recipes.abnet.summary "$RUN" --cluster "$CLUSTER" || echo "[$CLUSTER] no summary (above why); the run itself finished" >&2
+fi

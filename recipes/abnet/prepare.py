@@ -52,17 +52,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from tqdm import tqdm
+    from nebula.progress import Progress
 
     from .pretrain import PretrainedError
     from .sides import DecoderSide, EncoderSide
     from .model import preset
 
-    bar = tqdm(total=cfg.pretrain_steps, desc=f"pretrain {args.side} base", unit="step", file=sys.stderr)
+    bar = Progress(cfg.pretrain_steps, f"pretrain {args.side} base", stream=sys.stderr)
 
     def progress(step: int, loss: float) -> None:
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}")
+        bar.update(1, loss=f"{loss:.3f}")
 
     try:
         if args.side == "encoder":

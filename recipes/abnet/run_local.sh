@@ -14,6 +14,10 @@ PY=${PY:-$REPO/.venv/bin/python}
 BIN=$(dirname "$PY")
 # a fresh run directory each time (two runs started in the same second get their own)
 if [ -n "${1:-}" ]; then RUN=$1; else mkdir -p "$REPO/runs"; RUN=$(mktemp -d "$REPO/runs/abnet-$(date +%Y%m%d-%H%M%S)-XXXX"); fi
+# NEBULA_SMOKE=1: the smallest run that still takes every stage (CI runs the printed commands so)
+if [ -n "${NEBULA_SMOKE:-}" ] && [ "$NEBULA_SMOKE" != 0 ]; then
+    STEPS=${STEPS:-10} PRETRAIN_STEPS=${PRETRAIN_STEPS:-20}  # (a base pretrains 20 steps at least)
+fi
 STEPS=${STEPS:-2000}
 FORWARD=${FORWARD:-int8}
 BACKWARD=${BACKWARD:-int8}
@@ -22,6 +26,10 @@ mkdir -p "$RUN/logs"
 RUN=$(cd "$RUN" && pwd)
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PY
+# paddle warns on import that ccache is missing: nothing here compiles C++ (see nebula/launch/quiet.py)
+case ",${PYTHONWARNINGS:-}," in *",ignore:No ccache found:UserWarning,"*) ;; *) export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:No ccache found:UserWarning" ;; esac
+# the clusters' scripts print their side's summary on real clusters; here the whole run's follows (SIDE_SUMMARY=1: both)
+export SIDE_SUMMARY=${SIDE_SUMMARY:-0}
 PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done

@@ -1,16 +1,21 @@
-"""The operator's view of a local two-cluster run: loss-curve PNG, summary table, sample translations."""
+"""The operator's view of a two-cluster run: loss-curve PNG, summary table, sample translations.
+
+`python -m recipes.abnet.summary RUN` summarises a local run (both clusters' files on this machine: run_local.sh);
+`python -m recipes.abnet.summary RUN --cluster C` one cluster's side on a real cluster, from its own files alone
+(the per-cluster launch scripts print it at their end): the same table, less what only the other side holds."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 
 from nebula.logbook import scalars_note
 
-__all__ = ["summarize", "raw_boundary_bytes", "main"]
+__all__ = ["summarize", "summarize_side", "raw_boundary_bytes", "main"]
 
 
 def raw_boundary_bytes(run: Path, steps: int) -> float:
@@ -98,17 +103,84 @@ def summarize(run: str | Path, samples: int = 8) -> dict:
     return out
 
 
+def _side(job, cluster: str) -> str:
+    """'encoder' or 'decoder': the stage `cluster` runs."""
+    names = {st.name for st in job.stages if st.cluster == cluster}
+    if not names & {"encoder", "decoder"}:
+        raise ValueError(f"cluster {cluster} runs no ABNet stage (stages: "
+                         f"{', '.join(f'{st.name}@{st.cluster}' for st in job.stages)}); give --cluster of the job")
+    return "encoder" if "encoder" in names else "decoder"
+
+
+def summarize_side(run: str | Path, cluster: str, samples: int = 8) -> dict:
+    """One cluster's side of the run from the files it has (its metrics, its eval.json): <run>/<cluster>/summary.md,
+    <run>/<cluster>/loss.png on the decoder's side (where the loss is); return the numbers."""
+    from nebula.config.job import load_job_config
+    from nebula.launch.summary import cluster_summary
+    from .evaluate import plot_losses
+
+    run = Path(run)
+    job = load_job_config(run / "job.yaml")
+    side = _side(job, cluster)
+    s = cluster_summary(job.metrics.dir, cluster)
+    ev_file = run / cluster / "eval.json"
+    ev = json.loads(ev_file.read_text()) if ev_file.is_file() else None
+    peer = next((st.cluster for st in job.stages if st.cluster != cluster), "the other cluster")
+    direction = "forward (activations)" if side == "encoder" else "backward (gradients)"
+    codecs = f"forward {job.compression.forward}, backward {job.compression.backward}"
+    rows = [
+        ("BLEU (test, case-insensitive) untrained -> trained",
+         f"{ev['bleu_before']:.2f} -> {ev['bleu_after']:.2f}" if ev else f"on cluster {peer} (the decoder's side)"),
+        ("loss, first 20 -> last 20 steps", f"{s.loss_first:.3f} -> {s.loss_last:.3f}" if s.loss_first is not None
+         else f"on cluster {peer} (the decoder's side)"),
+        ("steps", f"{s.first_step}..{s.last_step} ({s.steps})"),
+        ("steps / s", f"{s.steps_per_s:.2f}" if s.steps_per_s else "?"),
+        (f"WAN bytes per step ({cluster}->{peer} + {peer}->{cluster})",
+         f"{s.bytes_sent_per_step + s.bytes_recv_per_step:,.0f}"),
+        (f"compression ratio {direction}", f"{s.sent_ratio:.3f}" if s.sent_ratio is not None else "?"),
+        ("codecs", codecs),
+    ]
+    lines = [f"Cluster {cluster} ({side})", "", "| quantity | value |", "| --- | --- |",
+             *(f"| {k} | {v} |" for k, v in rows), ""]
+    if ev:
+        lines += ["Sample translations (the English source is on the encoder's cluster):", ""]
+        for h in ev["hypotheses"][:samples]:
+            lines += [f"- ref:     {h['ref']}", f"  before:  {h['before']}", f"  after:   {h['after']}"]
+    out_dir = run / cluster
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    out = {"cluster": cluster, "side": side, **asdict(s), "text": "\n".join(lines),
+           "bleu_before": ev["bleu_before"] if ev else None, "bleu_after": ev["bleu_after"] if ev else None}
+    if s.loss_first is not None:
+        from nebula.launch.summary import read_cluster
+
+        recs = sorted((r for r in read_cluster(job.metrics.dir, cluster) if r.get("rank") == 0
+                       and r.get("loss") is not None), key=lambda r: r["step"])
+        plot_losses({f"cluster {cluster}": [r["loss"] for r in recs]}, out_dir / "loss.png",
+                    title=f"ABNet, cluster {cluster} ({side})")
+        out["plot"] = str(out_dir / "loss.png")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    """CLI: python -m recipes.abnet.summary RUN_DIR."""
+    """CLI: python -m recipes.abnet.summary RUN_DIR [--cluster C]."""
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("run")
     p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--cluster", default=None,
+                   help="summarise this cluster's side from its own files only (on a real cluster)")
     args = p.parse_args(argv)
     from nebula.config import ConfigError
 
     try:
+        if args.cluster:
+            side = summarize_side(args.run, args.cluster, args.samples)
+            print(side["text"])
+            extra = f"; loss curve: {side['plot']}" if "plot" in side else ""
+            print(f"table: {Path(args.run) / args.cluster / 'summary.md'}{extra}")
+            return 0
         out = summarize(args.run, args.samples)
-    except (FileNotFoundError, ConfigError) as exc:
+    except (FileNotFoundError, ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(out["text"])

@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import paddle
-from tqdm import tqdm
+
+from nebula import smoke
+from nebula.progress import Progress
 
 from .sides import DecoderSide, EncoderSide, TrainConfig, eval_ids, load_train_config, step_batch
 
@@ -44,8 +46,8 @@ def train_single(cfg: TrainConfig, encoder_data: str | Path, decoder_data: str |
     bleu0, hyps0 = evaluate_bleu(enc, dec, test, cfg.eval_batch)
     losses: list[float] = []
     t0 = time.time()
-    bar = tqdm(range(cfg.steps), desc="train", disable=not show_progress, file=sys.stderr)
-    for step in bar:
+    bar = Progress(cfg.steps, "train", stream=sys.stderr) if show_progress else None
+    for step in range(cfg.steps):
         ids = step_batch(train_ids, step, cfg.batch_size, cfg.seed)
         h = enc.forward(ids)
         loss = dec.loss(h, ids)
@@ -57,7 +59,10 @@ def train_single(cfg: TrainConfig, encoder_data: str | Path, decoder_data: str |
         losses.append(float(loss))
         if on_step:
             on_step(step, losses[-1])
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        if bar is not None:
+            bar.update(1, loss=f"{losses[-1]:.3f}")
+    if bar is not None:
+        bar.close()
     train_s = time.time() - t0
     bleu1, hyps1 = evaluate_bleu(enc, dec, test, cfg.eval_batch)
     summary = {
@@ -87,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # ConfigError (the file's line) or a bad --steps/--pair
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    # NEBULA_SMOKE: the smallest size (how CI runs the printed commands); a printed --steps 6000 shrinks too
+    cfg = cfg.replace(steps=int(smoke.cap(cfg.steps, 20)), pretrain_steps=int(smoke.cap(cfg.pretrain_steps, 20)))
     s = train_single(cfg, args.encoder_data, args.decoder_data, args.work)
     print(f"BLEU before {s['bleu_before']:.2f} after {s['bleu_after']:.2f}; {s['steps_per_s']:.1f} steps/s")
     for x in s["samples"]:

@@ -12,6 +12,8 @@ PRESET=${PRESET:-tiny}
 STEPS=${STEPS:-400}
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+# paddle warns on import that ccache is missing: nothing here compiles C++ (see nebula/launch/quiet.py)
+case ",${PYTHONWARNINGS:-}," in *",ignore:No ccache found:UserWarning,"*) ;; *) export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:No ccache found:UserWarning" ;; esac
 sed -e "s#@PRESET@#$PRESET#g" -e "s#@STEPS@#$STEPS#g" -e "s#@DECAY@#$STEPS#g" "$HERE/configs/english.yaml.in" \
     > "$RUN/english.yaml"
 echo "== English-only pretraining, $STEPS steps"

@@ -12,8 +12,15 @@ NEBULA=$(dirname "$PY")/nebula
 command -v "$NEBULA" > /dev/null || { echo "error: nebula not found beside $PY nor on PATH; activate Nebula's environment (. .venv/bin/activate) or set PY=/path/to/.venv/bin/python" >&2; exit 2; }
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+# paddle warns on import that ccache is missing: nothing here compiles C++ (see nebula/launch/quiet.py)
+case ",${PYTHONWARNINGS:-}," in *",ignore:No ccache found:UserWarning,"*) ;; *) export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:No ccache found:UserWarning" ;; esac
 echo "[$CLUSTER] discriminator"
 "$NEBULA" launch "$RUN/job.yaml" --cluster "$CLUSTER"
 LAST=$(ls -d "$RUN"/ckpt/step_* | sort | tail -1)
 "$PY" -m recipes.electra.prepare export --ckpt "$LAST" --data "$RUN/$CLUSTER/data" --out "$RUN/$CLUSTER/electra_base" \
     --preset "$(grep -o 'preset: "[a-z]*"' "$RUN/job.yaml" | cut -d'"' -f2)"
+# the discriminator's side of the run's summary, from this site's files (run_local.sh prints the whole run's instead)
+if [ "${SIDE_SUMMARY:-1}" != 0 ]; then
+    echo "[$CLUSTER] summary"
+    "$PY" -m recipes.electra.summary "$RUN" "" "$CLUSTER" || echo "[$CLUSTER] no summary (above why); the run itself finished" >&2
+fi

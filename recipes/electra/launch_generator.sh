@@ -11,6 +11,8 @@ NEBULA=$(dirname "$PY")/nebula
 command -v "$NEBULA" > /dev/null || { echo "error: nebula not found beside $PY nor on PATH; activate Nebula's environment (. .venv/bin/activate) or set PY=/path/to/.venv/bin/python" >&2; exit 2; }
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+# paddle warns on import that ccache is missing: nothing here compiles C++ (see nebula/launch/quiet.py)
+case ",${PYTHONWARNINGS:-}," in *",ignore:No ccache found:UserWarning,"*) ;; *) export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:No ccache found:UserWarning" ;; esac
 META=$RUN/$CLUSTER/data/meta.json
 [ -f "$META" ] || { echo "error: $META not found; ship $CLUSTER's data to this site as $RUN/$CLUSTER (recipes.electra.prepare data writes it: see recipes/electra/README.md, On real clusters)" >&2; exit 2; }
 echo "[$CLUSTER] generator: $("$PY" -c 'import json,sys; m=json.load(sys.stdin); print(m["group_examples"])' < "$META")"

@@ -14,6 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from nebula import smoke
+
 __all__ = ["distribute", "export_base", "main"]
 
 
@@ -86,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--out", required=True)
     e.add_argument("--preset", default="tiny")
     args = ap.parse_args(argv)
+    if args.cmd == "data" and smoke.active():  # the smallest corpus (--max-per-language 0, every message, too)
+        args.max_per_language = min(args.max_per_language or 400, 400)
+        args.vocab_size = min(args.vocab_size, 1000)
     try:
         if args.cmd == "data":
             from recipes.electra.data import DEFAULT_GROUPS, CorpusConfig, parse_groups, prepare

@@ -1,7 +1,8 @@
 """Summary of an ELECTRA run: losses, RTD / CLM accuracy per language, WAN bytes per step, the Figure 8 plot.
 
 `python -m recipes.electra.summary RUN` reads RUN/metrics (inter-cluster) and RUN/metrics_intra (intra-cluster,
-if present), prints the summary, writes RUN/summary.json and RUN/loss.png. `python -m recipes.electra.summary
+if present), prints the summary, writes RUN/summary.json and RUN/loss.png; `python -m recipes.electra.summary RUN ""
+D` the discriminator's side alone (what its site holds: launch_discriminator.sh prints it at its end). `python -m recipes.electra.summary
 --progress METRICS.jsonl STEP,STEP,...` prints what the discriminator had learned in the 100 steps before each step.
 """
 from __future__ import annotations
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
               "STEP,STEP,...", file=sys.stderr)
         return 2
     run = Path(argv[0])
-    gens = (argv[1] if len(argv) > 1 else "G1,G2").split(",")
+    # no generators ("", as the discriminator's site gives: their files are on their own sites): its side alone
+    gens = [g for g in (argv[1] if len(argv) > 1 else "G1,G2").split(",") if g]
     s = summarise(run, gens, argv[2] if len(argv) > 2 else "D")
     (run / "summary.json").write_text(json.dumps(s, indent=1))
     print(scalars_note(run / "metrics", run / "vdl"))
@@ -162,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'language':<10}{'RTD acc':>9}{'replaced recall':>17}{'CLM acc':>9}{'tokens':>9}   (last 20 steps)")
     for lang, v in s["per_language"].items():
         print(f"{lang:<10}{v['rtd_acc']:>9.3f}{v['replaced_recall']:>17.3f}{v['clm_acc']:>9.3f}{v['tokens']:>9.0f}")
-    print(f"WAN bytes per step (all clusters, sent): {s['wan_bytes_per_step']:.0f}")
+    who = "all clusters" if gens else f"cluster {argv[2] if len(argv) > 2 else 'D'}"
+    print(f"WAN bytes per step ({who}, sent): {s['wan_bytes_per_step']:.0f}")
     if "hot_start" in s:
         h = s["hot_start"]
         print(f"hot start at step {h['step']}: intra loss {h['intra_loss']}, inter loss {h['inter_loss']:.4f}")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nebula import smoke
 from recipes.text.catalogs import load_corpus
 
 __all__ = ["LANGS", "load_corpus", "featurize", "dirichlet_split", "prepare", "load_prepared", "NUM_BUCKETS"]
@@ -68,6 +69,7 @@ def dirichlet_split(labels: np.ndarray, num_clients: int, alpha: float, seed: in
 def prepare(out: str | Path, langs: tuple[str, ...] = LANGS, locale_root: str | Path = "/usr/share/locale",
             max_per_lang: int = 3000, test_per_mille: int = 150) -> dict:
     """Write `out` (.npz): features and labels of the train and test splits; a summary."""
+    max_per_lang = int(smoke.cap(max_per_lang, 500))  # NEBULA_SMOKE: the smallest data set (CI's printed commands)
     corpus = load_corpus(langs, locale_root, max_per_lang)
     split: dict[str, tuple[list[str], list[int]]] = {"train": ([], []), "test": ([], [])}
     for k, lang in enumerate(langs):

@@ -15,12 +15,16 @@ PY=${PY:-$REPO/.venv/bin/python}
 BIN=$(dirname "$PY")
 # a fresh run directory each time (two runs started in the same second get their own)
 if [ -n "${1:-}" ]; then RUN=$1; else mkdir -p "$REPO/runs"; RUN=$(mktemp -d "$REPO/runs/federated-$(date +%Y%m%d-%H%M%S)-XXXX"); fi
+# NEBULA_SMOKE=1: the smallest run that still takes every stage (CI runs the printed commands so)
+if [ -n "${NEBULA_SMOKE:-}" ] && [ "$NEBULA_SMOKE" != 0 ]; then ROUNDS=${ROUNDS:-2}; fi
 ROUNDS=${ROUNDS:-15}
 ALGORITHM=${ALGORITHM:-rounds}
 mkdir -p "$RUN/logs"
 RUN=$(cd "$RUN" && pwd)
 cd "$REPO"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PY NEBULA="$BIN/nebula"
+# paddle warns on import that ccache is missing: nothing here compiles C++ (see nebula/launch/quiet.py)
+case ",${PYTHONWARNINGS:-}," in *",ignore:No ccache found:UserWarning,"*) ;; *) export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:No ccache found:UserWarning" ;; esac
 PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done

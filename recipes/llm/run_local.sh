@@ -16,6 +16,10 @@ PY=${PY:-$REPO/.venv/bin/python}
 BIN=$(dirname "$PY")
 # a fresh run directory each time (two runs started in the same second get their own)
 if [ -n "${1:-}" ]; then RUN=$1; else mkdir -p "$REPO/runs"; RUN=$(mktemp -d "$REPO/runs/llm-$(date +%Y%m%d-%H%M%S)-XXXX"); fi
+# NEBULA_SMOKE=1: the smallest run that still takes every stage (CI runs the printed commands so)
+if [ -n "${NEBULA_SMOKE:-}" ] && [ "$NEBULA_SMOKE" != 0 ]; then
+    STEPS=${STEPS:-12} SYNC=${SYNC:-4} PER_LANG=${PER_LANG:-40} LAYERS=${LAYERS:-2}
+fi
 STEPS=${STEPS:-200}
 SYNC=${SYNC:-20}
 CODEC=${CODEC:-int8}
@@ -25,6 +29,8 @@ mkdir -p "$RUN/logs"
 RUN=$(cd "$RUN" && pwd)
 cd "$RUN"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PY
+# paddle warns on import that ccache is missing: nothing here compiles C++ (see nebula/launch/quiet.py)
+case ",${PYTHONWARNINGS:-}," in *",ignore:No ccache found:UserWarning,"*) ;; *) export PYTHONWARNINGS="${PYTHONWARNINGS:+$PYTHONWARNINGS,}ignore:No ccache found:UserWarning" ;; esac
 PIDS=()
 cleanup() {
     for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done

@@ -160,10 +160,23 @@ def test_main_job_two_clusters_through_switches(locale_dir, tmp_path):
     """run_local.sh end to end on the test's corpus: provision, switches, 2+2 ranks, BLEU, plot, summary."""
     run_dir = tmp_path / "run"
     env = dict(os.environ, STEPS="60", PRETRAIN_STEPS="30", LOCALE_DIR=str(locale_dir), VOCAB_TOP_K="0",
-               TEST_PER_MILLE="100", PY=sys.executable)
+               TEST_PER_MILLE="100", PY=sys.executable, SIDE_SUMMARY="1")
+    env.pop("NEBULA_PROGRESS_EVERY", None)
     proc = subprocess.run(["bash", str(REPO / "recipes" / "abnet" / "run_local.sh"), str(run_dir)], env=env,
                           capture_output=True, text=True, timeout=900, start_new_session=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    # quiet: progress every tenth of the run, paddle's launcher lines and its ccache warning in their log files
+    said = proc.stdout + proc.stderr
+    a_log, b_log = ((run_dir / "logs" / f"cluster_{c}.log").read_text() for c in "AB")
+    for noise in ("LAUNCH INFO", "No ccache found", "C++ Traceback"):
+        assert noise not in said + a_log + b_log, noise
+    assert "LAUNCH INFO" in (run_dir / "metrics" / "log" / "B" / "launch.log").read_text()
+    assert len([ln for ln in said.splitlines() if ln.startswith("abnet@B: ")]) == 10, said
+    assert len(said.splitlines()) < 150, said  # (with both summary tables and 8 samples each: about 130)
+    # each cluster's script ends with its side's summary, from its own files (what a real cluster has)
+    assert "Cluster A (encoder)" in a_log and "| compression ratio forward (activations) |" in a_log, a_log[-3000:]
+    assert "Cluster B (decoder)" in b_log and "| BLEU (test, case-insensitive) untrained -> trained | " in b_log
+    assert "nebula launch: cluster B: steps 0..59 (60), loss " in b_log
     assert (run_dir / "loss.png").stat().st_size > 1000
     summary = (run_dir / "summary.md").read_text()
     assert "WAN bytes per step" in summary and "compression ratio forward" in summary
