@@ -33,7 +33,7 @@ from security._yaml import YamlError, check_keys, read_yaml
 from security.errors import IdentityError, SecurityError
 from security.identity import check_name
 
-__all__ = ["AccountSpec", "CASpec", "ClusterSpec", "FederationError", "FederationSpec", "is_ip", "is_loopback",
+__all__ = ["AccountSpec", "CASpec", "SiteSpec", "FederationError", "FederationSpec", "is_ip", "is_loopback",
            "load_federation", "parse_federation", "federation_doc", "split_address"]
 
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
@@ -81,7 +81,7 @@ class AccountSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class ClusterSpec:
+class SiteSpec:
     """One site: its cluster name, public WAN address, what its switch binds, its workers' endpoint, accounts."""
 
     name: str
@@ -121,12 +121,12 @@ class FederationSpec:
     """A whole federation as its file describes it."""
 
     federation: str
-    clusters: tuple[ClusterSpec, ...]
+    clusters: tuple[SiteSpec, ...]
     ca: CASpec = CASpec()
     link: dict = field(default_factory=dict)
     limits: dict = field(default_factory=dict)
 
-    def cluster(self, name: str) -> ClusterSpec:
+    def cluster(self, name: str) -> SiteSpec:
         """The cluster `name`, or FederationError naming the known ones."""
         for c in self.clusters:
             if c.name == name:
@@ -138,7 +138,7 @@ class FederationSpec:
         """Cluster names in file order."""
         return [c.name for c in self.clusters]
 
-    def with_clusters(self, clusters: list[ClusterSpec]) -> "FederationSpec":
+    def with_clusters(self, clusters: list[SiteSpec]) -> "FederationSpec":
         """The same federation with `clusters` instead (checked again)."""
         return _checked(dataclasses.replace(self, clusters=tuple(clusters)))
 
@@ -150,7 +150,7 @@ def _name(value: Any, path: str, what: str) -> str:
         raise FederationError(f"{path}: {exc}") from None
 
 
-def _cluster(doc: Any, path: str) -> ClusterSpec:
+def _cluster(doc: Any, path: str) -> SiteSpec:
     check_keys(doc, path, {"name": str, "host": str, "port": int, "listen": str, "local": str, "local_tls": str,
                            "accounts": list, "link": dict, "limits": dict}, required=("name", "host", "port"))
     name = _name(doc["name"], f"{path}.name", "cluster")
@@ -183,7 +183,7 @@ def _cluster(doc: Any, path: str) -> ClusterSpec:
         if not workers:
             raise FederationError(f"{apath}.workers is empty; name at least one worker credential")
         accounts.append(AccountSpec(_name(a.get("name", DEFAULT_ACCOUNT), f"{apath}.name", "account"), workers))
-    return ClusterSpec(name, host, port, listen, local, tuple(accounts), dict(doc.get("link") or {}),
+    return SiteSpec(name, host, port, listen, local, tuple(accounts), dict(doc.get("link") or {}),
                        dict(doc.get("limits") or {}), local_tls)
 
 

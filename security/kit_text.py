@@ -1,7 +1,7 @@
 """The two texts of a kit: its `start` script and its README (what to run on the site's gateway host)."""
 from __future__ import annotations
 
-from security.federation import ClusterSpec, FederationSpec
+from security.federation import SiteSpec, FederationSpec
 
 __all__ = ["kit_readme", "start_script"]
 
@@ -21,7 +21,7 @@ exec nebula-switch serve --config switch.yaml "$@"
 """
 
 
-def kit_readme(spec: FederationSpec, cluster: ClusterSpec, revision: int) -> str:
+def kit_readme(spec: FederationSpec, cluster: SiteSpec, revision: int) -> str:
     """README.md of `cluster`'s kit at `revision`."""
     c = cluster.name
     peers = "; ".join(f"{p.name} at {p.address}" for p in spec.clusters if p.name != c) or "none yet"

@@ -27,7 +27,7 @@ from security.audit import generate_signing_key
 from security.ca import CertificateAuthority
 from security.curve import write_curve_keypair
 from security.errors import SecurityError
-from security.federation import ClusterSpec, FederationSpec, is_ip
+from security.federation import SiteSpec, FederationSpec, is_ip
 from security.kit_seal import KIT_FILE, RUNTIME
 from security.kit_text import kit_readme, start_script
 
@@ -49,7 +49,7 @@ def worker_file(name: str) -> str:
     return "worker.yaml" if name == "worker" else f"worker-{name}.yaml"
 
 
-def peers_of(spec: FederationSpec, cluster: ClusterSpec) -> list[dict[str, Any]]:
+def peers_of(spec: FederationSpec, cluster: SiteSpec) -> list[dict[str, Any]]:
     """The `peers:` of `cluster`'s switch.yaml: every other cluster at its public address."""
     return [{"cluster": p.name, "address": p.address} for p in spec.clusters if p.name != cluster.name]
 
@@ -66,7 +66,7 @@ def _link(target: str, at: Path) -> None:
     os.symlink(target, at)
 
 
-def build_kit(ca: CertificateAuthority, spec: FederationSpec, cluster: ClusterSpec, d: Path, ca_dir: str,
+def build_kit(ca: CertificateAuthority, spec: FederationSpec, cluster: SiteSpec, d: Path, ca_dir: str,
               revision: int) -> Kit:
     """Issue `cluster`'s credentials into the new directory `d` and write its configs, start script and README;
     `ca_dir` is the CA's directory as seen from where the kit will lie (its certificate and CRL are linked)."""
@@ -114,7 +114,7 @@ def build_kit(ca: CertificateAuthority, spec: FederationSpec, cluster: ClusterSp
     return Kit(cluster.name, tuple(serials), switch_public)
 
 
-def set_peers(spec: FederationSpec, cluster: ClusterSpec, d: Path, revision: int) -> bool:
+def set_peers(spec: FederationSpec, cluster: SiteSpec, d: Path, revision: int) -> bool:
     """Bring the admin's copy of an existing kit to `spec` (its peers, its own listen address); whether it changed."""
     path = d / "switch.yaml"
     doc = read_doc(path, "switch.yaml")

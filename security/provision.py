@@ -34,7 +34,7 @@ from security._time import iso, utcnow
 from security.ca import CertificateAuthority, format_serial
 from security.certbuild import DEFAULT_DAYS, read_csr
 from security.errors import CAError, SecurityError
-from security.federation import (AccountSpec, CASpec, ClusterSpec, FederationError, FederationSpec, federation_doc,
+from security.federation import (AccountSpec, CASpec, SiteSpec, FederationError, FederationSpec, federation_doc,
                                  is_loopback, load_federation, parse_federation)
 from security.identity import check_name
 from security.identity import identity_of
@@ -199,7 +199,7 @@ def provision_spec(spec: FederationSpec, out: str | os.PathLike, ca_dir: str | o
                    {"added": [c.name for c in new], "updated": [c.name for c in changed]})
 
 
-def _finish(out: Path, spec: FederationSpec, state: dict, ca: CertificateAuthority, changed: list[ClusterSpec],
+def _finish(out: Path, spec: FederationSpec, state: dict, ca: CertificateAuthority, changed: list[SiteSpec],
             action: str, detail: dict) -> dict:
     """Write the federation file and state, the kits' archives and the peers updates of `changed`; the summary."""
     atomic_write(out / SPEC, (f"# federation {spec.federation} as provisioned (revision {state['revision']}); edit "
@@ -255,7 +255,7 @@ def provision(federation: str, clusters: Sequence[str], out: str | os.PathLike, 
     local, tls = drawn[:len(clusters)], drawn[len(clusters):]
     addr = f"[{host}]" if ":" in host else host
     spec = FederationSpec(federation, tuple(
-        ClusterSpec(c, host, p, f"{addr}:{p}", f"tcp://127.0.0.1:{lp}", (AccountSpec(account),),
+        SiteSpec(c, host, p, f"{addr}:{p}", f"tcp://127.0.0.1:{lp}", (AccountSpec(account),),
                     local_tls=f"127.0.0.1:{tp}")
         for c, p, lp, tp in zip(clusters, ports, local, tls)), CASpec())
     return provision_spec(spec, out, ca_dir, ca_passphrase, fresh=True)

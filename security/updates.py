@@ -28,7 +28,7 @@ from cryptography.exceptions import InvalidSignature
 from security._files import PUBLIC, atomic_write
 from security._yaml import YamlError, check_keys, parse_yaml
 from security.errors import IdentityError, SecurityError
-from security.federation import ClusterSpec, FederationSpec
+from security.federation import SiteSpec, FederationSpec
 from security.identity import identity_of
 from security.kit_seal import (APPLIED_UPDATE, CERT_FILE, KIT_FILE, KitError, applied_record, ca_certificate, check_kit,
                                crl_number_at)
@@ -81,7 +81,7 @@ class PendingUpdate:
                 "previous_crl_number": self.before[1], "update_sha256": sha256_hex(self.files[UPDATE_FILE])}
 
 
-def write_update(ca: Any, spec: FederationSpec, cluster: ClusterSpec, dest: Path, revision: int,
+def write_update(ca: Any, spec: FederationSpec, cluster: SiteSpec, dest: Path, revision: int,
                  certificate: bytes | None = None) -> Path:
     """The signed peers update of an existing site at `revision`: its peers now, the CA's (`ca`) current CRL and,
     when given, `certificate` (PEM: the site's switch certificate as the admin holds it now)."""

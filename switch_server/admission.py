@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ["ack_refusal", "attribution_refusal"]
 
 from nebula.wire import Frame, FrameType
-from switch_server.registry import Registration, Registry
+from switch_server.registry import Registration, WorkerRegistry
 
 
 def attribution_refusal(frame: Frame, reg: Registration, cluster: str) -> tuple[str, str] | None:
@@ -28,7 +28,7 @@ def attribution_refusal(frame: Frame, reg: Registration, cluster: str) -> tuple[
     return None
 
 
-def ack_refusal(frame: Frame, registry: Registry) -> tuple[str, str, bool] | None:
+def ack_refusal(frame: Frame, registry: WorkerRegistry) -> tuple[str, str, bool] | None:
     """For an ACK to one of our ranks (from a peer or a local worker): (code, reason, audited) if it must not reach
     it: it names an earlier start of the rank (dropped quietly: the normal aftermath of a restart), or acknowledges
     more than the rank sent on that channel (refused and audited); None if it may go on."""

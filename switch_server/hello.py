@@ -13,7 +13,7 @@ from nebula.wire import Frame
 from switch_server.host import LocalHost
 from switch_server.incarnations import Incarnations
 from switch_server.localshm import ArenaLedger, WorkerShm
-from switch_server.registry import Registration, Registry, stage_routes
+from switch_server.registry import Registration, WorkerRegistry, stage_routes
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ Refuse = Callable[..., None]  # (ident, code, message)
 class HelloDesk:
     """Takes HELLOs: registers (or refuses) the connection, and says what the WELCOME carries."""
 
-    def __init__(self, server: LocalHost, registry: Registry, incs: Incarnations, refuse: Refuse,
+    def __init__(self, server: LocalHost, registry: WorkerRegistry, incs: Incarnations, refuse: Refuse,
                  keys: Callable[[], Any], shm_bytes: int, on_release: Callable[[WorkerShm, bool], None]) -> None:
         self.server, self.registry, self.incs, self.refuse = server, registry, incs, refuse
         self.keys = keys  # the accepted worker keys now (hot reload changes them)

@@ -36,7 +36,7 @@ from switch_server.localrefusals import Refusals
 from switch_server.localshm import ShmReleases
 from switch_server.localstream import PUMP_BATCH, LocalSockets, StreamWorkers, open_streams
 from switch_server.localwatch import ConnectionWatch
-from switch_server.registry import Registry
+from switch_server.registry import WorkerRegistry
 from switch_server.zap import ZAP_DOMAIN, ZapHandler
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class LocalSide:
                  incs: Incarnations) -> None:
         self.server, self.cfg, self.ctx = server, cfg, zmq.asyncio.Context()
         self.public_key, self.secret_key = public_key, secret_key
-        self.registry = Registry()
+        self.registry = WorkerRegistry()
         self.zap = ZapHandler(secret_key, server.metrics, server.audit)
         self.refusals = Refusals(server, self.registry, lambda: self.router.maxmsgsize if self.router is not None else -1)
         self.zap.set_workers(cfg.workers)

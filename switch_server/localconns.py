@@ -15,7 +15,7 @@ from switch_server.hello import HelloDesk
 from switch_server.host import LocalHost
 from switch_server.localrefusals import Refusals
 from switch_server.localshm import WorkerShm
-from switch_server.registry import Registration, Registry
+from switch_server.registry import Registration, WorkerRegistry
 
 log = logging.getLogger("switch_server.local")
 
@@ -23,7 +23,7 @@ log = logging.getLogger("switch_server.local")
 class WorkerConnections:
     """What the local side knows of each worker connection, and how it joins and leaves."""
 
-    def __init__(self, server: LocalHost, registry: Registry, refusals: Refusals, desk: HelloDesk,
+    def __init__(self, server: LocalHost, registry: WorkerRegistry, refusals: Refusals, desk: HelloDesk,
                  delivery: Delivery) -> None:
         self.server, self.registry, self.refusals, self.desk = server, registry, refusals, desk
         self.delivery = delivery

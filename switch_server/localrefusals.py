@@ -12,7 +12,7 @@ from typing import Any, Callable
 from nebula.wire import FrameType
 from switch_server.answers import AnswerLimiter
 from switch_server.host import LocalHost
-from switch_server.registry import Registry
+from switch_server.registry import WorkerRegistry
 
 log = logging.getLogger("switch_server.local")
 
@@ -25,7 +25,7 @@ AUDITED_REFUSALS = frozenset({"not_attributed", "bad_incarnation", "ack_beyond_s
 class Refusals:
     """Refuses, drops and answers for the local side; `send_control` is set once its delivery exists."""
 
-    def __init__(self, server: LocalHost, registry: Registry, part_limit: Callable[[], int]) -> None:
+    def __init__(self, server: LocalHost, registry: WorkerRegistry, part_limit: Callable[[], int]) -> None:
         self.server, self.registry, self.part_limit = server, registry, part_limit
         self.answers = AnswerLimiter()
         self.send_control: Callable[..., None] = lambda *_a, **_k: None

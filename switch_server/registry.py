@@ -3,7 +3,7 @@ by (account, job, rank); what each may address; and what each has sent, which bo
 Pure state: the local side (`switch_server.local`) does the I/O."""
 from __future__ import annotations
 
-__all__ = ["MAX_CHANNELS", "RANK_HELD_S", "Address", "Registration", "Registry", "stage_routes"]
+__all__ = ["MAX_CHANNELS", "RANK_HELD_S", "Address", "Registration", "WorkerRegistry", "stage_routes"]
 
 import time
 from dataclasses import dataclass, field
@@ -69,7 +69,7 @@ class Registration:
         return None
 
 
-class Registry:
+class WorkerRegistry:
     """Registrations by connection identity and by (account, job, rank)."""
 
     def __init__(self) -> None:

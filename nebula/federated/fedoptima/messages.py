@@ -8,7 +8,7 @@ from dataclasses import field
 from nebula.federated.messages import Stop
 from nebula.federated.protocol import MessageFamily, Message
 
-__all__ = ["TO_SERVER", "TO_DEVICE", "DeviceHello", "Activations", "DeviceModel", "DeviceBye", "Init", "Grant",
+__all__ = ["TO_SERVER", "TO_DEVICE", "DeviceHello", "Activations", "DeviceModel", "DeviceBye", "Init", "SendSlot",
            "AggregatedModel", "Stop"]
 
 TO_SERVER = MessageFamily("fedoptima server")
@@ -51,7 +51,7 @@ class Init(Message):
 
 
 @TO_DEVICE.message("grant")
-class Grant(Message):
+class SendSlot(Message):
     """A slot under ω: the device may send one batch of activations."""
 
 

@@ -29,7 +29,7 @@ from nebula.federated.fedoptima.config import FedOptimaSpec
 from nebula.federated.fedoptima.engine import (AsyncAggregator, DeviceTrainer, ServerTrainer, load_state, split_model,
                                               state_of)
 from nebula.federated.fedoptima.messages import (TO_DEVICE, TO_SERVER, Activations, AggregatedModel, DeviceBye,
-                                                DeviceHello, DeviceModel, Grant, Init, Stop)
+                                                DeviceHello, DeviceModel, Init, SendSlot, Stop)
 from nebula.federated.protocol import ProtocolError, decode, pack_message, unpack, unpack_message
 from nebula.federated.fedoptima.scheduler import ActivationBatch, ModelUpdate, SchedulerError, TaskScheduler
 from nebula.federated.fedoptima.split import DeviceInfo, profile_layers, split_point
@@ -252,7 +252,7 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
 def _send_grants(sched: TaskScheduler, chans: dict, eligible: list) -> None:
     """Turn-on signals for the slots free under ω (§IV-C: checked when a batch is enqueued or dequeued)."""
     for d in sched.grant(eligible):
-        chans[d].send(pack_message(Grant()), lane="control")
+        chans[d].send(pack_message(SendSlot()), lane="control")
 
 
 def _prefix(p: str, d: dict) -> dict:
@@ -327,7 +327,7 @@ def run_device(ep: Endpoint, server: tuple[str, int], index: int, num_devices: i
         except ProtocolError as exc:
             log.warning("fedoptima device: %s; ignored", exc)
             return None
-        if isinstance(m, Grant):
+        if isinstance(m, SendSlot):
             granted = True
         elif isinstance(m, Stop):
             stopped = True
