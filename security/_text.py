@@ -1,7 +1,7 @@
-"""Text from others made safe to print or record: one line, printable, bounded."""
+"""Text from others made safe to print or record: one line, printable, bounded; and durations said briefly."""
 from __future__ import annotations
 
-__all__ = ["safe_text"]
+__all__ = ["duration", "safe_text"]
 
 
 def _escape(ch: str) -> str:
@@ -35,3 +35,15 @@ def safe_text(value: object, limit: int = 200) -> str:
         if size + len(marker) <= limit:
             return "".join(pieces) + marker
         size -= len(pieces.pop())
+
+
+def duration(seconds: float, minutes_only: bool = False) -> str:
+    """`seconds` as 45s, 7m12s (7m with `minutes_only`: a table's column), 3h04m or 2d05h."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m" if minutes_only else f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"

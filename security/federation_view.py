@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from security._text import safe_text
+from security._text import duration, safe_text
 
 TEXT_LIMIT = 400  # characters of one site-supplied string (a last error, a warning): its own line below the table
 NAME_LIMIT = 64  # characters of a cluster name
@@ -275,16 +275,7 @@ def format_bytes(n: int | None) -> str:
 
 def format_age(seconds: float | None) -> str:
     """A duration as `45s`, `12m`, `3h05m`, `2d04h`; `-` for None."""
-    if seconds is None:
-        return "-"
-    s = int(max(0.0, seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    return "-" if seconds is None else duration(seconds, minutes_only=True)
 
 
 def _left(iso: str | None, now: float) -> str:

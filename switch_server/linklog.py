@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
+from security._text import duration
+
 SUMMARY_EVERY_S = 300.0
 MAX_REASONS = 8  # distinct reasons said one by one in one down period (the rest only in summaries)
 MAX_KEYS = 256  # refusal kinds tracked at once (the one longest quiet is forgotten first)
@@ -38,18 +40,6 @@ class LogLine:
     def __post_init__(self) -> None:
         if self.level not in (logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR):
             raise ValueError(f"level {self.level} is not a logging level")
-
-
-def duration(seconds: float) -> str:
-    """`seconds` as 45s, 7m12s, 3h04m or 2d05h."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def not_a_peer_text(peer: str, me: str, address: str, revision: int | None) -> str:

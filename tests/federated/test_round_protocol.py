@@ -12,6 +12,7 @@ import pytest
 from nebula.cli import main
 from nebula.federated.trail import ModelTrail
 from tests.federated.harness import federation, start_client, start_clients, start_cluster, wait_exit, write_job
+from tests.harness.federation import wait_until
 
 
 def test_rounds_through_switches_learn_reject_bad_updates_and_keep_the_trail(procs, tmp_path, capsys):
@@ -59,15 +60,6 @@ def test_rounds_through_switches_learn_reject_bad_updates_and_keep_the_trail(pro
     assert code == 2 and "no model version 9" in err
 
 
-def _wait_for(pred, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _audited(tmp_path, cluster: str, outcome: str) -> bool:
     log = tmp_path / "fl" / f"combiner-{cluster}" / "audit.log"
     return log.exists() and f'"outcome":"{outcome}"' in log.read_text()
@@ -94,7 +86,7 @@ def test_client_killed_mid_round_the_round_goes_on_and_it_is_not_asked_again(pro
     ctl = start_cluster(procs, job, "A")
     comb_b = start_cluster(procs, job, "B")
     clients = {f"{c}/{i}": start_client(procs, job, c, i) for c in "AB" for i in range(2)}
-    _wait_for(lambda: _audited(tmp_path, "B", "accepted"), 60, "the first round's updates")
+    wait_until(lambda: _audited(tmp_path, "B", "accepted"), 60, "the first round's updates")
     _kill(clients.pop("B/1"))  # in the middle of its fit
     wait_exit(ctl, 60)
     wait_exit(comb_b, 30)
@@ -139,7 +131,7 @@ def test_combiner_killed_mid_round_ends_the_round_and_its_clients_are_reassigned
     ctl = start_cluster(procs, job, "A")
     comb_b = start_cluster(procs, job, "B")
     clients = [start_client(procs, job, c, i) for c, n in (("A", 1), ("B", 2)) for i in range(n)]
-    _wait_for(lambda: _audited(tmp_path, "A", "accepted"), 60, "round 1 under way")
+    wait_until(lambda: _audited(tmp_path, "A", "accepted"), 60, "round 1 under way")
     _kill(comb_b)
     wait_exit(ctl, 60)
     for c in clients:
@@ -161,7 +153,7 @@ def test_controller_killed_and_restarted_resumes_from_the_trail(procs, tmp_path)
     ctl = start_cluster(procs, job, "A", role="controller")
     combs = [start_cluster(procs, job, c, role="combiner") for c in "AB"]
     clients = [start_client(procs, job, c, 0) for c in "AB"]
-    _wait_for(lambda: _versions(tmp_path) >= 3, 60, "two rounds committed")
+    wait_until(lambda: _versions(tmp_path) >= 3, 60, "two rounds committed")
     _kill(ctl)
     with ModelTrail(tmp_path / "fl" / "trail") as t:
         before = len(t.models())
@@ -218,7 +210,7 @@ def test_a_client_that_crashes_and_restarts_rejoins_on_fresh_channels(procs, tmp
     comb_b = start_cluster(procs, job, "B")
     a0 = start_client(procs, job, "A", 0)
     b0 = start_client(procs, job, "B", 0)
-    _wait_for(lambda: _audited(tmp_path, "B", "accepted"), 60, "round 1 from B/2")
+    wait_until(lambda: _audited(tmp_path, "B", "accepted"), 60, "round 1 from B/2")
     _kill(b0)
     restarted = time.time()
     b0 = start_client(procs, job, "B", 0)  # the same rank again: a new incarnation

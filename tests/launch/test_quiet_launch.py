@@ -8,12 +8,12 @@ import os
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from nebula.launch.quiet import STOPPED_CODES
+from tests.harness.federation import wait_until
 from tests.harness.procs import BIN
 from tests.launch.failing_recipe import MESSAGE
 from tests.pipeline.helpers import toy_job
@@ -26,15 +26,6 @@ def _launch(procs, job: Path) -> subprocess.Popen:
     """`nebula launch JOB --cluster A` in the job's directory, stdout and stderr on pipes of their own."""
     return procs.start([str(BIN / "nebula"), "launch", str(job), "--cluster", "A"], cwd=str(job.parent),
                        stderr=subprocess.PIPE, env={"OMP_NUM_THREADS": "1"})
-
-
-def _wait_for(pred, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what} within {timeout_s} s")
 
 
 def test_launch_output_is_the_ranks_progress_and_a_summary_paddles_lines_go_to_its_log(procs, tmp_path):
@@ -80,7 +71,7 @@ def test_stopping_a_launch_prints_one_line_and_stops_its_ranks(procs, tmp_path, 
     job = toy_job(tmp_path, clusters=[{"id": "A"}], stages=LOCAL, steps=10**6)
     p = _launch(procs, job)
     metrics = tmp_path / "metrics" / "A.rank0.jsonl"
-    _wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0 or p.poll() is not None, 120,
+    wait_until(lambda: metrics.exists() and metrics.stat().st_size > 0 or p.poll() is not None, 120,
               "the rank did not start training")
     assert p.poll() is None, p.communicate()
     rank_pid = int((tmp_path / "metrics" / "log" / "A" / "ranks" / "rank0.pid").read_text())
@@ -98,7 +89,7 @@ def test_stopping_a_launch_prints_one_line_and_stops_its_ranks(procs, tmp_path, 
     for noise in (*NOISE, "Traceback", "KeyboardInterrupt"):
         assert noise not in out + err, (noise, out, err)
     assert "C++ Traceback" not in (tmp_path / "metrics" / "log" / "A" / "workerlog.0").read_text()
-    _wait_for(lambda: not Path(f"/proc/{rank_pid}").exists() or
+    wait_until(lambda: not Path(f"/proc/{rank_pid}").exists() or
               Path(f"/proc/{rank_pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", 30,
               "the rank still runs")
 

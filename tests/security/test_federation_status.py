@@ -175,10 +175,11 @@ def _wait_moved(config: Path, peer: str, nbytes: int, timeout_s: float = 30.0) -
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if json.loads(path.read_text())["links"][peer]["bytes_out"] >= nbytes:
-                return
+            sent = json.loads(path.read_text())["links"][peer]["bytes_out"]
         except (OSError, ValueError, KeyError):
-            pass
+            sent = -1  # (no status yet, or the link not in it yet: read it again)
+        if sent >= nbytes:
+            return
         time.sleep(0.2)
     raise AssertionError(f"{path}: fewer than {nbytes} bytes sent to {peer} after {timeout_s} s")
 
