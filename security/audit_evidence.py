@@ -26,9 +26,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-import yaml
 
-from security._yaml import NoAliases
+from security._yaml import YamlError, read_yaml
 from security.audit import (PEER_CHECKPOINT_ACTION, Checkpoint, checkpoint_of_record, peer_checkpoints_path,
                             public_key_pem, read_checkpoints, signer_of, verify_checkpoint)
 from security.errors import AuditError
@@ -102,11 +101,10 @@ class _Found:
 
 
 def _load_yaml(path: Path) -> dict[str, Any] | None:
+    """A mapping read from `path` with the one hardened reader; None for anything unreadable (evidence, not input)."""
     try:
-        if path.stat().st_size > 1 << 20:
-            return None
-        data = yaml.load(path.read_text(), Loader=NoAliases)  # noqa: S506 - a SafeLoader without aliases
-    except (OSError, yaml.YAMLError, UnicodeDecodeError, RecursionError):
+        data = read_yaml(path)
+    except YamlError:
         return None
     return data if isinstance(data, dict) else None
 

@@ -17,7 +17,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-import yaml
+from security._yaml import YamlError, parse_yaml
 
 from nebula.config import PeerConfig, split_host_port
 from nebula.wire import ChannelKey, Dispatcher, FrameType, Lane, WireError, encode_frame
@@ -46,8 +46,8 @@ def kit_revision(config_path: Path | None) -> int | None:
         return None
     try:
         with open(Path(config_path).parent / "kit.yaml", "rb") as f:
-            doc = yaml.safe_load(f.read(KIT_FILE_MAX_BYTES))
-    except (OSError, yaml.YAMLError, RecursionError):
+            doc = parse_yaml(f.read(KIT_FILE_MAX_BYTES), "kit file")
+    except (OSError, YamlError):
         return None
     rev = doc.get("revision") if isinstance(doc, dict) else None
     return rev if isinstance(rev, int) and not isinstance(rev, bool) and rev > 0 else None

@@ -146,19 +146,24 @@ def _read(tmp_path, text: str):
     return read_yaml(f)
 
 
-def test_small_aliases_and_merge_keys_still_load(tmp_path):
-    data = _read(tmp_path, "base: &b {rate_mbit: 60, delay_ms: 30}\nA: *b\nB: {<<: *b, delay_ms: 5}\n")
-    assert data["A"] == {"rate_mbit": 60, "delay_ms": 30} and data["B"] == {"rate_mbit": 60, "delay_ms": 5}
+def test_aliases_are_refused_even_small_ones(tmp_path):
+    """One rule for every YAML file (security._yaml): no file Nebula writes or documents uses an alias."""
+    with pytest.raises(ConfigError, match=r"c.yaml: A \(line 2\): alias \*b: aliases are not accepted here"):
+        _read(tmp_path, "base: &b {rate_mbit: 60, delay_ms: 30}\nA: *b\n")
+    with pytest.raises(ConfigError, match=r"c.yaml: B.<< \(line 2\): alias \*b: aliases are not accepted"):
+        _read(tmp_path, "base: &b {rate_mbit: 60}\nB: {<<: *b, delay_ms: 5}\n")
 
 
 @pytest.mark.parametrize("text,needle", [
-    ("a: &r {b: [1, *r]}\n", r"c.yaml: a.b\[1\] \(line 1\): alias \*r refers to a collection that contains it"),
-    ("peers: {B: 1, C: 2, B: 3}\n", r"c.yaml: peers.B \(line 1\): this key is given twice"),
+    ("a: &r {b: [1, *r]}\n", r"c.yaml: a.b\[1\] \(line 1\): alias \*r: aliases are not accepted here"),
+    ("peers: {B: 1, C: 2, B: 3}\n", r"c.yaml: peers.B \(line 1\): key 'B' is given twice in one mapping"),
+    ("peers: {[B]: 1}\n", r"c.yaml: peers \(line 1\): a key is a list or a mapping; keys are plain names"),
+    ("a: " + "[" * 70 + "]" * 70 + "\n", r"c.yaml: a(\[0\])+ \(line 1\): nests too deeply \(more than 64 levels\)"),
     ("link:\n  delay_ms: 1.0e+999\n", r"c.yaml: link.delay_ms \(line 2\): '1.0e\+999' is not a finite number"),
     ("x: [1, .nan]\n", r"x\[1\] \(line 1\): '.nan' is not a finite number"),
     ("port: 0x" + "f" * 17 + "\n", r"port \(line 1\): integer '0xf+' \(19 digits\) is out of range"),
     ("a: [1,\n  2\n", r"c.yaml: not valid YAML at line 3, column 1 \(in a\): .*fix the syntax there"),
-    ("a: 1\n# \x07 bell\n", r"c.yaml: <top> \(line 2\): binary or non-UTF-8 bytes"),
+    ("a: 1\n# \x07 bell\n", r"c.yaml: <top> \(line 2\): cannot be read: binary or non-UTF-8 bytes"),
 ])
 def test_refusals_are_one_line_with_file_and_key_path(tmp_path, text, needle):
     with pytest.raises(ConfigError, match=needle) as e:
@@ -167,11 +172,13 @@ def test_refusals_are_one_line_with_file_and_key_path(tmp_path, text, needle):
 
 
 def test_file_size_is_bounded(tmp_path):
-    from nebula.config._safeyaml import MAX_FILE_BYTES
+    from security._yaml import MAX_YAML_BYTES, read_yaml
 
-    with pytest.raises(ConfigError, match=r"c.yaml: over 1,048,576 bytes, the limit for a config file"):
-        _read(tmp_path, "a: 1\n" + "#" * MAX_FILE_BYTES)
-    assert _read(tmp_path, "a: 1\n#" + "x" * (MAX_FILE_BYTES - 8) + "\n") == {"a": 1}
+    with pytest.raises(ConfigError, match=r"c.yaml is larger than 1048576 bytes, the limit for a YAML file"):
+        _read(tmp_path, "a: 1\n" + "#" * MAX_YAML_BYTES)
+    assert _read(tmp_path, "a: 1\n#" + "x" * (MAX_YAML_BYTES - 8) + "\n") == {"a": 1}
+    with pytest.raises(ConfigError, match=r"missing.yaml does not exist; check the path"):
+        read_yaml(tmp_path / "missing.yaml")
 
 
 def test_quoted_values_are_cut_short():
@@ -188,3 +195,16 @@ def test_unknown_key_names_the_closest_allowed_one():
     many = {f"k{i}": 1 for i in range(50)}
     with pytest.raises(ConfigError, match=r"unknown key k0, k1, k10, k11, k12 and 45 more; allowed keys here"):
         from_dict(SwitchConfig, {**MINIMAL, **many})
+
+
+def test_the_loader_class_refuses_as_read_yaml_does_under_yaml_load():
+    """security.audit_evidence reads with `yaml.load(text, Loader=NoAliases)`: the same limits, as YAMLErrors."""
+    from security._yaml import NoAliases, parse_yaml
+
+    assert yaml.load("a: [1, 2]\n", Loader=NoAliases) == {"a": [1, 2]}  # noqa: S506 - the bounded loader
+    for text, says in (("a: &x [1]\nb: *x\n", "aliases are not accepted here"), ("a: 1\na: 2\n", "given twice"),
+                       ("a: .inf\n", "not a finite number"), ("a: " + "[" * 65 + "]" * 65 + "\n", "nests too deeply")):
+        with pytest.raises(yaml.YAMLError, match=says):
+            yaml.load(text, Loader=NoAliases)  # noqa: S506 - the bounded loader
+        with pytest.raises(ConfigError, match=f"update.yaml in u.tar.gz: .*{says}"):
+            parse_yaml(text.encode(), "update.yaml in u.tar.gz")

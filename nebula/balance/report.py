@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from security._yaml import parse_yaml
+
 from nebula.balance.base import allocate
 from nebula.balance.cost import Allocation, LayerCost
 
@@ -72,7 +74,7 @@ def write_job(path: Path, alloc: Allocation) -> None:
     from nebula.config.schema import to_dict
 
     text = path.read_text(encoding="utf-8")  # OSError names a missing file
-    data = yaml.safe_load(text) if text.strip() else {}
+    data = parse_yaml(text.encode("utf-8"), f"job file {path}") if text.strip() else {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: not a job file (its top level is not a mapping)")
     cut = {k: v for k, v in to_dict(spec_of(alloc)).items() if k not in ("profiles", "wan")}  # a made cut reads none
@@ -89,6 +91,6 @@ def write_job(path: Path, alloc: Allocation) -> None:
             end += 1
         lines[start:end] = [block]
     new = "".join(lines)
-    if yaml.safe_load(new).get("allocation") != yaml.safe_load(block)["allocation"]:
+    if parse_yaml(new.encode("utf-8"), str(path)).get("allocation") != yaml.safe_load(block)["allocation"]:
         raise ValueError(f"{path}: could not place the allocation block; remove its `allocation:` key and retry")
     path.write_text(new, encoding="utf-8")

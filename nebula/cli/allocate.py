@@ -47,14 +47,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _is_job_file(path: str) -> bool:
     """True for a YAML file with a top-level `recipe:` (a job file, not a layer profile)."""
-    import yaml
+    from security._yaml import YamlError, read_yaml
 
     p = Path(path)
     if not p.is_file() or p.suffix not in (".yaml", ".yml"):
         return False
     try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError):
+        doc = read_yaml(p)
+    except YamlError:
         return False
     return isinstance(doc, dict) and "recipe" in doc
 

@@ -1,9 +1,9 @@
 """Configuration: YAML files loaded into frozen, validated dataclasses.
 
 Unknown keys are errors that name their full key path; every default is documented on its dataclass. Every
-config file is read by `read_yaml` (size, nesting, aliases and numbers bounded; see nebula.config._safeyaml).
+config file is read by `read_yaml` (size, nesting and numbers bounded, aliases refused; see security._yaml).
 """
-from nebula.config._safeyaml import read_yaml
+from security._yaml import read_yaml
 from nebula.config.schema import ConfigError, from_dict, load_yaml, to_dict
 from nebula.config.switch import (
     AuditConfig,

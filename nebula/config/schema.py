@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from nebula.config._errors import ConfigError, one_line, show
-from nebula.config._safeyaml import read_yaml
+from security._yaml import read_yaml
 
 __all__ = ["Check", "ConfigError", "check_fields", "from_dict", "load_yaml", "resolve_path", "to_dict"]
 

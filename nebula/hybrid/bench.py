@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from security._yaml import YamlError, read_yaml
+
 __all__ = ["write_profiles", "read_profiles", "cluster_profile"]
 
 def cluster_profile(ranks: list[dict], name: str) -> Any:
@@ -45,9 +47,9 @@ def read_profiles(path: str | Path) -> dict:
     """A profiles file: {'cluster', 'device', 'ranks': [...], 'profile': {...}}; ValueError naming what is wrong."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ValueError(f"profiles file {path}: cannot read it ({exc}); run nebula bench to write it") from exc
+        doc = read_yaml(path, "profiles file")
+    except YamlError as exc:
+        raise ValueError(f"{exc}; run nebula bench to write it") from None
     if not isinstance(doc, dict) or not {"cluster", "profile", "ranks"} <= set(doc):
         raise ValueError(f"profiles file {path} has no cluster/profile/ranks; write it with nebula bench")
     return doc

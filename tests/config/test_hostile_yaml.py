@@ -82,11 +82,11 @@ def assert_one_line(rc: int, lines: list[str], rss_kb: int, file: Path, key_path
 @pytest.mark.parametrize("name,text,key_path,needle", [
     # 850 bytes describing 9^8 strings: before, 23 s to MemoryError while quoting the value in the error
     ("bomb", JOB.replace("recipe: {", f"recipe: {{args: {{bomb: {bomb(8)}}}, ") + "peer_timeout_s: *a8\n",
-     "recipe.args.bomb[", "a YAML alias counts each time"),
+     "recipe.args.bomb[", "aliases are not accepted here"),
     ("deep", JOB.replace("train: {", "train: {seed: " + "[" * 5000 + "]" * 5000 + ", "), "train.seed",
      "maximum nesting depth"),  # libyaml's own limit (1,000 flow levels)
     ("deep_block", JOB + "metrics:\n" + "".join(" " * i + f"k{i}:\n" for i in range(1, 400)) + " " * 400 + "x\n",
-     "metrics.k1.k2.k3", "nested more than 64 levels deep"),
+     "metrics.k1.k2.k3", "nests too deeply (more than 64 levels)"),
     ("binary", JOB.encode().replace(b"job: j", b"job: j\xff\x00\x89PNG"), "job", "non-UTF-8"),
     ("bigint", JOB.replace("steps: 1,", "steps: " + "7" * 5000 + ","), "train.steps", "(5000 digits) is out of range"),
     ("inf", JOB + "peer_timeout_s: .inf\n", "peer_timeout_s", "not a finite number"),
@@ -105,7 +105,7 @@ def test_alias_bomb_in_switch_yaml_is_one_short_line(tmp_path):
     cfg.write_text(f"federation: {bomb(7)}\n" + SWITCH)
     assert cfg.stat().st_size < 1024
     rc, lines, rss = run_cli([sys.executable, "-m", "switch_server.cli", "serve", "--config", str(cfg)], tmp_path)
-    line = assert_one_line(rc, lines, rss, cfg, "federation[", "fewer aliases")
+    line = assert_one_line(rc, lines, rss, cfg, "federation[", "aliases are not accepted here")
     assert line.startswith("nebula-switch: ")
 
 
