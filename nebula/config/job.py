@@ -28,19 +28,20 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Sequence
 
 from nebula.config.job_sections import (DEVICES, AllocationSpec, CheckpointSpec, ClusterSpec, CompressionConfig,
                                        DataParallelSpec, MetricsSpec, OneWaySpec, OuterSpec, PipelineSpec,
                                        RecipeSpec, StageSpec, TrainSpec, WanSpec)
 from nebula.config.schema import ConfigError, load_yaml
 from nebula.config.schema import resolve_path as _resolve
+from nebula.config.modes import LAUNCHED, LaunchedMode, ModeName
 
 __all__ = ["JobConfig", "load_job_config", "resolve_job_paths", "MODES", "DEVICES", "AllocationSpec",
            "CheckpointSpec", "ClusterSpec", "CompressionConfig", "DataParallelSpec", "MetricsSpec", "OneWaySpec",
            "OuterSpec", "PipelineSpec", "RecipeSpec", "StageSpec", "TrainSpec", "WanSpec"]
 
-MODES = ("pipeline", "oneway", "data_parallel")
+MODES = LAUNCHED  # a job file's `mode:` values (nebula.config.modes)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,7 +53,7 @@ class JobConfig:
     clusters: tuple[ClusterSpec, ...]
     stages: tuple[StageSpec, ...] = ()  # empty in mode data_parallel (every cluster runs every stage)
     train: TrainSpec
-    mode: Literal["pipeline", "oneway", "data_parallel"] = "pipeline"
+    mode: LaunchedMode = ModeName.PIPELINE.value
     data_parallel: DataParallelSpec = field(default_factory=DataParallelSpec)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     oneway: OneWaySpec = field(default_factory=OneWaySpec)
@@ -92,12 +93,12 @@ class JobConfig:
         if self.peer_timeout_s <= 0 or self.startup_timeout_s <= 0:
             raise ValueError(f"peer_timeout_s={self.peer_timeout_s} and startup_timeout_s={self.startup_timeout_s} "
                              "must be > 0")
-        if self.train.stale_weights and (self.mode != "pipeline" or any(c.pipeline for c in self.clusters)):
-            inside = " with a layer pipeline inside a cluster" if self.mode == "pipeline" else ""
+        if self.train.stale_weights and (self.mode != ModeName.PIPELINE or any(c.pipeline for c in self.clusters)):
+            inside = " with a layer pipeline inside a cluster" if self.mode == ModeName.PIPELINE else ""
             raise ValueError(f"train.stale_weights={self.train.stale_weights} delays updates between the clusters "
                              f"of mode pipeline; this job is mode {self.mode}{inside}: set train.stale_weights: 0")
         self._check_recovery()
-        if self.mode == "data_parallel":
+        if self.mode == ModeName.DATA_PARALLEL:
             self._check_data_parallel()
             return
         if not self.stages:
@@ -119,7 +120,7 @@ class JobConfig:
             raise ValueError(f"recovery_timeout_s={t} must be >= 0 (0 turns recovery off)")
         if t == 0:
             return
-        if self.mode == "oneway" and self.oneway.k == "auto":
+        if self.mode == ModeName.ONEWAY and self.oneway.k == "auto":
             raise ValueError(f"recovery_timeout_s={t:g} with oneway.k: auto: a relaunched cluster cannot probe k "
                              "while the others wait for it; set oneway.k to a number (the one auto chose is in the "
                              "receiver's log), or recovery_timeout_s: 0")
@@ -129,7 +130,7 @@ class JobConfig:
                              f"every={ck.every}, resume={ck.resume}), or recovery_timeout_s: 0")
 
     def _check_pairing(self, segs: list[str]) -> None:
-        if self.mode == "oneway":
+        if self.mode == ModeName.ONEWAY:
             self._check_oneway(segs)
             return
         piped = [c for c in self.clusters if c.pipeline is not None]
@@ -220,14 +221,25 @@ class JobConfig:
         return len(self.segments) > 1
 
     def intra(self, cluster_id: str) -> "JobConfig":
-        """The same job run entirely inside `cluster_id` (the intra-cluster comparison mode)."""
+        """The same job run entirely inside `cluster_id` (`nebula launch --intra`, the comparison run), stating the
+        mode its ranks run there: a data-parallel job's replica alone (no WAN), a one-way job of several senders as
+        a local hand-off, any other job as `in_one_cluster` (its stages back to back)."""
         self.cluster(cluster_id)
-        if self.mode == "data_parallel":  # one replica, no WAN: the cluster alone
+        if self.mode == ModeName.DATA_PARALLEL:
             return dataclasses.replace(self, clusters=(self.cluster(cluster_id),))
-        stages = tuple(dataclasses.replace(s, cluster=cluster_id) for s in self.stages)
-        if self.mode == "oneway" and len(self.segments) > 2:  # several senders: hand-off local, not chained
-            return dataclasses.replace(self, stages=stages)
-        return dataclasses.replace(self, stages=stages, mode="pipeline")
+        if self.mode == ModeName.ONEWAY and len(self.segments) > 2:  # (not chained: each sender hands off locally)
+            return dataclasses.replace(self, stages=tuple(dataclasses.replace(s, cluster=cluster_id)
+                                                          for s in self.stages))
+        return self.in_one_cluster(cluster_id)
+
+    def in_one_cluster(self, cluster_id: str, stage_names: Sequence[str] | None = None) -> "JobConfig":
+        """The job as the stage runner runs it in `cluster_id` alone: `stage_names` (default: the job's stages) back
+        to back there, which is the pipeline schedule of one segment, so the result states mode pipeline whatever
+        the job file's mode (what a mode adds on top, e.g. data_parallel's outer steps, comes with its hooks)."""
+        self.cluster(cluster_id)
+        names = [s.name for s in self.stages] if stage_names is None else list(stage_names)
+        return dataclasses.replace(self, mode=ModeName.PIPELINE.value,
+                                   stages=tuple(StageSpec(name=n, cluster=cluster_id) for n in names))
 
 
 def resolve_job_paths(cfg: JobConfig, base: Path) -> JobConfig:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from nebula.config.job import JobConfig, StageSpec
+from nebula.config.job import JobConfig
 from nebula.config.schema import ConfigError
 from nebula.dataparallel.allmean import ClusterLost, ClusterMean, ModelMismatch, Posted
 from nebula.dataparallel.outer import (OuterState, average_step, outer_step, pack_state, pseudo_gradient,
@@ -51,13 +51,13 @@ log = logging.getLogger(__name__)
 
 
 def local_config(cfg: JobConfig, cluster: str, stage_names: list[str]) -> JobConfig:
-    """`cfg` as the stage runner runs it in `cluster`: every stage there, back to back; checkpoints under
-    `checkpoint.dir/<cluster>` (every cluster holds the same stage names)."""
-    stages = tuple(StageSpec(name=n, cluster=cluster) for n in stage_names)
+    """`cfg` as the stage runner runs it in `cluster` (`JobConfig.in_one_cluster`: every stage there, back to back;
+    the outer steps are these hooks'); checkpoints under `checkpoint.dir/<cluster>` (every cluster holds the same
+    stage names)."""
     ck = cfg.checkpoint
     if ck.dir:
         ck = dataclasses.replace(ck, dir=str(Path(ck.dir) / cluster))
-    return dataclasses.replace(cfg, mode="pipeline", stages=stages, checkpoint=ck)
+    return dataclasses.replace(cfg.in_one_cluster(cluster, stage_names), checkpoint=ck)
 
 
 class DataParallelHooks(PipelineHooks):

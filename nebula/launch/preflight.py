@@ -8,6 +8,7 @@ from pathlib import Path
 from nebula.config.schema import ConfigError
 from nebula.config.job import JobConfig, load_job_config
 from nebula.config.worker import load_worker_config
+from nebula.config.modes import ModeName
 
 __all__ = ["load_for_cluster", "validate_job"]
 
@@ -31,7 +32,7 @@ def validate_job(cfg: JobConfig, cluster: str | None = None) -> list[str]:
     part in an inter-cluster job has a switch (a worker.yaml for that cluster, which must exist here for `cluster`, or
     for every cluster when none is given), and `cluster` (if given) is one of the job's clusters.
     """
-    dp = cfg.mode == "data_parallel"  # every cluster runs every stage and averages with the others over the WAN
+    dp = cfg.mode == ModeName.DATA_PARALLEL  # every cluster runs every stage and averages with the others over the WAN
     taking_part = [c.id for c in cfg.clusters] if dp else [c for c, _ in cfg.segments]
     if cluster is not None and cluster not in taking_part:
         raise ConfigError(f"cluster {cluster!r} runs no stage of job {cfg.job!r}; stages run on "

@@ -9,7 +9,8 @@
 
 A launched mode's entry point is `(cfg, cluster, *, wiring, workdir) -> RunResult` (one rank; `nebula launch` runs
 it on every rank); a federated mode's is `(job, job_file, cluster, role, index) -> StartResult` (one cluster's actors).
-Entry points import their mode's code when called, so choosing a mode costs nothing. See docs/architecture.md.
+Entry points import their mode's code when called, so choosing a mode costs nothing. The names are
+nebula.config.modes.ModeName (the job file's values, validated by configuration). See docs/architecture.md.
 """
 from __future__ import annotations
 
@@ -18,16 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from nebula.config.modes import LAUNCHED, ModeName  # (LAUNCHED: re-exported)
 from nebula.registry import Registry
 
-__all__ = ["Mode", "MODES", "StartResult", "mode_of", "run", "start"]
+__all__ = ["Mode", "MODES", "ModeName", "LAUNCHED", "StartResult", "mode_of", "run", "start"]
 
 
 @dataclass(frozen=True, slots=True)
 class Mode:
     """A run mode: its name, the command that starts it (`launch` or `fl`) and its entry point."""
 
-    name: str
+    name: ModeName
     command: str
     entry: Callable[..., Any]
     summary: str
@@ -48,10 +50,11 @@ MODES: Registry[Mode] = Registry("run mode", known="modes")
 
 def mode_of(job: Any) -> str:
     """The run mode of a loaded job: a job file's `mode` (pipeline, oneway, data_parallel) or, for a federated job,
-    its `algorithm` (rounds: the federated mode)."""
+    its `algorithm` (rounds: the federated mode). A job as one cluster runs it (`JobConfig.intra`,
+    `JobConfig.in_one_cluster`) states the mode its ranks run."""
     algorithm = getattr(job, "algorithm", None)
     if algorithm is not None:  # a FederatedJob
-        return "federated" if algorithm == "rounds" else algorithm
+        return ModeName.FEDERATED if algorithm == "rounds" else algorithm
     return job.mode
 
 
@@ -114,11 +117,15 @@ def _actors(algorithm: str) -> Callable[..., StartResult]:
 
 
 for _mode in (
-        Mode("pipeline", "launch", _pipeline, "stages in model order across clusters (Scenario II)"),
-        Mode("oneway", "launch", _oneway, "sender clusters feed a receiver cluster, sync tensor back (Scenario I)"),
-        Mode("data_parallel", "launch", _data_parallel, "a replica per cluster, averaged every sync_every steps"),
-        Mode("federated", "fl", _federated, "FEDn's rounds: controller with reducer, a combiner per cluster, clients"),
-        Mode("fedoptima", "fl", _actors("FEDOPTIMA"), "FedOptima: device-side auxiliary networks, a central server"),
-        Mode("owl", "fl", _actors("OWL"), "OWL: worker-assisted model distribution"),
+        Mode(ModeName.PIPELINE, "launch", _pipeline, "stages in model order across clusters (Scenario II)"),
+        Mode(ModeName.ONEWAY, "launch", _oneway,
+             "sender clusters feed a receiver cluster, sync tensor back (Scenario I)"),
+        Mode(ModeName.DATA_PARALLEL, "launch", _data_parallel,
+             "a replica per cluster, averaged every sync_every steps"),
+        Mode(ModeName.FEDERATED, "fl", _federated,
+             "FEDn's rounds: controller with reducer, a combiner per cluster, clients"),
+        Mode(ModeName.FEDOPTIMA, "fl", _actors("FEDOPTIMA"),
+             "FedOptima: device-side auxiliary networks, a central server"),
+        Mode(ModeName.OWL, "fl", _actors("OWL"), "OWL: worker-assisted model distribution"),
 ):
-    MODES.add(_mode.name, _mode)
+    MODES.add(_mode.name.value, _mode)

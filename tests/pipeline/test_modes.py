@@ -6,7 +6,7 @@ import pytest
 from nebula.config.job import load_job_config
 from nebula.federated.config import load_federated_job
 from nebula.modes import MODES, mode_of, run, start
-from tests.federated.harness import write_job
+from testbed.fedjob import write_job
 from tests.pipeline.helpers import TWO_STAGES, toy_job
 
 
@@ -19,6 +19,34 @@ def test_every_mode_is_registered_once_with_the_command_that_starts_it():
         MODES.get("swarm")
     with pytest.raises(ValueError, match="run mode name 'owl' registered twice"):
         MODES.add("owl", MODES.get("owl"))
+
+
+def test_mode_names_are_spelled_once_for_the_job_file_the_registry_and_the_launcher():
+    import typing
+
+    from nebula.config.job import JobConfig
+    from nebula.config.modes import LAUNCHED, ModeName
+
+    assert set(MODES.names()) == {m.value for m in ModeName}
+    assert {n for n in MODES.names() if MODES.get(n).command == "launch"} == {m.value for m in LAUNCHED}
+    assert typing.get_args(typing.get_type_hints(JobConfig)["mode"]) == tuple(m.value for m in LAUNCHED)
+
+
+def test_a_cluster_alone_states_the_mode_its_ranks_run(tmp_path):
+    """`--intra` and data_parallel's stage runner run the stages back to back in one cluster: mode pipeline, said by
+    JobConfig.in_one_cluster, never by a caller rewriting `mode`."""
+    oneway = load_job_config(toy_job(tmp_path, clusters=[{"id": "A"}, {"id": "B"}], stages=TWO_STAGES,
+                                     mode="oneway", name="o.yaml"))
+    alone = oneway.intra("B")
+    assert mode_of(alone) == "pipeline" and alone.segments == (("B", ("embed", "head")),)
+    assert oneway.mode == "oneway" and oneway.inter_cluster  # (the job itself is unchanged)
+    dp = load_job_config(toy_job(tmp_path, clusters=[{"id": "A"}, {"id": "B"}], stages=[], mode="data_parallel",
+                                 name="d.yaml"))
+    assert mode_of(dp.intra("A")) == "data_parallel" and [c.id for c in dp.intra("A").clusters] == ["A"]
+    local = dp.in_one_cluster("A", ["embed", "head"])
+    assert mode_of(local) == "pipeline" and local.segments == (("A", ("embed", "head")),)
+    with pytest.raises(ValueError, match="no cluster 'Z'"):
+        dp.in_one_cluster("Z", ["embed"])
 
 
 def test_a_jobs_mode_comes_from_its_file(tmp_path):
