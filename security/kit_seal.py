@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -27,18 +28,32 @@ from security.errors import SecurityError, TLSConfigError
 from security.signing import SignatureError, Statement, crl_number, sha256_hex, sign_statement, verify_statement
 from security.tls import load_crl
 
-__all__ = ["APPLIED_UPDATE", "CERT_FILE", "KIT_FILE", "KitError", "KitState", "SEAL_FILE", "check_kit",
-           "applied_record", "ca_certificate", "crl_number_at", "kit_is_sealed", "seal_kit", "sealed_files"]
+__all__ = ["APPLIED_UPDATE", "CERT_FILE", "KIT_FILE", "KitError", "KitState", "SEAL_FILE", "WORKERS_DIR",
+           "applied_record", "ca_certificate", "check_kit", "crl_number_at", "is_renewable", "kit_is_sealed",
+           "seal_kit", "sealed_files", "worker_cert_name"]
 
 KIT_FILE = "kit.yaml"
 SEAL_FILE = "kit.sig"
 APPLIED_UPDATE = "applied-update.json"  # the last peers update applied here, as the admin signed it
 CERT_FILE = "switch.pem"  # the switch's certificate: renewed by peers updates (`security.updates`)
+WORKERS_DIR = "workers"  # the workers' credentials; their certificates (`workers/<name>.pem`) are renewed likewise
+_WORKER_CERT = re.compile(r"workers/([A-Za-z0-9][A-Za-z0-9_.-]{0,63})\.pem")
 # the site changes these itself (its configuration, fresh CRLs, the record of updates): checked, not hashed
 SITE_FILES = frozenset({"switch.yaml", "crl.pem", KIT_FILE, SEAL_FILE, APPLIED_UPDATE})
 # what a running switch writes into its directory (never part of a kit)
 RUNTIME = frozenset({"audit.log", "state", "switch.log", "switch.stderr", "switch.stdout", "switch.pid"})
 MAX_FILE_BYTES = 16 << 20  # a kit's files are certificates, keys and YAML: a few KiB each
+
+
+def worker_cert_name(path: str) -> str | None:
+    """The worker credential whose certificate kit path `path` is (`workers/<name>.pem`), else None."""
+    m = _WORKER_CERT.fullmatch(path)
+    return m.group(1) if m and ".." not in path else None
+
+
+def is_renewable(path: str) -> bool:
+    """Whether kit file `path` is a certificate that peers updates renew (the switch's and its workers')."""
+    return path == CERT_FILE or worker_cert_name(path) is not None
 
 
 class KitError(SecurityError):
@@ -171,10 +186,12 @@ def check_kit(config: str | os.PathLike, *, federation: str, cluster: str, ca_pa
         raise KitError(f"{seal_path} seals cluster {seal.cluster} of {seal.federation}, but {config} says "
                        f"{cluster} of {federation}; use the kit's own switch.yaml")
     applied = _applied(d, ca, seal)
-    renewed = applied[0].file_hash(CERT_FILE) if applied is not None and applied[0].revision > seal.revision else None
+    # (a certificate the latest applied update signs replaces the sealed one: every update carries them all)
+    renewal = applied[0] if applied is not None and applied[0].revision > seal.revision else None
     for name, digest in seal.files:
         path = d / name
-        if _hash_file_checked(path) not in (digest, renewed if name == CERT_FILE else digest):
+        renewed = renewal.file_hash(name) if renewal is not None and is_renewable(name) else None
+        if _hash_file_checked(path) not in (digest, renewed or digest):
             raise KitError(f"kit file {path} was altered since the admin signed the kit ({SEAL_FILE}); get the kit "
                            "again from the admin (or restore that file from its archive)")
     state = KitState(seal.revision, seal.crl_number, seal.peers, signer, SEAL_FILE)

@@ -38,7 +38,7 @@ from security.federation import (AccountSpec, CASpec, SiteSpec, FederationError,
                                  is_loopback, load_federation, parse_federation)
 from security.identity import check_name
 from security.identity import identity_of
-from security.kit_seal import CERT_FILE, KIT_FILE, seal_kit
+from security.kit_seal import CERT_FILE, KIT_FILE, WORKERS_DIR, seal_kit
 from security.signing import key_fingerprint
 from security.kits import archive, build_kit, dump_yaml, read_doc, set_peers, worker_file
 from security.updates import write_update
@@ -199,6 +199,17 @@ def provision_spec(spec: FederationSpec, out: str | os.PathLike, ca_dir: str | o
                    {"added": [c.name for c in new], "updated": [c.name for c in changed]})
 
 
+def _worker_certs(d: Path, cluster: SiteSpec) -> dict[str, Path]:
+    """Kit path -> file of each worker certificate in kit directory `d` of `cluster`."""
+    return {f"{WORKERS_DIR}/{name}.pem": d / WORKERS_DIR / f"{name}.pem" for _, name in cluster.worker_names()}
+
+
+def _certificates(d: Path, cluster: SiteSpec) -> dict[str, bytes]:
+    """The certificates an update carries for `cluster` (kit directory `d`): its switch's and its workers'."""
+    return {CERT_FILE: (d / CERT_FILE).read_bytes(),
+            **{name: path.read_bytes() for name, path in _worker_certs(d, cluster).items()}}
+
+
 def _finish(out: Path, spec: FederationSpec, state: dict, ca: CertificateAuthority, changed: list[SiteSpec],
             action: str, detail: dict) -> dict:
     """Write the federation file and state, the kits' archives and the peers updates of `changed`; the summary."""
@@ -210,10 +221,10 @@ def _finish(out: Path, spec: FederationSpec, state: dict, ca: CertificateAuthori
         seal_kit(ca, out / c.name, spec.federation, c.name, read_doc(out / c.name / KIT_FILE, "kit file")["revision"],
                  [p.name for p in spec.clusters if p.name != c.name])
     kits = {c.name: archive(out / c.name, out / "kits" / f"{c.name}.tar.gz") for c in spec.clusters}
-    # (every update carries the site's switch certificate as it is here: renewed or not, the site's kit check
-    # accepts the one its latest update signs)
+    # (every update carries the site's certificates as they are here, renewed or not: the site's kit check accepts
+    # the ones its latest update signs)
     updates = {c.name: write_update(ca, spec, c, out / "updates" / f"{c.name}-r{state['revision']}.tar.gz",
-                                    state["revision"], (out / c.name / CERT_FILE).read_bytes()) for c in changed}
+                                    state["revision"], _certificates(out / c.name, c)) for c in changed}
     ca.audit_event(action.split()[0], spec.federation, detail={"revision": state["revision"], **detail})
     clusters = {}
     for c in spec.clusters:
@@ -352,8 +363,9 @@ def renew(out: str | os.PathLike, *, margin_days: float | None = None, renew_all
           csrs: dict[str, str | os.PathLike] | None = None, crl_margin_days: float | None = None,
           ca_passphrase: str | bytes | None = None) -> dict:
     """Keep the federation in `out` within its lifetimes, as a signed update for every site: a fresh CRL (CRL number
-    up) and, renewed for the key each site holds, every switch certificate with less than `margin_days` left
-    (default a third of its lifetime; `renew_all`: all of them; `csrs`: cluster -> CSR the site made with its key).
+    up) and, renewed for the key each site holds, every switch and worker certificate with less than `margin_days`
+    left (default a third of its lifetime; `renew_all`: all of them; `csrs`: cluster -> CSR the site made with its
+    switch's key).
     Nothing due (no certificate, no CSR, and the CRL's next update more than `crl_margin_days` away, default half
     its lifetime): nothing is written and the summary says `nothing_due`. Safe to run from cron."""
     out = Path(out)
@@ -371,8 +383,14 @@ def renew(out: str | os.PathLike, *, margin_days: float | None = None, renew_all
     ca.key  # a wrong passphrase fails here, before anything is written
     now = utcnow()
     current = {c.name: x509.load_pem_x509_certificate((out / c.name / CERT_FILE).read_bytes()) for c in spec.clusters}
-    due = [c for c in spec.clusters if renew_all or c.name in csrs
-           or (current[c.name].not_valid_after_utc - now).total_seconds() < margin * 86400]
+    workers = {(c.name, path.stem): (path, x509.load_pem_x509_certificate(path.read_bytes()))
+               for c in spec.clusters for path in _worker_certs(out / c.name, c).values()}
+
+    def near(cert: x509.Certificate) -> bool:
+        return renew_all or (cert.not_valid_after_utc - now).total_seconds() < margin * 86400
+
+    due = [c for c in spec.clusters if c.name in csrs or near(current[c.name])]
+    workers_due = sorted(k for k, (_, cert) in workers.items() if near(cert))
     for c in due:
         if c.name in csrs:
             _csr_for_renewal(csrs[c.name], c.name, current[c.name])
@@ -381,10 +399,11 @@ def renew(out: str | os.PathLike, *, margin_days: float | None = None, renew_all
     except (OSError, ValueError):
         crl_next = None  # (unreadable: write a fresh one)
     crl_due = crl_next is None or (crl_next - now).total_seconds() < crl_margin * 86400
-    if not due and not crl_due:
+    if not due and not workers_due and not crl_due:
         return {"federation": spec.federation, "nothing_due": True, "revision": state["revision"],
                 "crl_next_update": iso(crl_next), "margin_days": margin, "crl_margin_days": crl_margin,
-                "next_expiry": {n: iso(c.not_valid_after_utc) for n, c in current.items()}}
+                "next_expiry": {**{n: iso(c.not_valid_after_utc) for n, c in current.items()},
+                                **{f"{n}/{w}": iso(c.not_valid_after_utc) for (n, w), (_, c) in workers.items()}}}
     ca.write_crl(days=spec.ca.crl_days)
     renewed = {}
     for c in due:
@@ -398,11 +417,22 @@ def renew(out: str | os.PathLike, *, margin_days: float | None = None, renew_all
         # should the cluster leave)
         state["clusters"][c.name]["serials"].append(format_serial(new.serial))
         ca.audit_event("federation.renew_certificate", c.name, detail=renewed[c.name])
+    renewed_workers: dict[str, dict] = {}
+    for name, worker in workers_due:
+        path, old = workers[(name, worker)]
+        new = ca.renew(old.serial_number, cert_days, out=path)
+        done = {"serial": format_serial(new.serial), "old_serial": format_serial(old.serial_number),
+                "not_after": iso(ca.certificate(new.serial).not_valid_after_utc)}
+        renewed_workers.setdefault(name, {})[worker] = done
+        state["clusters"][name]["serials"].append(format_serial(new.serial))
+        ca.audit_event("federation.renew_certificate", f"{name}/{worker}", detail=done)
     state["revision"] += 1
     for c in spec.clusters:
         d = out / c.name
         dump_yaml(d / KIT_FILE, {**read_doc(d / KIT_FILE, "kit file"), "revision": state["revision"]})
     crl = x509.load_pem_x509_crl(ca.crl_path.read_bytes())
     summary = _finish(out, spec, state, ca, list(spec.clusters), "federation.renew",
-                      {"renewed": sorted(renewed), "crl_next_update": iso(crl.next_update_utc)})
-    return {**summary, "nothing_due": False, "renewed": renewed, "crl_next_update": iso(crl.next_update_utc)}
+                      {"renewed": sorted(renewed), "renewed_workers": [f"{n}/{w}" for n, w in workers_due],
+                       "crl_next_update": iso(crl.next_update_utc)})
+    return {**summary, "nothing_due": False, "renewed": renewed, "renewed_workers": renewed_workers,
+            "crl_next_update": iso(crl.next_update_utc)}

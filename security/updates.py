@@ -1,12 +1,14 @@
 """Peers updates: what the admin sends a site already running when the federation changes, and how a site takes one.
 
 An update is a small archive: `update.yaml` (the site's peers at a new revision, and its own listen address), the
-CA's current `crl.pem`, the site's switch certificate as the admin holds it now (`switch.pem`: renewed by
-`nebula-admin provision renew` before it expires, for the site's own key), and `update.sig`, the CA key's signature
+CA's current `crl.pem`, the site's switch certificate and its workers' as the admin holds them now (`switch.pem`,
+`workers/<name>.pem`: renewed by `nebula-admin provision renew` before they expire, for the keys the site holds), and
+`update.sig`, the CA key's signature
 over the files' sha256 and what they bind (federation, cluster, revision, CRL number, peers; `security.signing`).
 `check_update` refuses, before anything is written, an update that is unsigned, signed by another key, altered, for
 another site, not above the revision in force, or whose CRL is not the CA's or older (by its CRL Number) than the one
-in place, a certificate that is not the CA's for this cluster's switch and the key it holds, and a hostile archive
+in place, a certificate that is not the CA's for this cluster's switch (or the named worker of it) and the key it
+holds, and a hostile archive
 (links, `..` paths, stray or missing or oversized members, YAML bombs); `install_update` then writes it into the kit and
 keeps the signed update there (`applied-update.json`) for the switch's own check at start and reload.
 """
@@ -31,7 +33,7 @@ from security.errors import IdentityError, SecurityError
 from security.federation import SiteSpec, FederationSpec
 from security.identity import identity_of
 from security.kit_seal import (APPLIED_UPDATE, CERT_FILE, KIT_FILE, KitError, applied_record, ca_certificate, check_kit,
-                               crl_number_at)
+                               crl_number_at, is_renewable, worker_cert_name)
 from security.kits import dump_yaml, peers_of, read_doc
 from security.signing import SignatureError, Statement, crl_number, sha256_hex, sign_statement, verify_statement
 
@@ -44,7 +46,7 @@ SIG_FILE = "update.sig"
 MEMBERS = (UPDATE_FILE, CRL_FILE, SIG_FILE)
 OPTIONAL = (CERT_FILE,)
 MAX_UPDATE_BYTES = 1 << 20  # the archive and each member: an update is a few KiB
-MAX_INFLATED_BYTES = 4 * MAX_UPDATE_BYTES  # the three members with their tar headers, inflated
+MAX_INFLATED_BYTES = 4 * MAX_UPDATE_BYTES  # the members with their tar headers, inflated
 
 
 class UpdateError(SecurityError):
@@ -64,7 +66,7 @@ class PendingUpdate:
     update: Path
     statement: Statement
     signer: str
-    renewed: str | None  # the new certificate's serial and expiry when the update renews it, else None
+    renewed: str | None  # the new switch certificate's serial and expiry when the update renews it, else None
     peers: tuple[dict, ...]  # update.yaml's peers, as switch.yaml takes them
     listen: str | None
     files: dict  # member name -> bytes
@@ -72,24 +74,30 @@ class PendingUpdate:
     crl_path: Path
     revoked: int
     before: tuple[int, int]  # (revision, CRL number) in force before it
+    workers_renewed: tuple[str, ...] = ()  # the workers whose certificates it renews
 
     def audit_detail(self) -> dict[str, Any]:
         """What the audit record of this update says: who signed which revision and CRL number."""
         return {"signer": self.signer, "revision": self.statement.revision, "crl_number": self.statement.crl_number,
                 **({"certificate": self.renewed} if self.renewed else {}),
+                **({"worker_certificates": list(self.workers_renewed)} if self.workers_renewed else {}),
                 "peers": list(self.statement.peers), "previous_revision": self.before[0],
                 "previous_crl_number": self.before[1], "update_sha256": sha256_hex(self.files[UPDATE_FILE])}
 
 
 def write_update(ca: Any, spec: FederationSpec, cluster: SiteSpec, dest: Path, revision: int,
-                 certificate: bytes | None = None) -> Path:
-    """The signed peers update of an existing site at `revision`: its peers now, the CA's (`ca`) current CRL and,
-    when given, `certificate` (PEM: the site's switch certificate as the admin holds it now)."""
+                 certificates: dict[str, bytes] | None = None) -> Path:
+    """The signed peers update of an existing site at `revision`: its peers now, the CA's (`ca`) current CRL and
+    `certificates` (kit path -> PEM: `switch.pem` and `workers/<name>.pem` as the admin holds them now)."""
+    certificates = dict(certificates or {})
+    stray = [n for n in certificates if not is_renewable(n)]
+    if stray:
+        raise ValueError(f"{stray[0]!r} is not a certificate an update renews ({CERT_FILE}, workers/<name>.pem)")
     doc = {"federation": spec.federation, "cluster": cluster.name, "revision": revision, "listen": cluster.listen,
            "peers": peers_of(spec, cluster)}
     text = yaml.safe_dump(doc, sort_keys=False).encode()
     crl = ca.crl_path.read_bytes()
-    files = {UPDATE_FILE: text, CRL_FILE: crl, **({CERT_FILE: certificate} if certificate is not None else {})}
+    files = {UPDATE_FILE: text, CRL_FILE: crl, **certificates}
     statement = Statement("peers_update", spec.federation, cluster.name, revision,
                           crl_number(x509.load_pem_x509_crl(crl)), tuple(p["cluster"] for p in doc["peers"]),
                           tuple(sorted((name, sha256_hex(data)) for name, data in files.items())))
@@ -104,7 +112,8 @@ def write_update(ca: Any, spec: FederationSpec, cluster: SiteSpec, dest: Path, r
 
 
 def _members(path: Path) -> dict[str, bytes]:
-    """The files of update archive `path`: update.yaml, crl.pem and update.sig, each once, regular and small."""
+    """The files of update archive `path`: update.yaml, crl.pem and update.sig, optionally certificates (switch.pem,
+    workers/<name>.pem), each once, regular and small."""
     try:
         if path.stat().st_size > MAX_UPDATE_BYTES:
             raise UpdateError(f"{path} is larger than a peers update can be ({MAX_UPDATE_BYTES} bytes); is it a kit?")
@@ -118,10 +127,12 @@ def _members(path: Path) -> dict[str, bytes]:
         out: dict[str, bytes] = {}
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:") as tar:
             for info in tar:
-                if info.name not in MEMBERS + OPTIONAL or not info.isfile() or info.name in out:
+                if (info.name not in MEMBERS + OPTIONAL and worker_cert_name(info.name) is None) \
+                        or not info.isfile() or info.name in out:
                     what = "a link" if info.issym() or info.islnk() else "a second copy" if info.name in out else ""
                     raise UpdateError(f"{path} holds {info.name[:100]!r}{' (' + what + ')' if what else ''}; a peers "
-                                      f"update holds only {', '.join(MEMBERS + OPTIONAL)}, each once (is it a kit? "
+                                      f"update holds only {', '.join(MEMBERS + OPTIONAL)} and workers/<name>.pem, "
+                                      "each once (is it a kit? "
                                       "extract a kit with tar instead)")
                 if info.size > MAX_UPDATE_BYTES:
                     raise UpdateError(f"{path}: its {info.name} is larger than {MAX_UPDATE_BYTES} bytes; ask the "
@@ -170,9 +181,9 @@ def _incoming_crl(data: bytes, ca: x509.Certificate, where: str) -> x509.Certifi
 
 
 def _incoming_cert(data: bytes, ca: x509.Certificate, current: Path, federation: str, cluster: str,
-                   where: str) -> tuple[x509.Certificate, bool]:
-    """(the update's switch certificate, whether it differs from the one in place) if the CA issued it to this
-    cluster's switch, for the key of the certificate in place (`current`), and it is valid now."""
+                   where: str, worker: str | None = None) -> tuple[x509.Certificate, bool]:
+    """(the update's certificate, whether it differs from the one in place) if the CA issued it to this cluster's
+    switch (or to its worker `worker`), for the key of the certificate in place (`current`), and it is valid now."""
     try:
         cert = x509.load_pem_x509_certificate(data)
     except ValueError as exc:
@@ -187,17 +198,21 @@ def _incoming_cert(data: bytes, ca: x509.Certificate, current: Path, federation:
     except IdentityError as exc:
         raise UpdateError(f"{where} carries no valid identity ({exc}); ask the admin for the update again",
                           "other_site") from None
-    if (ident.federation, ident.role, ident.cluster) != (federation, "switch", cluster):
-        raise UpdateError(f"{where} is {ident.uri}, not a switch certificate of cluster {cluster} of {federation}; "
-                          f"apply {cluster}'s own update", "other_site")
+    role, name = ("switch", ident.name) if worker is None else ("worker", worker)
+    if (ident.federation, ident.role, ident.cluster, ident.name) != (federation, role, cluster, name):
+        what = "a switch certificate" if worker is None else f"worker {worker}'s certificate"
+        raise UpdateError(f"{where} is {ident.uri}, not {what} of cluster {cluster} of {federation}; apply "
+                          f"{cluster}'s own update", "other_site")
     try:
         now_cert = x509.load_pem_x509_certificate(current.read_bytes())
     except (OSError, ValueError) as exc:
         raise UpdateError(f"{where} not applied: the certificate in place {current} cannot be read ({exc}); get "
                           "the kit again from the admin", "kit") from None
     if cert.public_key().public_numbers() != now_cert.public_key().public_numbers():
-        raise UpdateError(f"{where} is for another key than this switch's ({current}); renew it for this key "
-                          "(`nebula-switch csr`, then the admin's `provision renew --csr`)", "other_site")
+        fix = ("(`nebula-switch csr`, then the admin's `provision renew --csr`)" if worker is None else
+               "(the admin's `provision renew` renews the key the kit holds)")
+        raise UpdateError(f"{where} is for another key than the one in place ({current}); renew it for this key "
+                          f"{fix}", "other_site")
     now = dt.datetime.now(dt.timezone.utc)
     if not cert.not_valid_before_utc <= now < cert.not_valid_after_utc:
         raise UpdateError(f"{where} is valid {cert.not_valid_before_utc:%Y-%m-%dT%H:%M:%SZ} to "
@@ -226,10 +241,11 @@ def check_update(config: Path, update: Path) -> PendingUpdate:
     except SignatureError as exc:
         raise UpdateError(str(exc), "bad_signature") from None
     signed = {name for name, _ in statement.files}
-    if signed - {CERT_FILE} != {UPDATE_FILE, CRL_FILE}:
-        raise UpdateError(f"{update}: {SIG_FILE} signs {', '.join(n for n, _ in statement.files)}, not {UPDATE_FILE} "
-                          f"and {CRL_FILE} (and optionally {CERT_FILE}); ask the admin for the update again", "altered")
-    for name in (UPDATE_FILE, CRL_FILE, CERT_FILE):
+    if {n for n in signed if not is_renewable(n)} != {UPDATE_FILE, CRL_FILE}:
+        raise UpdateError(f"{update}: {SIG_FILE} signs {', '.join(n for n, _ in statement.files)[:200]}, not "
+                          f"{UPDATE_FILE} and {CRL_FILE} (and optionally certificates); ask the admin for the update "
+                          "again", "altered")
+    for name in (UPDATE_FILE, CRL_FILE, *sorted(n for n in signed | set(files) if is_renewable(n))):
         if name not in signed and name not in files:
             continue
         if name not in signed or name not in files:
@@ -278,10 +294,32 @@ def check_update(config: Path, update: Path) -> PendingUpdate:
                                    f"{update}: {CERT_FILE}")
         if new:
             renewed = f"serial {cert.serial_number:x} until {cert.not_valid_after_utc:%Y-%m-%dT%H:%M:%SZ}"
+    workers_renewed = _incoming_worker_certs(files, sw, ca, base, str(mine[0]), str(mine[1]), update)
     listen = doc.get("listen")
     return PendingUpdate(config, update, statement, signer, renewed, tuple(doc["peers"]),
                          listen if listen and listen != sw.get("listen") else None, files, sw, crl_path,
-                         len(crl), (revision, in_place))
+                         len(crl), (revision, in_place), workers_renewed)
+
+
+def _incoming_worker_certs(files: dict[str, bytes], sw: dict, ca: x509.Certificate, base: Path, federation: str,
+                           cluster: str, update: Path) -> tuple[str, ...]:
+    """The workers whose certificates the update renews, once each is checked: a worker this switch serves (its
+    switch.yaml's `local.workers`), the CA's certificate for it, for the key its kit holds, valid now."""
+    local = sw.get("local") if isinstance(sw.get("local"), dict) else {}
+    served = {w.get("name") for w in local.get("workers") or [] if isinstance(w, dict)}
+    renewed = []
+    for member in sorted(files):
+        worker = worker_cert_name(member)
+        if worker is None:
+            continue
+        if worker not in served:
+            raise UpdateError(f"{update}: {member} is for worker {worker!r}, which this switch does not serve "
+                              f"({len(served)} worker(s) in its switch.yaml); apply this site's own update",
+                              "other_site")
+        _, new = _incoming_cert(files[member], ca, base / member, federation, cluster, f"{update}: {member}", worker)
+        if new:
+            renewed.append(worker)
+    return tuple(renewed)
 
 
 def install_update(p: PendingUpdate) -> str:
@@ -292,8 +330,9 @@ def install_update(p: PendingUpdate) -> str:
     if p.crl_path.is_symlink():
         p.crl_path.unlink()
     atomic_write(p.crl_path, p.files[CRL_FILE], PUBLIC)
-    if CERT_FILE in p.files:  # (before the record that vouches for it: a kit cut short takes the update again)
-        atomic_write(base / CERT_FILE, p.files[CERT_FILE], PUBLIC)
+    for name in sorted(n for n in p.files if is_renewable(n)):
+        # (before the record that vouches for them: a kit cut short takes the update again)
+        atomic_write(base / name, p.files[name], PUBLIC)
     dump_yaml(p.config, {**p.switch_doc, "peers": [dict(x) for x in p.peers],
                          **({"listen": p.listen} if p.listen else {})})
     atomic_write(base / APPLIED_UPDATE, applied_record(p.files[UPDATE_FILE], p.files[SIG_FILE]), PUBLIC)
@@ -302,6 +341,8 @@ def install_update(p: PendingUpdate) -> str:
     peers = ", ".join(f"{x['cluster']} {x['address']}" for x in p.peers) or "none"
     restart = f"; this switch now listens on {p.listen}: restart it to bind there" if p.listen else ""
     renewed = f"; certificate renewed ({p.renewed})" if p.renewed else ""
+    if p.workers_renewed:
+        renewed += f"; worker certificate(s) renewed: {', '.join(p.workers_renewed)}"
     return (f"revision {p.statement.revision}: peers {peers}; CRL number {p.statement.crl_number} revokes "
             f"{p.revoked} certificate(s){renewed}; signed by the CA key {p.signer[:23]}...{restart}")
 

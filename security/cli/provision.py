@@ -1,6 +1,7 @@
 """`nebula-admin provision`: a federation's kits from a federation file (or, the quick case, from flags), clusters
 added to or removed from it later (`add-cluster`, `remove-cluster`) with peers updates for the others, and the
-lifetimes kept (`renew`: a fresh CRL and renewed switch certificates, as signed updates for every site)."""
+lifetimes kept (`renew`: a fresh CRL and renewed switch and worker certificates, as signed updates for every
+site)."""
 from __future__ import annotations
 
 import argparse
@@ -43,13 +44,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     rm.add_argument("cluster", help="the cluster to take out")
     _common(rm, "the provisioned federation's directory")
     rm.set_defaults(handler=run_remove)
-    rn = actions.add_parser("renew", help="a fresh CRL and the switch certificates near expiry renewed, as a signed "
-                                          "update for every site (nothing due: writes nothing; run it from cron)")
+    rn = actions.add_parser("renew", help="a fresh CRL and the switch and worker certificates near expiry renewed, "
+                                          "as a signed update for every site (nothing due: writes nothing; run it "
+                                          "from cron)")
     rn.add_argument("--margin-days", type=float,
-                    help="renew a switch certificate with fewer days left than this (default a third of its lifetime)")
+                    help="renew a switch or worker certificate with fewer days left than this (default a third of "
+                         "its lifetime)")
     rn.add_argument("--crl-margin-days", type=float,
                     help="refresh the CRL when its next update is fewer days away (default half its lifetime)")
-    rn.add_argument("--all", dest="renew_all", action="store_true", help="renew every switch certificate now")
+    rn.add_argument("--all", dest="renew_all", action="store_true",
+                    help="renew every switch and worker certificate now")
     rn.add_argument("--csr", action="append", default=[], metavar="CLUSTER=FILE",
                     help="renew CLUSTER's certificate from the CSR its site made with its own key (`nebula-switch "
                          "csr`); repeatable")
@@ -124,6 +128,10 @@ def run_renew(args: argparse.Namespace) -> int:
         for name, r in summary["renewed"].items():
             print(f"  cluster {name}: certificate renewed as serial {r['serial']} until {r['not_after']}"
                   f"{' (from ' + r['csr'] + ')' if r['csr'] else ''}")
+        for name, ws in summary["renewed_workers"].items():
+            for worker, r in ws.items():
+                print(f"  cluster {name}: worker {worker}'s certificate renewed as serial {r['serial']} until "
+                      f"{r['not_after']}")
         print(f"  CRL refreshed: next update {summary['crl_next_update']}")
     return _report(summary, args.json)
 

@@ -1,5 +1,5 @@
-"""`nebula-admin provision renew`: a fresh CRL and renewed switch certificates, as signed updates a site applies with
-its own key in place; nothing due writes nothing; a CSR made at the site from its key renews without the CA key
+"""`nebula-admin provision renew`: a fresh CRL and renewed switch and worker certificates, as signed updates a site
+applies with its own keys in place; nothing due writes nothing; a CSR made at the site from its key renews without the CA key
 leaving the admin; a certificate for another cluster or role, or another key, is refused at the site. Also the
 provision messages: site-relative worker paths, add-cluster without a port for a remote host refused, help text."""
 from __future__ import annotations
@@ -23,8 +23,8 @@ from security.kit_seal import CERT_FILE, KitError, check_kit
 from security.provision import add_cluster, provision, renew
 from security.updates import UpdateError, apply_update, write_update
 from switch_server.csr import switch_csr
-from tests.harness.federation import BIN
-from tests.harness.procs import REPO
+from testbed.federation import BIN
+from testbed.procs import REPO
 
 # printed in README.md ("Running a federation by hand"); run as printed by test_the_printed_renewal_commands_run
 PRINTED = [
@@ -60,23 +60,35 @@ def test_renew_sends_every_site_a_fresh_crl_and_its_renewed_certificate_for_its_
     provision("acme", ["A", "B"], out)
     cfg = _site(tmp_path, out, "A")
     old = _cert(cfg.parent / CERT_FILE)
-    key_before = (cfg.parent / "switch.key").read_bytes()
+    old_worker = _cert(cfg.parent / "workers" / "worker.pem")
+    keys_before = [(cfg.parent / k).read_bytes() for k in ("switch.key", "workers/worker.key")]
 
     got = renew(out, renew_all=True)
 
     assert not got["nothing_due"] and sorted(got["renewed"]) == ["A", "B"] and sorted(got["updates"]) == ["A", "B"]
+    assert sorted(got["renewed_workers"]) == ["A", "B"] and list(got["renewed_workers"]["A"]) == ["worker"]
     said = apply_update(cfg, Path(got["updates"]["A"]))
     assert f"certificate renewed (serial {got['renewed']['A']['serial']}" in said
-    new = _cert(cfg.parent / CERT_FILE)
-    assert new.serial_number != old.serial_number and new.public_key() == old.public_key()
-    assert (cfg.parent / "switch.key").read_bytes() == key_before  # the key is the site's: untouched
-    state = _check(cfg)  # the kit check takes the certificate the applied update signs
+    assert "worker certificate(s) renewed: worker" in said
+    for path, before in ((CERT_FILE, old), ("workers/worker.pem", old_worker)):
+        new = _cert(cfg.parent / path)
+        assert new.serial_number != before.serial_number and new.public_key() == before.public_key()
+    assert f"{_cert(cfg.parent / 'workers/worker.pem').serial_number:x}" == \
+        got["renewed_workers"]["A"]["worker"]["serial"]
+    # the keys are the site's: untouched
+    assert [(cfg.parent / k).read_bytes() for k in ("switch.key", "workers/worker.key")] == keys_before
+    state = _check(cfg)  # the kit check takes the certificates the applied update signs
     assert state.revision == got["revision"] and state.crl_number > 1
     actions = [r["action"] for r in _audit(out)]
-    assert actions.count("federation.renew_certificate") == 2 and "federation.renew" in actions
-    # the old certificate stays valid (live sessions made with it go on); both are revoked if the cluster leaves
-    assert all(r.status == "valid" for r in CertificateAuthority.open(out / "ca").list() if r.role == "switch")
-    assert len(json.loads((out / "state.json").read_text())["clusters"]["A"]["serials"]) == 3
+    assert actions.count("federation.renew_certificate") == 4 and "federation.renew" in actions
+    # the old certificates stay valid (live sessions made with them go on); all are revoked if the cluster leaves
+    assert all(r.status == "valid" for r in CertificateAuthority.open(out / "ca").list())
+    assert len(json.loads((out / "state.json").read_text())["clusters"]["A"]["serials"]) == 4
+    # a later update that renews nothing still carries them, and the kit check still takes them
+    again = renew(out, crl_margin_days=30)
+    assert again["renewed"] == {} and again["renewed_workers"] == {}
+    apply_update(cfg, Path(again["updates"]["A"]))
+    assert _check(cfg).revision == again["revision"]
 
 
 def test_a_renew_with_nothing_due_writes_nothing_and_a_crl_near_its_next_update_is_refreshed(tmp_path):
@@ -102,7 +114,7 @@ def test_a_certificate_within_the_margin_is_renewed_and_the_others_are_not(tmp_p
     provision("acme", ["A", "B"], out)
     left = (_cert(out / "A" / CERT_FILE).not_valid_after_utc - dt.datetime.now(dt.timezone.utc)).days
     got = renew(out, margin_days=left + 1)  # every certificate has less than that left
-    assert sorted(got["renewed"]) == ["A", "B"]
+    assert sorted(got["renewed"]) == ["A", "B"] and sorted(got["renewed_workers"]) == ["A", "B"]
     again = renew(out, margin_days=left - 5)  # the renewed ones have a full lifetime again
     assert again["nothing_due"]
 
@@ -143,14 +155,35 @@ def test_the_site_refuses_a_signed_update_carrying_a_certificate_of_another_clus
              (foreign, "another key")]
     before = (cfg.parent / CERT_FILE).read_bytes()
     for n, (pem, says) in enumerate(cases):
-        upd = write_update(ca, spec, a, tmp_path / f"A-r{5 + n}.tar.gz", 5 + n, pem)
+        upd = write_update(ca, spec, a, tmp_path / f"A-r{5 + n}.tar.gz", 5 + n, {CERT_FILE: pem})
         with pytest.raises(UpdateError, match=says) as err:
             apply_update(cfg, upd)
         assert err.value.reason == "other_site" and "\n" not in str(err.value)
     assert (cfg.parent / CERT_FILE).read_bytes() == before
+    # a worker certificate likewise: B's worker, A's switch, A's worker with a key A's kit does not hold, a worker
+    # the switch does not serve
+    mine = (cfg.parent / "workers" / "worker.pem").read_bytes()
+    stranger = ca.issue("worker", "worker", "A", out_dir=tmp_path / "y").cert_path.read_bytes()
+    ghost = ca.issue("ghost", "worker", "A", out_dir=tmp_path / "z").cert_path.read_bytes()
+    worker_cases = [("workers/worker.pem", (out / "B" / "workers" / "worker.pem").read_bytes(),
+                     "not worker worker's certificate of cluster A"),
+                    ("workers/worker.pem", before, "not worker worker's certificate of cluster A"),
+                    ("workers/worker.pem", stranger, "another key"),
+                    ("workers/ghost.pem", ghost, "does not serve")]
+    for n, (name, pem, says) in enumerate(worker_cases):
+        upd = write_update(ca, spec, a, tmp_path / f"A-r{9 + n}.tar.gz", 9 + n, {CERT_FILE: before, name: pem})
+        with pytest.raises(UpdateError, match=says) as err:
+            apply_update(cfg, upd)
+        assert err.value.reason == "other_site" and "\n" not in str(err.value)
+    assert (cfg.parent / "workers" / "worker.pem").read_bytes() == mine
+    assert not (cfg.parent / "workers" / "ghost.pem").exists()
     # and a certificate swapped in by hand (not the one an applied update signs) stops the kit check
     (cfg.parent / CERT_FILE).write_bytes(foreign)
     with pytest.raises(KitError, match="altered"):
+        _check(cfg)
+    (cfg.parent / CERT_FILE).write_bytes(before)
+    (cfg.parent / "workers" / "worker.pem").write_bytes(stranger)
+    with pytest.raises(KitError, match="worker.pem was altered"):
         _check(cfg)
 
 

@@ -18,7 +18,7 @@ from nebula.wire import FrameType, decode_frame, encode_frame
 from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, pack_message
 from security.ca import CertificateAuthority
 from security.tls import client_context
-from tests.harness.federation import wait_audit
+from testbed.federation import wait_audit
 from tests.switch.conftest import exchange, worker_yaml, worker_yaml_as
 from tests.switch.test_stream_workers import _credentials
 
@@ -164,3 +164,23 @@ def test_a_revoked_worker_certificate_is_cut_live_and_refused_after(two_switches
     finally:
         s.close()
     assert "TLS with the switch" in _refusal(ya)
+
+
+def test_a_worker_certificate_renewed_by_provision_renew_is_taken_by_the_running_switch(two_switches, tmp_path):
+    """`nebula-admin provision renew` re-signs each worker's certificate for the key it holds; a worker connecting
+    with the renewed one is accepted over TLS by the switch already running (no restart), and carries messages."""
+    from cryptography import x509
+
+    from security.provision import renew
+
+    fed, a, _b = two_switches
+    pem = Path(fed["clusters"]["A"]["dir"]) / "workers" / "worker.pem"
+    before = x509.load_pem_x509_certificate(pem.read_bytes())
+    got = renew(Path(fed["clusters"]["A"]["dir"]).parent, renew_all=True)
+    after = x509.load_pem_x509_certificate(pem.read_bytes())
+    assert f"{after.serial_number:x}" == got["renewed_workers"]["A"]["worker"]["serial"]
+    assert after.serial_number != before.serial_number and after.public_key() == before.public_key()
+    assert after.not_valid_after_utc >= before.not_valid_after_utc
+    ya, yb = _tls_yaml(fed, "A", tmp_path / "a.yaml"), _tls_yaml(fed, "B", tmp_path / "b.yaml")
+    assert exchange(ya, yb) == ("tls", "tls")
+    wait_audit(a, lambda r: r["action"] == "worker_accepted" and r["detail"].get("transport") == "tls")
