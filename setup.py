@@ -6,7 +6,7 @@ setup(
     version="0.1.0",
     description="Train one deep learning model across remote clusters through TLS switch servers",
     python_requires=">=3.10",
-    packages=find_packages(include=["nebula*", "switch_server*", "security*", "recipes*"]),
+    packages=find_packages(include=["nebula*", "switch_server*", "security*", "recipes*", "testbed*"]),
     include_package_data=True,
     package_data={"nebula.plan": ["measured.json"]},  # the benchmark's rows `nebula plan` reads by default
     install_requires=[
@@ -21,6 +21,7 @@ setup(
         "prometheus-client",
         "matplotlib",
         "dp-accounting>=0.6",
+        "gmpy2>=2.1",  # GMP's integers for secure aggregation's Feldman commitments (nebula.federated.secagg.vss)
     ],
     extras_require={
         "test": ["pytest>=7", "hypothesis>=6", "pytest-timeout"],
