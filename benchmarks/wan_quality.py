@@ -94,7 +94,15 @@ def rows_for(size: Size, quick: bool) -> list[Any]:
     # streaming at the longest interval, a fragment per quarter of the model, overlapped
     out += [RowSpec("streaming-diloco", codec=c, sync_every=h, fragments=4, delay=1) for c in ("none", "int4_block")]
     out.append(RowSpec("federated", sync_every=size.intervals[0]))
+    # activation deltas (AQ-SGD) pay on examples seen again: DELTA_EPOCHS passes over a smaller training set, beside
+    # the uncompressed pipeline on the same data; gradients back in 4 bits
+    out.append(RowSpec("pipeline", epochs=DELTA_EPOCHS))
+    out += [RowSpec("pipeline", codec=c, grad_codec="int4_block", epochs=DELTA_EPOCHS) for c in DELTAS]
     return out
+
+
+DELTA_EPOCHS = 4
+DELTAS = ("delta(int2_block, first=int4_block)", "delta(int2_block, first=int8_block)")
 
 
 # -- data and model -----------------------------------------------------------------------------------------------
@@ -293,7 +301,7 @@ def best_of_each_mode(rows: list[Any]) -> list[Any]:
     base = next(r for r in rows if r.spec.mode == "one-cluster")
     out = [base.spec]
     for mode in ("all-reduce", "pipeline", "diloco", "streaming-diloco", "federated"):
-        cand = [r for r in rows if r.spec.mode == mode]
+        cand = [r for r in rows if r.spec.mode == mode and not r.spec.epochs]  # (epochs rows: other data)
         if not cand:
             continue
         ok = [r for r in cand if r.heldout_loss <= base.heldout_loss * 1.02]
@@ -306,8 +314,7 @@ def real_check(out: Path, size: Size, *, steps: int, lr: float, rates: tuple[flo
                rtt_ms: float = 20.0) -> str:
     """Two rows through real switches against the engine's, and shaped-link wall times against the link model's;
     the two tables as markdown."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from _wanq_real import run_real  # benchmarks/: the real runs' harness
+    from _wanq_real import run_real  # benchmarks/ (this script's directory): the real runs' harness
 
     from nebula.plan.link import Link, predicted_wall_s
     from nebula.quality.engine import Bench, Budget
@@ -358,8 +365,30 @@ def report(rows: list[Any], out: Path) -> str:
     """The full table with the baseline's noise, the headline (best row of each mode) and where the plot went."""
     bases = [r.heldout_loss for r in rows if r.spec.mode == "one-cluster"]
     noise = (max(bases) / min(bases) - 1) * 100 if len(bases) > 1 else None
+    deltas = delta_table(rows)
+    if deltas:
+        deltas = f"Activation deltas against the uncompressed pipeline on the same data:\n\n{deltas}\n\n"
     return (f"{table(rows, noise)}\n\nBest row of each mode (the fewest WAN bytes within 2% of one cluster's held-out "
-            f"loss, else the lowest loss):\n\n{headline(rows)}\n\nplot: {plot(rows, out / 'wan_quality.png')}")
+            f"loss, else the lowest loss):\n\n{headline(rows)}\n\n{deltas}plot: {plot(rows, out / 'wan_quality.png')}")
+
+
+def delta_table(rows: list[Any]) -> str:
+    """Each pipeline row of a smaller training set seen several times (`epochs`) against the uncompressed pipeline
+    on the same data: held-out loss, its difference, pipeline bytes and how many times fewer, each end's cache."""
+    lines = []
+    for r in rows:
+        if r.spec.mode != "pipeline" or not r.spec.epochs or r.spec.codec == "none" and not r.spec.grad_codec:
+            continue
+        twin = next((t for t in rows if t.spec == replace(r.spec, codec="none", grad_codec="") and t.seed == r.seed),
+                    None)
+        if twin is None or not r.wan_bytes:
+            continue
+        cache = r.extra.get("cache_bytes", 0)
+        lines.append(f"| {r.spec.name} | {r.heldout_loss:.4f} | {(r.heldout_loss / twin.heldout_loss - 1) * 100:+.2f}% "
+                     f"| {r.wan_bytes:,} | {twin.wan_bytes / r.wan_bytes:.1f} | {cache / 2 ** 20:.1f} MiB |")
+    head = ["| row | held-out loss | vs pipeline none | WAN bytes | x fewer than none | cache per end |",
+            "|---|---|---|---|---|---|"]
+    return "\n".join(head + lines) if lines else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,7 +425,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--real-steps", type=int, default=60, help="steps of each --real run (default 60)")
     args = ap.parse_args(argv)
 
-    sys.path.insert(0, str(REPO))  # recipes/ for the corpus and the checkpoint writer
     from nebula import smoke
     from nebula.quality.engine import Budget
     from nebula.quality.rows import read_rows, write_rows

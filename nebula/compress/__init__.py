@@ -29,6 +29,13 @@ Better codecs
                             codes per byte (0.5625 bytes/element at block 32): |error| <= max(max|block|/23.9, |x|/5).
   topk2(f)                  top-k with 2-bit values (SparseLoCo): round(f*n) largest |x|, Elias-Fano indices
                             (~2 + log2(1/f) bits each), sign + magnitude-bucket bit, two scales; use ef(topk2(f)).
+  int2_block[(inner,] [block=64])   2-bit codes (±0.5, ±1.5 of max|block|/1.5) per block: |error| <= max|block|/3,
+                            0.3125 bytes/element; meant for deltas.
+  delta(inner, first=int8_block, cache_mb=64)
+                            activation deltas (AQ-SGD), keyed and two-sided: encode_keyed(x, ids) sends row i of
+                            sample ids[i] as inner(x - m) against the cached m both ends hold, or first(x) when
+                            absent; each end keeps a cache of cache_mb MiB (LRU) updated with what the receiver
+                            decodes; the receiver decodes with its own instance; a desync is refused (DesyncError).
   ef(inner)                 error feedback: sends inner(x + e), keeps e = (x + e) - decoded per tensor shape, so the
                             sum of decoded tensors tracks the sum of inputs (use for lossy gradient codecs).
   auto(budget[, cand, ...], mbit=100, every=500)
@@ -54,7 +61,7 @@ A codec whose encoding at some shape is larger than the raw tensor (``svd(r)`` o
 nested codec larger than its outer codec alone (``fp16(svd(0.6))`` vs ``fp16``), logs one warning per shape on the
 ``nebula.compress`` logger naming a smaller alternative; ``auto`` never picks such a candidate.
 """
-from . import cast, feedback, integer, lowbit, lowrank, sparse  # noqa: F401  (register codecs)
+from . import cast, delta, feedback, integer, lowbit, lowrank, sparse  # noqa: F401  (register codecs)
 from .auto import AutoCodec, Measurement
 from .backend import codec_path
 from .base import (Codec, CodecError, Encoded, NonFiniteError, SpecError, decode, get_codec, known_codecs,

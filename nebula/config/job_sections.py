@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from nebula.compress import get_codec
+from nebula.compress.delta import is_keyed
 from nebula.config.fields import CodecSpec
 from nebula.config.schema import check_fields
 
@@ -317,6 +319,10 @@ class CompressionConfig:
         if isinstance(self.start_step, bool) or not isinstance(self.start_step, int) or self.start_step < 0:
             raise ValueError(f"compression.start_step = {self.start_step!r} must be an integer >= 0 (0 compresses "
                              f"from the first step)")
+        if is_keyed(get_codec(self.backward)):
+            raise ValueError(f"compression.backward = {self.backward!r}: gradients carry no example ids, so "
+                             "delta(...) applies to compression.forward only; set backward to a codec such as "
+                             "int4_block or int8")
 
     def spec_at(self, direction: str, step: int) -> str:
         """Codec spec to use for `direction` ('forward' or 'backward') at training step `step`."""

@@ -41,7 +41,8 @@ class Boundary:
         out_lane = "activation" if side == "upstream" else "gradient"
         self.outbox = LinkSender(out_link, out_lane, self.stats)
         self.mailbox = LinkReceiver(in_link, self.stats, peer_timeout_s=peer_timeout_s,
-                               what="gradient" if side == "upstream" else "activation", like="paddle")
+                               what="gradient" if side == "upstream" else "activation", like="paddle",
+                               keyed=None if side == "upstream" else lambda step: codec("forward", step))
         self.ctl_out = LinkSender(ctl, "control", self.stats)
         self.ctl_in = LinkReceiver(ctl, self.stats, peer_timeout_s=peer_timeout_s, what="control message")
         self._grads_sent: set[Key] = set()
@@ -49,10 +50,15 @@ class Boundary:
         self.wait_s = 0.0  # time the compute thread spent blocked on this boundary
         self.lost: PeerLost | None = None
 
-    def send_array(self, key: Key, x: Any, direction: str) -> None:
+    def send_array(self, key: Key, x: Any, direction: str, ids: np.ndarray | None = None) -> None:
         """Queue `x` (a paddle.Tensor, encoded where `codec_path` says; or a numpy array) for the peer with the codec
-        for `direction` at step key[0]."""
-        self.outbox.send(key, x, self._codec(direction, key[0]))
+        for `direction` at step key[0]; `ids` (activations): each row's sample id, for activation deltas."""
+        self.outbox.send(key, x, self._codec(direction, key[0]), ids)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes this end's activation-delta caches hold (sender side upstream, receiver side downstream)."""
+        return self.outbox.cache_bytes() + self.mailbox.cache_bytes()
 
     def recv_array(self, key: Key) -> Any:
         """Wait for the tensor under `key` on the incoming data link (counts as link wait); a paddle.Tensor."""
@@ -108,11 +114,12 @@ class SendActivation(PyLayer):
     """Forward: send the activation to the next stage, return a scalar token. Backward: receive its gradient."""
 
     @staticmethod
-    def forward(ctx: Any, x: paddle.Tensor, boundary: Boundary, key: Key) -> paddle.Tensor:
+    def forward(ctx: Any, x: paddle.Tensor, boundary: Boundary, key: Key, ids: np.ndarray | None = None
+                ) -> paddle.Tensor:
         """Send forward: queue x for the next stage; the returned token carries x's place in the graph."""
         ctx.boundary, ctx.key = boundary, key
         ctx.shape, ctx.dtype = list(x.shape), x.dtype
-        boundary.send_array(key, x.detach(), "forward")
+        boundary.send_array(key, x.detach(), "forward", ids)
         return paddle.zeros([1], dtype="float32")
 
     @staticmethod
@@ -141,12 +148,14 @@ class RecvActivation(PyLayer):
         return dy
 
 
-def send_forward(x: paddle.Tensor, boundary: Boundary, key: Key) -> paddle.Tensor | None:
-    """Send `x` downstream; returns a token whose backward fetches x's gradient (None if x needs no gradient)."""
+def send_forward(x: paddle.Tensor, boundary: Boundary, key: Key, ids: np.ndarray | None = None
+                 ) -> paddle.Tensor | None:
+    """Send `x` downstream (`ids`: the micro-batch's example ids, one per row, which activation deltas key their
+    caches by); returns a token whose backward fetches x's gradient (None if x needs no gradient)."""
     if x.stop_gradient or not paddle.is_floating_point(x):
-        boundary.send_array(key, x.detach(), "forward")
+        boundary.send_array(key, x.detach(), "forward", ids)
         return None
-    return SendActivation.apply(x, boundary, key)
+    return SendActivation.apply(x, boundary, key, ids)
 
 
 def recv_forward(boundary: Boundary, key: Key, *, with_grad: bool = True) -> paddle.Tensor:

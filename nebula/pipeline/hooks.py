@@ -131,7 +131,7 @@ class PipelineHooks(RunHooks):
             if r.next is not None:
                 if out.send is None:
                     raise RuntimeError(f"stage {r.stages.names[-1]} returned nothing to send to the next stage")
-                token = send_forward(out.send, r.next, (step, m, 0))
+                token = send_forward(out.send, r.next, (step, m, 0), ids)
             total = None
             if out.loss is not None:
                 loss_sum += float(out.loss.numpy())

@@ -16,11 +16,12 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from nebula.compress import TensorCoder
+from nebula.compress import TensorCoder, encoded_to_frames
+from nebula.compress.delta import is_keyed
 
 __all__ = ["Link", "ChannelLink", "QueueLink", "queue_pair", "LinkSender", "LinkReceiver", "PeerLost", "PeerNeverCame",
            "LinkStats"]
@@ -165,19 +166,23 @@ class LinkSender:
         self._pending: list[Future] = []
         self._lock = threading.Lock()
 
-    def send(self, key: Key, array: Any, codec: str) -> None:
+    def send(self, key: Key, array: Any, codec: str, ids: np.ndarray | None = None) -> None:
         """Encode and send `array` (paddle.Tensor or numpy array) under `key` in the background; errors surface in
-        `flush`."""
-        fut = self._pool.submit(self._send, key, array, codec)
+        `flush`. `ids`: the sample id of each row, for a keyed codec (activation deltas, `nebula.compress.delta`)."""
+        fut = self._pool.submit(self._send, key, array, codec, ids)
         with self._lock:
             self._pending.append(fut)
 
-    def _send(self, key: Key, array: Any, codec: str) -> None:
+    def _send(self, key: Key, array: Any, codec: str, ids: np.ndarray | None = None) -> None:
         if codec not in self._specs:
             self._specs.add(codec)
         self.bandwidth.feed(self._coder.codec(s) for s in self._specs)
         t0 = time.perf_counter()
-        frames = self._coder.encode(array, codec)
+        c = self._coder.codec(codec)
+        if ids is not None and is_keyed(c):  # (in send order: the receiver's cache follows the same sequence)
+            frames = encoded_to_frames(c.encode_keyed(array, ids))
+        else:
+            frames = self._coder.encode(array, codec)
         self.stats.codec_s += time.perf_counter() - t0
         header = _HEADER.pack(*key)
         nbytes = len(header) + sum(len(memoryview(f).cast("B")) for f in frames)
@@ -185,6 +190,10 @@ class LinkSender:
         self.stats.bytes_sent += nbytes
         self.stats.raw_bytes_sent += len(header) + _raw_nbytes(array)
         self.stats.messages_sent += 1
+
+    def cache_bytes(self) -> int:
+        """Bytes the keyed codecs' caches of this sender hold (activation deltas)."""
+        return sum(getattr(self._coder.codec(s), "cache_bytes", 0) for s in list(self._specs))
 
     def flush(self) -> None:
         """Wait until every queued message has been handed to the link; re-raise the first send error."""
@@ -215,8 +224,11 @@ def _transient(exc: BaseException) -> bool:
 class LinkReceiver:
     """Receives and decodes messages of one link in a background thread; `get(key)` waits for a given key."""
 
-    def __init__(self, link: Link, stats: LinkStats, *, peer_timeout_s: float, what: str, like: str = "numpy") -> None:
+    def __init__(self, link: Link, stats: LinkStats, *, peer_timeout_s: float, what: str, like: str = "numpy",
+                 keyed: Callable[[int], str] | None = None) -> None:
         self.link, self.stats, self.peer_timeout_s, self.what = link, stats, peer_timeout_s, what
+        self.keyed = keyed  # step -> the codec spec this end expects; a keyed one decodes with this end's cache
+        self._keyed_specs: set[str] = set()
         self.like = like  # 'paddle': decoded with paddle ops onto this process's device
         self._items: dict[Key, np.ndarray] = {}
         self._cond = threading.Condition()
@@ -250,7 +262,7 @@ class LinkReceiver:
                 view = memoryview(data)
                 key = _HEADER.unpack_from(view)
                 t0 = time.perf_counter()
-                array = self._coder.decode([view[_HEADER.size:]], like=self.like)
+                array = self._coder.decode([view[_HEADER.size:]], self._stateful(key[0]), like=self.like)
                 self.stats.codec_s += time.perf_counter() - t0
             except Exception as exc:  # noqa: BLE001 - a malformed message is fatal for this boundary
                 with self._cond:
@@ -265,6 +277,21 @@ class LinkReceiver:
                 self._last_heard = time.monotonic()
                 self._heard = True
                 self._cond.notify_all()
+
+    def _stateful(self, step: int) -> Any:
+        """This end's instance of a keyed codec expected at `step` (its cache follows the sender's), else None."""
+        if self.keyed is None:
+            return None
+        spec = self.keyed(step)
+        c = self._coder.codec(spec)
+        if not is_keyed(c):
+            return None
+        self._keyed_specs.add(spec)
+        return c
+
+    def cache_bytes(self) -> int:
+        """Bytes the keyed codecs' caches of this receiver hold."""
+        return sum(self._coder.codec(s).cache_bytes for s in list(self._keyed_specs))
 
     def get(self, key: Key, timeout_s: float | None = None) -> np.ndarray:
         """The array sent under `key`; waits up to `timeout_s` (default peer_timeout_s) of silence, then PeerLost."""

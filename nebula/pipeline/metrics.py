@@ -53,6 +53,8 @@ def boundary_fields(boundaries: Sequence[Any], step_s: float, extra_wait_s: floa
         "messages_dup": sum(s.messages_dup for s in stats),
         "raw_bytes_sent": sum(s.raw_bytes_sent for s in stats),
         "codec_s": round(sum(s.codec_s for s in stats), 6),
+        # bytes this rank's activation-delta caches hold (nebula.compress.delta), beside its model in memory
+        "cache_bytes": sum(getattr(b, "cache_bytes", 0) for b in boundaries),
         "link_bytes_per_s": round(min(rates), 1) if rates else None,  # the lowest measured (None: none yet)
         "time": time.time(),
     }

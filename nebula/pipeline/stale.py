@@ -109,7 +109,7 @@ class StalePipelineHooks(PipelineHooks):
                 out = r.stages.forward(ids, received)
                 if out.send is None:
                     raise RuntimeError(f"stage {r.stages.names[-1]} returned nothing to send to the next stage")
-                total = send_forward(out.send, r.next, (step, m, 0))
+                total = send_forward(out.send, r.next, (step, m, 0), ids)
                 if out.loss is not None:  # a stage's own loss before the cut trains with the rest
                     total = total + out.loss / len(mbs)
                 totals.append(total)

@@ -12,7 +12,9 @@ critical-path compute, and its WAN traffic (`RowResult`). For a job and a link, 
   pipeline, so each codec keeps the bytes ratio it measured;
 - step time: `predicted_wall_s` over the row's steps, divided by them;
 - quality cost: the row's held-out loss relative to the one-cluster baseline's, as measured on the table's model
-  (mean over the seeds a spec was run with) -- measured, not predicted for the job.
+  (mean over the seeds a spec was run with) -- measured, not predicted for the job. A row of a smaller training set
+  seen `epochs` times (activation deltas, `delta(...)`) is measured against the uncompressed pipeline on the same
+  data, and its bytes hold for a job that sees its examples as often (deltas pay only on examples seen again).
 
 The recommendation is the fastest predicted step among rows whose quality cost is within the tolerance (the
 one-cluster baseline always is: on a link too slow for every mode, the answer is not to cross it); rows within 1%
@@ -140,10 +142,20 @@ def table_hidden(table: Table) -> tuple[float | None, str]:
     if table.hidden:
         return float(table.hidden), "the table's meta"
     none = next((r for r in table.rows if r.spec.mode == "pipeline" and r.spec.codec == "none"
-                 and r.spec.grad_codec in ("", "none")), None)
+                 and r.spec.grad_codec in ("", "none") and not r.spec.epochs), None)
     if none is None:
         return None, ""
     return none.wan_bytes / none.tokens / 8, "the pipeline none row's bytes per token / 8"
+
+
+def _reference(table: Table, r: RowResult) -> RowResult:
+    """The row `r`'s quality is measured against: the one-cluster baseline; for a row trained on a smaller set
+    seen several times (`epochs`: activation deltas), the uncompressed pipeline on that same data (which computes
+    what one cluster does), where the table has it."""
+    if not r.spec.epochs:
+        return table.baseline
+    twin = replace(r.spec, codec="none", grad_codec="")
+    return next((t for t in table.rows if t.spec == twin), table.baseline)
 
 
 def make_plan(table: Table, link: Link, size: JobSize | None, *, tolerance: float = 0.02,
@@ -180,7 +192,7 @@ def make_plan(table: Table, link: Link, size: JobSize | None, *, tolerance: floa
                           link_bytes_per_exchange=r.traffic.link_bytes_per_exchange * scale)
         step = predicted_wall_s(step_compute * r.steps, traffic, link) / r.steps
         out.append(PlanRow(r.spec.name, r.spec.mode, step, step_compute, r.wan_bytes / r.steps * scale,
-                           r.heldout_loss / base.heldout_loss - 1.0, r.heldout_loss))
+                           r.heldout_loss / _reference(table, r).heldout_loss - 1.0, r.heldout_loss))
     # the baseline's cost is 0, so at least one row qualifies; a diverged row (NaN loss) never does
     ok = [r for r in out if r.quality_cost <= tolerance + 1e-12]
     fastest = min(r.step_s for r in ok)
@@ -234,6 +246,10 @@ def format_plan(plan: Plan, table: Table, size: JobSize | None, *, job: str, rec
                  f"{noise}), as measured by benchmarks/wan_quality.py in {table.path} on its {_num(table.params)}"
                  f"-parameter model over {_num(base.tokens)} tokens per row -- measured there, not predicted for "
                  "this job")
+    if any(r.spec.epochs for r in table.rows):
+        lines.append("rows of N epochs (activation deltas): trained on a smaller set seen N times, their quality cost "
+                     "against the uncompressed pipeline on that data and their bytes for a job that sees its examples "
+                     "as often")
     if compute_s is not None:
         lines.append(f"step compute: --compute-s {compute_s:g} s (the job in one cluster) x each mode's measured "
                      "compute per token relative to one-cluster's")

@@ -16,6 +16,9 @@ Rows (two clusters, A and B):
 - pipeline: embeddings and the first half of the decoder layers in A, the rest in B; per micro-batch the hidden
   states go forward and their gradients back through the codec; with N-step-stale weights A applies each step's
   gradient N steps late (PipeDream-2BW, `nebula.pipeline.stale`), B steps at once; both drain at the end.
+  A keyed codec (`delta(...)`, AQ-SGD's activation deltas) gets each micro-batch's example ids and decodes with a
+  receiving instance of its own, so both caches evolve as over the link; deltas pay only when examples come again
+  (`Budget.train_examples` below the tokens' sequences: more than one epoch).
 - diloco: a replica per cluster with its own AdamW; every `sync_every` steps each sends its pseudo-gradient (anchor -
   replica) through the codec, and both apply DiLoCo's outer Nesterov step to the mean (`nebula.dataparallel.outer`).
 - streaming-diloco (Streaming DiLoCo, Douillard et al. 2025): the model's values, in layer order, cut into
@@ -29,6 +32,7 @@ Rows (two clusters, A and B):
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -62,8 +66,11 @@ class Budget:
     clients: int = 2  # federated: clients per cluster
     merge_alpha: float = 0.5  # streaming-diloco with delay: the replica's share when the outer result is merged
     heldout_examples: int = 2000
+    train_examples: int = 0  # train on the first N examples only (0: all): epochs > 1 for activation deltas
 
     def __post_init__(self) -> None:
+        if self.train_examples < 0:
+            raise ValueError(f"budget: train_examples={self.train_examples} must be >= 0 (0: every example)")
         if self.steps < 1 or self.global_batch < 1 or self.micro_batches < 1 or self.clients < 1:
             raise ValueError(f"budget: steps, global_batch, micro_batches and clients must be >= 1, got {self}")
         for what, parts in (("clusters", CLUSTERS), ("micro_batches", self.micro_batches),
@@ -131,16 +138,32 @@ class _Wire:
         self._codecs: dict[Any, Any] = {}
         self.bytes = 0
 
-    def send(self, x: np.ndarray, key: Any = None) -> tuple[np.ndarray, int]:
-        """`x` through the codec of tensor `key` and back, as the receiver decodes it; (decoded, bytes sent)."""
+    def send(self, x: np.ndarray, key: Any = None, ids: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+        """`x` through the codec of tensor `key` and back, as the receiver decodes it; (decoded, bytes sent). A keyed
+        codec (activation deltas) gets each row's example id `ids` and decodes with a receiver of its own."""
         from nebula.compress import decode, get_codec
+        from nebula.compress.delta import is_keyed
 
         codec = self._codecs.get(key)
         if codec is None:
             codec = self._codecs[key] = get_codec(self.spec)
-        enc = codec.encode(x)
+        if is_keyed(codec):
+            recv = self._codecs.get(("receiver", key))
+            if recv is None:
+                recv = self._codecs[("receiver", key)] = get_codec(self.spec)
+            enc = codec.encode_keyed(x, ids)
+            y = recv.decode(enc)
+        else:
+            enc = codec.encode(x)
+            y = decode(enc)
         self.bytes += enc.nbytes
-        return np.asarray(decode(enc), dtype=x.dtype).reshape(x.shape), enc.nbytes
+        return np.asarray(y, dtype=x.dtype).reshape(x.shape), enc.nbytes
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes the keyed codecs' caches hold on the sending end (the receiving end holds as many)."""
+        return sum(getattr(c, "cache_bytes", 0) for k, c in self._codecs.items()
+                   if not (isinstance(k, tuple) and k[:1] == ("receiver",)))
 
 
 class Bench:
@@ -178,7 +201,8 @@ class Bench:
     def _ids(self, step: int, budget: Budget) -> np.ndarray:
         from nebula.pipeline.data import step_ids
 
-        return step_ids(step, seed=budget.seed, num_examples=self.recipe.num_examples,
+        n = self.recipe.num_examples
+        return step_ids(step, seed=budget.seed, num_examples=min(n, budget.train_examples or n),
                         global_batch=budget.global_batch)
 
     def _loss(self, model: Any, ids: np.ndarray) -> Any:
@@ -193,6 +217,8 @@ class Bench:
     def run(self, spec: RowSpec, budget: Budget, progress: Progress | None = None) -> RowResult:
         """Train row `spec` for `budget` and measure it."""
         self._check(budget)
+        if spec.epochs:  # a smaller training set seen `epochs` times (activation deltas pay on examples seen again)
+            budget = dataclasses.replace(budget, train_examples=max(1, budget.tokens // budget.seq_len // spec.epochs))
         import paddle
 
         paddle.seed(budget.seed)
@@ -278,7 +304,7 @@ class Bench:
                 t = time.perf_counter()
                 h = stage_a(self.layered.inputs(ids))
                 ta += time.perf_counter() - t
-                x, _ = fwd.send(h.numpy())
+                x, _ = fwd.send(h.numpy(), ids=ids)
                 t = time.perf_counter()
                 xin = paddle.to_tensor(x, stop_gradient=False)
                 loss = self.layered.loss(stage_b(xin), self.layered.targets(ids)) / b.micro_batches
@@ -320,7 +346,9 @@ class Bench:
         traffic = Traffic(exchanges=b.steps, bytes_per_exchange=2 * busier / b.micro_batches,
                           latencies_per_exchange=2 / (n + 1), overlapped=bool(n), link_bytes_per_exchange=busier)
         model = paddle.nn.Sequential(*stage_a, *stage_b)
-        return model, wan, wan / b.steps, traffic, clock.total, losses, num_params(model), {}
+        extra = {"forward_bytes": fwd.bytes, "backward_bytes": bwd.bytes, "cache_bytes": fwd.cache_bytes} \
+            if fwd.cache_bytes else {}  # activation deltas: each end's cache, beside the model in its memory
+        return model, wan, wan / b.steps, traffic, clock.total, losses, num_params(model), extra
 
     def _replicas(self, b: Budget, count: int) -> tuple[list[Any], list[Any]]:
         models = [self._build(b.seed) for _ in range(count)]

@@ -63,10 +63,13 @@ class RowSpec:
     grad_codec: str = ""  # pipeline: the codec of gradients going back ("" = same as codec)
     fragments: int = 1  # streaming-diloco: slices of the model synced in turn
     delay: int = 0  # streaming-diloco: inner steps between a fragment's send and its merge (0: at once)
+    epochs: int = 0  # > 0: train on steps x global_batch / epochs examples, each seen `epochs` times (0: the corpus)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"row mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if isinstance(self.epochs, bool) or not isinstance(self.epochs, int) or self.epochs < 0:
+            raise ValueError(f"row {self.mode}: epochs={self.epochs!r} must be an integer >= 0 (0: the whole corpus)")
         if self.sync_every < 1:
             raise ValueError(f"row {self.mode}: sync_every={self.sync_every} must be >= 1")
         if self.mode == "streaming-diloco":  # the job file's own rules for the same settings
@@ -79,6 +82,14 @@ class RowSpec:
                 raise ValueError(f"row {self.mode}: {exc}") from None
         elif self.fragments != 1 or self.delay:
             raise ValueError(f"row {self.mode}: fragments and delay apply to mode streaming-diloco only")
+        if self.mode != "pipeline" and (self.grad_codec or "delta(" in self.codec):
+            raise ValueError(f"row {self.mode}: grad_codec and delta codecs apply to mode pipeline only")
+        if "delta(" in self.codec and not self.grad_codec:
+            raise ValueError(f"row {self.mode}: codec {self.codec!r} sends activations only; set grad_codec (e.g. "
+                             "fp4) for the gradients")
+        if "delta(" in self.grad_codec:
+            raise ValueError(f"row {self.mode}: grad_codec={self.grad_codec!r}: gradients carry no example ids; "
+                             "use delta for the activations (codec) and a codec without delta for the gradients")
         if self.stale_weights and self.mode != "pipeline":
             raise ValueError(f"row {self.mode}: stale_weights applies to mode pipeline only")
 
@@ -92,8 +103,12 @@ class RowSpec:
             parts.append(f"F={self.fragments} tau={self.delay}")
         if self.mode != "one-cluster":
             parts.append(self.codec)
+        if self.grad_codec and self.grad_codec != self.codec:
+            parts.append(f"grad {self.grad_codec}")
         if self.stale_weights:
             parts.append(f"stale {self.stale_weights}")
+        if self.epochs:
+            parts.append(f"{self.epochs} epochs")
         return " ".join(parts)
 
 

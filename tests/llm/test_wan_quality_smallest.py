@@ -1,7 +1,8 @@
-"""README "Quality per WAN byte": the full table, the largest model, the rows files, their report, the extra rows and
-the rows without outer momentum run as printed, in the README's order, at their smallest size (NEBULA_SMOKE: a tiny
-Llama for 20 steps; every row of each command still runs) in a view of the checkout with its own runs/, so the rows
-measured at the full size are never overwritten. Each command prints the rows the README's table beside it lists."""
+"""README "Quality per WAN byte": the full table, the largest model, the rows files, their report, the extra rows, the
+rows without outer momentum and the activation deltas run as printed, in the README's order, at their smallest size
+(NEBULA_SMOKE: a tiny Llama for 20 steps; every row of each command still runs) in a view of the checkout with its
+own runs/, so the rows measured at the full size are never overwritten. Each command prints the rows the README's
+table beside it lists."""
 from __future__ import annotations
 
 import importlib.util
@@ -34,7 +35,8 @@ ROWS2 = _one("--json runs/wan_quality/rows2.json")
 REPORT = _one("--report runs/wan_quality/rows.json runs/wan_quality/rows2.json")
 EXTRA = _one("--json runs/wan_quality/extra.json")
 M0 = _one("--outer-momentum 0")
-PRINTED = [FULL, SCALE, ROWS, ROWS2, REPORT, EXTRA, M0]
+DELTA = next(c for c in _ALL if "--rows '4 epochs'" in c)  # (a --quick command: the deltas' table)
+PRINTED = [FULL, SCALE, ROWS, ROWS2, REPORT, EXTRA, M0, DELTA]
 assert FULL in _ALL
 
 
@@ -81,9 +83,13 @@ def test_every_printed_wan_quality_command_runs_at_its_smallest_size_in_the_read
     rows = json.loads(rows_file.read_text())
     assert {r["mode"] for r in rows} == {"one-cluster", "all-reduce", "pipeline", "diloco", "streaming-diloco",
                                         "federated"}
-    assert {r["codec"] for r in rows if r["mode"] == "pipeline"} == {"none", "fp16", "int8", "int4_block"}
+    assert {r["codec"] for r in rows if r["mode"] == "pipeline" and not r["epochs"]} == {"none", "fp16", "int8",
+                                                                                        "int4_block"}
+    assert {r["name"] for r in rows if r["epochs"]} == {  # activation deltas beside their uncompressed twin
+        "pipeline none 4 epochs", "pipeline delta(int2_block, first=int4_block) grad int4_block 4 epochs",
+        "pipeline delta(int2_block, first=int8_block) grad int4_block 4 epochs"}
     assert {r["name"] for r in rows} >= {"diloco H=100 fp4", "diloco H=100 ef(topk2(0.05))"}
-    assert len(_names(full)) == len(rows) == 25 and "Baseline noise" in full and "Best row of each mode" in full
+    assert len(_names(full)) == len(rows) == 28 and "Baseline noise" in full and "Best row of each mode" in full
     assert (view / "runs" / "wan_quality" / "wan_quality.png").is_file()
     assert not (REPO / "runs" / "wan_quality" / "corpus-200k").exists()  # (the view's runs/, not the checkout's)
 
@@ -104,3 +110,9 @@ def test_every_printed_wan_quality_command_runs_at_its_smallest_size_in_the_read
         assert (view / command.split("--json ")[1]).is_file()
     m0 = json.loads((view / "runs" / "wan_quality" / "rows-m0.json").read_text())
     assert m0[0]["meta"]["outer_momentum"] == 0.0
+
+    delta = run_printed(DELTA, smallest=True, cwd=view)  # the deltas beside their twin, and their own table
+    assert _names(delta) == _readme_rows(DELTA), delta[-2000:]
+    assert "Activation deltas against the uncompressed pipeline on the same data:" in delta
+    assert re.search(r"^\| pipeline delta\(int2_block, first=int4_block\) grad int4_block 4 epochs \| [\d.]+ \| "
+                     r"[-+][\d.]+% \| [\d,]+ \| [\d.]+ \| [\d.]+ MiB \|$", delta, re.M), delta[-2000:]
