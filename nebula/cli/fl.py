@@ -58,7 +58,7 @@ def _start(args: argparse.Namespace) -> int:
 
 def _trail(job_file: str):
     from nebula.federated.config import load_federated_job
-    from nebula.federated.trail import ModelTrail
+    from nebula.federated.controller.trail import ModelTrail
 
     job = load_federated_job(job_file)
     return job, ModelTrail(f"{job.controller.dir}/trail"), job.algorithm

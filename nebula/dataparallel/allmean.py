@@ -2,8 +2,8 @@
 
 The spine's aggregation runs through a reducer (FEDn's rounds); cross-cluster data parallelism needs the symmetric
 primitive instead: each leader sends its tensors, encoded with the job's codec, to every other leader over its
-`nebula.federated.transport.Messenger` and folds every cluster's decoded tensors, in job order, into a
-`nebula.federated.aggregate.RunningMean`. Because every leader decodes the same bytes (its own included) in the same
+`nebula.messaging.Messenger` and folds every cluster's decoded tensors, in job order, into a
+`nebula.mean.RunningMean`. Because every leader decodes the same bytes (its own included) in the same
 order, all of them hold bitwise the same mean without a second broadcast. `post` and `collect` are the two halves of
 `mean`: the send goes out at once and the peers' shares are read later, so the exchange overlaps the inner steps in
 between (streaming DiLoCo's delayed merge). With two clusters this is also the
@@ -24,14 +24,14 @@ import numpy as np
 
 from nebula.channel import ChannelError, Endpoint
 from nebula.compress import Codec, decode_from_frames, encode_to_frames, get_codec
-from nebula.federated.aggregate import RunningMean, check_update
-from nebula.federated.protocol import MessageFamily, Malformed, Message
-from nebula.federated.transport import Messenger, Peer
+from nebula.mean import RunningMean, check_update
+from nebula.messaging import Malformed, Message, MessageFamily, Messenger, Peer
 
 __all__ = ["ClusterMean", "ClusterLost", "ModelMismatch", "TO_LEADER", "LeaderHello", "MeanShare", "Posted"]
 
 log = logging.getLogger(__name__)
 TO_LEADER = MessageFamily("data-parallel leader")  # what one cluster's leader sends another's
+LEADER_CHANNEL = "dp"  # the leaders' channels when no recovery round names them
 
 
 @TO_LEADER.message("hello")
@@ -68,17 +68,6 @@ class ModelMismatch(ValueError):
     """Two clusters hold models (or plans) that cannot be averaged; the message names what differs."""
 
 
-class _LeaderMessenger(Messenger):
-    """The leaders' messages on one channel name per peer (a new name per recovery round)."""
-
-    def __init__(self, ep: Endpoint, name: str) -> None:
-        super().__init__(ep, inbox=TO_LEADER)
-        self.name = name
-
-    def channel(self, peer: Peer, epoch: int | None = None) -> Any:
-        return self.ep.channel(peer.cluster, peer.rank, self.name)
-
-
 class ClusterMean:
     """The leader of `cluster` among `clusters` (job order): `agree()` once, then `mean()` as often as needed.
     `channel` names the leaders' channels (whole-job recovery opens new ones in every round, so nothing a leader
@@ -86,7 +75,7 @@ class ClusterMean:
 
     def __init__(self, ep: Endpoint, clusters: list[str], *, rank: int = 0, codec: str = "none",
                  timeout_s: float = 120.0, startup_timeout_s: float = 600.0, channel: str | None = None) -> None:
-        self.mb = Messenger(ep, inbox=TO_LEADER) if channel is None else _LeaderMessenger(ep, channel)
+        self.mb = Messenger(ep, TO_LEADER, channel=channel or LEADER_CHANNEL)
         self.me = ep.cluster
         self.order = list(clusters)
         if self.me not in self.order:

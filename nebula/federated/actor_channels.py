@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import Collection
 
 from nebula.channel import Channel, ChannelError, Endpoint
+from nebula.messaging import Peer
 from nebula.wire import ChannelKey
 
-__all__ = ["Peer", "ActorChannels", "CONTROLLER_RANK", "COMBINER_RANK", "FIRST_CLIENT_RANK", "CHANNEL",
+__all__ = ["ActorChannels", "CONTROLLER_RANK", "COMBINER_RANK", "FIRST_CLIENT_RANK", "CHANNEL",
            "EPOCH_WINDOW", "CLIENT_WINDOW"]
 
 log = logging.getLogger(__name__)
@@ -32,23 +32,6 @@ CLIENT_WINDOW = 2
 PRIMARY_WAIT_S = 0.25  # a poll blocked on its primary peer looks at the others this often
 FRESH_WAIT_S = 5.0  # a channel opened for a message that came before it: how long its registration may take
 RawMessage = tuple["Peer", list[memoryview]]
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Peer:
-    """An actor of the federation: (cluster, rank)."""
-
-    cluster: str
-    rank: int
-
-    def __str__(self) -> str:
-        return f"{self.cluster}/{self.rank}"
-
-    @classmethod
-    def parse(cls, s: str) -> Peer:
-        """`A/3` -> Peer("A", 3)."""
-        c, _, r = s.rpartition("/")
-        return cls(c, int(r))
 
 
 class ActorChannels:

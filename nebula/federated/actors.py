@@ -16,9 +16,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from nebula.federated.actor_channels import CONTROLLER_RANK, FIRST_CLIENT_RANK
 from nebula.federated.config import FederatedJob
 from nebula.federated.runfiles import RunFiles
-from nebula.federated.transport import CONTROLLER_RANK, FIRST_CLIENT_RANK
 from nebula.heap import keep_freed_memory
 
 __all__ = ["ROLES", "ActorAlgorithm", "FEDOPTIMA", "OWL", "load_task", "run_actors"]

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from nebula.federated.messages import TO_COMBINER, ClientHello, ClientUpdate
-from nebula.federated.protocol import ProtocolError, decode
+from nebula.messaging import ProtocolError, decode
 
 __all__ = ["Refusal", "check_update_header", "check_hello", "check_received", "NONCE_CHARS"]
 

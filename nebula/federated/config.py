@@ -328,7 +328,7 @@ def load_federated_job(file: str | Path) -> FederatedJob:
     from nebula.config import read_yaml
 
     file = Path(file)
-    raw = read_yaml(file) or {}  # (bounded: nebula.config._safeyaml; errors name the file and key)
+    raw = read_yaml(file) or {}  # (bounded: security._yaml; errors name the file and key)
     if isinstance(raw, dict) and raw.get("mode", "federated") != "federated":
         raise ConfigError(f"{file}: mode {raw.get('mode')!r} is not federated; start it with `nebula launch`")
     try:

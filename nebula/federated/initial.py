@@ -25,7 +25,8 @@ import numpy as np
 
 from nebula.federated.config import FederatedJob
 from nebula.federated.messages import GetParameters, Parameters
-from nebula.federated.transport import Messenger, Peer, manifest
+from nebula.federated.transport import Messenger
+from nebula.messaging import Peer, manifest
 
 __all__ = ["manifest_refusal", "values_refusal", "load_initial_model", "Answer", "majority", "fetch_initial"]
 

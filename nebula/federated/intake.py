@@ -21,7 +21,8 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from nebula.federated.messages import ClientUpdate
-from nebula.federated.transport import Messenger, ModelAssembler, Peer, piece_plan, tensor_specs
+from nebula.federated.transport import Messenger
+from nebula.messaging import ModelAssembler, Peer, piece_plan, tensor_specs
 
 __all__ = ["Refused", "ReceivedUpdate", "receive_update", "UpdateEncoder", "GlobalModel", "SPOOL_BYTES",
            "NONE_CODEC", "clip_pieces"]

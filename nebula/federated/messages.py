@@ -1,5 +1,5 @@
 """The messages of FEDn's rounds, by the role that receives them: the controller (`TO_CONTROLLER`), a combiner
-(`TO_COMBINER`) and a client (`TO_CLIENT`). Wire form and decoding: nebula.federated.protocol.
+(`TO_COMBINER`) and a client (`TO_CLIENT`). Wire form and decoding: nebula.messaging.protocol.
 
 Every command of the controller names the run (`run`: the controller start's epoch and a random session) and,
 where it is one combiner's business, the combiner process (`to`: the nonce of its latest status answer); every
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Any, Sequence
 
-from nebula.federated.protocol import MessageFamily, Message, Untrusted
+from nebula.messaging import Message, MessageFamily, Untrusted
 
 __all__ = ["TO_CONTROLLER", "TO_COMBINER", "TO_CLIENT", "ANY_START", "StatusRequest", "StartRound", "ModelCopy",
            "StartAsync", "NewModel", "Stop", "StatusAnswer", "Partial", "AsyncUpdate", "Bye", "ClientHello",

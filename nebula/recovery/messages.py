@@ -1,4 +1,5 @@
-"""The recovery agreement's messages, as frozen dataclasses, with one encoder and one decoder.
+"""The recovery agreement's messages, as frozen dataclasses, and their family on the wire (`TO_RECOVERY`, written
+and read by `nebula.messaging`'s one encoder and decoder).
 
 A cluster's *incarnation* is (count, nonce): count is the number of times the cluster was launched (kept on its own
 disk, never a clock), the nonce a random number drawn at launch that tells apart two launches that read the same
@@ -14,11 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Union
 
+from nebula.messaging import Message as WireMessage
+from nebula.messaging import MessageFamily, ProtocolError, Untrusted, to_json
+from nebula.messaging import decode as decode_wire
+
 __all__ = ["RecoveryRefused", "Incarnation", "UNKNOWN", "Round", "Holdings", "Decided", "Message", "encode", "decode",
-           "MAX_STEPS", "MAX_BYTES"]
+           "MAX_STEPS", "MAX_BYTES", "TO_RECOVERY", "HoldingsWire", "DecidedWire"]
 
 MAX_STEPS = 1024  # steps one cluster may report (it keeps checkpoint.keep of them)
 MAX_STEP = (1 << 62) - 1
@@ -116,23 +121,41 @@ class Decided:
 
 Message = Union[Holdings, Decided]
 
+TO_RECOVERY = MessageFamily("recovery")  # what one cluster's recovery driver sends another's
+
+
+@TO_RECOVERY.message("holdings")
+class HoldingsWire(WireMessage):
+    """`Holdings` on the wire: the round as its epoch and its view of [count, nonce] pairs in the job's cluster
+    order. The round and the steps are kept as sent: `decode` checks them with the rules of `Round` and `Holdings`."""
+
+    job: str
+    sender: str
+    epoch: Untrusted
+    view: Untrusted
+    steps: Untrusted
+
+
+@TO_RECOVERY.message("decided")
+class DecidedWire(WireMessage):
+    """`Decided` on the wire (the round as in `HoldingsWire`)."""
+
+    job: str
+    sender: str
+    epoch: Untrusted
+    view: Untrusted
+    step: Untrusted
+
 
 def encode(msg: Message, clusters: tuple[str, ...]) -> bytes:
     """The message as compact JSON (the view as [count, nonce] pairs in the job's cluster order)."""
-    doc: dict[str, Any] = {"type": "holdings" if isinstance(msg, Holdings) else "decided", "job": msg.job,
-                           "sender": msg.sender, "epoch": msg.round.epoch,
-                           "view": [[i.count, i.nonce] for i in msg.round.view]}
     if len(msg.round.view) != len(clusters):
         raise ValueError(f"round of {len(msg.round.view)} clusters for a job of {len(clusters)}")
+    view = tuple((i.count, i.nonce) for i in msg.round.view)
     if isinstance(msg, Holdings):
-        doc["steps"] = list(msg.steps)
-    else:
-        doc["step"] = msg.step
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-_KEYS = {"holdings": {"type", "job", "sender", "epoch", "view", "steps"},
-         "decided": {"type", "job", "sender", "epoch", "view", "step"}}
+        return to_json(HoldingsWire(job=msg.job, sender=msg.sender, epoch=msg.round.epoch, view=view,
+                                    steps=msg.steps))
+    return to_json(DecidedWire(job=msg.job, sender=msg.sender, epoch=msg.round.epoch, view=view, step=msg.step))
 
 
 def decode(data: bytes, *, job: str, clusters: tuple[str, ...], sender: str) -> Message:
@@ -146,26 +169,29 @@ def decode(data: bytes, *, job: str, clusters: tuple[str, ...], sender: str) -> 
         doc = json.loads(bytes(data))
     except ValueError:
         raise RecoveryRefused(f"recovery message from {sender} is not JSON") from None
-    if not isinstance(doc, dict) or doc.get("type") not in _KEYS:
+    kind = doc.get("type") if isinstance(doc, dict) else None
+    if not isinstance(kind, str) or kind not in TO_RECOVERY.types:
         raise RecoveryRefused(f"recovery message from {sender} has no known type (holdings, decided)")
-    keys = set(doc)
-    if keys != _KEYS[doc["type"]]:
-        raise RecoveryRefused(f"recovery {doc['type']} from {sender}: keys {sorted(keys ^ _KEYS[doc['type']])} "
-                              "are unexpected or missing")
-    if doc["job"] != job:
-        raise RecoveryRefused(f"recovery message from {sender} is for job {doc['job']!r:.80}, this is {job!r}")
-    if doc["sender"] != sender:
-        raise RecoveryRefused(f"recovery message from cluster {sender} names sender {doc['sender']!r:.80}")
-    view = doc["view"]
+    keys, want = set(doc), {"type", *(f.name for f in fields(TO_RECOVERY.types.get(kind)) if f.name != "model")}
+    if keys != want:  # (a model's layout is no field of a recovery message either)
+        raise RecoveryRefused(f"recovery {kind} from {sender}: keys {sorted(keys ^ want)} are unexpected or missing")
+    try:
+        msg = decode_wire(doc, TO_RECOVERY)
+    except ProtocolError as exc:
+        raise RecoveryRefused(f"recovery message from {sender}: {exc}") from None
+    if msg.job != job:
+        raise RecoveryRefused(f"recovery message from {sender} is for job {msg.job!r:.80}, this is {job!r}")
+    if msg.sender != sender:
+        raise RecoveryRefused(f"recovery message from cluster {sender} names sender {msg.sender!r:.80}")
+    view = msg.view
     if not isinstance(view, list) or len(view) != len(clusters) or not all(
             isinstance(p, list) and len(p) == 2 for p in view):
         raise RecoveryRefused(f"recovery message from {sender}: view must be {len(clusters)} [count, nonce] pairs")
-    rnd = Round(_int(doc["epoch"], "epoch", 0, MAX_COUNT), tuple(Incarnation(c, n) for c, n in view))
+    rnd = Round(_int(msg.epoch, "epoch", 0, MAX_COUNT), tuple(Incarnation(c, n) for c, n in view))
     if rnd.view[clusters.index(sender)].count < 1:
         raise RecoveryRefused(f"recovery message from {sender} does not name its own incarnation")
-    if doc["type"] == "holdings":
-        steps = doc["steps"]
-        if not isinstance(steps, list):
+    if isinstance(msg, HoldingsWire):
+        if not isinstance(msg.steps, list):
             raise RecoveryRefused(f"recovery holdings from {sender}: steps must be a list")
-        return Holdings(job, sender, rnd, tuple(steps))
-    return Decided(job, sender, rnd, doc["step"])
+        return Holdings(job, sender, rnd, tuple(msg.steps))
+    return Decided(job, sender, rnd, msg.step)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from nebula.federated.config import load_federated_job
-from nebula.federated.trail import ModelTrail
+from nebula.federated.controller.trail import ModelTrail
 from recipes.federated.data import load_prepared
 
 __all__ = ["trail_accuracy"]

@@ -6,7 +6,7 @@ from typing import Mapping
 
 import numpy as np
 
-from nebula.federated.aggregate import check_update
+from nebula.mean import check_update
 from nebula.federated.strategies.fedasync import FedAsync
 
 __all__ = ["DeviceTrainer", "ServerTrainer", "AsyncAggregator", "state_of", "load_state", "split_model"]

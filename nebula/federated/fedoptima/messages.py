@@ -1,12 +1,12 @@
-"""FedOptima's messages between the server and each device, on the channel `fedoptima` (nebula.federated.protocol:
-one JSON header part, then one raw part per array). `TO_SERVER`: what a device sends; `TO_DEVICE`: what the
-server sends."""
+"""FedOptima's messages between the server and each device, on the channel `fedoptima` (nebula.messaging:
+the models as `Messenger.send_model` sends them, inline or in pieces; a batch of activations as one JSON header part
+and one raw part per array). `TO_SERVER`: what a device sends; `TO_DEVICE`: what the server sends."""
 from __future__ import annotations
 
 from dataclasses import field
 
 from nebula.federated.messages import Stop
-from nebula.federated.protocol import MessageFamily, Message
+from nebula.messaging import Message, MessageFamily
 
 __all__ = ["TO_SERVER", "TO_DEVICE", "DeviceHello", "Activations", "DeviceModel", "DeviceBye", "Init", "SendSlot",
            "AggregatedModel", "Stop"]

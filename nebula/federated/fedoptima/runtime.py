@@ -23,16 +23,16 @@ from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 
-from nebula.channel import Channel, ChannelError, Endpoint
+from nebula.channel import ChannelError, Endpoint
 from nebula.federated.fedoptima.auxiliary import default_auxiliary
 from nebula.federated.fedoptima.config import FedOptimaSpec
 from nebula.federated.fedoptima.engine import (AsyncAggregator, DeviceTrainer, ServerTrainer, load_state, split_model,
                                               state_of)
 from nebula.federated.fedoptima.messages import (TO_DEVICE, TO_SERVER, Activations, AggregatedModel, DeviceBye,
                                                 DeviceHello, DeviceModel, Init, SendSlot, Stop)
-from nebula.federated.protocol import ProtocolError, decode, pack_message, unpack, unpack_message
 from nebula.federated.fedoptima.scheduler import ActivationBatch, ModelUpdate, SchedulerError, TaskScheduler
 from nebula.federated.fedoptima.split import DeviceInfo, profile_layers, split_point
+from nebula.messaging import Messenger, MessageFamily, Peer, ProtocolError, decode, pack_message
 
 __all__ = ["Task", "FedOptimaError", "ServerResult", "serve", "run_device", "CHANNEL"]
 
@@ -90,7 +90,8 @@ def _accuracy(parts: list, x: np.ndarray, y: np.ndarray) -> float:
     return float((h.numpy().argmax(-1) == y).mean())
 
 
-def _receiver(ch: Channel, who: Any, inbox: queue.Queue, stop: threading.Event) -> None:
+def _receiver(mb: Messenger, who: Any, inbox: queue.Queue, stop: threading.Event, piece_timeout_s: float) -> None:
+    ch = mb.channel(Peer(*who))
     while not stop.is_set():
         try:
             parts = ch.recv_parts(timeout_s=0.5)
@@ -101,9 +102,9 @@ def _receiver(ch: Channel, who: Any, inbox: queue.Queue, stop: threading.Event) 
             if stop.wait(1.0):
                 return
             continue
-        try:
-            inbox.put((who, *unpack(parts, str(who))))  # (decoded by the server loop: _decoded)
-        except ProtocolError as exc:
+        try:  # (decoded by the server loop: _decoded)
+            inbox.put((who, *mb.receive_arrays(Peer(*who), parts, piece_timeout_s)))
+        except (ProtocolError, TimeoutError) as exc:
             inbox.put((who, None, exc))
 
 
@@ -113,22 +114,24 @@ def serve(ep: Endpoint, devices: list[tuple[str, int]], task: Task, spec: FedOpt
     import paddle
 
     res = ServerResult()
-    chans = {d: ep.channel(d[0], d[1], CHANNEL) for d in devices}
+    mb = Messenger(ep, TO_SERVER, channel=CHANNEL)
+    chans = {d: mb.channel(Peer(*d)) for d in devices}
     inbox: queue.Queue = queue.Queue()
     stop = threading.Event()
-    threads = [threading.Thread(target=_receiver, args=(ch, d, inbox, stop), daemon=True) for d, ch in chans.items()]
+    threads = [threading.Thread(target=_receiver, args=(mb, d, inbox, stop, spec.global_timeout_s), daemon=True)
+               for d in chans]
     for t in threads:
         t.start()
     try:
-        return _serve(res, chans, inbox, task, spec, paddle, should_stop or (lambda: False))
+        return _serve(res, mb, chans, inbox, task, spec, paddle, should_stop or (lambda: False))
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=2)
 
 
-def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec: FedOptimaSpec, paddle,
-           should_stop: Callable[[], bool]) -> ServerResult:
+def _serve(res: ServerResult, mb: Messenger, chans: dict, inbox: queue.Queue, task: Task, spec: FedOptimaSpec,
+           paddle, should_stop: Callable[[], bool]) -> ServerResult:
     # ---- initialisation: device information, split point, auxiliary network ----
     infos: dict = {}
     deadline = time.monotonic() + spec.join_timeout_s
@@ -160,8 +163,8 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
     trainer = ServerTrainer(srv_net, lr=spec.lr_server)
     sched = TaskScheduler(devices=active, omega=spec.omega, grant_timeout_s=spec.grant_timeout_s)
     for d in active:
-        chans[d].send(pack_message(Init(split=res.split, version=0),
-                                   {**_prefix("d.", agg.device), **_prefix("a.", agg.aux)}), lane="bulk")
+        mb.send_model(Peer(*d), Init(split=res.split, version=0), _models(agg.device, agg.aux), lane="bulk",
+                      inline=True)
 
     x_test, y_test = task.test_data()
     res.initial_accuracy = _accuracy([dev_net, srv_net], x_test, y_test)
@@ -224,8 +227,8 @@ def _serve(res: ServerResult, chans: dict, inbox: queue.Queue, task: Task, spec:
                 res.aggregations += int(agg.apply(dstate, astate, m.version, who=str(m.origin)))
             except ValueError as exc:
                 log.warning("fedoptima server: model from %s rejected: %s", m.origin, exc)
-            chans[m.origin].send(pack_message(AggregatedModel(version=agg.version),
-                                              {**_prefix("d.", agg.device), **_prefix("a.", agg.aux)}), lane="bulk")
+            mb.send_model(Peer(*m.origin), AggregatedModel(version=agg.version), _models(agg.device, agg.aux),
+                          lane="bulk", inline=True)
             res.rounds = res.aggregations // len(active)  # a round is K aggregations (Algorithm 4, line 21)
         res.busy_s += time.monotonic() - b0
     res.wall_s = time.monotonic() - t0
@@ -255,13 +258,24 @@ def _send_grants(sched: TaskScheduler, chans: dict, eligible: list) -> None:
         chans[d].send(pack_message(SendSlot()), lane="control")
 
 
-def _prefix(p: str, d: dict) -> dict:
-    return {p + k: v for k, v in d.items()}
+def _models(device: dict, aux: dict) -> dict:
+    """The device-side network and the auxiliary network as one model (their tensors prefixed "d." and "a.")."""
+    return {**{"d." + k: v for k, v in device.items()}, **{"a." + k: v for k, v in aux.items()}}
 
 
 def _split_models(arrays: dict) -> tuple[dict, dict]:
     return ({k[2:]: v for k, v in arrays.items() if k.startswith("d.")},
             {k[2:]: v for k, v in arrays.items() if k.startswith("a.")})
+
+
+def _typed(mb: Messenger, peer: Peer, parts: list, family: MessageFamily, timeout_s: float) -> tuple[Any, dict]:
+    """The typed message of `family` in `parts` from `peer` and its arrays (a model's tensors, read in pieces when
+    they do not come inline); ProtocolError naming the peer and the problem."""
+    head, arrays = mb.receive_arrays(peer, parts, timeout_s)
+    try:
+        return decode(head, family), arrays
+    except ProtocolError as exc:
+        raise ProtocolError(f"from {peer}: {exc}", exc.type, exc.head) from None
 
 
 def _decoded(who: Any, head: dict | None) -> Any:
@@ -296,11 +310,13 @@ def run_device(ep: Endpoint, server: tuple[str, int], index: int, num_devices: i
     """Algorithm 1 on one device until STOP (or `max_local_rounds`); its measured idle and busy seconds."""
     import paddle
 
-    ch = ep.channel(server[0], server[1], CHANNEL)
+    mb, peer = Messenger(ep, TO_DEVICE, channel=CHANNEL), Peer(*server)
+    ch = mb.channel(peer)
     ch.send(pack_message(DeviceHello(flops_per_s=info.flops_per_s, bandwidth_bytes_per_s=info.bandwidth_bytes_per_s)),
             lane="control")
     try:
-        init, arrays = unpack_message(ch.recv_parts(timeout_s=spec.join_timeout_s * 2), TO_DEVICE, "server")
+        init, arrays = _typed(mb, peer, ch.recv_parts(timeout_s=spec.join_timeout_s * 2), TO_DEVICE,
+                              spec.join_timeout_s)
     except TimeoutError:
         raise FedOptimaError(f"the server sent no INIT within {spec.join_timeout_s * 2} s; is it running "
                              f"as {server[0]}/{server[1]} of this job?") from None
@@ -321,7 +337,7 @@ def run_device(ep: Endpoint, server: tuple[str, int], index: int, num_devices: i
     def poll(timeout_s: float) -> tuple[Any, dict] | None:
         nonlocal granted, stopped
         try:
-            m, a = unpack_message(ch.recv_parts(timeout_s=timeout_s), TO_DEVICE, "server")
+            m, a = _typed(mb, peer, ch.recv_parts(timeout_s=timeout_s), TO_DEVICE, spec.global_timeout_s)
         except TimeoutError:
             return None
         except ProtocolError as exc:
@@ -356,8 +372,7 @@ def run_device(ep: Endpoint, server: tuple[str, int], index: int, num_devices: i
         if stopped:
             break
         dstate, astate = trainer.models()
-        ch.send(pack_message(DeviceModel(version=version), {**_prefix("d.", dstate), **_prefix("a.", astate)}),
-                lane="bulk")
+        mb.send_model(peer, DeviceModel(version=version), _models(dstate, astate), lane="bulk", inline=True)
         got, w0 = None, time.monotonic()
         while not stopped and time.monotonic() - w0 < spec.global_timeout_s:
             r = poll(min(0.5, spec.global_timeout_s))

@@ -1,11 +1,11 @@
-"""OWL's messages on the channel `owl` between every pair of actors (nebula.federated.protocol: one JSON header part,
-then one raw part per array). `TO_WORKER`: what the server and peers send a worker; `TO_SERVER`: what workers send
-the server."""
+"""OWL's messages on the channel `owl` between every pair of actors (nebula.messaging: the groups' tensors and the
+updates as models, inline or in pieces, `Messenger.send_model`). `TO_WORKER`: what the server and peers send a
+worker; `TO_SERVER`: what workers send the server."""
 from __future__ import annotations
 
 
 from nebula.federated.messages import Stop
-from nebula.federated.protocol import MessageFamily, Message
+from nebula.messaging import Message, MessageFamily
 
 __all__ = ["TO_WORKER", "TO_SERVER", "Plan", "Group", "OwlUpdate", "GroupPull", "Stop"]
 

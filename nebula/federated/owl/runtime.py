@@ -21,12 +21,12 @@ import numpy as np
 
 from nebula.channel import ChannelError, Endpoint
 from nebula.federated.aggregate import fedavg
-from nebula.federated.owl.messages import TO_SERVER, TO_WORKER, Group, GroupPull, OwlUpdate, Plan, Stop
-from nebula.federated.protocol import ProtocolError, decode, pack_message, unpack, unpack_message
 from nebula.federated.owl.config import OwlSpec
 from nebula.federated.owl.deploy import SERVER, DeploySetting, Pull, centralized, deploy
 from nebula.federated.owl.grouping import group_branches
+from nebula.federated.owl.messages import TO_SERVER, TO_WORKER, Group, GroupPull, OwlUpdate, Plan, Stop
 from nebula.federated.owl.model import OverlappedForward, model_branches
+from nebula.messaging import Messenger, MessageFamily, Peer, ProtocolError, decode, pack_message, unpack_message
 
 __all__ = ["OwlTask", "OwlError", "OwlResult", "serve_owl", "run_owl_worker", "plan_for", "CHANNEL"]
 
@@ -100,7 +100,9 @@ def _accuracy(model, x: np.ndarray, y: np.ndarray) -> float:
         return float((model(paddle.to_tensor(x)).numpy().argmax(-1) == y).mean())
 
 
-def _receive(ch, who, inbox: queue.Queue, stop: threading.Event) -> None:
+def _receive(mb: Messenger, peer: Peer, who, inbox: queue.Queue, stop: threading.Event,  # noqa: ANN001
+             piece_timeout_s: float) -> None:
+    ch = mb.channel(peer)
     while not stop.is_set():
         try:
             parts = ch.recv_parts(timeout_s=0.5)
@@ -111,9 +113,9 @@ def _receive(ch, who, inbox: queue.Queue, stop: threading.Event) -> None:
             if stop.wait(1.0):
                 return
             continue
-        try:
-            inbox.put((who, *unpack(parts, str(who))))  # (decoded where it is handled: the family is the role's)
-        except ProtocolError as exc:
+        try:  # (decoded where it is handled: the family is the role's)
+            inbox.put((who, *mb.receive_arrays(peer, parts, piece_timeout_s)))
+        except (ProtocolError, TimeoutError) as exc:
             inbox.put((who, None, exc))
 
 
@@ -131,15 +133,24 @@ def _decoded(who, head: dict | None, arrays, family, role: str, quiet: bool = Fa
         return None
 
 
-def _start_receivers(chans: dict, inbox: queue.Queue, stop: threading.Event) -> list[threading.Thread]:
-    ts = [threading.Thread(target=_receive, args=(ch, who, inbox, stop), daemon=True) for who, ch in chans.items()]
+def _start_receivers(mb: Messenger, peers: dict, inbox: queue.Queue, stop: threading.Event, piece_timeout_s: float
+                     ) -> list[threading.Thread]:
+    ts = [threading.Thread(target=_receive, args=(mb, peer, who, inbox, stop, piece_timeout_s), daemon=True)
+          for who, peer in peers.items()]
     for t in ts:
         t.start()
     return ts
 
 
-def _nbytes(parts: list) -> int:
-    return sum(len(memoryview(p).cast("B")) for p in parts)
+def _send_model(mb: Messenger, peer: Peer, msg, weights: dict) -> int:  # noqa: ANN001
+    """Send `msg` with `weights` as a model (inline when small, else in pieces); the bytes that left."""
+    before = sum(mb.sent_bytes.values())
+    mb.send_model(peer, msg, weights, lane="bulk", inline=True)
+    return sum(mb.sent_bytes.values()) - before
+
+
+def _messenger(ep: Endpoint, inbox: MessageFamily) -> Messenger:
+    return Messenger(ep, inbox, channel=CHANNEL)
 
 
 def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec: OwlSpec,
@@ -158,10 +169,12 @@ def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec:
                     group_bytes=[sum(sizes[b] for b in g) for g in setting.groups])
     x_test, y_test = task.test_data()
     res.initial_accuracy = _accuracy(model, x_test, y_test)
-    chans = {w: ep.channel(w[0], w[1], CHANNEL) for w in workers}
+    mb = _messenger(ep, TO_SERVER)
+    addr = {w: Peer(*w) for w in workers}
+    chans = {w: mb.channel(p) for w, p in addr.items()}
     inbox: queue.Queue = queue.Queue()
     stop = threading.Event()
-    threads = _start_receivers(chans, inbox, stop)
+    threads = _start_receivers(mb, addr, inbox, stop, spec.round_timeout_s)
     try:
         # with combine=cluster the first worker of each cluster averages its cluster's updates (FEDn's combiner)
         # and one update per cluster crosses the WAN; with combine=server every worker sends its own
@@ -180,9 +193,7 @@ def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec:
             egress = 0
 
             def send_group(g: int, w: tuple[str, int]) -> int:
-                parts = pack_message(Group(round=rnd, group=g), {k: weights[k] for k in group_keys[g]})
-                chans[w].send(parts, lane="bulk")
-                return _nbytes(parts)
+                return _send_model(mb, addr[w], Group(round=rnd, group=g), {k: weights[k] for k in group_keys[g]})
 
             for g, wi in sorted(setting.from_server(), key=lambda gw: (gw[1], gw[0])):
                 egress += send_group(g, workers[wi])
@@ -232,7 +243,8 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
     import paddle
     import paddle.nn.functional as F
 
-    srv = ep.channel(server[0], server[1], CHANNEL)
+    mb = _messenger(ep, TO_WORKER)
+    srv = mb.channel(Peer(*server))
     try:
         plan, _ = unpack_message(srv.recv_parts(timeout_s=spec.round_timeout_s), TO_WORKER, "server")
     except TimeoutError:
@@ -255,10 +267,10 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
     params = dict(model.named_parameters())
     fwd = OverlappedForward(model, branches)
     opt = paddle.optimizer.SGD(learning_rate=spec.lr, parameters=model.parameters())
-    chans = {"server": srv, **{i: ep.channel(c, r, CHANNEL) for i, (c, r) in enumerate(peers) if i != me}}
+    addr = {"server": Peer(*server), **{i: Peer(c, r) for i, (c, r) in enumerate(peers) if i != me}}
     inbox: queue.Queue = queue.Queue()
     stop = threading.Event()
-    threads = _start_receivers(chans, inbox, stop)
+    threads = _start_receivers(mb, addr, inbox, stop, spec.round_timeout_s)
     data = task.batches(me, len(peers))
     stats = {"rounds": 0, "dist_s": [], "order": [], "pulled": 0, "forwarded_bytes": 0}
     try:
@@ -286,9 +298,7 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
                     arrived.update(groups[g])
                     for gg, w in serves:
                         if gg == g:
-                            parts = pack_message(Group(round=rnd, group=g), arrays)
-                            chans[w].send(parts, lane="bulk")
-                            stats["forwarded_bytes"] += _nbytes(parts)
+                            stats["forwarded_bytes"] += _send_model(mb, addr[w], Group(round=rnd, group=g), arrays)
                     if len(arrived) == len(branches):
                         t_first[1] = time.monotonic() - t_first[0]
 
@@ -328,7 +338,7 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
             stats["dist_s"].append(t_first[1])
             state = {k: v.numpy() for k, v in model.state_dict().items()}
             if combiner is not None and combiner != me:  # to the cluster's combiner, over the cluster-local path
-                chans[combiner].send(pack_message(OwlUpdate(round=rnd, num_examples=n), state), lane="bulk")
+                _send_model(mb, addr[combiner], OwlUpdate(round=rnd, num_examples=n), state)
             else:
                 num = 1
                 if members:  # the combiner: average the cluster's updates, one message crosses the WAN
@@ -340,7 +350,7 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
                             break
                     got = [(state, n)] + [peer_updates[w] for w in sorted(peer_updates)]
                     state, n, num = fedavg(got), sum(c for _, c in got), len(got)
-                srv.send(pack_message(OwlUpdate(round=rnd, num_examples=n, num_updates=num), state), lane="bulk")
+                _send_model(mb, addr["server"], OwlUpdate(round=rnd, num_examples=n, num_updates=num), state)
             stats["rounds"] += 1
             rnd += 1
             try:  # the next round's first group (kept for the next pass), or STOP

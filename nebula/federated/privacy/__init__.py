@@ -10,11 +10,12 @@ from typing import Any
 
 from nebula.federated.privacy.mechanism import (ACCOUNTANTS, DP_MODES, SAMPLERS, DPConfig, add_gaussian_noise,
                                                 clip_factor, clip_update, client_noise_std, noise_rng,
-                                                privatize_update, server_noise_std, update_norm)
+                                                privatize_update, privatize_weights, server_noise_std,
+                                                update_norm)
 
 __all__ = ["DPConfig", "DP_MODES", "ACCOUNTANTS", "SAMPLERS", "clip_update", "clip_factor", "update_norm",
-           "client_noise_std", "server_noise_std", "add_gaussian_noise", "privatize_update", "noise_rng",
-           "PrivacyAccountant", "BudgetStatus", "sampling_rate_for", "accountant_for", "noise_for_epsilon"]
+           "client_noise_std", "server_noise_std", "add_gaussian_noise", "privatize_update", "privatize_weights",
+           "noise_rng", "PrivacyAccountant", "BudgetStatus", "sampling_rate_for", "accountant_for", "noise_for_epsilon"]
 
 _LAZY = {"PrivacyAccountant", "BudgetStatus", "sampling_rate_for", "accountant_for", "noise_for_epsilon"}
 

@@ -47,7 +47,8 @@ from typing import Mapping
 import numpy as np
 
 __all__ = ["DPConfig", "DP_MODES", "ACCOUNTANTS", "SAMPLERS", "clip_update", "clip_factor", "update_norm",
-           "client_noise_std", "server_noise_std", "add_gaussian_noise", "privatize_update", "noise_rng"]
+           "client_noise_std", "server_noise_std", "add_gaussian_noise", "privatize_update", "privatize_weights",
+           "noise_rng"]
 
 DP_MODES = ("central", "local", "distributed")
 ACCOUNTANTS = ("rdp", "pld")
@@ -147,3 +148,14 @@ def privatize_update(update: Mapping[str, np.ndarray], cfg: DPConfig, rng: np.ra
     """A client's part: clip its change, then add its share of the noise; (sent change, norm before clipping)."""
     clipped, norm = clip_update(update, cfg.clip_norm)
     return add_gaussian_noise(clipped, client_noise_std(cfg, min_clients), rng), norm
+
+
+def privatize_weights(dp: DPConfig, params: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+                      rng: np.random.Generator, min_clients: int = 1) -> dict[str, np.ndarray]:
+    """The weights to send under differential privacy: the round's model plus the change clipped to clip_norm and
+    noised as the mode says. ValueError when `weights` is not shaped like the model (nothing unclipped leaves)."""
+    if [(k, np.shape(v)) for k, v in weights.items()] != [(k, np.shape(v)) for k, v in params.items()]:
+        raise ValueError("the trained model's tensors differ from the round's model; nothing is sent")
+    change = {k: np.asarray(weights[k], np.float64) - params[k] for k in params}
+    sent, _ = privatize_update(change, dp, rng, min_clients)
+    return {k: (params[k] + sent[k]).astype(params[k].dtype) for k in params}

@@ -12,7 +12,7 @@ of share commitments, a weight or a survivor set) and `config` (the job-file sec
 from nebula.federated.secagg.client import SecAggClient
 from nebula.federated.secagg.compose import (PROTOCOLS, check_codec_precision, check_strategy, flatten, partial_mean,
                                              reduce_sums, unflatten, word_bits_for_codec)
-from nebula.federated.secagg.config import SecAggConfig
+from nebula.federated.secagg.config import UNMASK_STAGES, SecAggConfig
 from nebula.federated.secagg.graph import default_degree, harary_graph, majority_threshold
 from nebula.federated.secagg.client import Journal, MemoryJournal
 from nebula.federated.secagg.messages import (AdvertiseKeys, Complaint, DealerCommitments, EncryptedShare, KeyRoster,
@@ -23,7 +23,8 @@ from nebula.federated.secagg.vouch import Signer, Verifier, load_signer, load_ve
 from nebula.federated.secagg.quantize import Quantizer
 from nebula.federated.secagg.server import SecAggServer
 
-__all__ = ["SecAggClient", "SecAggServer", "SecAggConfig", "SecAggParams", "SecAggRefused", "Quantizer",
+__all__ = ["SecAggClient", "SecAggServer", "SecAggConfig", "UNMASK_STAGES", "SecAggParams", "SecAggRefused",
+           "Quantizer",
            "AdvertiseKeys", "KeyRoster", "EncryptedShare", "DealerCommitments", "ShareKeys", "ShareDelivery",
            "Complaint", "ShareCheck", "ShareVerdict", "MaskedInput", "UnmaskRequest", "UnmaskResponse", "SecureSum",
            "SurvivorSet", "SurvivorSignature", "model_digest", "Journal", "MemoryJournal", "Signer", "Verifier",

@@ -76,7 +76,7 @@ class Journal(Protocol):
 
 
 class MemoryJournal:
-    """A `Journal` in memory only (a process that restarts forgets it; see nebula.federated.secure_state)."""
+    """A `Journal` in memory only (a process that restarts forgets it; see nebula.federated.combiner.secure_state)."""
 
     def __init__(self) -> None:
         self.rounds: set[int] = set()

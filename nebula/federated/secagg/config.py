@@ -39,7 +39,9 @@ from nebula.federated.secagg.graph import colluders, default_degree, safe_thresh
 from nebula.federated.secagg.messages import MIN_CLIENTS, SecAggParams
 from nebula.federated.secagg.quantize import Quantizer
 
-__all__ = ["SecAggConfig"]
+__all__ = ["SecAggConfig", "UNMASK_STAGES"]
+
+UNMASK_STAGES = 2  # a combiner's unmask stage lasts at most this many stage_timeout_s (the reducer waits for it)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

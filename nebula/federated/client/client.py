@@ -17,16 +17,17 @@ from typing import Any, Mapping
 import numpy as np
 
 from nebula.channel import Endpoint
-from nebula.federated.client_api import Client, Weights
+from nebula.federated.actor_channels import COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK
+from nebula.federated.client.answers import Answers, for_me, mb_peers
+from nebula.federated.client.api import Client, Weights
+from nebula.federated.client.secure import train_secure
 from nebula.federated.config import FederatedJob
 from nebula.federated.intake import NONE_CODEC, UpdateEncoder
-from nebula.federated.client_secure import Answers, for_me, mb_peers, privatize_weights, train_secure
 from nebula.federated.messages import (ANY_START, ClientHello, ClientUpdate, GetParameters, HelloRefused,
                                        Parameters, PullUpdate, Stop, TrainTask)
-from nebula.federated.privacy import noise_rng
-from nebula.federated.protocol import Message, to_json
-from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Messenger, Peer,
-                                        fits_inline, manifest)
+from nebula.federated.privacy import noise_rng, privatize_weights
+from nebula.federated.transport import Messenger
+from nebula.messaging import Peer, fits_inline, manifest, to_json
 
 __all__ = ["Client", "PaddleClient", "run_client", "load_client", "ANY_START"]
 

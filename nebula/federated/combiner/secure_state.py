@@ -1,6 +1,6 @@
 """One synchronous round with secure aggregation at a combiner, as pure state: a `RoundState` whose clients' updates
 are summed by a `SecAggServer` (nebula.federated.secagg) instead of a running mean, so the combiner learns only
-their sum. No sockets: `nebula.federated.combiner_secure.SecureRound` does the I/O (tasks, stage messages, pulls,
+their sum. No sockets: `nebula.federated.combiner.secure.SecureRound` does the I/O (tasks, stage messages, pulls,
 audit records), and a test can drive it with messages it builds itself.
 
 The stages: keys (`sa_keys` in, `sa_roster` out), shares (`sa_shares` in, `sa_delivery` out), share check
@@ -22,15 +22,15 @@ from typing import Mapping
 import numpy as np
 
 from nebula.federated.checks import Refusal
+from nebula.federated.combiner.round_state import RoundState, Weights
 from nebula.federated.messages import (MASKED_TENSOR, ClientUpdate, MaskedUpdate, Partial, SecureCheck,
                                        SecureDelivery, SecureKeys, SecureReveal, SecureRoster, SecureShares,
                                        SecureSigned, SecureSurvivors, SecureUnmask, SecureVerdict, delivery_parts)
-from nebula.federated.protocol import Malformed, Message
-from nebula.federated.round_state import RoundState, Weights
 from nebula.federated.secagg import (AdvertiseKeys, Complaint, DealerCommitments, EncryptedShare, MaskedInput,
                                      SecAggConfig, SecAggRefused, SecAggServer, SecureSum, ShareCheck, ShareKeys,
                                      SurvivorSignature, UnmaskResponse, Verifier, model_digest, partial_mean,
                                      unflatten)
+from nebula.messaging import Malformed, Message
 
 __all__ = ["SecureRoundState"]
 

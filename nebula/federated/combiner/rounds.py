@@ -18,16 +18,15 @@ import numpy as np
 
 from nebula.federated._actor import check_terminated
 from nebula.federated.checks import Refusal, check_received, check_update_header
+from nebula.federated.combiner.round_state import RoundState
 from nebula.federated.intake import NONE_CODEC, GlobalModel, Refused, clip_pieces, receive_update
 from nebula.federated.messages import (AsyncUpdate, ClientHello, ClientUpdate, NewModel, PullUpdate, StartAsync,
                                        StartRound, Stop, TrainTask)
 from nebula.federated.privacy import clip_factor
-from nebula.federated.protocol import Malformed, Message
-from nebula.federated.round_state import RoundState
-from nebula.federated.transport import PUSH_BYTES, Peer, manifest
+from nebula.messaging import PUSH_BYTES, Malformed, Message, Peer, manifest
 
 if TYPE_CHECKING:
-    from nebula.federated.combiner_base import CombinerBase as Combiner
+    from nebula.federated.combiner.base import CombinerBase as Combiner
 
 __all__ = ["SyncRound", "serve_async", "PULL_GRACE_S"]
 

@@ -21,13 +21,14 @@ import time
 from pathlib import Path
 
 from nebula.federated._actor import ActorAudit, JobGrants, RefusalTally
+from nebula.federated.actor_channels import CLIENT_WINDOW, CONTROLLER_RANK, FIRST_CLIENT_RANK
 from nebula.federated.checks import NONCE_CHARS, Refusal, check_hello
 from nebula.federated.config import FederatedJob
 from nebula.federated.messages import (ANY_START, SECURE_FROM_CLIENT, Bye, ClientHello, ClientUpdate, HelloRefused,
                                        StatusAnswer, StatusRequest, Stop, UpdateDropped)
-from nebula.federated.protocol import Malformed, Message
 from nebula.federated.strategy import get_strategy
-from nebula.federated.transport import CLIENT_WINDOW, CONTROLLER_RANK, FIRST_CLIENT_RANK, Messenger, Peer
+from nebula.federated.transport import Messenger
+from nebula.messaging import Malformed, Message, Peer
 
 __all__ = ["CombinerBase", "client_peers", "ANY_START", "FLUSH_S"]
 

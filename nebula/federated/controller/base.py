@@ -6,7 +6,7 @@ commands name the combiner process (`to`: the nonce of its latest status answer)
 reaches a later one; answers of another run are dropped. Job grants hold across the federation: each combiner
 reports whether its cluster's account home grants the job (`grant` in its status answer), and no client of a
 cluster whose combiner refused, or has not said, is assigned to any combiner. The combiners' signed audit
-checkpoints that come with their answers are kept as witnesses (`nebula.federated.witness`).
+checkpoints that come with their answers are kept as witnesses (`nebula.federated.controller.witness`).
 """
 from __future__ import annotations
 
@@ -15,18 +15,20 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Iterator
 
 from nebula.federated._actor import ActorAudit, check_terminated
+from nebula.federated.actor_channels import COMBINER_RANK
 from nebula.federated.config import FederatedJob
-from nebula.federated.controller_privacy import RoundPrivacy
+from nebula.federated.controller.privacy import RoundPrivacy
+from nebula.federated.controller.trail import ModelTrail
+from nebula.federated.controller.witness import CombinerWitness
 from nebula.federated.initial import fetch_initial, load_initial_model
 from nebula.federated.messages import Bye, StatusAnswer, StatusRequest, Stop
-from nebula.federated.protocol import Malformed, Message
 from nebula.federated.runfiles import RunFiles
 from nebula.federated.strategy import get_strategy
-from nebula.federated.trail import ModelTrail
-from nebula.federated.transport import COMBINER_RANK, Messenger, Peer
-from nebula.federated.witness import CombinerWitness
+from nebula.federated.transport import Messenger
+from nebula.messaging import Malformed, Message, Peer
 
 __all__ = ["ControllerBase", "STATUS_WAIT_S", "BYE_WAIT_S"]
 
@@ -98,12 +100,7 @@ class ControllerBase:
         self.accepted_by = {}
         deadline = time.monotonic() + STATUS_WAIT_S
         waiting = set(self.combiners)
-        while waiting and time.monotonic() < deadline:
-            check_terminated()
-            got = self.mb.poll(sorted(waiting), min(1.0, deadline - time.monotonic()))
-            if got is None:
-                continue
-            peer, msg, _ = got
+        for peer, msg in self.answers(waiting, deadline):
             if not isinstance(msg, StatusAnswer) or msg.seq != self._seq or msg.run != self.run_id:
                 self.discard(peer, msg)
                 continue
@@ -123,6 +120,15 @@ class ControllerBase:
                 self.accepted_by.setdefault(c, set()).add(peer)
         # a client that let its combiner down is not asked again until that combiner hears from it
         return sorted(live), {c: n for c, n in roster.items() if str(c) not in missed}
+
+    def answers(self, waiting: set[Peer], deadline: float) -> Iterator[tuple[Peer, Message]]:
+        """The messages of the combiners in `waiting` (a set the caller shrinks as they answer) until none is left or
+        `deadline` (a monotonic time) passes."""
+        while waiting and time.monotonic() < deadline:
+            check_terminated()
+            got = self.mb.poll(sorted(waiting), min(1.0, deadline - time.monotonic()))
+            if got is not None:
+                yield got[0], got[1]
 
     def _grant(self, cluster: str, refusal: object) -> None:
         """Note what `cluster`'s combiner says of its account home's job grant (audited when it changes)."""
@@ -198,7 +204,7 @@ class ControllerBase:
     def assign(self, live: list[Peer], roster: dict[Peer, int], r: int) -> dict[Peer, list[Peer]]:
         clients = sorted(roster)
         k = self.job.clients_per_round or len(clients)
-        if self.privacy is not None:  # the sampler the accountant analyses, unpredictable (controller_privacy)
+        if self.privacy is not None:  # the sampler the accountant analyses, unpredictable (controller.privacy)
             chosen = self.privacy.sample(clients, r)
         else:
             chosen = sorted(random.Random(self.job.seed * 100003 + r).sample(clients, min(k, len(clients))))

@@ -1,5 +1,5 @@
 """The client API users write against (as in Flower: `fit` and `evaluate`); the loops that serve it live in
-`client` (plain rounds) and `client_secure` (secure aggregation)."""
+`.client` (plain rounds) and `.secure` (secure aggregation)."""
 from __future__ import annotations
 
 from typing import Any, Mapping

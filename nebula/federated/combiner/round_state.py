@@ -1,7 +1,7 @@
 """One synchronous round at a combiner as pure state: which clients were asked, who answered, what was accepted,
-refused or folded, and the partial it reports. No sockets: `nebula.federated.combiner_rounds.SyncRound` does the
+refused or folded, and the partial it reports. No sockets: `nebula.federated.combiner.rounds.SyncRound` does the
 I/O around it (fan-out, pulls, pieces, audit), and a test can drive it with messages it builds itself. The controller's
-side of a round is pure state the same way (`nebula.federated.reduction.Reduction`).
+side of a round is pure state the same way (`nebula.federated.controller.reduction.Reduction`).
 
 A refused update is one of two kinds: an asked client's first answer for this round, recorded one by one (it
 stops the wait for that client), or something a sender can repeat at will (late, uninvited, duplicate), counted.
@@ -12,12 +12,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from nebula.federated.aggregate import RunningMean
+from nebula.mean import RunningMean
 from nebula.federated.checks import Refusal, check_update_header
 from nebula.federated.messages import ClientUpdate, Partial
-from nebula.federated.protocol import Malformed
 from nebula.federated.strategy import Strategy
-from nebula.federated.transport import Peer, manifest
+from nebula.messaging import Malformed, Peer, manifest
 
 __all__ = ["RoundState"]
 

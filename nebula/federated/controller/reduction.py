@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from nebula.federated.aggregate import RunningMean
+from nebula.mean import RunningMean
 from nebula.federated.config import ValiditySpec
 from nebula.federated.messages import Partial
 
@@ -119,6 +119,6 @@ class Reduction:
 
     def result(self) -> Weights:
         """The weighted mean of the partials, as weights (a coded round's mean change added to the model); central
-        differential privacy's noisy release is `controller_privacy.RoundPrivacy.release`'s."""
+        differential privacy's noisy release is `controller.privacy.RoundPrivacy.release`'s."""
         mean = self.mean.result()
         return {k: self.weights[k] + mean[k] for k in self.weights} if self.coded else mean

@@ -24,18 +24,17 @@ import weakref
 from pathlib import Path
 from typing import Mapping
 
+from nebula.federated.actor_channels import FIRST_CLIENT_RANK
 from nebula.federated.checks import Refusal
-from nebula.federated.combiner_rounds import PULL_GRACE_S, SyncRound
+from nebula.federated.combiner.rounds import PULL_GRACE_S, SyncRound
+from nebula.federated.combiner.secure_state import SecureRoundState
 from nebula.federated.messages import MASKED_TENSOR, MaskedUpdate, PullUpdate, TrainTask
-from nebula.federated.protocol import Malformed, Message, to_json
-from nebula.federated.secagg import Verifier, load_verifier, word_bits_for_codec
-from nebula.federated.secure_state import SecureRoundState
-from nebula.federated.transport import FIRST_CLIENT_RANK, Peer
+from nebula.federated.secagg import UNMASK_STAGES, Verifier, load_verifier, word_bits_for_codec
+from nebula.messaging import Malformed, Message, Peer, to_json
 
-__all__ = ["SecureRound", "UNMASK_STAGES"]
+__all__ = ["SecureRound"]
 
 log = logging.getLogger(__name__)
-UNMASK_STAGES = 2  # the unmask stage lasts at most this many stage_timeout_s
 # per combiner object: the clients blamed in this job (client -> what it did), and its certificate verifier
 _BLAMED: "weakref.WeakKeyDictionary[object, dict[str, str]]" = weakref.WeakKeyDictionary()
 _VERIFIERS: "weakref.WeakKeyDictionary[object, Verifier]" = weakref.WeakKeyDictionary()

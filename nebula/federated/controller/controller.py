@@ -6,8 +6,8 @@ global model once to each combiner (WAN-once), wait for the partials until the d
 reported `REPORT_GRACE_S` after it is given up for this round), check the validity policy, reduce the partials
 (example-weighted, streamed piece by piece), apply the strategy's server step, and commit to the trail.
 
-Run identity, participation, grants, witnesses and the initial model: `nebula.federated.controller_base`;
-asynchronous strategies: `nebula.federated.controller_async`.
+Run identity, participation, grants, witnesses and the initial model: `nebula.federated.controller.base`;
+asynchronous strategies: `nebula.federated.controller.asynchronous`.
 """
 from __future__ import annotations
 
@@ -19,16 +19,18 @@ import time
 import numpy as np
 
 from nebula.channel import Endpoint
-from nebula.federated.controller_async import run_async
-from nebula.federated.combiner_secure import UNMASK_STAGES
-from nebula.federated.controller_base import ControllerBase
-from nebula.federated.controller_privacy import RoundPrivacy
-from nebula.federated.messages import ModelCopy, Partial, StartRound
-from nebula.federated.reduction import Reduction
-from nebula.federated.trail import ModelTrail, RoundRecord
-from nebula.federated.transport import CONTROLLER_RANK, Messenger, Peer
 from nebula.federated._actor import ActorAudit, Terminated, check_terminated
-from nebula.federated.witness import CombinerWitness
+from nebula.federated.actor_channels import CONTROLLER_RANK
+from nebula.federated.controller.asynchronous import run_async
+from nebula.federated.controller.base import ControllerBase
+from nebula.federated.controller.privacy import RoundPrivacy
+from nebula.federated.controller.reduction import Reduction
+from nebula.federated.controller.trail import ModelTrail, RoundRecord
+from nebula.federated.controller.witness import CombinerWitness
+from nebula.federated.messages import ModelCopy, Partial, StartRound
+from nebula.federated.secagg import UNMASK_STAGES
+from nebula.federated.transport import Messenger
+from nebula.messaging import Peer
 
 __all__ = ["Controller", "REPORT_GRACE_S"]
 
@@ -130,7 +132,7 @@ class Controller(ControllerBase):
         red = Reduction(weights, coded=job.update_codec != "none" or secure is not None, update_codec=job.update_codec,
                         validity=job.validity, expected_examples=expected_examples,
                         max_weight=secure.max_weight if secure is not None else None)
-        # the combiners' unmask stage, then their sum (nebula.federated.combiner_secure)
+        # the combiners' unmask stage, then their sum (nebula.federated.combiner.secure)
         unmask_s = (UNMASK_STAGES + 1) * secure.stage_timeout_s if secure is not None else 0.0
         self._take_partials(r, assignment, red, t0 + job.deadline_s + REPORT_GRACE_S + unmask_s)
         metrics = red.metrics()
@@ -204,12 +206,7 @@ class Controller(ControllerBase):
     def _take_partials(self, r: int, assignment: dict[Peer, list[Peer]], red: Reduction, give_up: float) -> None:
         """Take the combiners' partials of round `r` until all came or `give_up` (a monotonic time)."""
         waiting = set(assignment)
-        while waiting and time.monotonic() < give_up:
-            check_terminated()
-            got = self.mb.poll(sorted(waiting), min(1.0, give_up - time.monotonic()))
-            if got is None:
-                continue
-            peer, p, _ = got
+        for peer, p in self.answers(waiting, give_up):
             if not isinstance(p, Partial) or p.round != r or p.run != self.run_id:
                 self.discard(peer, p)
                 continue

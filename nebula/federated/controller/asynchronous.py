@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nebula.federated.messages import AsyncUpdate, NewModel, StartAsync
-from nebula.federated.trail import RoundRecord
+from nebula.federated.controller.trail import RoundRecord
 
 if TYPE_CHECKING:
-    from nebula.federated.controller_base import ControllerBase
+    from nebula.federated.controller.base import ControllerBase
 
 __all__ = ["run_async", "KEEP_VERSIONS"]
 

@@ -1,4 +1,4 @@
-"""The federated messages: frozen dataclasses, one encoder (`encode`) and one decoder (`decode`) for all of them.
+"""Typed messages: frozen dataclasses in families, one encoder (`encode`) and one decoder (`decode`) for all of them.
 
 A message is a JSON object `{"type": ..., field: value, ...}` on the control lane, optionally followed or joined by
 a model (`ModelLayout`: the manifest `tensors` as [name, dtype, shape] entries, `piece_bytes`, and for a model that
@@ -7,11 +7,11 @@ one raw part per array (`pack` / `unpack`). Messages come in families, one per r
 with its own family, so a type it does not accept is refused as unknown. The families of FEDn's rounds are
 `TO_CONTROLLER`, `TO_COMBINER` and `TO_CLIENT` (nebula.federated.messages); FedOptima's, OWL's and the data-parallel
 leaders' are defined beside their code. A new family (secure aggregation's rounds, say) is a `MessageFamily` and its
-`@family.message("name")` classes; see docs/architecture.md, "Federated protocol".
+`@family.message("name")` classes; see docs/architecture.md, "Typed messages". Nothing here knows a runtime.
 
-Decoding is strict for what actors send each other (types checked, unknown keys refused, missing required
-fields refused) except for fields typed `Untrusted`: values a client chooses that the receiver bounds with its own
-rules and refusal reasons (`nebula.federated.checks`), kept as sent.
+Decoding is strict for what peers send each other (types checked, unknown keys refused, missing required
+fields refused) except for fields typed `Untrusted`: values a sender chooses that the receiver bounds with its own
+rules and refusal reasons (the federated combiner's: `nebula.federated.checks`), kept as sent.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class ProtocolError(ValueError):
 class ModelLayout:
     """The model that follows a message (or comes inside it): manifest, piece size, inline parts, compressed frames.
     `tensors` and `piece_bytes` are kept as sent: the receiver checks them against the model it expects
-    (nebula.federated.transport.ModelAssembler, nebula.federated.checks)."""
+    (nebula.messaging.pieces.ModelAssembler, nebula.federated.checks)."""
 
     tensors: Untrusted
     piece_bytes: Untrusted

@@ -1,5 +1,6 @@
-"""A client's part of a round with secure aggregation (`train_secure`) and of differential privacy
-(`privatize_weights`), and the waiting for its combiner's answers that every task shares (`Answers`).
+"""A client's part of a round with secure aggregation (`train_secure`). (Its combiner's answers are waited for by
+`nebula.federated.client.answers.Answers`, as every task's; differential privacy without secure aggregation:
+`nebula.federated.privacy.privatize_weights`.)
 
 What a privacy-minded client does whatever its combiner asks: it runs the protocol its own job file names (a task
 without a session, in a job with `secure_aggregation`, gets nothing in the clear); it derives every parameter of the
@@ -22,81 +23,29 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from nebula.federated.client_api import Client, Weights
+from nebula.federated.actor_channels import FIRST_CLIENT_RANK
+from nebula.federated.client.answers import Answers
+from nebula.federated.client.api import Client
 from nebula.federated.config import FederatedJob
-from nebula.federated.messages import (ANY_START, MASKED_TENSOR, GetParameters, MaskedUpdate, PullUpdate,
-                                       SecureCheck, SecureDelivery, SecureKeys, SecureReveal, SecureRoster,
-                                       SecureShares, SecureSigned, SecureSurvivors, SecureUnmask, SecureVerdict, Stop,
-                                       TrainTask, UpdateDropped, delivery_commitments)
-from nebula.federated.privacy import DPConfig, privatize_update
-from nebula.federated.protocol import Message
+from nebula.federated.messages import (MASKED_TENSOR, MaskedUpdate, PullUpdate, SecureCheck, SecureDelivery,
+                                       SecureKeys, SecureReveal, SecureRoster, SecureShares, SecureSigned,
+                                       SecureSurvivors, SecureUnmask, SecureVerdict, TrainTask, delivery_commitments)
+from nebula.federated.privacy import privatize_update
 from nebula.federated.secagg import (AdvertiseKeys, DealerCommitments, EncryptedShare, KeyRoster, MemoryJournal,
                                      SecAggClient, SecAggRefused, ShareDelivery, ShareVerdict, Signer, SurvivorSet,
                                      UnmaskRequest, Verifier, flatten, load_signer, load_verifier, model_digest,
                                      word_bits_for_codec)
 from nebula.federated.secagg.vss import ELEMENT_BYTES
-from nebula.federated.transport import (COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK, Messenger, Peer,
-                                        fits_inline, manifest)
+from nebula.federated.transport import Messenger
+from nebula.messaging import Peer, fits_inline, manifest
 
-__all__ = ["Answers", "train_secure", "privatize_weights", "mb_peers", "for_me", "FileJournal", "SecureIdentity",
-           "secure_identity", "check_cohort"]
+__all__ = ["train_secure", "FileJournal", "SecureIdentity", "secure_identity", "check_cohort"]
 
 log = logging.getLogger(__name__)
-
-
-def mb_peers(job: FederatedJob) -> list[Peer]:
-    """Everyone a client listens to: every combiner and the controller."""
-    return [*(Peer(c.id, COMBINER_RANK) for c in job.clusters), Peer(job.controller.cluster, CONTROLLER_RANK)]
-
-
-def for_me(msg: Message, nonce: str, me: str, peer: Peer) -> bool:
-    """Whether a message is addressed to this process (a stop may also be to any process of this incarnation)."""
-    to = getattr(msg, "to", None)
-    if to == nonce or (to == ANY_START and isinstance(msg, Stop)):
-        return True
-    log.info("%s: ignoring a %s from %s addressed to another process (%s)", me, msg.TYPE[:32] or "malformed message",
-             peer, str(to)[:32])
-    return False
-
-
-class Answers:
-    """The answers of combiner `peer` to what this client sent for a task."""
-
-    def __init__(self, mb: Messenger, peer: Peer, job: FederatedJob, me: str, nonce: str) -> None:
-        self.mb, self.peer, self.me, self.nonce = mb, peer, me, nonce
-        self.others = [p for p in mb_peers(job) if p != peer]
-
-    def wait(self, want: tuple[type, ...], deadline: float, what: str) -> tuple[str, Any]:
-        """("ok", (message, parts)) for the next of the `want` types; ("pending", poll result) for a message that
-        ends the wait and is to be served next (a new task or a stop, the controller's request); ("dropped", its
-        refusal); ("timeout", None)."""
-        mb, peer = self.mb, self.peer
-        while time.monotonic() < deadline:
-            got = mb.poll([peer, *self.others], min(1.0, max(0.0, deadline - time.monotonic())), primary=peer)
-            if got is None:
-                continue
-            src, answer, parts = got
-            if isinstance(answer, GetParameters):
-                return "pending", got
-            if not for_me(answer, self.nonce, self.me, src):
-                continue
-            if src != peer:  # another combiner (ours is gone, we were reassigned)
-                if isinstance(answer, (TrainTask, Stop)):
-                    return "pending", got
-                continue
-            if isinstance(answer, want):
-                return "ok", (answer, parts)
-            if isinstance(answer, UpdateDropped):
-                log.warning("%s: %s refused: %s", self.me, what, answer.reason)
-                return "dropped", answer
-            if isinstance(answer, (TrainTask, Stop)):  # the round moved on without us
-                return "pending", got
-        log.warning("%s: combiner %s did not answer the %s", self.me, peer, what)
-        return "timeout", None
 
 
 class FileJournal(MemoryJournal):
@@ -179,17 +128,6 @@ def check_cohort(job: FederatedJob, me: str, cohort: tuple[str, ...]) -> None:
 def _audit(ident: SecureIdentity | None, round_: int, reason: str) -> None:
     if ident is not None:
         ident.audit.record("fl.secagg", str(round_), "refused", {"reason": reason[:500]})
-
-
-def privatize_weights(dp: DPConfig, params: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
-                      rng: np.random.Generator, min_clients: int = 1) -> Weights:
-    """The weights to send under differential privacy: the round's model plus the change clipped to clip_norm and
-    noised as the mode says. ValueError when `weights` is not shaped like the model (nothing unclipped leaves)."""
-    if [(k, np.shape(v)) for k, v in weights.items()] != [(k, np.shape(v)) for k, v in params.items()]:
-        raise ValueError("the trained model's tensors differ from the round's model; nothing is sent")
-    change = {k: np.asarray(weights[k], np.float64) - params[k] for k in params}
-    sent, _ = privatize_update(change, dp, rng, min_clients)
-    return {k: (params[k] + sent[k]).astype(params[k].dtype) for k in params}
 
 
 def _done(status: str, got: Any) -> tuple[bool, Any]:

@@ -28,14 +28,15 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
+from nebula.federated.actor_channels import FIRST_CLIENT_RANK
 from nebula.federated.config import FederatedJob
+from nebula.federated.controller.trail import ModelTrail
 from nebula.federated.privacy import noise_rng, server_noise_std
-from nebula.federated.trail import ModelTrail
-from nebula.federated.transport import FIRST_CLIENT_RANK, Peer
+from nebula.messaging import Peer
 
 if TYPE_CHECKING:
+    from nebula.federated.controller.reduction import Reduction
     from nebula.federated.privacy.accountant import BudgetStatus
-    from nebula.federated.reduction import Reduction
 
 __all__ = ["RoundPrivacy", "STOPPED", "poisson_sample", "fixed_sample"]
 

@@ -2,9 +2,10 @@
 to its clients inside the cluster, checks and streams their updates into one partial model (about one model's
 worth of memory for streaming strategies), and hands the partial with its example count to the reducer.
 
-How it checks updates, counts refusals, and knows its run: `nebula.federated.combiner_base` (the rules:
-`nebula.federated.checks`); a round's state: `nebula.federated.round_state`, its I/O:
-`nebula.federated.combiner_rounds` (with secure aggregation: `secure_state`, `combiner_secure`); the messages: `nebula.federated.messages`.
+How it checks updates, counts refusals, and knows its run: `nebula.federated.combiner.base` (the rules:
+`nebula.federated.checks`); a round's state: `nebula.federated.combiner.round_state`, its I/O:
+`nebula.federated.combiner.rounds` (with secure aggregation: `.secure_state`, `.secure`); the messages:
+`nebula.federated.messages`.
 """
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import logging
 
 from nebula.channel import Endpoint
 from nebula.federated._actor import ActorAudit, JobGrants, Terminated, check_terminated
-from nebula.federated.combiner_base import ANY_START, CombinerBase, client_peers
-from nebula.federated.combiner_rounds import SyncRound, serve_async
-from nebula.federated.combiner_secure import SecureRound
+from nebula.federated.actor_channels import COMBINER_RANK
+from nebula.federated.combiner.base import ANY_START, CombinerBase, client_peers
+from nebula.federated.combiner.rounds import SyncRound, serve_async
+from nebula.federated.combiner.secure import SecureRound
 from nebula.federated.intake import spool_dir
 from nebula.federated.messages import StartAsync, StartRound, Stop
-from nebula.federated.transport import COMBINER_RANK, MODEL_SLOTS, Messenger
+from nebula.federated.transport import MODEL_SLOTS, Messenger
 
 __all__ = ["Combiner", "client_peers", "ANY_START"]
 
