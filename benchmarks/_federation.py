@@ -1,12 +1,9 @@
-"""A throwaway federation for benchmarks: the tests' local federation (`tests.harness.federation`), links shaped."""
+"""A throwaway federation for benchmarks: the test bed's local federation (`testbed.federation`), links shaped."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, for `tests.harness`
-
-from tests.harness.federation import LocalFederation  # noqa: E402
+from testbed.federation import LocalFederation
 
 __all__ = ["Federation"]
 

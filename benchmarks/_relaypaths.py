@@ -15,7 +15,7 @@ import zmq
 
 from nebula.channel import Endpoint
 from security.tls import client_context, server_context
-from tests.harness.federation import LocalFederation
+from testbed.federation import LocalFederation
 from _receiver import RemoteReceiver  # (benchmarks/ is the running script's directory)
 from _tunnels import Framed
 

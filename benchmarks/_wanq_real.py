@@ -30,11 +30,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/, for `_federation` when imported by path
+from _federation import Federation  # (benchmarks/ is on the path of whatever imports this)
 
-from _federation import Federation  # noqa: E402
-
-from nebula.quality.rows import RowSpec, Traffic  # noqa: E402
+from nebula.quality.rows import RowSpec, Traffic
 
 __all__ = ["RealRun", "run_real", "heldout_of", "traffic_of", "DILOCO_OUTER"]
 

@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 from _federation import Federation  # benchmarks/ is this script's directory
 
 BIN = Path(sys.executable).parent

@@ -16,7 +16,6 @@ import multiprocessing
 import os
 import socket
 import ssl
-import sys
 import tempfile
 import threading
 import time
@@ -24,18 +23,15 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from nebula.channel import ChannelError, Endpoint
+from nebula.config import split_host_port
+from nebula.wire import ChannelKey, FrameType, encode_frame
+from security.provision import provision
+from testbed.attackers import RawPeer, add_worker, rss_bytes
+from testbed.federation import start_switch
+from testbed.procs import Procs
 
-from nebula.channel import ChannelError, Endpoint  # noqa: E402
-from nebula.config import split_host_port  # noqa: E402
-from nebula.wire import ChannelKey, FrameType, encode_frame  # noqa: E402
-from security.provision import provision  # noqa: E402
-from tests.harness.federation import start_switch  # noqa: E402
-from tests.harness.procs import Procs  # noqa: E402
-from tests.switch.attackers import RawPeer  # noqa: E402
-from tests.switch.conftest import rss_bytes  # noqa: E402
-from tests.switch.test_hostile_workers import add_worker  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 MIB = 1024**2
 CAP = 64 * MIB

@@ -14,10 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from security.audit import AuditLog, generate_signing_key, read_records  # noqa: E402
-from security.audit_verify import verify_log  # noqa: E402
+from security.audit import AuditLog, generate_signing_key, read_records
+from security.audit_verify import verify_log
 
 DETAIL = {"job": "abnet", "rank": 3, "bytes": 1048576}
 

@@ -36,15 +36,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from nebula.channel import Endpoint  # noqa: E402
-from tests.harness.netns import NetnsError, Sites as WanNamespaces  # noqa: E402
-from _receiver import RemoteReceiver  # noqa: E402  (benchmarks/ is this script's directory)
-from _tunnels import PlainRelayPair, missing  # noqa: E402
-from _relaypaths import (FullPath, Switches, TLSPair, ZMQPair, _pct, latency, switch_status,  # noqa: E402
+from nebula.channel import Endpoint
+from testbed.netns import NetnsError, Sites as WanNamespaces
+from _receiver import RemoteReceiver  # benchmarks/ is this script's directory
+from _tunnels import PlainRelayPair, missing
+from _relaypaths import (FullPath, Switches, TLSPair, ZMQPair, _pct, latency, switch_status,
                          throughput, without_shared_memory)
+
+REPO = Path(__file__).resolve().parent.parent
 
 KIB, MIB = 1024, 1024**2
 SIZES = [KIB, 16 * KIB, 64 * KIB, 256 * KIB, MIB, 4 * MIB, 16 * MIB, 64 * MIB]

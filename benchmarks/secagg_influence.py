@@ -16,21 +16,18 @@ so a change to the masked words is the same change to the unmasked sum):
   in-range worst case       knowing the others' sum (the worst case), it places every coordinate of the sum at the
                             edge of the range check, +Σ B_i: the most any client can do unseen
 
-    PYTHONPATH=. .venv/bin/python benchmarks/secagg_influence.py --clients 10 --params 10000
+    .venv/bin/python benchmarks/secagg_influence.py --clients 10 --params 10000
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nebula.federated.secagg import (MaskedInput, SecAggClient, SecAggConfig, SecAggRefused,  # noqa: E402
                                      SecAggServer, load_signer, load_verifier)

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import traceback
@@ -32,13 +31,12 @@ from typing import Callable
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from nebula.channel import Endpoint
+from security.provision import add_cluster, provision, remove_cluster
+from testbed.federation import BIN, Switch, edit_yaml, start_switch, wait_audit
+from testbed.procs import Procs
 
-from nebula.channel import Endpoint  # noqa: E402
-from security.provision import add_cluster, provision, remove_cluster  # noqa: E402
-from tests.harness.federation import BIN, Switch, edit_yaml, start_switch, wait_audit  # noqa: E402
-from tests.harness.procs import Procs  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 STEP_S = 60  # the longest any one command of an attack may take
 
@@ -117,21 +115,20 @@ def peers_updates(procs: Procs, tmp: Path) -> list[Row]:
 
     from security.ca import CertificateAuthority
     from security.signing import Statement, crl_number, sha256_hex, sign_statement
-    from tests.security.test_signed_updates import _bomb_nested, _members, _pack, _signed
-    from tests.security.test_signed_updates_cli import _link_up, _switch, _unpack
+    from testbed.updates import bomb_nested, link_up, members, pack, signed, switch_cli, unpack
 
     out = tmp / "fed"
     provision("acme", ["A", "B", "C"], out)
-    cfg = _unpack(out / "kits" / "A.tar.gz", tmp / "siteA") / "A" / "switch.yaml"
+    cfg = unpack(out / "kits" / "A.tar.gz", tmp / "siteA") / "A" / "switch.yaml"
     kit_crl = (cfg.parent / "crl.pem").read_bytes()
     a = start_switch(procs, cfg)
     start_switch(procs, out / "B" / "switch.yaml")
     start_switch(procs, out / "C" / "switch.yaml")
-    _link_up(cfg, "C", True)
+    link_up(cfg, "C", True)
     wa, wb = cfg.parent / "worker.yaml", out / "B" / "worker.yaml"
 
     def reload(update: Path) -> subprocess.CompletedProcess:
-        return _switch("reload", "--config", str(cfg), "--update", str(update))
+        return switch_cli("reload", "--config", str(cfg), "--update", str(update))
 
     def denied(target: str, reason: str) -> str:
         rec = _found(a, lambda r: r["action"] == "peers_update" and r["outcome"] == "denied"
@@ -140,7 +137,7 @@ def peers_updates(procs: Procs, tmp: Path) -> list[Row]:
 
     def link(peer: str, up: bool) -> bool:
         try:
-            _link_up(cfg, peer, up, timeout_s=15)
+            link_up(cfg, peer, up, timeout_s=15)
             return True
         except AssertionError:
             return False
@@ -149,7 +146,7 @@ def peers_updates(procs: Procs, tmp: Path) -> list[Row]:
     # 1. the attack as it was: removed cluster C listed again at revision 99, under the old CRL, unsigned
     real = Path(remove_cluster(out, "C")["updates"]["A"])
     peers = yaml.safe_load(cfg.read_text())["peers"]
-    forged = _pack(tmp / "A-r99.tar.gz", {
+    forged = pack(tmp / "A-r99.tar.gz", {
         "update.yaml": yaml.safe_dump({"federation": "acme", "cluster": "A", "revision": 99, "peers": peers}).encode(),
         "crl.pem": kit_crl})
     run = reload(forged)
@@ -157,11 +154,11 @@ def peers_updates(procs: Procs, tmp: Path) -> list[Row]:
                   _said(run, tmp, "is not signed"))
     # 2. a CA-signed update.yaml nested thousands deep (a YAML bomb the admin's key signed)
     ca = CertificateAuthority.open(out / "ca")
-    bomb = _bomb_nested(3000)
+    bomb = bomb_nested(3000)
     crl = ca.crl_path.read_bytes()
     st = Statement("peers_update", "acme", "A", 9, crl_number(x509.load_pem_x509_crl(crl)), ("B",),
                    (("update.yaml", sha256_hex(bomb)), ("crl.pem", sha256_hex(crl))))
-    signed_bomb = _pack(tmp / "bomb.tar.gz", {"update.yaml": bomb, "crl.pem": crl,
+    signed_bomb = pack(tmp / "bomb.tar.gz", {"update.yaml": bomb, "crl.pem": crl,
                                               "update.sig": sign_statement(st, ca.cert, ca.key)})
     run = reload(signed_bomb)
     bomb_row = (_one_line(run) and "nests too deeply" in run.stderr, denied(signed_bomb.name, "malformed"),
@@ -178,8 +175,8 @@ def peers_updates(procs: Procs, tmp: Path) -> list[Row]:
     run = reload(real)
     replay = (_one_line(run) and "revision 2 already" in run.stderr, denied(real.name, "old_revision"),
               _said(run, tmp, "revision 2 already"))
-    doc = {**yaml.safe_load(_members(real)["update.yaml"]), "revision": 3}
-    rolled = _signed(ca, tmp / "A-r3-oldcrl.tar.gz", doc, kit_crl)
+    doc = {**yaml.safe_load(members(real)["update.yaml"]), "revision": 3}
+    rolled = signed(ca, tmp / "A-r3-oldcrl.tar.gz", doc, kit_crl)
     run = reload(rolled)
     rollback = (_one_line(run) and "older than number" in run.stderr, denied(rolled.name, "old_crl"),
                 _said(run, tmp, "older than number"))
@@ -193,11 +190,11 @@ def peers_updates(procs: Procs, tmp: Path) -> list[Row]:
 
 def altered_kit(procs: Procs, tmp: Path) -> list[Row]:
     """A kit file altered at its site: `nebula-switch serve` refuses to start; the restored kit starts."""
-    from tests.security.test_signed_updates_cli import _unpack
+    from testbed.updates import unpack
 
     out = tmp / "fed"
     provision("acme", ["A", "B"], out)
-    cfg = _unpack(out / "kits" / "B.tar.gz", tmp / "siteB") / "B" / "switch.yaml"
+    cfg = unpack(out / "kits" / "B.tar.gz", tmp / "siteB") / "B" / "switch.yaml"
     cert = cfg.parent / "workers" / "worker.pem"
     good = cert.read_bytes()
     cert.write_bytes(good + b"\n")
@@ -226,8 +223,7 @@ def audit_rewrite(procs: Procs, tmp: Path) -> list[Row]:
     the chain recomputed): `nebula-admin audit verify` calls it SUSPICIOUS (exit 3); the honest log of a stop its
     peer witnessed verifies OK."""
     from security.audit import PEER_CHECKPOINT_ACTION, read_records
-    from tests.security.test_audit_witnessed import (SUSPICIOUS, _held, _refuse_a_stranger, _start_both,
-                                                     rewrite_unwitnessed_tail)
+    from testbed.audit import SUSPICIOUS, held, refuse_a_stranger, rewrite_unwitnessed_tail, start_both
 
     def verify(log: Path) -> tuple[int, str]:
         run = subprocess.run([str(BIN / "nebula-admin"), "audit", "verify", "--log", str(log)], capture_output=True,
@@ -235,10 +231,10 @@ def audit_rewrite(procs: Procs, tmp: Path) -> list[Row]:
         return run.returncode, run.stdout.strip()
 
     fed = provision("fed", ["A", "B"], tmp / "fed")
-    a, b = _start_both(procs, fed)
-    seq = _refuse_a_stranger(fed, tmp, a)
+    a, b = start_both(procs, fed)
+    seq = refuse_a_stranger(fed, tmp, a)
     deadline = time.monotonic() + 15
-    while not any(s >= seq for s in _held(fed, "B", "A")) and time.monotonic() < deadline:
+    while not any(s >= seq for s in held(fed, "B", "A")) and time.monotonic() < deadline:
         time.sleep(0.1)
     a.stop()
     log = a.log.parent / "audit.log"
@@ -246,26 +242,26 @@ def audit_rewrite(procs: Procs, tmp: Path) -> list[Row]:
     b.stop()  # the peer gone, A runs again and refuses another stranger: records no witness holds
     a = start_switch(procs, Path(fed["clusters"]["A"]["switch_yaml"]))
     (tmp / "again").mkdir()
-    _refuse_a_stranger(fed, tmp / "again", a)
+    refuse_a_stranger(fed, tmp / "again", a)
     a.stop()
-    witnessed = max(_held(fed, "B", "A"))
+    witnessed = max(held(fed, "B", "A"))
     rejected = sum(r["action"] == "worker_rejected" for r in read_records(log))
     rewrite_unwitnessed_tail(log, witnessed)
     kept = sum(r["action"] == "worker_rejected" for r in read_records(log))
     code, line = verify(log)
     b_log = Path(fed["clusters"]["B"]["switch_yaml"]).parent / "audit.log"
-    held = next((r for r in _records(b_log) if r["action"] == PEER_CHECKPOINT_ACTION and r["target"] == "A"), None)
+    at_b = next((r for r in _records(b_log) if r["action"] == PEER_CHECKPOINT_ACTION and r["target"] == "A"), None)
     verdict = line.split(" ", 1)[0]
     return [Row("audit-rewrite", "audit tail rewritten without the key",
                 code == SUSPICIOUS and verdict == "SUSPICIOUS" and kept < rejected,
-                "-" if held is None else f"{held['action']} (at B)", honest_code == 0,
+                "-" if at_b is None else f"{at_b['action']} (at B)", honest_code == 0,
                 f"exit {code} {verdict}: {rejected - kept} refusal(s) cut after seq {witnessed}; honest log exit "
                 f"{honest_code}")]
 
 
 def initial_grant(procs: Procs, tmp: Path) -> list[Row]:
     """A client of a cluster without the job's grant offers the initial model: not asked, audited; the round runs."""
-    from tests.federated.test_initial_grants import initial_from_ungranted
+    from testbed.fedruns import initial_from_ungranted
 
     run = initial_from_ungranted(procs, tmp)
     rec = next((r for r in run.audit if r["action"] == "fl.initial" and r["target"] == "B/2"
@@ -283,8 +279,7 @@ def dp_clip(procs: Procs, tmp: Path) -> list[Row]:
     model moves by at most clip_norm, and the ε recorded is dp-accounting's for the sampler run."""
     import dp_accounting
 
-    from tests.federated.test_dp_clip_switch import CLIP, clip_round
-    from tests.federated.test_dp_sampling import DELTA, _reference
+    from testbed.fedruns import CLIP, DELTA, clip_round, dp_reference
 
     run = clip_round(procs, tmp, "none")
     acc = next((r for r in run.audit["B"] if r["action"] == "fl.update" and r["outcome"] == "accepted"
@@ -294,7 +289,7 @@ def dp_clip(procs: Procs, tmp: Path) -> list[Row]:
     gauss = dp_accounting.GaussianDpEvent(priv["noise_multiplier"])
     q = priv["sampling_rate"]
     event = gauss if q == 1 else dp_accounting.PoissonSampledDpEvent(q, gauss)
-    ref = _reference(event, priv["rounds"], priv["accountant"]) if priv["delta"] == DELTA else float("nan")
+    ref = dp_reference(event, priv["rounds"], priv["accountant"]) if priv["delta"] == DELTA else float("nan")
     eps = priv["epsilon"]
     same = eps is not None and abs(eps - ref) <= 1e-9 * abs(ref) and priv["sampler"] == priv["accounted_sampler"]
     clipped = bool(acc["detail"].get("clipped")) and 0 < run.change < CLIP + 0.05
@@ -311,14 +306,13 @@ def metrics(procs: Procs, tmp: Path) -> list[Row]:
     on loopback, an account refused a route appears only as an opaque id."""
     from nebula.config import load_switch_config
     from switch_server.status import status_path
-    from tests.federated.test_grants import _home
-    from tests.switch.test_hostile_workers import add_worker
-    from tests.switch.test_route_grants import refused as route_refusal
+    from testbed.attackers import add_worker, refused
+    from testbed.fedruns import accounts_home
 
     fed = provision("fed", ["A", "B"], tmp / "fed")
     ya, yb = (Path(fed["clusters"][c]["switch_yaml"]) for c in ("A", "B"))
     ops = add_worker(fed, "A", "opsw", "ops")
-    home = _home(tmp / "home", "cluster:B")  # account nebula may reach B; ops holds no grant
+    home = accounts_home(tmp / "home", "cluster:B")  # account nebula may reach B; ops holds no grant
     edit_yaml(ya, lambda d: d.update(metrics={"listen": "0.0.0.0:0"}))
     run = subprocess.run([str(BIN / "nebula-switch"), "serve", "--config", str(ya)], capture_output=True, text=True,
                          timeout=STEP_S)
@@ -332,7 +326,7 @@ def metrics(procs: Procs, tmp: Path) -> list[Row]:
     a = start_switch(procs, ya)
     start_switch(procs, yb)
     with Endpoint.connect(ops, job="j", rank=0, timeout_s=30) as oa:
-        why = route_refusal(oa, "B")
+        why = refused(oa, "B")
     rec = _found(a, lambda r: r["action"] == "route_refused" and r["detail"]["account"] == "ops")
     address = json.loads(status_path(load_switch_config(ya)).read_text())["metrics"]
     text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
@@ -349,9 +343,9 @@ def secagg_replay(procs: Procs, tmp: Path) -> list[Row]:
     """A secure round replayed: after an honest SecAgg+ round, the controller's state is wiped (its clients' kept)
     and the job run again, so round 1 runs once more on the same initial model; every client refuses to reveal its
     shares a second time (its journal on disk), and the replayed round unmasks nothing."""
-    from nebula.federated.trail import ModelTrail
-    from tests.federated.harness import federation, start_cluster, start_clients, write_job
-    from tests.federated.test_secagg_switch import SECURE, issue_signers
+    from nebula.federated.controller.trail import ModelTrail
+    from testbed.fedjob import federation, start_cluster, start_clients, write_job
+    from testbed.fedruns import SECURE, issue_signers
 
     workers = federation(procs, tmp, clusters=("A",))
     issue_signers(tmp, workers, {"A": 3})
@@ -383,7 +377,7 @@ def secagg_replay(procs: Procs, tmp: Path) -> list[Row]:
 
 
 def hostile_client(cluster: str, index: int, num_clients: dict, cheat: str = "words", **toy) -> object:
-    """The toy client (`tests.federated.toy_client`) in a client process whose SecAgg+ client cheats, as a modified
+    """The toy client (`testbed.toy_client`) in a client process whose SecAgg+ client cheats, as a modified
     client program can: `words` pushes every masked word past what its whole cohort could sum to; `weight` claims
     max_weight + 1 as its public weight, signed with its own certificate; `bad_share` deals its first neighbour a
     share off its signed commitments. (A job file's `client.factory`: every client of the process cheats.)"""
@@ -393,7 +387,7 @@ def hostile_client(cluster: str, index: int, num_clients: dict, cheat: str = "wo
 
     from nebula.federated.secagg import SecAggClient
     from nebula.federated.secagg.client import weight_statement
-    from tests.federated.toy_client import make_client
+    from testbed.toy_client import make_client
 
     if cheat == "bad_share":
         _deal_a_bad_share(SecAggClient)
@@ -464,8 +458,8 @@ def _secure_jobs(procs: Procs, tmp: Path, n: dict[str, int]) -> tuple[Path, Call
     """Clusters A and B with `n` clients each, every client its own signing certificate: the job file of one SecAgg+
     round (controller on A, under tmp/fl; 3 updates needed), and a maker of the same job in a directory of its own
     whose clients run `hostile_client` with a given cheat."""
-    from tests.federated.harness import federation, write_job
-    from tests.federated.test_secagg_switch import SECURE, issue_signers
+    from testbed.fedjob import federation, write_job
+    from testbed.fedruns import SECURE, issue_signers
 
     workers = federation(procs, tmp)
     issue_signers(tmp, workers, n)
@@ -484,13 +478,13 @@ def _round_against_a_mean(tmp: Path):
     0-2 (the largest coordinate's difference; None when no model was released)."""
     import numpy as np
 
-    from nebula.federated.trail import ModelTrail
-    from tests.federated.test_secagg_switch import _survivors_mean
+    from nebula.federated.controller.trail import ModelTrail
+    from testbed.fedruns import survivors_mean
 
     with ModelTrail(tmp / "fl" / "trail") as t:
         rounds, models = t.rounds(), t.models()
         got = t.load(models[-1].version)[0] if len(models) > 1 else None
-    want = _survivors_mean({"A": [0, 1, 2]})
+    want = survivors_mean({"A": [0, 1, 2]})
     err = max(float(np.abs(got[k].astype(np.float64) - want[k]).max()) for k in want) if got is not None else None
     return (rounds[0] if rounds else None), err
 
@@ -499,7 +493,7 @@ def secagg_liars(procs: Procs, tmp: Path) -> list[Row]:
     """A lying combiner and a lying dealer in one SecAgg+ round: B's combiner substitutes a neighbour's mask key in
     every client's roster, and B's three clients refuse to share; A's fourth client deals a bad share, is found by
     the share check, left out and blamed; the round closes with the sum of A's three honest clients."""
-    from tests.federated.harness import start_cluster, start_clients
+    from testbed.fedjob import start_cluster, start_clients
 
     job, hostile = _secure_jobs(procs, tmp, {"A": 4, "B": 3})
     dealer = hostile(tmp / "dealer", "bad_share")
@@ -539,7 +533,7 @@ def secagg_cheats(procs: Procs, tmp: Path) -> list[Row]:
     weight above max_weight (signed), B's sends out-of-range masked words. A's combiner refuses the weight and
     closes with its honest clients' sum; B's sum fails the range check and is dropped with the reason; the round's
     model is the mean of A's honest clients alone."""
-    from tests.federated.harness import start_cluster, start_clients
+    from testbed.fedjob import start_cluster, start_clients
 
     job, hostile_job = _secure_jobs(procs, tmp, {"A": 4, "B": 4})
     hostile = {c: hostile_job(tmp / f"hostile-{c}", cheat) for c, cheat in (("A", "weight"), ("B", "words"))}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.harness.procs import REPO, Procs
+from testbed.procs import REPO, Procs
 
 __all__ = ["REPO", "Procs", "procs"]
 

@@ -11,7 +11,7 @@ from nebula.pipeline import read_metrics
 from nebula.modes import run
 from recipes.electra.prepare import distribute
 from tests.electra.helpers import GEN_STAGES, electra_job, local_job
-from tests.harness.federation import finish, launch, start_switches
+from testbed.federation import finish, launch, start_switches
 
 HOT, END = 6, 12
 

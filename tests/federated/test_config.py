@@ -39,7 +39,7 @@ def test_a_job_loads_with_paths_resolved_and_defaults(tmp_path):
     ({"controller": {"cluster": "Z"}}, "controller.cluster 'Z' is not under clusters"),
     ({"mode": "pipeline"}, "is not federated; start it with `nebula launch`"),
     ({"deadline_s": 0}, "deadline_s=0"),
-    # non-finite numbers: refused by the bounded loader, naming the key (nebula.config._safeyaml)
+    # non-finite numbers: refused by the bounded loader, naming the key (security._yaml)
     ({"deadline_s": float("inf")}, "deadline_s (line"),
     ({"startup_timeout_s": float("nan")}, "startup_timeout_s (line"),
     ({"clusters": [{"id": "A", "worker": "w.yaml", "num_clients": 300000000}]},

@@ -4,56 +4,9 @@ client that skips its own clipping (it runs without the job's `differential_priv
 counted, raw or compressed; the sampler run (Poisson) is named in the round's record."""
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-
-import numpy as np
 import pytest
 
-from nebula.federated.trail import ModelTrail, RoundRecord
-from tests.federated.harness import federation, start_cluster, start_clients, wait_exit, write_job
-
-CLIP = 0.5
-# every client a round (q = 1: the Poisson draw takes them all), noise small beside the clip so the bound is sharp
-DP = {"clip_norm": CLIP, "noise_multiplier": 0.01, "mode": "central", "sampler": "poisson"}
-
-
-@dataclass(frozen=True)
-class ClipRun:
-    """What a central-DP round with a hostile client left: its record, the models, the released change's norm, the
-    combiners' audit records by cluster, the controller's output."""
-
-    round: RoundRecord
-    models: list
-    change: float
-    audit: dict[str, list[dict]]
-    out: str
-
-
-def clip_round(procs, tmp_path, codec: str) -> ClipRun:
-    """One central-DP round through real switches in which B's client skips its clipping and sends weights of
-    -1000 (`codec`: the job's update_codec)."""
-    workers = federation(procs, tmp_path)
-    common = {"rounds": 1, "update_codec": codec, "validity": {"min_updates": 3},
-              "controller": {"cluster": "A", "dir": str(tmp_path / "fl")}}
-    job = write_job(tmp_path, workers, {"A": 2, "B": 1}, differential_privacy=DP, **common)
-    # B's client: the same job without differential_privacy (so it does not clip), weights of -1000 (the toy
-    # model's change is then of norm 1000·√15 ≈ 3873)
-    hostile = write_job(tmp_path / "hostile", workers, {"A": 2, "B": 1}, **common,
-                        client={"factory": "tests.federated.toy_client:make_client",
-                                "args": {"behaviours": {"B/0": "scale"}}})
-    actors = [start_cluster(procs, job, c) for c in ("A", "B")]
-    clients = [start_clients(procs, job, "A"), start_clients(procs, hostile, "B")]
-    out = wait_exit(actors[0], 120)
-    for p in actors[1:] + clients:
-        wait_exit(p, 30)
-    with ModelTrail(tmp_path / "fl" / "trail") as t:
-        (rnd,), models = t.rounds(), t.models()
-        before, after = t.load(models[0].version)[0], t.load(models[1].version)[0]
-    change = np.sqrt(sum(float(np.sum((after[k].astype(np.float64) - before[k]) ** 2)) for k in before))
-    audit = {c: [json.loads(x) for x in (tmp_path / "fl" / f"combiner-{c}" / "audit.log").read_text().splitlines()]
-             for c in ("A", "B")}
-    return ClipRun(rnd, models, change, audit, out)
+from testbed.fedruns import CLIP, clip_round
 
 
 @pytest.mark.parametrize("codec", ["none", "topk(0.5)"])

@@ -10,38 +10,23 @@ import random
 import dp_accounting
 import numpy as np
 import pytest
-from dp_accounting import pld, rdp
 
 from nebula.config.schema import ConfigError
 from nebula.federated.config import ValiditySpec, load_federated_job
-from nebula.federated.controller_privacy import RoundPrivacy, fixed_sample, poisson_sample
+from nebula.federated.controller.privacy import RoundPrivacy, fixed_sample, poisson_sample
 from nebula.federated.intake import GlobalModel, clip_pieces
 from nebula.federated.privacy import DPConfig, clip_factor
-from nebula.federated.reduction import Reduction
-from nebula.federated.trail import ModelTrail, RoundRecord
-from nebula.federated.transport import Peer
-from tests.federated.harness import write_job
-
-DELTA = 1e-5
-
+from nebula.federated.controller.reduction import Reduction
+from nebula.federated.controller.trail import ModelTrail, RoundRecord
+from nebula.messaging import Peer
+from testbed.fedjob import write_job
+from testbed.fedruns import DELTA, dp_reference
 
 def _privacy(tmp_path, num_clients: dict[str, int], per_round: int, rng=None, **dp) -> RoundPrivacy:
     job = load_federated_job(write_job(tmp_path, {c: tmp_path / f"{c}.yaml" for c in num_clients}, num_clients,
                                        clients_per_round=per_round,
                                        differential_privacy={"clip_norm": 0.5, "delta": DELTA, **dp}))
     return RoundPrivacy(job, ModelTrail(tmp_path / "trail"), rng)  # (open: the draws are recorded in it)
-
-
-def _reference(event: dp_accounting.DpEvent, rounds: int, kind: str, replace_one: bool = False) -> float:
-    """dp-accounting's ε for `rounds` compositions of `event`, computed here without the project's accountant."""
-    if kind == "pld":
-        acc = pld.PLDAccountant()
-    elif replace_one:
-        acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
-    else:
-        acc = rdp.RdpAccountant()
-    acc.compose(dp_accounting.SelfComposedDpEvent(event, rounds))
-    return acc.get_epsilon(DELTA)
 
 
 @pytest.mark.parametrize("clients,per_round,z,rounds,kind", [
@@ -57,7 +42,7 @@ def test_poisson_epsilon_is_dp_accountings_for_the_poisson_sampled_gaussian(tmp_
     eps = [priv.accountant.epsilon(), priv.spend()["epsilon"]]
     q = per_round / sum(clients.values())
     g = dp_accounting.GaussianDpEvent(z)
-    ref = _reference(g if q == 1 else dp_accounting.PoissonSampledDpEvent(q, g), rounds, kind)
+    ref = dp_reference(g if q == 1 else dp_accounting.PoissonSampledDpEvent(q, g), rounds, kind)
     assert 0 < eps[0] < eps[1] and eps[-1] == pytest.approx(ref, rel=1e-9)
     d = priv.describe()
     assert (d["sampler"], d["accounted_sampler"], d["adjacency"], d["sampling_rate"]) == \
@@ -78,7 +63,7 @@ def test_fixed_size_epsilon_is_dp_accountings_sampling_without_replacement_with_
     n = sum(clients.values())
     g = dp_accounting.GaussianDpEvent(z / 2)  # replacing a client moves the sum by 2C
     event = g if per_round == n else dp_accounting.SampledWithoutReplacementDpEvent(n, per_round, g)
-    assert priv.describe()["epsilon"] == pytest.approx(_reference(event, rounds, "rdp", replace_one=True), rel=1e-9)
+    assert priv.describe()["epsilon"] == pytest.approx(dp_reference(event, rounds, "rdp", replace_one=True), rel=1e-9)
     assert (priv.describe()["sampler"], priv.describe()["adjacency"]) == ("fixed", "replace-one")
     if per_round == 200:  # the same noise under Poisson sampling spends far less: the table's 7.94 is 44 here
         poisson = _privacy(tmp_path / "p", clients, per_round, noise_multiplier=z, sampler="poisson")
@@ -98,7 +83,7 @@ def test_local_and_distributed_dp_are_accounted_unsampled_with_sensitivity_2c(tm
         priv = RoundPrivacy(job, trail)
     priv.accountant.step(6)
     priv.spend()
-    assert priv.describe()["epsilon"] == pytest.approx(_reference(dp_accounting.GaussianDpEvent(1.5), 7, "rdp"),
+    assert priv.describe()["epsilon"] == pytest.approx(dp_reference(dp_accounting.GaussianDpEvent(1.5), 7, "rdp"),
                                                        rel=1e-9)
     assert (priv.describe()["sampling_rate"], priv.describe()["adjacency"]) == (1.0, "replace-one")
 

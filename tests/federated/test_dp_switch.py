@@ -12,8 +12,8 @@ import pytest
 from dp_accounting import rdp
 
 from nebula.cli import main
-from nebula.federated.trail import ModelTrail
-from tests.federated.harness import federation, run_job, write_job
+from nebula.federated.controller.trail import ModelTrail
+from testbed.fedjob import federation, run_job, write_job
 
 # a fixed sample of 2 of the 4 clients a round, so that every round has its 2 updates
 DP = {"clip_norm": 0.5, "noise_multiplier": 2.0, "mode": "central", "delta": 1e-5, "accountant": "rdp",

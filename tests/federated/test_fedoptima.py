@@ -207,7 +207,7 @@ def test_async_aggregator_mixes_by_staleness_and_skips_past_max_delay():
 
 
 def test_messages_round_trip_and_malformed_ones_are_named():
-    from nebula.federated.protocol import ProtocolError as MessageError, pack, unpack
+    from nebula.messaging import ProtocolError as MessageError, pack, unpack
 
     parts = pack({"type": "act"}, {"h": np.arange(6, dtype=np.float32).reshape(2, 3), "y": np.array([1, 0])})
     head, arrays = unpack([bytes(p) for p in parts])

@@ -9,7 +9,7 @@ import yaml
 
 from nebula.config.schema import ConfigError
 from nebula.federated.config import load_federated_job
-from tests.harness.federation import start_switches
+from testbed.federation import start_switches
 
 
 def _job(tmp_path, workers, algorithm: str, block: dict) -> str:

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.harness.federation import start_switches
+from testbed.federation import start_switches
 
 PROC = ["-m", "tests.federated.fedoptima_proc"]
 
@@ -61,7 +61,7 @@ def test_devices_that_never_report_or_die_do_not_hang_the_server(procs, tmp_path
     server, devs = _start(procs, workers, "B/1,B/3,B/4", spec, (1,))
     doomed = procs.python(*PROC, "--role", "device", "--worker", str(workers["B"]), "--rank", "4",
                           "--server", "A/0", "--devices", "2", "--spec", spec)
-    time.sleep(3)
+    time.sleep(3)  # the case under test: B/4 dies early, whether before or after it joined
     os.killpg(doomed.pid, signal.SIGKILL)
     res = _result(server, 120)
     _result(devs[0], 60)

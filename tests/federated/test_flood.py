@@ -6,10 +6,11 @@ import json
 import time
 
 from nebula.channel import Endpoint
-from nebula.federated.trail import ModelTrail
+from nebula.federated.controller.trail import ModelTrail
 from nebula.federated.messages import UpdateDropped
-from nebula.federated.transport import Messenger, Peer
-from tests.federated.harness import federation, start_client, start_cluster, wait_exit, write_job
+from nebula.federated.transport import Messenger
+from nebula.messaging import Peer
+from testbed.fedjob import federation, start_client, start_cluster, wait_exit, write_job
 
 FLOOD = 300
 TENSORS = [["w", "float32", [4, 3]], ["b", "float32", [3]]]

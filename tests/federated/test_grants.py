@@ -3,20 +3,10 @@ from __future__ import annotations
 
 import json
 
-import yaml
-
-from nebula.federated.trail import ModelTrail
-from security.accounts import Accounts
+from nebula.federated.controller.trail import ModelTrail
 from security.routes import policy_from_rows
-from tests.federated.harness import federation, run_job, write_job
-
-
-def _home(path, *resources: str):
-    with Accounts(path, scrypt_n=1024) as acc:
-        acc.add_user("nebula", "nebula-password", actor="root")  # the clients' account: grants need it to exist
-        for r in resources:
-            acc.add_route_grant("nebula", r, actor="admin")
-    return path
+from testbed.fedjob import run_job
+from testbed.fedruns import job_b_refuses
 
 
 def test_job_grants_are_enforced_once_in_use():
@@ -33,19 +23,6 @@ def test_job_grants_are_enforced_once_in_use():
 
 def _audit(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def job_b_refuses(procs, tmp_path, **job_options):
-    """(job file, accounts homes) of a job over real switches, one client per cluster, in which B's accounts home
-    grants the clients' account only another job (A's grants it this one); `job_options` go to write_job."""
-    workers = federation(procs, tmp_path)
-    homes = {"A": _home(tmp_path / "home-A", "job:fltest"), "B": _home(tmp_path / "home-B", "job:other")}
-    job = write_job(tmp_path, workers, {"A": 1, "B": 1}, validity={"min_updates": 1}, **job_options)
-    doc = yaml.safe_load(job.read_text())
-    for c in doc["clusters"]:
-        c["accounts_home"] = str(homes[c["id"]])
-    job.write_text(yaml.safe_dump(doc))
-    return job, homes
 
 
 def test_job_grants_hold_across_the_federation_refused_clients_train_through_no_combiner(procs, tmp_path):

@@ -9,8 +9,8 @@ import pytest
 
 from nebula.federated.config import load_federated_job
 from nebula.federated.initial import Answer, load_initial_model, majority, manifest_refusal
-from nebula.federated.trail import ModelTrail
-from tests.federated.harness import federation, run_job, write_job
+from nebula.federated.controller.trail import ModelTrail
+from testbed.fedjob import federation, run_job, write_job
 
 W = ("w", "float32", (4, 3))
 B = ("b", "float32", (3,))
@@ -67,7 +67,7 @@ def test_a_nan_a_float64_backdoor_and_a_silent_client_neither_poison_nor_stall_t
     behaviours = {"A/0": "init_nan", "A/1": "init_backdoor", "B/0": "init_silent"}
     job = write_job(tmp_path, workers, {"A": 2, "B": 2}, rounds=1, initial_clients=4, initial_wait_s=2,
                     validity={"min_updates": 4},
-                    client={"factory": "tests.federated.toy_client:make_client",
+                    client={"factory": "testbed.toy_client:make_client",
                             "args": {"behaviours": behaviours, "sleep_s": {"B/0": 2.5}}})
     out = run_job(procs, job)
     with ModelTrail(tmp_path / "fl" / "trail") as t:

@@ -10,13 +10,14 @@ import pytest
 from nebula.channel import Endpoint
 from nebula.compress import encode_to_frames
 from nebula.config.schema import ConfigError
-from nebula.federated.aggregate import RunningMean
+from nebula.mean import RunningMean
 from nebula.federated.config import load_federated_job
 from nebula.federated.intake import GlobalModel, Refused, UpdateEncoder, change_sumsq, receive_update
 from nebula.federated.messages import ClientUpdate
-from nebula.federated.trail import ModelTrail
-from nebula.federated.transport import Messenger, Peer, piece_plan, tensor_specs
-from tests.federated.harness import federation, run_job, write_job
+from nebula.federated.controller.trail import ModelTrail
+from nebula.federated.transport import Messenger
+from nebula.messaging import Peer, piece_plan, tensor_specs
+from testbed.fedjob import federation, run_job, write_job
 
 PIECE = 4096
 
@@ -155,7 +156,7 @@ def test_compressed_updates_with_error_feedback_learn_through_switches_on_fewer_
     workers = federation(procs, tmp_path, clusters=("A",))
     dim = 256
     job = write_job(tmp_path, workers, {"A": 3}, rounds=4, update_codec="ef(topk(0.1))",
-                    client={"factory": "tests.federated.toy_client:make_client", "args": {"dim": dim}})
+                    client={"factory": "testbed.toy_client:make_client", "args": {"dim": dim}})
     out = run_job(procs, job, clusters=("A",), timeout_s=180)
     like = {"w": np.zeros((dim, 3), np.float32), "b": np.zeros(3, np.float32)}
     raw = sum(v.nbytes for v in like.values())

@@ -3,9 +3,9 @@
 switches, a model too large to travel inside the task's message."""
 from __future__ import annotations
 
-from nebula.federated.trail import ModelTrail
-from tests.federated.harness import federation, run_job, write_job
-from tests.harness.federation import slot_bytes
+from nebula.federated.controller.trail import ModelTrail
+from testbed.fedjob import federation, run_job, write_job
+from testbed.federation import slot_bytes
 
 DIM = 100_000  # the toy model's w is DIM x 3 float32 (1.2 MB): sent as pieces after the task, not inside it
 CLIENTS, ROUNDS = 3, 2
@@ -14,7 +14,7 @@ CLIENTS, ROUNDS = 3, 2
 def test_each_rounds_model_reaches_the_combiners_switch_once(procs, tmp_path):
     workers = federation(procs, tmp_path)
     job = write_job(tmp_path, workers, {"B": CLIENTS}, rounds=ROUNDS, validity={"min_updates": CLIENTS},
-                    client={"factory": "tests.federated.toy_client:make_client", "args": {"dim": DIM, "n": 16}})
+                    client={"factory": "testbed.toy_client:make_client", "args": {"dim": DIM, "n": 16}})
     run_job(procs, job)
     with ModelTrail(tmp_path / "fl" / "trail") as t:
         rounds = t.rounds()

@@ -3,13 +3,12 @@ one process per cluster; the model learns and `nebula fl status` names the algor
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import yaml
 
 from nebula.cli import main
-from tests.harness.federation import BIN, start_switches
+from testbed.federation import BIN, start_switches, wait_until
 
 BLOCKS = {
     "fedoptima": {"omega": 2, "local_iterations": 4, "max_rounds": 12, "duration_s": 60, "lr_device": 0.1,
@@ -86,13 +85,8 @@ def test_fl_stop_ends_a_fedoptima_run_early(procs, tmp_path, capsys):
     job = str(tmp_path / "long.yaml")
     pa = procs.start([str(BIN / "nebula"), "fl", "start", job, "--cluster", "A"])
     pb = procs.start([str(BIN / "nebula"), "fl", "start", job, "--cluster", "B"])
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # wait until the server runs
-        code, out, _ = _fl("status", job, "--json", capsys=capsys)
-        if json.loads(out)["state"] == "running":
-            break
-        time.sleep(0.5)
-    time.sleep(3)
+    wait_until(lambda: json.loads(_fl("status", job, "--json", capsys=capsys)[1])["state"] == "running", 120,
+               "the fedoptima server to run")
     assert _fl("stop", job, capsys=capsys)[0] == 0
     srv = _result(pa, 120)["server"]
     _result(pb, 60)

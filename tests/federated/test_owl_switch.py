@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.harness.federation import start_switches
+from testbed.federation import start_switches
 
 PROC = ["-m", "tests.federated.owl_proc"]
 

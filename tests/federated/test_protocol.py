@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
+from nebula.federated.combiner.round_state import RoundState
 from nebula.federated.messages import (TO_CLIENT, TO_COMBINER, TO_CONTROLLER, ClientUpdate, Partial, StartRound,
                                        Stop)
-from nebula.federated.protocol import MessageFamily, Malformed, Message, ModelLayout, ProtocolError, decode, encode
-from nebula.federated.round_state import RoundState
 from nebula.federated.strategy import get_strategy
-from nebula.federated.transport import Peer, manifest
+from nebula.messaging import (Malformed, Message, MessageFamily, ModelLayout, Peer, ProtocolError, decode, encode,
+                              manifest)
 
 W = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}
 
@@ -138,7 +138,7 @@ def test_an_update_that_fails_while_its_pieces_come_is_taken_out_of_the_accepted
 
 def test_the_controllers_reduce_is_pure_state_too():
     from nebula.federated.config import ValiditySpec
-    from nebula.federated.reduction import Reduction
+    from nebula.federated.controller.reduction import Reduction
 
     red = Reduction(W, coded=False, update_codec="none", validity=ValiditySpec(min_updates=3),
                     expected_examples=40)

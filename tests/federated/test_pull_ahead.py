@@ -1,4 +1,4 @@
-"""A combiner pulls the next updates of a round while one is still arriving (`combiner_rounds.PULL_AHEAD` of them
+"""A combiner pulls the next updates of a round while one is still arriving (`combiner.rounds.PULL_AHEAD` of them
 beyond it, no more): their transfers overlap its checks and folding. Real controller and combiner processes
 through real switches; the clients are driven message by message here, so that the first one holds its pieces
 back until the pulls it must not block have come."""
@@ -12,12 +12,13 @@ import numpy as np
 
 from nebula.channel import Endpoint
 from nebula.federated.actor_channels import COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK
-from nebula.federated.combiner_rounds import PULL_AHEAD
+from nebula.federated.combiner.rounds import PULL_AHEAD
 from nebula.federated.config import load_federated_job
 from nebula.federated.messages import ClientHello, ClientUpdate, PullUpdate, TrainTask
-from nebula.federated.trail import ModelTrail
-from nebula.federated.transport import PUSH_BYTES, Messenger, Peer
-from tests.federated.harness import federation, start_cluster, wait_exit, write_job
+from nebula.federated.controller.trail import ModelTrail
+from nebula.federated.transport import Messenger
+from nebula.messaging import PUSH_BYTES, Peer
+from testbed.fedjob import federation, start_cluster, wait_exit, write_job
 
 SIZE = PUSH_BYTES // 4 + 1000  # float32 values: each update is pulled, not pushed with its header
 

@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 
 from nebula.cli import main
-from nebula.federated.trail import ModelTrail
-from tests.federated.harness import federation, start_client, start_clients, start_cluster, wait_exit, write_job
-from tests.harness.federation import wait_until
+from nebula.federated.controller.trail import ModelTrail
+from testbed.fedjob import federation, start_client, start_clients, start_cluster, wait_exit, write_job
+from testbed.federation import wait_until
 
 
 def test_rounds_through_switches_learn_reject_bad_updates_and_keep_the_trail(procs, tmp_path, capsys):
     workers = federation(procs, tmp_path)
     job = write_job(tmp_path, workers, {"A": 2, "B": 2}, rounds=3, validity={"min_updates": 2},
-                    client={"factory": "tests.federated.toy_client:make_client",
+                    client={"factory": "testbed.toy_client:make_client",
                             "args": {"behaviours": {"B/1": "nan", "A/1": "shape"}}})
     ctl_a = start_cluster(procs, job, "A")
     comb_b = start_cluster(procs, job, "B")
@@ -82,7 +82,7 @@ def _kill(p) -> None:
 def test_client_killed_mid_round_the_round_goes_on_and_it_is_not_asked_again(procs, tmp_path):
     workers = federation(procs, tmp_path)
     job = write_job(tmp_path, workers, {"A": 2, "B": 2}, rounds=2, deadline_s=3,
-                    client={"factory": "tests.federated.toy_client:make_client", "args": {"sleep_s": {"B/1": 30}}})
+                    client={"factory": "testbed.toy_client:make_client", "args": {"sleep_s": {"B/1": 30}}})
     ctl = start_cluster(procs, job, "A")
     comb_b = start_cluster(procs, job, "B")
     clients = {f"{c}/{i}": start_client(procs, job, c, i) for c in "AB" for i in range(2)}
@@ -103,7 +103,7 @@ def test_client_killed_mid_round_the_round_goes_on_and_it_is_not_asked_again(pro
 def test_late_updates_are_never_averaged_in_sync_mode(procs, tmp_path):
     workers = federation(procs, tmp_path)
     job = write_job(tmp_path, workers, {"A": 2, "B": 1}, rounds=3, deadline_s=2,
-                    client={"factory": "tests.federated.toy_client:make_client",
+                    client={"factory": "testbed.toy_client:make_client",
                             "args": {"sleep_s": {"A/0": 1.0, "B/0": 1.0, "A/1": 3.5}}})  # A/1 well past the deadline
     ctl = start_cluster(procs, job, "A")
     comb_b = start_cluster(procs, job, "B")
@@ -126,7 +126,7 @@ def test_combiner_killed_mid_round_ends_the_round_and_its_clients_are_reassigned
     workers = federation(procs, tmp_path)
     deadline = 4
     job = write_job(tmp_path, workers, {"A": 1, "B": 2}, rounds=2, deadline_s=deadline,
-                    client={"factory": "tests.federated.toy_client:make_client",
+                    client={"factory": "testbed.toy_client:make_client",
                             "args": {"sleep_s": {"B/0": 1.5, "B/1": 1.5}}})
     ctl = start_cluster(procs, job, "A")
     comb_b = start_cluster(procs, job, "B")
@@ -148,7 +148,7 @@ def test_combiner_killed_mid_round_ends_the_round_and_its_clients_are_reassigned
 def test_controller_killed_and_restarted_resumes_from_the_trail(procs, tmp_path):
     workers = federation(procs, tmp_path)
     job = write_job(tmp_path, workers, {"A": 1, "B": 1}, rounds=4, deadline_s=10,
-                    client={"factory": "tests.federated.toy_client:make_client",
+                    client={"factory": "testbed.toy_client:make_client",
                             "args": {"sleep_s": {"A/0": 0.5, "B/0": 0.5}}})
     ctl = start_cluster(procs, job, "A", role="controller")
     combs = [start_cluster(procs, job, c, role="combiner") for c in "AB"]
@@ -175,7 +175,7 @@ def test_async_strategies_apply_updates_as_they_come_weighted_by_staleness(procs
     workers = federation(procs, tmp_path)
     job = write_job(tmp_path, workers, {"A": 1, "B": 2}, rounds=5, deadline_s=20,
                     strategy={"name": strategy, "options": options},
-                    client={"factory": "tests.federated.toy_client:make_client",
+                    client={"factory": "testbed.toy_client:make_client",
                             "args": {"sleep_s": {"B/1": 0.6}, "behaviours": {"B/0": "nan"}}})
     ctl = start_cluster(procs, job, "A")
     comb_b = start_cluster(procs, job, "B")
@@ -204,7 +204,7 @@ def test_async_strategies_apply_updates_as_they_come_weighted_by_staleness(procs
 def test_a_client_that_crashes_and_restarts_rejoins_on_fresh_channels(procs, tmp_path):
     workers = federation(procs, tmp_path)
     job = write_job(tmp_path, workers, {"A": 1, "B": 1}, rounds=6, deadline_s=3,
-                    client={"factory": "tests.federated.toy_client:make_client",
+                    client={"factory": "testbed.toy_client:make_client",
                             "args": {"sleep_s": {"A/0": 0.8, "B/0": 0.8}}})
     ctl = start_cluster(procs, job, "A")
     comb_b = start_cluster(procs, job, "B")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 from nebula.channel import Endpoint
-from nebula.federated.trail import ModelTrail
-from nebula.federated.transport import Messenger, Peer
-from tests.federated.harness import federation, start_client, start_cluster, wait_exit, write_job
+from nebula.federated.controller.trail import ModelTrail
+from nebula.federated.transport import Messenger
+from nebula.messaging import Peer
+from testbed.fedjob import federation, start_client, start_cluster, wait_exit, write_job
 
 
 def _send_as(worker, rank: int, to: list[tuple[Peer, dict]]) -> None:

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from nebula.federated.client_secure import FileJournal
+from nebula.federated.client.secure import FileJournal
 from nebula.federated.secagg import (AdvertiseKeys, KeyRoster, MemoryJournal, SecAggConfig, SecAggRefused,
                                      SecAggServer, UnmaskRequest, crypto, model_digest)
 from nebula.federated.secagg.graph import colluders, safe_threshold

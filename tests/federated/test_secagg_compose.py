@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from nebula.federated import get_strategy
-from nebula.federated.aggregate import RunningMean, fedavg
+from nebula.federated.aggregate import fedavg
+from nebula.mean import RunningMean
 from nebula.federated.secagg import (SecAggClient, SecAggConfig, SecAggRefused, SecAggServer, check_codec_precision,
                                      check_strategy, default_degree, flatten, harary_graph, partial_mean,
                                      reduce_sums, unflatten, word_bits_for_codec)

@@ -12,17 +12,25 @@ import pytest
 from nebula.channel import Endpoint
 from nebula.federated.messages import (ClientHello, GetParameters, Parameters, SecureKeys, Stop, TrainTask,
                                       UpdateDropped)
-from nebula.federated.trail import ModelTrail
-from nebula.federated.transport import FIRST_CLIENT_RANK, PUSH_BYTES, Messenger, Peer
-from tests.federated.harness import (federation, start_client, start_clients, start_cluster, wait_exit,
+from nebula.federated.controller.trail import ModelTrail
+from nebula.federated.actor_channels import FIRST_CLIENT_RANK
+from nebula.federated.transport import Messenger
+from nebula.messaging import PUSH_BYTES, Peer
+from testbed.fedjob import (federation, start_client, start_clients, start_cluster, wait_exit,
                                      write_job)
-from tests.federated.toy_client import make_client
-
-SECURE = {"protocol": "secagg+", "clip_range": 1000.0, "max_weight": 1000, "signers": "signers/client-{index}"}
-
+from testbed.federation import wait_until
+from testbed.fedruns import SECURE, issue_signers, survivors_mean
+from testbed.toy_client import make_client
 
 def _audit(tmp_path, cluster: str, job_dir: str = "fl") -> list[dict]:
     return [json.loads(x) for x in (tmp_path / job_dir / f"combiner-{cluster}" / "audit.log").read_text().splitlines()]
+
+
+def _client_audit(tmp_path, client: str) -> list[dict]:
+    """The complete records of client `client`'s audit log so far (a line being written is left out)."""
+    path = tmp_path / "fl" / "clients" / client / "audit.log"
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(x) for x in text.splitlines(keepends=True) if x.endswith("\n")]
 
 
 def test_secagg_fedavg_equals_plain_fedavg_within_the_stated_quantisation_bound(procs, tmp_path):
@@ -59,16 +67,6 @@ def test_secagg_fedavg_equals_plain_fedavg_within_the_stated_quantisation_bound(
         assert all(r["detail"].get("masked") for r in _audit(tmp_path, c, "secure") if r["action"] == "fl.update")
 
 
-def _survivors_mean(job_clients: dict[str, list[int]]) -> dict[str, np.ndarray]:
-    """FedAvg in float64 of the named toy clients' fits from the zero model (every toy client holds 200 examples)."""
-    fits = []
-    for cluster, idx in job_clients.items():
-        for i in idx:
-            c = make_client(cluster, i, {})
-            fits.append(c.fit(c.get_parameters({}), {})[0])
-    return {k: np.mean([f[k].astype(np.float64) for f in fits], axis=0) for k in fits[0]}
-
-
 @pytest.mark.slow  # ~20 s of deadlines and sleeps; the same cases run fast in test_secagg (pure protocol)
 def test_dropouts_mid_round_close_with_the_survivors_sum_and_a_late_client_is_refused_and_audited(procs, tmp_path):
     """Of twelve clients, two die during their training (after sharing their keys) and one sends its masked input
@@ -82,7 +80,7 @@ def test_dropouts_mid_round_close_with_the_survivors_sum_and_a_late_client_is_re
     sleeps = {"A/4": 7.5, **{f"B/{i}": 4.5 for i in (0, 1, 2, 4)}}
     job = write_job(tmp_path, workers, {"A": 7, "B": 5}, rounds=2, deadline_s=6,
                     secure_aggregation={**SECURE, "max_dropout": 0.3},
-                    client={"factory": "tests.federated.toy_client:make_client",
+                    client={"factory": "testbed.toy_client:make_client",
                             "args": {"behaviours": behaviours, "sleep_s": sleeps}})
     actors = [start_cluster(procs, job, c) for c in "AB"]
     crashing = [start_client(procs, job, "A", 1), start_client(procs, job, "B", 3)]
@@ -98,7 +96,7 @@ def test_dropouts_mid_round_close_with_the_survivors_sum_and_a_late_client_is_re
     assert r1.status == "valid" and r1.num_updates == 9, out
     assert r1.detail["secure"]["dropped"] == ["A/3", "A/6", "B/5"]
     assert sorted(r1.detail["missing"]) == ["A/3", "A/6", "B/5"]
-    want = _survivors_mean({"A": [0, 2, 3, 5, 6], "B": [0, 1, 2, 4]})
+    want = survivors_mean({"A": [0, 2, 3, 5, 6], "B": [0, 1, 2, 4]})
     bound = r1.detail["secure"]["error_bound"]
     for k in want:
         ulp = np.spacing(np.abs(want[k]).astype(np.float32)).astype(np.float64)
@@ -111,16 +109,6 @@ def test_dropouts_mid_round_close_with_the_survivors_sum_and_a_late_client_is_re
     assert late and "late" in late[0]["detail"]["reason"], [r for r in audit if r["action"] == "fl.secagg"]
     summed = [r["detail"] for r in audit if r["action"] == "fl.secagg" and r["outcome"] == "summed"]
     assert summed[0]["dropped"] == ["A/3", "A/6"] and summed[0]["survivors"] == ["A/2", "A/4", "A/5", "A/7", "A/8"]
-
-
-def issue_signers(tmp_path, workers, clusters: dict[str, int]) -> None:
-    """Each client its own worker certificate, `<kit>/signers/client-<index>` (as `nebula-admin cert issue`)."""
-    from security.ca import CertificateAuthority
-
-    ca = CertificateAuthority.open(tmp_path / "prov" / "ca")
-    for cluster, n in clusters.items():
-        for i in range(n):
-            ca.issue(f"client-{i}", "worker", cluster, out_dir=workers[cluster].parent / "signers", stem=f"client-{i}")
 
 
 def test_a_client_of_a_secure_job_sends_nothing_in_the_clear_whatever_its_combiner_asks(procs, tmp_path):
@@ -168,7 +156,8 @@ def test_a_client_of_a_secure_job_sends_nothing_in_the_clear_whatever_its_combin
         assert isinstance(worker.key, ec.EllipticCurvePrivateKey)
         mb.send(me, SecureRoster(round=4, to=nonce, keys=(("A/2", k.cipher_pk, k.mask_pk, k.chain, k.signature),
                                                           ("A/3", cpk, mpk, worker.chain, fake))))
-        time.sleep(1)
+        wait_until(lambda: any(r["action"] == "fl.secagg" and r["outcome"] == "refused" and r["target"] == "4"
+                               for r in _client_audit(tmp_path, "A-0")), 30, "the client to refuse the roster")
         mb.send(me, Stop(to=nonce))
         assert ep.flush(30)
     finally:
@@ -178,8 +167,7 @@ def test_a_client_of_a_secure_job_sends_nothing_in_the_clear_whatever_its_combin
     assert "round 2 not joined: secure aggregation needs at least secure_aggregation.min_clients=3" in out
     assert "round 3 not joined: the round's cohort names ['A/9']" in out
     assert "the keys of 'A/3' are not vouched for by its certificate" in out
-    audit = [json.loads(x) for x in (tmp_path / "fl" / "clients" / "A-0" / "audit.log").read_text().splitlines()]
-    refused = [r for r in audit if r["action"] == "fl.secagg" and r["outcome"] == "refused"]
+    refused = [r for r in _client_audit(tmp_path, "A-0") if r["action"] == "fl.secagg" and r["outcome"] == "refused"]
     assert [r["target"] for r in refused] == ["1", "2", "3", "4"], refused
     assert "substituted key" in refused[-1]["detail"]["reason"]
     assert "spiffe://" in refused[-1]["detail"]["reason"]  # named: the certificate is not client-1's
@@ -323,7 +311,7 @@ def test_a_bad_dealer_is_excluded_blamed_and_not_invited_again_while_the_honest_
     assert r1.status == "valid" and r1.num_updates == 3 and r1.detail["missing"] == [], out
     (why,) = [r["reason"] for r in r1.rejected if r["client"] == str(me)]  # refused with what it did, not missing
     assert "dealt 'A/2' a bad share" in why and "not on the dealer's committed polynomial" in why
-    want = _survivors_mean({"A": [0, 1, 2]})
+    want = survivors_mean({"A": [0, 1, 2]})
     for k in want:
         ulp = np.spacing(np.abs(want[k]).astype(np.float32)).astype(np.float64)
         assert (np.abs(v2[k] - want[k]) <= r1.detail["secure"]["error_bound"] + 4 * ulp).all(), k
@@ -352,7 +340,7 @@ class _Combiner:
 
 
 def test_a_restarted_combiner_still_refuses_the_clients_blamed_earlier_in_the_job_and_only_that_job(tmp_path):
-    from nebula.federated.combiner_secure import _remember_blamed, blamed_clients
+    from nebula.federated.combiner.secure import _remember_blamed, blamed_clients
 
     first = _Combiner(tmp_path, "fltest")
     _remember_blamed(first, "A/5", "dealt 'A/2' a bad share\twith a tab\nand a newline")
@@ -373,7 +361,7 @@ def test_a_revealed_round_that_did_not_count_stops_the_job_with_the_reason_when_
     issue_signers(tmp_path, workers, {"A": 4})
     job = write_job(tmp_path, workers, {"A": 4}, rounds=3, deadline_s=8, secure_aggregation=SECURE,
                     validity={"min_updates": 1, "min_fraction_examples": 0.9},
-                    client={"factory": "tests.federated.toy_client:make_client",
+                    client={"factory": "testbed.toy_client:make_client",
                             "args": {"behaviours": {"A/3": "crash"}}})
     actor = start_cluster(procs, job, "A")
     crashing = start_client(procs, job, "A", 3)

@@ -127,8 +127,8 @@ def test_a_wrong_share_at_the_reveal_blames_its_sender_never_the_owner():
 
 def test_out_of_range_words_make_the_round_invalid_with_the_reason_recorded():
     from nebula.federated import get_strategy
-    from nebula.federated.secure_state import SecureRoundState
-    from nebula.federated.transport import Peer
+    from nebula.federated.combiner.secure_state import SecureRoundState
+    from nebula.messaging import Peer
 
     names, xs, ns, params = _round(n=5, d=16, seed=9)
     weights = {"w": np.zeros(16, np.float32)}
@@ -197,8 +197,8 @@ def test_a_secure_job_without_per_client_signers_is_refused_in_one_line(tmp_path
 
 def test_the_reducer_takes_a_secure_partial_s_weight_only_within_its_clients_public_weights():
     from nebula.federated.config import ValiditySpec
+    from nebula.federated.controller.reduction import Reduction
     from nebula.federated.messages import Partial
-    from nebula.federated.reduction import Reduction
 
     red = Reduction({"w": np.zeros(3, np.float32)}, coded=True, update_codec="none", validity=ValiditySpec(),
                     expected_examples=0, max_weight=W)
@@ -216,12 +216,11 @@ def test_commitments_travel_raw_after_the_delivery_header_and_a_client_takes_the
     import json
 
     from nebula.federated import get_strategy
+    from nebula.federated.combiner.secure_state import SecureRoundState
     from nebula.federated.messages import TO_CLIENT, SecureKeys, SecureShares, delivery_commitments
-    from nebula.federated.protocol import decode, to_json
     from nebula.federated.secagg import (AdvertiseKeys, DealerCommitments, EncryptedShare, KeyRoster, ShareDelivery,
                                          vss)
-    from nebula.federated.secure_state import SecureRoundState
-    from nebula.federated.transport import Peer
+    from nebula.messaging import Peer, decode, to_json
 
     names, _, _, _ = _round(n=5, d=16, seed=3)
     st = SecureRoundState(config=SecAggConfig(max_weight=W), word_bits=32, claimed={c: 200 for c in names},
@@ -262,8 +261,8 @@ def test_commitments_travel_raw_after_the_delivery_header_and_a_client_takes_the
 
 def test_the_reducer_takes_a_partial_of_no_more_updates_than_its_combiner_was_asked_clients():
     from nebula.federated.config import ValiditySpec
+    from nebula.federated.controller.reduction import Reduction
     from nebula.federated.messages import Partial
-    from nebula.federated.reduction import Reduction
 
     red = Reduction({"w": np.zeros(3, np.float32)}, coded=True, update_codec="none", validity=ValiditySpec(),
                     expected_examples=0, max_weight=W)

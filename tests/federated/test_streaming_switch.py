@@ -9,8 +9,8 @@ import yaml
 
 from nebula.pipeline import read_metrics
 from tests.federated.test_diloco_switch import _dp_job, _final_params, _run_both, _wait_lines
-from tests.harness.federation import finish, launch, start_switches
-from tests.recovery.clusters import (EVERY, events, kill_cluster, metrics, recovery_job, redone,
+from testbed.federation import finish, launch, start_switches
+from testbed.clusters import (EVERY, events, kill_cluster, metrics, recovery_job, redone,
                                      same_loss_each_time, wait_steps)
 
 pytestmark = pytest.mark.slow  # two-cluster runs of 30-40 steps, a kill and a restart each (~1-2 min each here)

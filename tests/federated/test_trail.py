@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nebula.federated.trail import ModelTrail, RoundRecord
+from nebula.federated.controller.trail import ModelTrail, RoundRecord
 
 
 def test_trail_keeps_lineage_state_and_survives_reopening(tmp_path):

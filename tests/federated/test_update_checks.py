@@ -10,8 +10,8 @@ import pytest
 from nebula.federated.checks import check_update_header
 from nebula.federated.config import load_federated_job
 from nebula.federated.intake import change_sumsq
-from nebula.federated.trail import ModelTrail
-from tests.federated.harness import federation, run_job, write_job
+from nebula.federated.controller.trail import ModelTrail
+from testbed.fedjob import federation, run_job, write_job
 
 TENSORS = [["w", "float32", [4, 3]], ["b", "float32", [3]]]
 
@@ -62,7 +62,7 @@ def test_huge_example_counts_and_huge_changes_are_refused_and_never_move_the_mod
     # weights of -1000 claiming its real 200 examples: only the job's max_update_norm tells it from an honest one
     behaviours = {"A/1": "huge_n", "A/2": "huge_values", "B/0": "scale"}
     job = write_job(tmp_path, workers, {"A": 3, "B": 2}, rounds=2, max_update_norm=100.0,
-                    validity={"min_updates": 2}, client={"factory": "tests.federated.toy_client:make_client",
+                    validity={"min_updates": 2}, client={"factory": "testbed.toy_client:make_client",
                                                          "args": {"behaviours": behaviours}})
     out = run_job(procs, job)
     with ModelTrail(tmp_path / "fl" / "trail") as t:

@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from nebula.federated.trail import ModelTrail
-from nebula.federated.witness import PINS_FILE, CombinerWitness
+from nebula.federated.controller.trail import ModelTrail
+from nebula.federated.controller.witness import PINS_FILE, CombinerWitness
 from security.audit import (AuditLog, checkpoints_path, generate_signing_key, peer_checkpoints_path, public_key_pem,
                             read_checkpoints)
 from security.audit_verify import verify_log
-from tests.federated.harness import federation, run_job, write_job
+from testbed.fedjob import federation, run_job, write_job
 
 
 def _log(d, name="audit.log"):
@@ -65,7 +65,7 @@ def test_checkpoints_are_pinned_per_combiner_and_a_rewound_or_rekeyed_log_is_ref
 def test_the_controller_keeps_every_combiners_last_signed_head_and_an_emptied_combiner_log_fails(procs, tmp_path):
     workers = federation(procs, tmp_path)
     job = write_job(tmp_path, workers, {"A": 1, "B": 1}, rounds=2,
-                    client={"factory": "tests.federated.toy_client:make_client",
+                    client={"factory": "testbed.toy_client:make_client",
                             "args": {"behaviours": {"B/0": "nan"}}})
     out = run_job(procs, job)
     with ModelTrail(tmp_path / "fl" / "trail") as t:
@@ -100,7 +100,7 @@ def test_a_combiner_stopped_by_sigterm_mid_run_sends_its_closing_checkpoint_and_
     import signal
     import time
 
-    from tests.federated.harness import start_cluster, start_clients, wait_exit
+    from testbed.fedjob import start_cluster, start_clients, wait_exit
 
     workers = federation(procs, tmp_path)
     job = write_job(tmp_path, workers, {"A": 1, "B": 1}, rounds=200, validity={"min_updates": 1})

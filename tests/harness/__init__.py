@@ -1,2 +1,1 @@
-"""Test and benchmark harness: real processes (`procs`), the one local federation (`federation`), sites in network
-namespaces (`netns`)."""
+"""The README's printed commands, run as printed (`readme`); the rest of the harness is the `testbed` package."""

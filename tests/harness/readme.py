@@ -12,7 +12,7 @@ from typing import Iterable
 import pytest
 
 from nebula.smoke import ENV as SMOKE
-from tests.harness.procs import BIN, REPO
+from testbed.procs import BIN, REPO
 
 __all__ = ["READMES", "REPO", "all_commands", "bash_lines", "invocations", "is_template", "printed_commands",
            "readme_files", "readme_tier", "run_printed", "scratch_checkout", "section_commands"]

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.harness.federation import finish, launch
+from testbed.federation import finish, launch
 from tests.pipeline.helpers import toy_job
 
 

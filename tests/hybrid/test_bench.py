@@ -8,7 +8,7 @@ import pytest
 from nebula.hybrid.bench import read_profiles
 from nebula.hybrid.probe import RankProbe
 from tests.hybrid.helpers import hybrid_job
-from tests.harness.federation import BIN, finish
+from testbed.federation import BIN, finish
 
 
 @pytest.mark.slow  # (~9 s of profiling real ranks: the allocator's tests use profiles without it)

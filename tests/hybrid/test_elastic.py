@@ -88,8 +88,8 @@ def test_relayout_keeps_the_survivors_slowdowns(tmp_path):
 
 
 def test_departure_watch_names_the_rank_that_went_first(tmp_path):
-    """Three real processes record their pids as ranks do; rank 1 is killed, the others 0.5 s later (as the
-    launcher stops a cluster's other ranks): the watch names rank 1 alone."""
+    """Three real processes record their pids as ranks do; rank 1 is killed, the others once the watch has seen it
+    go (as the launcher stops a cluster's other ranks): the watch names rank 1 alone."""
     import os
     import signal
     import subprocess
@@ -97,6 +97,7 @@ def test_departure_watch_names_the_rank_that_went_first(tmp_path):
     import time
 
     from nebula.launch.departures import RANK_DIR_ENV, DepartureWatch
+    from testbed.federation import wait_until
 
     rank_dir = tmp_path / "ranks"
     code = "from nebula.launch.departures import record_rank; import time; record_rank(); time.sleep(60)"
@@ -110,12 +111,12 @@ def test_departure_watch_names_the_rank_that_went_first(tmp_path):
                 time.sleep(0.05)
             procs[1].send_signal(signal.SIGKILL)
             procs[1].wait()  # (reaped at once: gone from /proc)
-            time.sleep(0.5)
+            wait_until(lambda: watch.departed, 30, "the watch to see rank 1 go")
             for p in (procs[0], procs[2]):
                 p.terminate()
             for p in procs:
                 p.wait()
-            time.sleep(0.2)
+            time.sleep(0.2)  # an absence: a poll or two after the others went, the first finding still stands
         finally:
             for p in procs:
                 p.kill()

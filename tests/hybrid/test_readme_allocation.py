@@ -13,7 +13,7 @@ import yaml
 
 from nebula.pipeline import read_metrics
 from tests.conftest import REPO
-from tests.harness.federation import BIN, finish, start_switches
+from testbed.federation import BIN, finish, start_switches
 
 SECTION = "## Layer pipelines from an allocation"
 

@@ -9,7 +9,7 @@ from nebula.config.job import load_job_config
 from nebula.hybrid.plan import plan_clusters
 from nebula.pipeline import read_metrics
 from nebula.modes import run
-from tests.harness.federation import BIN, finish, launch, start_switches
+from testbed.federation import BIN, finish, launch, start_switches
 from tests.pipeline.helpers import TWO_STAGES, toy_job
 
 LAYERS, STEPS = 6, 16

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from nebula.launch.quiet import STOPPED_CODES
-from tests.harness.federation import wait_until
-from tests.harness.procs import BIN
+from testbed.federation import wait_until
+from testbed.procs import BIN
 from tests.launch.failing_recipe import MESSAGE
 from tests.pipeline.helpers import toy_job
 

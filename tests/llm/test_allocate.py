@@ -18,7 +18,7 @@ from nebula.modes import run
 from nebula.pipeline.stage import load_recipe
 from tests.conftest import REPO
 from tests.llm.conftest import NEEDS_FORMERS, ONE_PROCESS, TWO_CLUSTERS, llm_job
-from tests.harness.federation import finish, launch
+from testbed.federation import finish, launch
 
 pytestmark = NEEDS_FORMERS
 NEBULA = str(Path(sys.executable).parent / "nebula")

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import yaml
 
 from nebula.config.job import load_job_config
 from nebula.pipeline import read_metrics
 from nebula.modes import run
-from tests.federated.harness import run_job, write_job
+from testbed.fedjob import run_job, write_job
 from tests.llm.conftest import NEEDS_FORMERS, ONE_PROCESS, SEQ_LEN, TWO_CLUSTERS, llm_job
-from tests.harness.federation import BIN, finish, launch, start_switches
+from testbed.federation import BIN, finish, launch, start_switches
 
 pytestmark = NEEDS_FORMERS
 STEPS = 6
@@ -81,7 +80,7 @@ def test_federated_clients_fine_tune_it_and_the_global_model_improves(procs, tmp
     job = write_job(tmp_path, workers, {"A": 1, "B": 1}, rounds=3, deadline_s=120, startup_timeout_s=120,
                     client={"factory": "nebula.formers:make_client", "args": args}, update_codec="ef(int8)")
     run_job(procs, job, timeout_s=300)
-    from nebula.federated.trail import ModelTrail
+    from nebula.federated.controller.trail import ModelTrail
 
     with ModelTrail(tmp_path / "fl" / "trail") as t:
         models = t.models()

@@ -14,7 +14,7 @@ from nebula.logbook import read_scalars
 from nebula.pipeline import read_metrics
 from tests.conftest import REPO
 from tests.llm.conftest import NEEDS_FORMERS
-from tests.harness.federation import BIN, drain, finish, wait_for_line
+from testbed.federation import BIN, drain, finish, wait_for_line
 from tests.harness.readme import section_commands
 
 pytestmark = [NEEDS_FORMERS, pytest.mark.readme]

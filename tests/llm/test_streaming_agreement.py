@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from nebula.pipeline import read_metrics
-from tests.harness.federation import finish, launch, start_switches
+from testbed.federation import finish, launch, start_switches
 from tests.llm.conftest import NEEDS_FORMERS, SEQ_LEN, llm_job
 
 pytestmark = NEEDS_FORMERS

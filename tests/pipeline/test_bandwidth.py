@@ -44,7 +44,7 @@ def test_switch_link_throughput_reaches_auto_on_a_boundary(procs, tmp_path):
     from nebula.channel import Endpoint
     from nebula.pipeline.boundary import Boundary
     from nebula.pipeline.links import ChannelLink
-    from tests.harness.federation import start_switches
+    from testbed.federation import start_switches
 
     workers = start_switches(procs, tmp_path / "fed", ["A", "B"], shape={"rate_mbit": 20, "delay_ms": 5})
     eps = {c: Endpoint.connect(workers[c], job="bw", rank=0) for c in ("A", "B")}
@@ -87,7 +87,7 @@ def test_a_shaped_switch_link_reads_its_rate_for_small_and_large_messages(procs,
     import time
 
     from nebula.channel import Endpoint
-    from tests.harness.federation import start_switches
+    from testbed.federation import start_switches
 
     rate = 8e6 / 8
     workers = start_switches(procs, tmp_path / "fed", ["A", "B"], shape={"rate_mbit": 8, "delay_ms": 5})

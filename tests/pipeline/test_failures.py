@@ -12,7 +12,7 @@ import yaml
 from nebula.config.job import load_job_config
 from nebula.pipeline import read_metrics, replace_steps
 from nebula.modes import run
-from tests.harness.federation import finish, launch, start_switches
+from testbed.federation import finish, launch, start_switches
 from tests.pipeline.helpers import TWO_STAGES, toy_job
 
 LOCAL = [{"name": "embed", "cluster": "A"}, {"name": "head", "cluster": "A"}]

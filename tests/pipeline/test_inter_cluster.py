@@ -7,7 +7,7 @@ import pytest
 from nebula.config.job import load_job_config
 from nebula.pipeline import read_metrics
 from nebula.modes import run
-from tests.harness.federation import finish, launch, start_switches
+from testbed.federation import finish, launch, start_switches
 from tests.pipeline.helpers import TWO_STAGES, toy_job
 
 STEPS = 20

@@ -7,7 +7,7 @@ import pytest
 
 from nebula.pipeline.boundary import Boundary
 from nebula.pipeline.links import PeerLost, PeerNeverCame, QueueLink
-from tests.harness.federation import finish, launch, start_switches
+from testbed.federation import finish, launch, start_switches
 from tests.pipeline.helpers import TWO_STAGES, toy_job
 
 

@@ -8,7 +8,7 @@ import pytest
 from nebula.pipeline import read_metrics
 from security.accounts import Accounts
 from security.cli import main as admin_main
-from tests.harness.federation import finish, launch, start_switches
+from testbed.federation import finish, launch, start_switches
 from tests.pipeline.helpers import TWO_STAGES, toy_job
 
 

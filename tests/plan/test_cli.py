@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from nebula.plan.sizing import config_params
-from tests.harness.procs import BIN
+from testbed.procs import BIN
 from tests.plan._table import write_table
 
 # a Llama of the table's width (hidden 128) with config_params(LLAMA) parameters, sized without weights

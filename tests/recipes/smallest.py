@@ -16,7 +16,7 @@ from typing import Iterator
 import pytest
 
 from nebula import smoke
-from tests.harness.procs import BIN, REPO
+from testbed.procs import BIN, REPO
 from tests.harness.readme import scratch_checkout
 
 __all__ = ["REPO", "Printed", "fresh_paths", "run_smallest", "scratch_checkout", "start_smallest"]

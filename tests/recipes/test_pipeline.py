@@ -132,7 +132,7 @@ def test_wrong_shape_pretrained_base_fails_before_training(locale_dir, tmp_path)
 
 
 def test_unreachable_encoder_cluster_is_named_before_training(procs, locale_dir, tmp_path):
-    from tests.harness.federation import start_switches
+    from testbed.federation import start_switches
 
     prepare_data(tmp_path / "A", tmp_path / "B", ["es"], locale_dir, SPLIT)
     workers = start_switches(procs, tmp_path / "fed", ["A", "B"])

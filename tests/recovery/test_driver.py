@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.harness.federation import start_switches, wait_for_line
+from testbed.federation import start_switches, wait_for_line
 from tests.recovery import _driver
 
 DRIVER = Path(_driver.__file__)

@@ -1,4 +1,4 @@
-"""The WAN fault harness (tests/harness/faults.py): the delay proxy holds each direction for its delay, keeps the
+"""The WAN fault harness (testbed/faults.py): the delay proxy holds each direction for its delay, keeps the
 stream whole and in order; over namespaces with delay, jitter, loss, a link cut and a switch restart on a schedule,
 the switches still deliver every probe message exactly once and in order."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.harness.faults import DelayProxy, FaultyWan, Schedule, free_port, periodic
+from testbed.faults import DelayProxy, FaultyWan, Schedule, free_port, periodic
 
 
 def test_the_delay_proxy_delays_each_direction_and_keeps_the_stream_whole_and_in_order():

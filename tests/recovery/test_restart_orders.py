@@ -16,8 +16,8 @@ import pytest
 
 from nebula.channel import Endpoint
 from tests.conftest import REPO
-from tests.harness.federation import start_switches
-from tests.harness.procs import Procs
+from testbed.federation import start_switches
+from testbed.procs import Procs
 
 _ROLE = textwrap.dedent("""
     import contextlib, json, sys, time
@@ -80,7 +80,7 @@ def test_a_receiver_restarted_alone_on_a_host_whose_clock_is_behind_gets_the_res
         for m in msgs[3:5]:  # while no receiver runs
             tx.send(m.encode())
         r2 = _role(workers["B"], job, "recv", {"count": 5})
-        time.sleep(1.0)
+        time.sleep(1.0)  # the order under test, either way round: the new start is there or about to be
         last = tx.send(msgs[5].encode())  # and once the new start is (or is about to be) there
         assert json.loads(_done(r2)) == msgs[1:]  # in order, each once: what r1 left, then the rest
         last.result(timeout=30)
@@ -115,7 +115,7 @@ def test_both_ends_restarted_on_hosts_whose_clocks_are_behind_take_only_the_new_
         ea.channel("B", 0, "x").send(b"old0").result(30)
         assert eb.channel("A", 0, "x").recv(timeout_s=30) == b"old0"
         eb.close(flush_s=0)  # the receiver goes ...
-        time.sleep(0.5)
+        time.sleep(0.5)  # (the order under test: its end is on its way before the next sends)
         for m in (b"old1", b"old2"):  # ... these wait for it at switch B ...
             ea.channel("B", 0, "x").send(m).result(30)
         ea.close(flush_s=0)  # ... and the sender goes too

@@ -9,9 +9,9 @@ import pytest
 
 from nebula.config.job import load_job_config
 from nebula.modes import run
-from tests.harness.federation import start_switches
+from testbed.federation import start_switches
 from tests.pipeline.helpers import toy_job
-from tests.recovery.clusters import (EVERY, events, kill_cluster, metrics, recovery_job, redone, same_loss_each_time,
+from testbed.clusters import (EVERY, events, kill_cluster, metrics, recovery_job, redone, same_loss_each_time,
                                      start_rank, wait_steps)
 
 STEPS = 40

@@ -11,9 +11,9 @@ import pytest
 
 from nebula.config.job import load_job_config
 from nebula.modes import run
-from tests.harness.federation import LocalFederation, finish, launch, start_switches
+from testbed.federation import LocalFederation, finish, launch, start_switches
 from tests.pipeline.helpers import stale_reference, toy_job
-from tests.recovery.clusters import (EVERY, events, kill_cluster, kill_ranks, metrics, recovery_job, redone,
+from testbed.clusters import (EVERY, events, kill_cluster, kill_ranks, metrics, recovery_job, redone,
                                      same_loss_each_time, start_rank, wait_steps)
 
 pytestmark = pytest.mark.slow

@@ -1,7 +1,6 @@
 """Audit log: chain and checkpoints; every kind of tampering is found and the first bad record named."""
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from security.audit import (CHECKPOINT_ACTION, FIELD_LIMIT, PEER_CHECKPOINT_ACTI
 from security.audit_verify import verify_log
 from security.cli import main as admin
 from security.errors import AuditError
+from testbed.audit import forge, lines, set_outcome
 
 
 @pytest.fixture
@@ -31,10 +31,6 @@ def make_log(tmp_path: Path, key: Path, n: int = 12, every: int = 5) -> Path:
         for i in range(n):
             audit.append(f"user{i % 3}", "data.read" if i % 2 else "grant.add", f"res{i}", detail={"i": i})
     return log
-
-
-def lines(log: Path) -> list[bytes]:
-    return log.read_bytes().splitlines(keepends=True)
 
 
 def test_records_chain_and_signed_checkpoint_records_inside_the_log(tmp_path, key):
@@ -121,51 +117,6 @@ def test_truncation_back_past_a_checkpoint_is_found(tmp_path, key):
     log.write_bytes(b"".join(lines(log)[:6]) + lines(log)[6][:20])
     report = verify_log(log)
     assert not report.ok and report.first_bad == 7 and "incomplete" in report.reason
-
-
-def forge(log: Path, edit=lambda recs: recs, *, resign: Path | None = None, drop_checkpoints_after: int | None = None,
-          keep_checkpoint_file: int | None = None) -> None:
-    """What an attacker who can write the log (but not read the signing key) does: edit records, renumber, recompute
-    every hash; drop checkpoint records after a seq, or re-sign them with `resign`; cut or delete the copies beside."""
-    recs = [json.loads(l) for l in lines(log)]
-    recs = edit(recs)
-    if drop_checkpoints_after is not None:
-        recs = [r for r in recs if r["action"] != CHECKPOINT_ACTION or r["seq"] <= drop_checkpoints_after]
-    signer = None
-    if resign is not None:
-        from cryptography.hazmat.primitives import serialization
-        sk = serialization.load_pem_private_key(resign.read_bytes(), password=None)
-    out, prev, cps = [], "0" * 64, []
-    for seq, r in enumerate(recs, 1):
-        r.pop("hash", None)
-        r["seq"], r["prev"] = seq, prev
-        if resign is not None and r["action"] == CHECKPOINT_ACTION:
-            import base64
-            pub = base64.b64encode(sk.public_key().public_bytes(serialization.Encoding.Raw,
-                                                                serialization.PublicFormat.Raw)).decode()
-            cp = Checkpoint(seq=seq - 1, head=prev, time=r["detail"]["time"], signer=pub, signature="")
-            cp = Checkpoint(seq=cp.seq, head=cp.head, time=cp.time, signer=pub,
-                            signature=base64.b64encode(sk.sign(cp.message())).decode())
-            r["detail"] = dict(json.loads(cp.to_json()), every=r["detail"]["every"])
-            cps.append(cp)
-        body = json.dumps(r, sort_keys=True, separators=(",", ":"))
-        prev = hashlib.sha256(body.encode()).hexdigest()
-        out.append(body[:-1] + f',"hash":"{prev}"}}\n')
-    log.write_bytes("".join(out).encode())
-    cpf = checkpoints_path(log)
-    if resign is not None:
-        cpf.write_text("".join(c.to_json() + "\n" for c in cps))
-    elif keep_checkpoint_file is None:
-        cpf.unlink()
-    else:
-        cpf.write_bytes(b"".join(cpf.read_bytes().splitlines(keepends=True)[:keep_checkpoint_file]))
-
-
-def set_outcome(seq: int, outcome: str):
-    def edit(recs):
-        recs[seq - 1]["outcome"] = outcome
-        return recs
-    return edit
 
 
 def verify_cli(capsys, log: Path, *extra: str) -> tuple[int, str]:

@@ -15,8 +15,8 @@ from security.audit import PEER_CHECKPOINT_ACTION, checkpoints_path, generate_si
 from security.cli import main as admin
 from security.provision import provision
 from tests.conftest import Procs
-from tests.security.test_audit import forge, lines, set_outcome
-from tests.harness.federation import start_switch
+from testbed.audit import forge, lines, set_outcome
+from testbed.federation import start_switch
 
 OK, TAMPERED, USAGE, SUSPICIOUS, UNVERIFIABLE = 0, 1, 2, 3, 4
 

@@ -12,7 +12,7 @@ import pytest
 import security.audit
 from security.audit import AuditLog, checkpoints_path, generate_signing_key, read_checkpoints, read_records
 from security.cli import main as admin
-from tests.security.test_audit import forge, lines, set_outcome
+from testbed.audit import forge, lines, set_outcome
 
 OK, TAMPERED, UNVERIFIABLE = 0, 1, 4
 

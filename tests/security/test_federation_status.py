@@ -15,7 +15,7 @@ import pytest
 from security.federation_view import (Totals, disagreements, format_age, format_bytes, render, site_from_metrics,
                                       site_from_status, to_json)
 from security.provision import add_cluster, provision
-from tests.harness.federation import BIN, start_switch
+from testbed.federation import BIN, start_switch
 
 # printed in README.md ("Running a federation by hand"); run as printed by test_three_switches_in_one_view
 PRINTED = ["cp fed/A/state/status.json A.status.json", "nebula-admin federation status --dir status"]

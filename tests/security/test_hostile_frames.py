@@ -14,7 +14,7 @@ from nebula.wire import FrameType, WireError, encode_frame
 from nebula.wire.frame import decode_head
 from nebula.wire.meta import MAX_META_DEPTH
 from security.provision import provision
-from tests.harness.federation import start_switch, wait_audit
+from testbed.federation import start_switch, wait_audit
 from tests.switch.conftest import worker_yaml
 
 

@@ -18,6 +18,7 @@ from security.kit_seal import APPLIED_UPDATE, KitError, check_kit, seal_kit
 from security.provision import add_cluster, provision, remove_cluster
 from security.signing import Statement, crl_number, key_fingerprint, sha256_hex, sign_statement
 from security.updates import UpdateError, apply_update
+from testbed.updates import bomb_nested, members, pack, signed
 
 
 def _fed(tmp_path: Path, clusters=("A", "B", "C")) -> tuple[Path, Path]:
@@ -28,29 +29,6 @@ def _fed(tmp_path: Path, clusters=("A", "B", "C")) -> tuple[Path, Path]:
     site.mkdir()
     subprocess.run(["tar", "xzf", str(out / "kits" / "A.tar.gz"), "-C", str(site)], check=True)
     return out, site / "A" / "switch.yaml"
-
-
-def _members(path: Path) -> dict[str, bytes]:
-    with tarfile.open(path) as tar:
-        return {m.name: tar.extractfile(m).read() for m in tar}
-
-
-def _pack(dest: Path, files: dict[str, bytes]) -> Path:
-    with tarfile.open(dest, "w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return dest
-
-
-def _signed(ca: CertificateAuthority, dest: Path, doc: dict, crl: bytes) -> Path:
-    """An update of `doc` and `crl` signed by `ca`'s key (the admin's, or another CA's to forge one)."""
-    text = yaml.safe_dump(doc, sort_keys=False).encode()
-    st = Statement("peers_update", doc["federation"], doc["cluster"], doc["revision"],
-                   crl_number(x509.load_pem_x509_crl(crl)), tuple(p["cluster"] for p in doc["peers"]),
-                   (("update.yaml", sha256_hex(text)), ("crl.pem", sha256_hex(crl))))
-    return _pack(dest, {"update.yaml": text, "crl.pem": crl, "update.sig": sign_statement(st, ca.cert, ca.key)})
 
 
 def _kit_files(cfg: Path) -> dict[str, bytes]:
@@ -82,13 +60,13 @@ def test_a_forged_update_readding_a_removed_cluster_with_an_old_crl_is_refused(t
     forged_doc = {"federation": "acme", "cluster": "A", "revision": 99, "peers": peers}  # C listed again
     forged = yaml.safe_dump(forged_doc, sort_keys=False).encode()
     # the attack as it was: no signature at all
-    _refused(cfg, _pack(tmp_path / "r99.tar.gz", {"update.yaml": forged, "crl.pem": old_crl}), "is not signed",
+    _refused(cfg, pack(tmp_path / "r99.tar.gz", {"update.yaml": forged, "crl.pem": old_crl}), "is not signed",
              "unsigned")
     # the admin's real signature kept beside forged files: they are not what it signed
-    sig = _members(real)["update.sig"]
-    _refused(cfg, _pack(tmp_path / "r99s.tar.gz", {"update.yaml": forged, "crl.pem": old_crl, "update.sig": sig}),
+    sig = members(real)["update.sig"]
+    _refused(cfg, pack(tmp_path / "r99s.tar.gz", {"update.yaml": forged, "crl.pem": old_crl, "update.sig": sig}),
              "its update.yaml was altered after the admin signed it", "altered")
-    _refused(cfg, _pack(tmp_path / "crl.tar.gz", {**_members(real), "crl.pem": old_crl}),
+    _refused(cfg, pack(tmp_path / "crl.tar.gz", {**members(real), "crl.pem": old_crl}),
              "its crl.pem was altered after the admin signed it", "altered")
     # the admin's real next update still applies: C is gone and its certificates revoked
     said = apply_update(cfg, real)
@@ -105,18 +83,18 @@ def test_a_forged_update_readding_a_removed_cluster_with_an_old_crl_is_refused(t
 def test_a_repointed_or_widened_peer_is_refused(tmp_path):
     out, cfg = _fed(tmp_path)
     real = Path(add_cluster(out, "D")["updates"]["A"])
-    files = _members(real)
+    files = members(real)
     doc = yaml.safe_load(files["update.yaml"])
     doc["peers"][0]["address"] = "203.0.113.9:7443"  # B re-pointed
-    _refused(cfg, _pack(tmp_path / "moved.tar.gz", {**files, "update.yaml": yaml.safe_dump(doc).encode()}),
+    _refused(cfg, pack(tmp_path / "moved.tar.gz", {**files, "update.yaml": yaml.safe_dump(doc).encode()}),
              "its update.yaml was altered", "altered")
     doc = yaml.safe_load(files["update.yaml"])
     doc["peers"][0]["accounts"] = ["nebula", "other"]  # B's routes widened
-    _refused(cfg, _pack(tmp_path / "wide.tar.gz", {**files, "update.yaml": yaml.safe_dump(doc).encode()}),
+    _refused(cfg, pack(tmp_path / "wide.tar.gz", {**files, "update.yaml": yaml.safe_dump(doc).encode()}),
              "its update.yaml was altered", "altered")
     doc = yaml.safe_load(files["update.yaml"])
     doc["peers"] = doc["peers"][:1]  # C and D dropped
-    _refused(cfg, _pack(tmp_path / "drop.tar.gz", {**files, "update.yaml": yaml.safe_dump(doc).encode()}),
+    _refused(cfg, pack(tmp_path / "drop.tar.gz", {**files, "update.yaml": yaml.safe_dump(doc).encode()}),
              "its update.yaml was altered", "altered")
     assert "revision 2" in apply_update(cfg, real)
 
@@ -124,16 +102,16 @@ def test_a_repointed_or_widened_peer_is_refused(tmp_path):
 def test_an_update_signed_by_another_key_is_refused(tmp_path):
     out, cfg = _fed(tmp_path)
     real = Path(add_cluster(out, "D")["updates"]["A"])
-    files = _members(real)
+    files = members(real)
     doc = yaml.safe_load(files["update.yaml"])
     other = CertificateAuthority.init(tmp_path / "other-ca", "acme")  # the same federation's name, another key
-    foreign = _signed(other, tmp_path / "other.tar.gz", {**doc, "revision": 50}, (other.dir / "crl.pem").read_bytes())
+    foreign = signed(other, tmp_path / "other.tar.gz", {**doc, "revision": 50}, (other.dir / "crl.pem").read_bytes())
     msg = _refused(cfg, foreign, "is signed by another key", "bad_signature")
     assert key_fingerprint(other.cert.public_key()) in msg and "not by this kit's CA" in msg
     # another key's signature under the CA's fingerprint
-    sig = json.loads(_members(foreign)["update.sig"])
+    sig = json.loads(members(foreign)["update.sig"])
     sig["signer"] = key_fingerprint(CertificateAuthority.open(out / "ca").cert.public_key())
-    _refused(cfg, _pack(tmp_path / "claimed.tar.gz", {**_members(foreign), "update.sig": json.dumps(sig).encode()}),
+    _refused(cfg, pack(tmp_path / "claimed.tar.gz", {**members(foreign), "update.sig": json.dumps(sig).encode()}),
              "its signature does not verify", "bad_signature")
     # B's own update, signed and all, is not A's
     _refused(cfg, Path(add_cluster(out, "E")["updates"]["B"]), "is for cluster B of federation acme", "other_site")
@@ -150,13 +128,9 @@ def test_a_replayed_or_rolled_back_update_is_refused(tmp_path):
     _refused(cfg, r3, "is revision 3, this kit is at revision 3 already", "old_revision")
     # even the admin's own key does not roll the CRL back: a newer revision with an older CRL is refused
     ca = CertificateAuthority.open(out / "ca")
-    doc = {**yaml.safe_load(_members(r3)["update.yaml"]), "revision": 4}
-    msg = _refused(cfg, _signed(ca, tmp_path / "r4.tar.gz", doc, kit_crl), "older than number", "old_crl")
+    doc = {**yaml.safe_load(members(r3)["update.yaml"]), "revision": 4}
+    msg = _refused(cfg, signed(ca, tmp_path / "r4.tar.gz", doc, kit_crl), "older than number", "old_crl")
     assert f"carries CRL number {crl_number(x509.load_pem_x509_crl(kit_crl))}" in msg
-
-
-def _bomb_nested(depth: int) -> bytes:
-    return b"federation: acme\ncluster: A\nrevision: 9\npeers: " + b"[" * depth + b"]" * depth + b"\n"
 
 
 _ALIASES = b"""federation: acme
@@ -170,22 +144,22 @@ peers: [*c, *c, *c, *c, *c, *c, *c, *c, *c]
 
 
 @pytest.mark.parametrize("make, says", [
-    (lambda t, m: _pack(t / "u.tar.gz", {"../update.yaml": m["update.yaml"], **m}), "holds '../update.yaml'"),
-    (lambda t, m: _pack(t / "u.tar.gz", {**m, "update.sig": m["update.sig"], "update.yaml ": b""}),
+    (lambda t, m: pack(t / "u.tar.gz", {"../update.yaml": m["update.yaml"], **m}), "holds '../update.yaml'"),
+    (lambda t, m: pack(t / "u.tar.gz", {**m, "update.sig": m["update.sig"], "update.yaml ": b""}),
      "holds 'update.yaml '"),
     (lambda t, m: _link_archive(t / "u.tar.gz", m, tarfile.SYMTYPE), "(a link)"),
     (lambda t, m: _link_archive(t / "u.tar.gz", m, tarfile.LNKTYPE), "(a link)"),
     (lambda t, m: _dup_archive(t / "u.tar.gz", m), "(a second copy)"),
-    (lambda t, m: _pack(t / "u.tar.gz", {"update.yaml": m["update.yaml"], "update.sig": m["update.sig"]}),
+    (lambda t, m: pack(t / "u.tar.gz", {"update.yaml": m["update.yaml"], "update.sig": m["update.sig"]}),
      "lacks crl.pem"),
-    (lambda t, m: _pack(t / "u.tar.gz", {}), "lacks update.yaml and crl.pem and update.sig"),
-    (lambda t, m: _pack(t / "u.tar.gz", {"update.yaml": _bomb_nested(3000), "crl.pem": m["crl.pem"]}),
+    (lambda t, m: pack(t / "u.tar.gz", {}), "lacks update.yaml and crl.pem and update.sig"),
+    (lambda t, m: pack(t / "u.tar.gz", {"update.yaml": bomb_nested(3000), "crl.pem": m["crl.pem"]}),
      "is not signed"),
-    (lambda t, m: _pack(t / "u.tar.gz", {**m, "update.sig": b"[" * 100000 + b"]" * 100000}),
+    (lambda t, m: pack(t / "u.tar.gz", {**m, "update.sig": b"[" * 100000 + b"]" * 100000}),
      "update.sig is not a signed statement"),
-    (lambda t, m: _pack(t / "u.tar.gz", {**m, "update.sig": b"{}"}), "update.sig is malformed"),
+    (lambda t, m: pack(t / "u.tar.gz", {**m, "update.sig": b"{}"}), "update.sig is malformed"),
     (lambda t, m: _huge(t / "u.tar.gz"), "larger than a peers update can be"),
-    (lambda t, m: _pack(t / "u.tar.gz", {**m, "crl.pem": b"x" * (2 << 20)}), "is larger than 1048576 bytes"),
+    (lambda t, m: pack(t / "u.tar.gz", {**m, "crl.pem": b"x" * (2 << 20)}), "is larger than 1048576 bytes"),
     (lambda t, m: _plain(t / "u.tar.gz", b"not an archive at all"), "is not a peers update archive"),
     (lambda t, m: _plain(t / "u.tar.gz", b"\x1f\x8b\x08\x00" + b"\xff" * 64), "is not a peers update archive"),
     (lambda t, m: t / "missing.tar.gz", "is not a peers update archive"),
@@ -194,7 +168,7 @@ def test_a_hostile_update_archive_is_one_line(tmp_path, make, says):
     out, cfg = _fed(tmp_path, ("A", "B"))
     real = Path(add_cluster(out, "C")["updates"]["A"])
     reason = "unsigned" if says == "is not signed" else "bad_signature" if "update.sig is" in says else "malformed"
-    _refused(cfg, make(tmp_path, _members(real)), says, reason)
+    _refused(cfg, make(tmp_path, members(real)), says, reason)
     assert "revision 2" in apply_update(cfg, real)  # (and the real one still applies)
 
 
@@ -225,7 +199,7 @@ def _plain(dest: Path, data: bytes) -> Path:
     return dest
 
 
-@pytest.mark.parametrize("text, says", [(_bomb_nested(3000), "nests too deeply"),
+@pytest.mark.parametrize("text, says", [(bomb_nested(3000), "nests too deeply"),
                                         (_ALIASES, "aliases are not accepted here"),
                                         (b"\xff\xfe not utf-8", "cannot be read")])
 def test_a_signed_yaml_bomb_is_still_one_line(tmp_path, text, says):
@@ -234,7 +208,7 @@ def test_a_signed_yaml_bomb_is_still_one_line(tmp_path, text, says):
     ca = CertificateAuthority.open(out / "ca")
     st = Statement("peers_update", "acme", "A", 9, _number(ca.crl_path), ("B",),
                    (("update.yaml", sha256_hex(text)), ("crl.pem", sha256_hex(ca.crl_path.read_bytes()))))
-    bomb = _pack(tmp_path / "bomb.tar.gz", {"update.yaml": text, "crl.pem": ca.crl_path.read_bytes(),
+    bomb = pack(tmp_path / "bomb.tar.gz", {"update.yaml": text, "crl.pem": ca.crl_path.read_bytes(),
                                             "update.sig": sign_statement(st, ca.cert, ca.key)})
     _refused(cfg, bomb, says, "malformed")
 

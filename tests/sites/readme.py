@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from tests.harness.netns import Sites
-from tests.harness.procs import BIN, REPO, Procs
+from testbed.netns import Sites
+from testbed.procs import BIN, REPO, Procs
 
 __all__ = ["SiteRunner", "blocks", "section"]
 

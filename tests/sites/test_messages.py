@@ -16,8 +16,8 @@ import yaml
 
 from nebula.config import stream_path
 from security.provision import provision, remove_cluster
-from tests.harness.federation import LocalFederation, edit_yaml, start_switch, wait_audit
-from tests.harness.netns import Sites
+from testbed.federation import LocalFederation, edit_yaml, start_switch, wait_audit
+from testbed.netns import Sites
 
 
 def _serve(config: Path, timeout_s: float = 60) -> subprocess.CompletedProcess:

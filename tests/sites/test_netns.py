@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from tests.harness.federation import LocalFederation, wait_audit
-from tests.harness.netns import Sites
+from testbed.federation import LocalFederation, wait_audit
+from testbed.netns import Sites
 
 pytestmark = pytest.mark.root
 

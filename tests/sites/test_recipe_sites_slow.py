@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.harness.netns import Sites
+from testbed.netns import Sites
 from tests.harness.readme import section_commands
 from tests.sites.readme import SiteRunner, blocks, section
 

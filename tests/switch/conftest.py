@@ -1,4 +1,4 @@
-"""Fixtures of the switch tests: a provisioned two-cluster federation (switches started by `tests.harness`), a cutting
+"""Fixtures of the switch tests: a provisioned two-cluster federation (switches started by `testbed`), a cutting
 proxy, a legitimate transfer to run beside an attack."""
 from __future__ import annotations
 
@@ -11,21 +11,13 @@ import pytest
 import yaml
 
 from security.provision import provision
-from tests.harness.federation import Switch, edit_yaml, start_switch, wait_audit
+from testbed.federation import Switch, edit_yaml, start_switch, wait_audit
 
-__all__ = ["CuttingProxy", "Switch", "TEST_CHUNK_BYTES", "edit_yaml", "federation", "legit_transfer", "rss_bytes",
+__all__ = ["CuttingProxy", "Switch", "TEST_CHUNK_BYTES", "edit_yaml", "federation", "legit_transfer",
            "start_switch", "two_switches", "wait_audit", "worker_yaml", "exchange"]
 
 
 TEST_CHUNK_BYTES = 256 * 1024
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident set size of process `pid` now."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import pytest
 from nebula.channel import Endpoint
 from nebula.config import split_host_port
 from security.ca import CertificateAuthority
-from tests.harness.federation import start_switch, wait_audit
+from testbed.federation import start_switch, wait_audit
 from tests.switch.conftest import worker_yaml
 
 

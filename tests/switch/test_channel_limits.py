@@ -10,7 +10,7 @@ import pytest
 
 from nebula.channel import ChannelError, Endpoint
 from nebula.wire import ChannelKey, FrameType, encode_frame
-from tests.harness.federation import edit_yaml, start_switch, wait_audit
+from testbed.federation import edit_yaml, start_switch, wait_audit
 from tests.switch.conftest import worker_yaml
 from tests.switch.test_relay import _next_error, _raw_worker, raw_hello
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 
 from security.provision import provision
 from switch_server.cli import main
-from tests.harness.federation import edit_yaml, start_switch
+from testbed.federation import edit_yaml, start_switch, wait_until
 
 
 def test_probe_status_and_metrics(two_switches, procs, capsys):
@@ -27,7 +26,12 @@ def test_probe_status_and_metrics(two_switches, procs, capsys):
     assert result["out_of_order"] == 0 and result["mbit_s"] > 0
     assert recv.returncode == 0
 
-    time.sleep(1.5)  # one status period
+    def counted() -> bool:  # the status file (rewritten every second) counts the probe's bytes
+        assert main(["status", "--config", str(a.config), "--json"]) == 0
+        link = json.loads(capsys.readouterr().out)["links"].get("B", {})
+        return link.get("up", False) and link.get("bytes_out", 0) >= 40 * 20000
+
+    wait_until(counted, 30, "A's status to count the probe's bytes")
     assert main(["status", "--config", str(a.config)]) == 0
     text = capsys.readouterr().out
     assert "switch A" in text and "B" in text and " up " in text

@@ -21,8 +21,8 @@ from nebula.wire import ChannelKey, FrameType, decode_frame, encode_frame
 from switch_server.answers import ANSWER_BURST
 from switch_server.status import status_path
 from tests.conftest import REPO
-from tests.switch.attackers import RawPeer
-from tests.harness.federation import start_switch, wait_audit
+from testbed.attackers import RawPeer
+from testbed.federation import start_switch, wait_audit
 from tests.switch.conftest import legit_transfer, worker_yaml
 from tests.switch.test_hostile_peers import three  # noqa: F401  (fixture)
 from tests.switch.test_relay import _next_error, _raw_worker, raw_hello

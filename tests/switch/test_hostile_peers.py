@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import threading
 import time
 from pathlib import Path
 
@@ -15,8 +14,8 @@ from nebula.config import split_host_port
 from nebula.wire import ChannelKey, FrameType, encode_frame
 from security.ca import CertificateAuthority
 from security.provision import provision
-from tests.harness.federation import edit_yaml, start_switch, wait_audit
-from tests.switch.attackers import RawPeer
+from testbed.federation import edit_yaml, start_switch, wait_audit
+from testbed.attackers import RawPeer
 from tests.switch.conftest import TEST_CHUNK_BYTES, legit_transfer, worker_yaml
 
 

@@ -15,26 +15,13 @@ import zmq
 from nebula.channel import Endpoint
 from nebula.channel.connection import connect
 from nebula.config import load_worker_config
-from security.curve import write_curve_keypair
-from tests.harness.federation import edit_yaml, start_switch, wait_audit
-from tests.switch.conftest import TEST_CHUNK_BYTES, rss_bytes, worker_yaml, worker_yaml_as
+from testbed.attackers import add_worker, rss_bytes
+from testbed.federation import edit_yaml, start_switch, wait_audit, wait_until
+from tests.switch.conftest import TEST_CHUNK_BYTES, worker_yaml, worker_yaml_as
 
 MIB = 1024**2
 FLOOD_MIB = 80
 RSS_SLACK = 24 * MIB  # what the switch may keep after a flood of FLOOD_MIB
-
-
-def add_worker(fed, cluster: str, name: str, account: str) -> Path:
-    """A second worker credential on `cluster`'s switch, of another account; its worker.yaml."""
-    wy = Path(worker_yaml(fed, cluster))
-    public = write_curve_keypair(wy.parent / "workers" / f"{name}.key_secret")
-    edit_yaml(wy.parent / "switch.yaml", lambda d: d["local"]["workers"].append(
-        {"name": name, "account": account, "curve_public_key": public}))
-    doc = yaml.safe_load(wy.read_text())
-    doc.update(curve_key=f"workers/{name}.key_secret", account=account, name=name)
-    out = wy.parent / f"worker-{name}.yaml"
-    out.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return out
 
 
 def test_account_flooding_unconnected_ranks_is_bounded_and_stalls_no_other(procs, federation):
@@ -74,7 +61,7 @@ def test_account_flooding_unconnected_ranks_is_bounded_and_stalls_no_other(procs
             rec = wait_audit(a, lambda r: r["action"] == "frame_dropped"
                              and r["detail"]["reason"] == "pending_over_budget")
             assert rec["target"] == "nebula" and "limits.pending_bytes" in rec["detail"]["detail"]
-            time.sleep(1.5)  # a status period with the flood held
+            wait_until(lambda: peak[0] > 0, 30, "a status of A with the flood held")
         flooder.close(flush_s=0)  # (its messages are never acknowledged: the rank never connects)
     finally:
         stop.set()
@@ -137,8 +124,21 @@ def test_part_over_the_socket_limit_on_ipc_ends_the_connection_audited(procs, fe
     rec = wait_audit(a, lambda r: r["action"] == "connection_dropped")
     assert rec["detail"]["transport"] == "ipc" and rec["detail"]["peer"] == f"pid {os.getpid()} uid {os.getuid()}"
     assert rec["detail"]["reason"] == "part_too_large" and rec["target"].startswith("worker@ipc:")
-    time.sleep(1.0)  # the normal closes above have been seen by now
+    time.sleep(1.0)  # an absence (no second record): the normal closes above have had a second to be misjudged
     assert sum(r["action"] == "connection_dropped" for r in a.audit()) == 1
+
+
+def _settled_rss(pid: int, timeout_s: float = 30.0) -> int:
+    """Process `pid`'s RSS once it holds still (two readings half a second apart within 1 MiB): the baseline."""
+    last = [rss_bytes(pid)]
+
+    def still() -> int | None:
+        time.sleep(0.5)  # (the interval the two readings span)
+        now, before = rss_bytes(pid), last[0]
+        last[0] = now
+        return now if abs(now - before) < MIB else None
+
+    return wait_until(still, timeout_s, f"the RSS of {pid} to hold still")
 
 
 def test_memory_is_returned_to_the_system_after_a_flood(procs, federation):
@@ -162,8 +162,7 @@ def test_memory_is_returned_to_the_system_after_a_flood(procs, federation):
         with Endpoint.connect(worker_yaml(federation, "A"), job="j", rank=4) as e4:
             assert len(e4.channel("A", 0, "warm-up").recv(timeout_s=30)) == MIB
         flood = flooder.channel("A", 3, "flood")
-        time.sleep(2.0)
-        before = rss_bytes(a.proc.pid)
+        before = _settled_rss(a.proc.pid)
         for _ in range(FLOOD_MIB):
             flood.send(bytes(MIB), lane="bulk")
         deadline = time.monotonic() + 60

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nebula.channel import Endpoint
-from tests.harness.federation import edit_yaml, start_switch
+from testbed.federation import edit_yaml, start_switch
 from tests.switch.conftest import worker_yaml
 
 
@@ -35,7 +35,7 @@ def test_activation_overtakes_bulk(procs, federation):
         t = threading.Thread(target=wait_bulk)
         t.start()
         bulk_tx.send(bytes(32 * 1024**2), lane="bulk")
-        time.sleep(0.15)  # the bulk transfer is well under way
+        time.sleep(0.15)  # pacing, the order under test: the activation goes while the bulk transfer is under way
         act_tx.send(b"a" * 65536, lane="activation")
         assert act_rx.recv(timeout_s=30) == b"a" * 65536
         arrivals["activation"] = time.monotonic()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from security.federation import parse_federation
 from security.provision import provision_spec, renew
-from tests.harness.federation import BIN, start_switch, wait_audit, wait_until
+from testbed.federation import BIN, start_switch, wait_audit, wait_until
 
 LIFE_S = 20.0  # the CRL's lifetime: long enough for a renewal and two reloads on a busy machine
 

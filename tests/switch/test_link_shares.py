@@ -9,9 +9,9 @@ from pathlib import Path
 from nebula.channel import Endpoint
 from nebula.wire import Lane
 from switch_server.fairlanes import QUANTUM_BYTES, FairLanes
-from tests.harness.federation import edit_yaml, start_switch, wait_audit
+from testbed.federation import edit_yaml, start_switch, wait_audit
 from tests.switch.conftest import worker_yaml
-from tests.switch.test_hostile_workers import add_worker
+from testbed.attackers import add_worker
 
 MIB = 1024**2
 

@@ -14,7 +14,7 @@ from nebula.config.schema import from_dict
 from nebula.config.switch import MetricsConfig
 from switch_server.metrics import METRIC_ACCOUNTS_FILE, AccountIds, SwitchMetrics
 from switch_server.status import status_path
-from tests.harness.federation import edit_yaml, start_switch
+from testbed.federation import edit_yaml, start_switch
 
 
 def test_a_non_loopback_metrics_address_needs_public_and_says_why():

@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
-
 from cryptography import x509
 
 from security.ca import CertificateAuthority
 from switch_server.auditlimit import AuditThrottle
 from switch_server.linklog import MAX_REASONS, LinkLog, LogLine, RefusalLog, duration
-from tests.harness.federation import Switch, edit_yaml, start_switch, wait_until
+from testbed.federation import Switch, edit_yaml, start_switch, wait_until
 
 
 class Clock:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
 
@@ -18,7 +16,7 @@ from switch_server.linklog import not_a_peer_text
 from switch_server.metrics import SwitchMetrics
 from switch_server.peers import PeerTrust
 from switch_server.probe import cert_refusals, every_peer_refuses, unreached
-from tests.harness.federation import Switch, edit_yaml, start_switch, wait_until
+from testbed.federation import Switch, edit_yaml, start_switch, wait_until
 
 FAST = {"reconnect_initial_s": 0.05, "reconnect_max_s": 0.2}
 

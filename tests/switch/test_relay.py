@@ -24,7 +24,7 @@ from nebula.config import load_worker_config
 from nebula.wire import ChannelKey, FrameType, decode_frame, encode_frame
 from security.audit import peer_checkpoints_path, read_checkpoints, verify_checkpoint
 from security.curve import write_curve_keypair
-from tests.harness.federation import wait_audit
+from testbed.federation import wait_audit
 from tests.switch.conftest import TEST_CHUNK_BYTES, legit_transfer, worker_yaml, worker_yaml_as
 
 
@@ -179,7 +179,7 @@ def test_unknown_worker_key_refused_and_audited(two_switches, tmp_path, transpor
         Endpoint.connect(tmp_path / "stranger.yaml", job="j", rank=0, timeout_s=15)
     rec = wait_audit(a, lambda r: r["action"] == "worker_rejected")
     assert rec["outcome"] == "denied" and rec["detail"]["curve_public_key"] == stranger
-    time.sleep(1.5)  # (an ended connection is judged within a second)
+    time.sleep(1.5)  # an absence, nothing to wait on: an ended connection is judged within a second
     assert not [r for r in a.audit() if r["action"] == "connection_dropped"], "a refused key is no oversized part"
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from nebula.channel import Endpoint, PeerUnavailable
 from security.ca import CertificateAuthority
-from tests.harness.federation import edit_yaml, start_switch, wait_audit
+from testbed.federation import edit_yaml, start_switch, wait_audit
 from tests.switch.conftest import worker_yaml
 
 

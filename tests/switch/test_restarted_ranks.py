@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nebula.channel import Endpoint
-from tests.harness.federation import start_switch
+from testbed.federation import start_switch
 from tests.switch.conftest import worker_yaml
 
 
@@ -26,10 +26,10 @@ def test_a_restarted_rank_takes_nothing_its_predecessor_was_sent(procs, federati
     assert rx.recv(timeout_s=30) == b"old-1"
     time.sleep(0.5)  # the acknowledgement reaches the sender: it now addresses the receiver's incarnation
     eb.close(flush_s=0)  # the receiver dies ...
-    time.sleep(0.5)
+    time.sleep(0.5)  # (the order under test: its end is on its way to the switches before the next sends)
     for m in (b"old-2", b"old-3"):  # ... and switch B keeps these for rank 0 of job j until a rank 0 connects
         tx.send(m).result(30)
-    time.sleep(1.0)
+    time.sleep(1.0)  # (the order under test: they wait at switch B a while before the sender ends)
     ea.close(flush_s=0)  # the sender dies too: every cluster of the job restarts
 
     with Endpoint.connect(wa, job="j", rank=0) as ea2, Endpoint.connect(wb, job="j", rank=0) as eb2:

@@ -12,7 +12,7 @@ import pytest
 
 from nebula.channel import Endpoint
 from nebula.config import split_host_port
-from tests.harness.federation import edit_yaml, start_switch, wait_audit
+from testbed.federation import edit_yaml, start_switch, wait_audit
 from tests.switch.conftest import CuttingProxy, worker_yaml
 
 

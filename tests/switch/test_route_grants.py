@@ -18,9 +18,9 @@ from nebula.config.switch import load_switch_config
 from security.accounts import Accounts
 from security.cli import main as admin_main
 from switch_server.status import status_path
-from tests.harness.federation import edit_yaml, start_switch, wait_audit
+from testbed.federation import edit_yaml, start_switch, wait_audit
 from tests.switch.conftest import worker_yaml
-from tests.switch.test_hostile_workers import add_worker
+from testbed.attackers import add_worker, refused
 
 
 def grant(capsys, home: Path, *argv: str) -> str:
@@ -29,15 +29,6 @@ def grant(capsys, home: Path, *argv: str) -> str:
     out, err = capsys.readouterr()
     assert code == 0, err
     return out
-
-
-def refused(endpoint: Endpoint, cluster: str) -> str:
-    """Send one frame to `cluster` and return the refusal the sender gets."""
-    ch = endpoint.channel(cluster, 0, "x")
-    ch.send(b"may I?")
-    with pytest.raises(ChannelError) as info:
-        ch.recv(timeout_s=20)
-    return str(info.value)
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@ sends one model to many ranks and its switch receives its bytes once; a connecti
 audited, and the switch serves the rest."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -13,7 +11,7 @@ from nebula.config import load_switch_config
 from nebula.wire import FrameType, encode_frame
 from nebula.wire.share import PUT, SHARE_TAG, USE, pack_ask, pack_op, read_grant
 from nebula.wire.stream import AUTH, AUTH_OK
-from tests.harness.federation import slot_bytes, wait_audit
+from testbed.federation import slot_bytes, wait_audit, wait_until
 from tests.switch.conftest import TEST_CHUNK_BYTES, exchange, worker_yaml, worker_yaml_as
 from tests.switch.test_stream_workers import _credentials, _raw, _read, _send
 
@@ -113,8 +111,15 @@ def test_slots_are_granted_within_the_switchs_budget(two_switches):
     late, none = _granted(fed, 1)
     assert none is None  # (the budget is spent: AUTH_OK grants nothing)
     first.close()
-    time.sleep(0.5)  # (the switch sees the connection end)
-    again, g2 = _granted(fed, 64)
+
+    def regranted():  # the switch sees the connection end and gives its slots back
+        s, g = _granted(fed, 64)
+        if g is None:
+            s.close()
+            return None
+        return s, g
+
+    again, g2 = wait_until(regranted, 30, "B to give the ended connection's slots back")
     assert g2 == (min(64, g1[0]), cfg.link.chunk_bytes)
     for s in (late, again, *rest):
         s.close()

@@ -25,7 +25,7 @@ from switch_server.framestream import OWN_BUFFER_BYTES
 from tests.switch.conftest import worker_yaml, worker_yaml_as
 
 # ---- the allocator ----
-from tests.harness.federation import edit_yaml, start_switch
+from testbed.federation import edit_yaml, start_switch
 
 
 def test_ring_reuses_space_in_order_and_refuses_what_does_not_fit():
@@ -379,7 +379,7 @@ def test_a_receiver_that_falls_behind_keeps_its_switch_on_the_arena_path(procs, 
         os.kill(rx.pid, signal.SIGSTOP)  # (shorter than the 3 s after which a silent rank is let go)
         try:
             futs = [tx.send(m, lane="bulk") for m in msgs]
-            time.sleep(1.5)
+            time.sleep(1.5)  # the lag under test: the receiver stays stopped this long while the sends pile up
         finally:
             os.kill(rx.pid, signal.SIGCONT)
         assert rx.stdout.readline().strip() == hashlib.sha256(b"".join(msgs)).hexdigest()

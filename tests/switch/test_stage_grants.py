@@ -11,9 +11,9 @@ import pytest
 
 from nebula.channel import ChannelError, Endpoint, SwitchRefused
 from security.accounts import Accounts
-from tests.harness.federation import edit_yaml, start_switch, wait_audit
+from testbed.federation import edit_yaml, start_switch, wait_audit
 from tests.switch.conftest import legit_transfer
-from tests.switch.test_hostile_workers import add_worker
+from testbed.attackers import add_worker
 from tests.switch.test_route_grants import grant, refused
 
 JOB = {"enc": "A", "dec": "B"}  # the job file's stages: enc runs on A, dec on B

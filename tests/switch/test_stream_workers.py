@@ -19,7 +19,7 @@ from nebula.wire import FrameType, decode_frame, encode_frame
 from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, pack_message
 from security.curve import local_password
 from switch_server.localstream import AUTH_WITHIN_S, MAX_UNPROVEN
-from tests.harness.federation import wait_audit
+from testbed.federation import wait_audit
 from tests.switch.conftest import exchange, worker_yaml
 
 

@@ -72,7 +72,7 @@ def test_release_batch_goes_back_at_a_quarter_arena_or_after_the_delay_in_bounde
     metas = batch.take(token=5)
     assert metas == [{"token": 5, "offsets": [0, 100]}] and not batch.due()
     batch.add(0, 1)
-    time.sleep(RELEASE_DELAY_S * 1.5)
+    time.sleep(RELEASE_DELAY_S * 1.5)  # the clock passes the delay: the behaviour under test
     assert batch.due()
     for i in range(1, RELEASE_BATCH + 10):
         batch.add(i, 1)

@@ -1,5 +1,6 @@
-"""A hostile peer switch for tests: an ordinary TLS client with a real provisioned certificate that speaks the wire
-format directly (LINK_HELLO, then whatever frames it likes)."""
+"""Attackers' tools: a hostile peer switch (`RawPeer`, an ordinary TLS client with a real provisioned certificate that
+speaks the wire format directly: LINK_HELLO, then whatever frames it likes), a second worker credential of another
+account (`add_worker`), the refusal a worker's frame gets (`refused`) and a process's resident memory (`rss_bytes`)."""
 from __future__ import annotations
 
 import contextlib
@@ -9,8 +10,46 @@ from pathlib import Path
 
 import yaml
 
+from nebula.channel import ChannelError, Endpoint
 from nebula.config import split_host_port
 from nebula.wire import HEADER_BYTES, ChannelKey, Frame, FrameType, Lane, decode_frame, encode_frame, relink, unpack_header
+from security.curve import write_curve_keypair
+from testbed.federation import edit_yaml
+
+__all__ = ["RawPeer", "add_worker", "refused", "rss_bytes"]
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of process `pid` now."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def add_worker(fed: dict, cluster: str, name: str, account: str) -> Path:
+    """A second worker credential on `cluster`'s switch (of provision summary `fed`), of another account; its
+    worker.yaml."""
+    wy = Path(fed["clusters"][cluster]["worker_yaml"])
+    public = write_curve_keypair(wy.parent / "workers" / f"{name}.key_secret")
+    edit_yaml(wy.parent / "switch.yaml", lambda d: d["local"]["workers"].append(
+        {"name": name, "account": account, "curve_public_key": public}))
+    doc = yaml.safe_load(wy.read_text())
+    doc.update(curve_key=f"workers/{name}.key_secret", account=account, name=name)
+    out = wy.parent / f"worker-{name}.yaml"
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return out
+
+
+def refused(endpoint: Endpoint, cluster: str, timeout_s: float = 20.0) -> str:
+    """Send one frame to `cluster` and return the refusal the sender gets (AssertionError if none comes)."""
+    ch = endpoint.channel(cluster, 0, "x")
+    ch.send(b"may I?")
+    try:
+        ch.recv(timeout_s=timeout_s)
+    except ChannelError as exc:
+        return str(exc)
+    raise AssertionError(f"a frame to {cluster} was answered, not refused")
 
 
 class RawPeer:

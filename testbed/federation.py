@@ -2,7 +2,7 @@
 
 `LocalFederation` provisions clusters (flags or a federation file), optionally shapes their links or edits their
 switch.yaml, and starts one `nebula-switch serve` per cluster, each on loopback or, given `sites`
-(`tests.harness.netns.Sites`), inside its cluster's own network namespace at its own address. Switch output goes
+(`testbed.netns.Sites`), inside its cluster's own network namespace at its own address. Switch output goes
 to `switch.log` beside its config; a switch that does not come up fails with the end of that log.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from tests.harness.procs import BIN, Procs
+from testbed.procs import BIN, Procs
 
 LISTENING = re.compile(r"^listening (wan=\S+ local=\S+)", re.M)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 __all__ = ["BIN", "REPO", "Procs"]
 
-REPO = Path(__file__).resolve().parent.parent.parent
+REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # console scripts of this environment (nebula, nebula-switch, nebula-admin)
 
 
@@ -24,8 +24,8 @@ class Procs:
         """Start `args`; stdout and stderr together as text on a pipe unless `stdout`/`stderr` say otherwise."""
         env = dict(os.environ, **kwargs.pop("env", {}))
         env.setdefault("PYTHONUNBUFFERED", "1")
-        # Children may import test helpers (`tests.*`, e.g. a job file's `task: module:factory`), which the
-        # installed package does not carry: the checkout's root goes first on their path.
+        # Children may import code of the checkout that no package installs (`tests.*`, `benchmarks.*`, e.g. a job
+        # file's `task: module:factory`): the checkout's root goes first on their path.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
         kwargs.setdefault("stdout", subprocess.PIPE)
         kwargs.setdefault("stderr", subprocess.STDOUT)

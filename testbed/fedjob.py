@@ -1,4 +1,4 @@
-"""A real federation for tests: provisioned switches on loopback, a federated job file, actor processes."""
+"""A real federation for tests and benchmarks: provisioned switches on loopback, a federated job file, actor processes."""
 from __future__ import annotations
 
 import subprocess
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.harness.federation import start_switches
+from testbed.federation import start_switches
 
 __all__ = ["federation", "write_job", "start_cluster", "start_client", "start_clients", "wait_exit", "run_job"]
 
@@ -21,7 +21,7 @@ def write_job(tmp: Path, workers: dict[str, Path], num_clients: dict[str, int], 
     doc = {
         "job": "fltest", "mode": "federated", "controller": {"cluster": "A", "dir": str(tmp / "fl")},
         "clusters": [{"id": c, "worker": str(w), "num_clients": num_clients.get(c, 0)} for c, w in workers.items()],
-        "client": {"factory": "tests.federated.toy_client:make_client", "args": {}},
+        "client": {"factory": "testbed.toy_client:make_client", "args": {}},
         "rounds": 2, "deadline_s": 20, "validity": {"min_updates": 1}, "strategy": {"name": "fedavg"},
         "startup_timeout_s": 60,
     }

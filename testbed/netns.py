@@ -12,7 +12,7 @@ The WAN's faults are knobs of the harness (the kernel has no `netem` here):
   `apt-get install nftables`);
 - `link_down(site)` / `link_up(site)`: the site's WAN port goes down and comes back;
 - `add(site)` / `remove(site)`: a site joins or leaves while the others run.
-Processes (switch kill and restart, a whole cluster killed) are the federation harness's (`tests.harness.federation`).
+Processes (switch kill and restart, a whole cluster killed) are the federation harness's (`testbed.federation`).
 `close()` (or leaving the `with` block) removes every namespace, and with them every interface and rule.
 """
 from __future__ import annotations

@@ -2,12 +2,12 @@
 kill and restart, a whole cluster killed and launched again.
 
 The kernel here has no `netem`, so delay and jitter come from a small user-space proxy (`DelayProxy`, run as
-`python -m tests.harness.faults proxy ...` inside a site's namespace): each switch dials its peers through a
+`python -m testbed.faults proxy ...` inside a site's namespace): each switch dials its peers through a
 proxy on its own site's loopback, which forwards over the WAN and holds every chunk, each way, for
 `delay_ms` +- `jitter_ms` (uniform, in order: a TCP stream is never reordered, so a chunk leaves no earlier than the
-one before it). Loss (nftables), rate (tbf) and link down/up are the kernel's, through `tests.harness.netns.Sites`.
+one before it). Loss (nftables), rate (tbf) and link down/up are the kernel's, through `testbed.netns.Sites`.
 
-`FaultyWan` puts it together: sites in namespaces, one switch per site (`tests.harness.federation`), the peers
+`FaultyWan` puts it together: sites in namespaces, one switch per site (`testbed.federation`), the peers
 reached through the proxies. `Schedule` runs timed actions in a thread and keeps a log of what it did and when.
 """
 from __future__ import annotations
@@ -110,7 +110,7 @@ class DelayProxy:
 
 
 def _proxy_main(argv: Sequence[str]) -> None:
-    ap = argparse.ArgumentParser(prog="python -m tests.harness.faults proxy")
+    ap = argparse.ArgumentParser(prog="python -m testbed.faults proxy")
     ap.add_argument("--route", action="append", required=True, help="LISTEN_HOST:PORT=TARGET_HOST:PORT")
     ap.add_argument("--delay-ms", type=float, required=True)
     ap.add_argument("--jitter-ms", type=float, default=0.0)
@@ -145,8 +145,8 @@ class FaultyWan:
     def __init__(self, root: Path, clusters: Sequence[str], procs: Any, *, delay_ms: float = 0.0,
                  jitter_ms: float = 0.0, loss_per_mille: int = 0, rate_mbit: float | None = None,
                  name: str = "faultwan", seed: int = 0, namespaces: bool = True) -> None:
-        from tests.harness.federation import LocalFederation
-        from tests.harness.netns import Sites
+        from testbed.federation import LocalFederation
+        from testbed.netns import Sites
 
         if not namespaces and (loss_per_mille or rate_mbit is not None):
             raise ValueError(f"loss_per_mille={loss_per_mille} and rate_mbit={rate_mbit} are the kernel's: they need "
@@ -182,7 +182,7 @@ class FaultyWan:
             raise
 
     def _proxy(self, cluster: str, routes: list[str], delay_ms: float, jitter_ms: float, seed: int) -> Any:
-        args = [sys.executable, "-m", "tests.harness.faults", "proxy", "--delay-ms", str(delay_ms), "--jitter-ms",
+        args = [sys.executable, "-m", "testbed.faults", "proxy", "--delay-ms", str(delay_ms), "--jitter-ms",
                 str(jitter_ms), "--seed", str(seed)]
         for r in routes:
             args += ["--route", r]
@@ -280,5 +280,5 @@ def periodic(every_s: float, until_s: float, first_s: float | None = None) -> li
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["proxy"]:
-        sys.exit("usage: python -m tests.harness.faults proxy --route L=T [--route ...] --delay-ms D [--jitter-ms J]")
+        sys.exit("usage: python -m testbed.faults proxy --route L=T [--route ...] --delay-ms D [--jitter-ms J]")
     _proxy_main(sys.argv[2:])

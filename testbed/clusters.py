@@ -1,5 +1,6 @@
-"""Jobs of the recovery tests and what they check: toy jobs of each launched mode with whole-job recovery on, one
-cluster killed (every rank, SIGKILL) and launched again, and the metrics the clusters wrote read back."""
+"""Toy jobs (`toy_job`: the toy recipe over clusters and stages) and the recovery runs built on them: toy jobs of
+each launched mode with whole-job recovery on, one cluster killed (every rank, SIGKILL) and launched again, and
+the metrics the clusters wrote read back."""
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +15,26 @@ from typing import Any, Sequence
 import yaml
 
 from nebula.pipeline import read_metrics
-from tests.harness.procs import Procs
-from tests.pipeline.helpers import toy_job
+from testbed.procs import Procs
+
+
+def toy_job(tmp: Path, *, clusters: list[dict[str, Any]], stages: list[dict[str, str]], steps: int = 4,
+            global_batch: int = 16, micro_batches: int = 2, name: str = "job.yaml", recipe_args: dict | None = None,
+            **extra: Any) -> Path:
+    """Write a toy job file into `tmp` and return its path."""
+    doc = {
+        "job": "toy",
+        "recipe": {"factory": "recipes.toy:ToyRecipe", "args": recipe_args or {}},
+        "clusters": clusters,
+        "stages": stages,
+        "train": {"steps": steps, "global_batch": global_batch, "micro_batches": micro_batches, "seed": 3},
+        "metrics": {"dir": "metrics", "progress": False},
+        **extra,
+    }
+    path = tmp / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
 
 EVERY = 5  # checkpoint interval of the recovery jobs
 
