@@ -14,10 +14,9 @@ import numpy as np
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from tests.harness.federation import LocalFederation  # noqa: E402
-from tests.harness.procs import Procs  # noqa: E402
+from testbed.federation import LocalFederation
+from testbed.procs import Procs
 
 __all__ = ["REPO", "light_client", "_Fed", "_client_procs", "_cpu_s", "_mem", "_rounds"]
 
@@ -106,7 +105,7 @@ class _Fed:
 
 
 def _rounds(fed: _Fed) -> list:
-    from nebula.federated.trail import ModelTrail
+    from nebula.federated.controller.trail import ModelTrail
 
     with ModelTrail(fed.dir / "fl" / "trail") as t:
         return t.rounds()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks._fedbench import REPO, _Fed, _client_procs, _mem, _rounds
+from _fedbench import REPO, _Fed, _client_procs, _mem, _rounds
 
 __all__ = ["bench_flower", "flower_python"]
 
@@ -38,8 +38,8 @@ def _flower_round_s(py: str, floats: int, n: int, rounds: int, per_proc: int, tm
     """Round times of Flower's FedAvg (legacy gRPC, server-authenticated TLS) over `n` clients of the same model."""
     port, script = _free_port(), str(REPO / "benchmarks" / "_flower.py")
     common = ["--port", str(port), "--floats", str(floats), "--certs", str(tmp / "flower-certs")]
-    subprocess.run([py, "-c", f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r}); import _flower; "
-                    f"_flower.certificates(__import__('pathlib').Path({str(tmp / 'flower-certs')!r}))"], check=True)
+    subprocess.run([py, "-c", f"import _flower; _flower.certificates(__import__('pathlib').Path({str(tmp / 'flower-certs')!r}))"],
+                   cwd=REPO / "benchmarks", check=True)  # (`-c` puts its working directory first on its path)
     server = subprocess.Popen([py, script, "server", "--clients", str(n), "--rounds", str(rounds), *common],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     time.sleep(3)  # (the gRPC server binds)

@@ -16,10 +16,9 @@ from typing import Any, Sequence
 
 import yaml
 
-from tests.harness.faults import FaultyWan, Schedule, periodic
-from tests.harness.federation import launch
-from tests.pipeline.helpers import toy_job
-from tests.recovery.clusters import MODES, events, metrics, rank_pids
+from testbed.clusters import MODES, events, metrics, rank_pids, toy_job
+from testbed.faults import FaultyWan, Schedule, periodic
+from testbed.federation import launch
 
 EVERY = 20  # checkpoint interval of the soak's jobs (steps)
 
@@ -70,7 +69,7 @@ class Faults:
 
 @dataclass(eq=False)
 class TrainingRun:
-    """One job of `mode` (a key of tests.recovery.clusters.MODES) over its own WAN under `root`."""
+    """One job of `mode` (a key of testbed.clusters.MODES) over its own WAN under `root`."""
 
     root: Path
     mode: str

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nebula.federated.trail import ModelTrail
-from tests.federated.harness import write_job
-from tests.harness.faults import FaultyWan
+from nebula.federated.controller.trail import ModelTrail
+from testbed.faults import FaultyWan
+from testbed.fedjob import write_job
 
 CLIENTS = {"A": 5, "B": 5}
 DEADLINE_S = 8.0

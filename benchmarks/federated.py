@@ -1,6 +1,6 @@
 """Benchmark the federated mode: scale, combiner memory, WAN bytes, accuracy against a central baseline, attacks.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/federated.py [--only scale,memory,wan,accuracy,codec,robust]
+    .venv/bin/python benchmarks/federated.py [--only scale,memory,wan,accuracy,codec,robust]
 
 - scale: round time of one combiner with 200 and with 1000 lightweight clients (real switch, real channels; the
   clients live as threads of a few processes, each with its own switch connection, and "train" for a fixed
@@ -43,10 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout, for `benchmarks` and `tests`
-
-from benchmarks._fedbench import _client_procs, _cpu_s, _Fed, _mem, _rounds  # noqa: E402
-from benchmarks._fedflower import bench_flower, flower_python  # noqa: E402
+from _fedbench import _client_procs, _cpu_s, _Fed, _mem, _rounds  # benchmarks/ is this script's directory
+from _fedflower import bench_flower, flower_python
 
 
 def bench_scale(counts: list[int], train_s: float, per_proc: int, rounds: int, size: int = 1000) -> list[dict]:
@@ -157,7 +155,7 @@ def _simulate(data: dict, clients: list, strategy: str, options: dict, rounds: i
     from nebula.compress import decode_from_frames
     from nebula.federated import RunningMean, get_strategy
     from nebula.federated.intake import UpdateEncoder
-    from nebula.federated.transport import PIECE_BYTES, piece_plan, tensor_specs
+    from nebula.messaging import PIECE_BYTES, piece_plan, tensor_specs
     from recipes.federated.central import test_accuracy
     from recipes.federated.model import LangIdModel
 
@@ -254,6 +252,17 @@ def bench_robust(data_path: str, rounds: int, num_clients: int, alpha: float) ->
     return rows
 
 
+def _smallest_sizes(sizes: str) -> str:
+    """--flower-sizes at the smallest size under NEBULA_SMOKE: a row for each size printed, its model a hundredth
+    (at least 1000 floats) and a tenth of its clients (2 to 10), so distinct sizes stay distinct rows."""
+    from nebula import smoke
+
+    if not smoke.active():
+        return sizes
+    pairs = [tuple(int(x) for x in s.split("x")) for s in sizes.split(",")]
+    return ",".join(f"{max(1000, f // 100)}x{min(n, max(2, min(10, n // 10)))}" for f, n in pairs)
+
+
 def smallest(args: argparse.Namespace) -> argparse.Namespace:
     """`args` capped at the smallest size that still runs every table (NEBULA_SMOKE, nebula/smoke.py: how CI runs
     the printed commands): two rounds of seven clients (Krum with 2 Byzantine needs 7), the scale run at 10 and
@@ -261,7 +270,8 @@ def smallest(args: argparse.Namespace) -> argparse.Namespace:
     from nebula import smoke
 
     counts = ",".join(str(smoke.cap(int(c), 10 * (i + 1))) for i, c in enumerate(args.counts.split(",")))
-    return argparse.Namespace(**{**vars(args), "counts": counts, "train_s": smoke.cap(args.train_s, 1.0),
+    return argparse.Namespace(**{**vars(args), "counts": counts, "flower_sizes": _smallest_sizes(args.flower_sizes),
+                                 "train_s": smoke.cap(args.train_s, 1.0),
                                  "scale_rounds": smoke.cap(args.scale_rounds, 3),  # (rounds 2+ measured)
                                  "rounds": smoke.cap(args.rounds, 2), "clients": smoke.cap(args.clients, 7),
                                  "mem_mb": smoke.cap(args.mem_mb, 16), "mem_clients": smoke.cap(args.mem_clients, 2),
@@ -323,7 +333,8 @@ def main() -> None:
               f"workers on other hosts over {'mutual TLS' if args.flower_remote == 'tls' else 'CURVE'}; "
               f"load average {load0} before, {' '.join(f'{x:.2f}' for x in os.getloadavg())} after)")
         if py is None:
-            print("Flower: not measured: no interpreter with flwr (pip install flwr, e.g. into /work/venv-flwr)")
+            print("Flower: left out: flwr is not installed (pip install flwr into /work/venv-flwr, or name an "
+                  "interpreter that has it with --flwr-python); Nebula's side measured alone")
         print("| model floats | clients | Nebula s, combiner on the switch's host | combiner on another host | "
               "Flower s | Nebula / Flower | Nebula switch peak RSS MB |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:

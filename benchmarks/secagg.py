@@ -24,9 +24,9 @@
   spends it in `--dp-rounds` rounds at delta 1e-5, from the RDP accountant) and without DP, against the central
   baseline.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/secagg.py --only pure --clients 100 --params 1000000 --dropout 0.1
-    PYTHONPATH=. .venv/bin/python benchmarks/secagg.py --only switch --clients 100 --params 1000000 --dropout 0.1
-    PYTHONPATH=. .venv/bin/python benchmarks/secagg.py --only accuracy --data langid.npz
+    .venv/bin/python benchmarks/secagg.py --only pure --clients 100 --params 1000000 --dropout 0.1
+    .venv/bin/python benchmarks/secagg.py --only switch --clients 100 --params 1000000 --dropout 0.1
+    .venv/bin/python benchmarks/secagg.py --only accuracy --data langid.npz
 
 The load average is printed with every table: the machine may be shared.
 """
@@ -45,8 +45,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from nebula.federated.secagg import SecAggClient, SecAggConfig, SecAggServer  # noqa: E402
 
@@ -193,7 +191,7 @@ def light_client(cluster: str, index: int, num_clients: dict, train_s: float = 0
 def _cpu_rounds(fed, procs: list, rounds: int, timeout_s: float) -> tuple[float, float, float]:
     """CPU seconds per round, from the end of round 1 to the end of the last, of procs[0] (the combiner with the
     controller), procs[1] (the switch) and the rest together (the surviving clients' processes)."""
-    from benchmarks._fedbench import _cpu_s, _rounds
+    from _fedbench import _cpu_s, _rounds
 
     marks: dict[int, list[float]] = {}
     end = time.monotonic() + timeout_s
@@ -211,7 +209,7 @@ def _cpu_rounds(fed, procs: list, rounds: int, timeout_s: float) -> tuple[float,
 def bench_switch(n: int, d: int, dropout: float, secure: bool, train_s: float, per_proc: int, rounds: int,
                  deadline_s: float) -> dict:
     """Rounds of `n` clients with a `d`-parameter model through one switch; `dropout` of them die in round 1."""
-    from benchmarks._fedbench import _Fed, _rounds
+    from _fedbench import _Fed, _rounds
 
     fed = _Fed(["A"])
     try:
@@ -323,6 +321,20 @@ def bench_dp_accuracy(data_path: str, epsilons: list[float], num_clients: int, p
     return rows
 
 
+def smallest(a: argparse.Namespace) -> argparse.Namespace:
+    """`a` capped under NEBULA_SMOKE (nebula/smoke.py: how CI runs the printed tables) at about the README's small
+    command's sizes, every table and row still printed: a tenth of each client count (at least 10), 10,000
+    parameters, training 0.2 s, a 15 s deadline (round 1 waits it out for its dropped clients), DP over 50 clients,
+    10 a round, 4 rounds at every epsilon given."""
+    from nebula import smoke
+
+    return argparse.Namespace(**{**vars(a), "clients": [min(n, max(10, n // 10)) for n in a.clients]
+                                 if smoke.active() else a.clients, "params": smoke.cap(a.params, 10_000),
+                                 "train_s": smoke.cap(a.train_s, 0.2), "deadline_s": smoke.cap(a.deadline_s, 15.0),
+                                 "dp_clients": smoke.cap(a.dp_clients, 50),
+                                 "dp_per_round": smoke.cap(a.dp_per_round, 10), "dp_rounds": smoke.cap(a.dp_rounds, 4)})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="pure,switch", help="pure,switch,accuracy")
@@ -342,7 +354,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.5, help="accuracy: the clients' SGD learning rate")
     ap.add_argument("--local-epochs", type=int, default=2)
     ap.add_argument("--alpha", type=float, default=0.1)
-    a = ap.parse_args()
+    a = smallest(ap.parse_args())
     only = set(a.only.split(","))
     if "pure" in only:
         print(f"\n## SecAgg+ protocol compute vs plain summation: {a.params:,} parameters, {a.dropout:.0%} of clients "

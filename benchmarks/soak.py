@@ -1,4 +1,4 @@
-"""Soak: a job that outlives its failures. Over the WAN fault harness (tests/harness/faults.py: one network
+"""Soak: a job that outlives its failures. Over the WAN fault harness (testbed/faults.py: one network
 namespace per site, delay and jitter by a proxy, loss by nftables, link cuts by `ip link`), with each cluster under
 `nebula launch --supervise`:
 
@@ -32,14 +32,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from _soak import (Faults, TrainingRun, last_records, losses_of, pipeline_messages,  # benchmarks/: this script's
+                   recovery_summary, redone_twice)
+from _soak_fed import federated_churn
+from testbed.clusters import MODES, metrics
+from testbed.procs import Procs
 
-from benchmarks._soak import (Faults, TrainingRun, last_records, losses_of, pipeline_messages,  # noqa: E402
-                              recovery_summary, redone_twice)
-from benchmarks._soak_fed import federated_churn  # noqa: E402
-from tests.harness.procs import Procs  # noqa: E402
-from tests.recovery.clusters import MODES, metrics  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 STAGE_KEYS = {"pipeline": "loss", "oneway3": "loss"}
 
@@ -186,6 +185,18 @@ def table(rows: list[dict], fed: dict | None, note: str) -> str:
     return "\n".join(out)
 
 
+def smallest(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with the one-way run's default filled in (a quarter of `--minutes`), capped under NEBULA_SMOKE
+    (nebula/smoke.py: how CI runs the printed soaks) at the smallest soak that still runs every fault: 1.25 minutes
+    of each training run (the kill at 30% leaves 50 s for the 20 s peer timeout, the relaunch and the agreement:
+    about 21 s here) and 3 federated rounds with churn."""
+    from nebula import smoke
+
+    oneway = args.minutes / 4 if args.oneway_minutes is None else args.oneway_minutes
+    return argparse.Namespace(**{**vars(args), "minutes": smoke.cap(args.minutes, 1.25),
+                                 "oneway_minutes": smoke.cap(oneway, 1.25), "rounds": smoke.cap(args.rounds, 3)})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=20.0, help="two-cluster pipeline run (default 20)")
@@ -197,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the fault schedule's choices")
     ap.add_argument("--dir", type=Path, default=None, help="keep the runs' files here (default: a temporary "
                                                              "directory, removed at the end)")
-    args = ap.parse_args(argv)
-    oneway = args.minutes / 4 if args.oneway_minutes is None else args.oneway_minutes
+    args = smallest(ap.parse_args(argv))
+    oneway = args.oneway_minutes
     namespaces = os.geteuid() == 0
     note = (f"load average at start {os.getloadavg()[0]:.2f} ({os.cpu_count()} CPUs)"
             + ("" if namespaces else "\nnot root: no network namespaces, so packet loss and link cuts are left "

@@ -3,7 +3,8 @@ for every client count (SecAgg+'s neighbours and threshold, a client's bytes abo
 through a switch for plain FedAvg and secagg+ (the dropped clients counted, an update's bytes as the protocol sends
 them: one 32-bit word per parameter, no count word; the round time as measured and with the clients' CPU off the
 critical path), and DP-FedAvg's accuracy at every epsilon, each spending no more than its target. The small command
-is CI's (readme tier); the README's full-size ones are slow. Times are the benchmark's, not asserted."""
+is CI's (readme tier), and so are the README's full-size ones as printed at their smallest size (NEBULA_SMOKE,
+nebula/smoke.py); at their full size they are slow. Times are the benchmark's, not asserted."""
 from __future__ import annotations
 
 import re
@@ -45,20 +46,41 @@ def _part(stdout: str, heading: str) -> str:
 @pytest.mark.parametrize("command", readme_tier(PRINTED, SMALL))
 def test_the_secagg_benchmark_runs_as_printed_and_prints_every_part(command):
     assert len(SMALL) == 1 and len(PRINTED) >= 4, PRINTED  # CI's command and the README's tables' commands
-    stdout = run_printed(command, timeout_s=7200)
+    _check(command, run_printed(command, timeout_s=7200))
+
+
+@pytest.mark.slow
+@pytest.mark.readme
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("command", [c for c in PRINTED if c not in SMALL])
+def test_the_full_size_tables_run_as_printed_at_their_smallest_size(command):
+    """CI's run of each full-size table's command as printed, at its smallest size (NEBULA_SMOKE: the small
+    command's sizes): every part, row and column of the full one."""
+    _check(command, run_printed(command, timeout_s=570, smallest=True), smallest=True)
+
+
+def _check(command: str, stdout: str, smallest: bool = False) -> None:
+    """Every part `command` asks for, a row for each client count and epsilon it gives; `smallest`: the client
+    counts and the parameters as run (capped, nebula/smoke.py) are at most those printed."""
     only = _arg(command, "only", "pure,switch")[0].split(",")
     clients = [int(n) for n in _arg(command, "clients", "100 500")]
     params = int(_arg(command, "params", "1000000")[0])
     dropout = float(_arg(command, "dropout", "0.1")[0])
+    if smallest and ("pure" in only or "switch" in only):
+        ran = int(re.search(r"([\d,]+)[ -]param", stdout).group(1).replace(",", ""))
+        assert 0 < ran <= min(params, 10_000), (ran, params)
+        params = ran
     if "pure" in only:
         rows = _rows(_part(stdout, "## SecAgg+ protocol compute"))
-        assert [int(r[0]) for r in rows] == clients, stdout[-3000:]
+        _same_counts([int(r[0]) for r in rows], clients, smallest, stdout)
         for n, k, t, *_, up_x in rows:
             assert 0 < int(t) <= int(k) <= int(n) - 1, (n, k, t)  # threshold within the neighbours
             assert float(up_x) >= 1.0  # the masked 32-bit words and the signed weight, at least a float32 update
     if "switch" in only:
         rows = _rows(_part(stdout, "## Rounds through a switch server"))
-        assert [(int(r[0]), r[1]) for r in rows] == [(n, p) for n in clients for p in ("plain", "secagg+")], stdout
+        ran = [int(r[0]) for r in rows][::2]
+        _same_counts(ran, clients, smallest, stdout)
+        assert [(int(r[0]), r[1]) for r in rows] == [(n, p) for n in ran for p in ("plain", "secagg+")], stdout
         for n, protocol, round_s, _, off_s, _, _, dropped, update, up, down, *_ in rows:
             assert float(round_s) > 0 and int(dropped) == round(dropout * int(n)), (n, protocol, dropped)
             assert 0 < float(off_s)  # the clients' CPU replaced by one client's: a time still, whatever the load
@@ -74,3 +96,9 @@ def test_the_secagg_benchmark_runs_as_printed_and_prints_every_part(command):
             if target:
                 assert 0 < float(spent) <= target, (eps, spent)  # the noise spends no more than its target
             assert all(0 <= float(a) <= 1 for a in _rest[-3:]), _rest
+
+
+def _same_counts(ran: list[int], printed: list[int], smallest: bool, stdout: str) -> None:
+    """A row for each client count printed: the count itself, or at the smallest size one no larger."""
+    assert len(ran) == len(printed), stdout[-3000:]
+    assert all(0 < r <= p for r, p in zip(ran, printed)) if smallest else ran == printed, (ran, printed)
