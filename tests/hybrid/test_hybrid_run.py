@@ -10,6 +10,10 @@ from nebula.hybrid.runner import run_hybrid
 from nebula.pipeline import read_metrics, replace_steps
 from tests.hybrid.helpers import assert_same_losses, hybrid_job, losses_of, reference_losses, run_cluster
 
+# printed in README.md ("Layer pipelines from an allocation"); run as printed, in the job's directory, by
+# test_rank_killed_mid_run_relaunches_on_reallocated_layout_and_trains_on
+PRINTED = ["nebula launch job.yaml --cluster A --elastic"]
+
 
 def test_two_stage_pipeline_gives_the_unpartitioned_losses_and_resumes_on_one_rank(procs, tmp_path):
     """2 ranks = 2 stages x 1 replica, layers cut at 2 of 6: activations and gradients cross ranks over gloo.
@@ -49,6 +53,7 @@ def test_two_stages_by_two_replicas_with_allocation_gives_the_unpartitioned_loss
 
 
 @pytest.mark.slow
+@pytest.mark.readme
 def test_rank_killed_mid_run_relaunches_on_reallocated_layout_and_trains_on(procs, tmp_path):
     """4 ranks (2 x 2, cut by `optimal` on layer costs rank 0 measured) train; rank 1 is killed after a checkpoint;
     `nebula launch --elastic` finds that rank 1 left, re-allocates with nebula.balance.reallocate for ranks 0, 2, 3
@@ -56,19 +61,22 @@ def test_rank_killed_mid_run_relaunches_on_reallocated_layout_and_trains_on(proc
     that cut; they resume from the last committed step and finish with the reference losses."""
     import json
     import os
+    import shlex
     import signal
     import time
 
     from nebula.balance import DeviceProfile, LayerCost
     from nebula.hybrid import Layout
     from nebula.launch.elastic import reallocate_layout
-    from tests.harness.federation import BIN, finish
+    from testbed.federation import BIN, finish
 
     steps = 10
     job = hybrid_job(tmp_path, ranks=4, steps=steps, checkpoint={"dir": "ck", "every": 1},
                      pipeline={"num_stages": 2, "allocation": "optimal", "probe": False,
                                "slowdown": [200.0, 1.0, 1.0, 2.0]})
-    p = procs.start([str(BIN / "nebula"), "launch", str(job), "--cluster", "A", "--elastic"], cwd=str(tmp_path))
+    assert job == tmp_path / "job.yaml"
+    words = shlex.split(PRINTED[0])
+    p = procs.start([str(BIN / words[0]), *words[1:]], cwd=str(tmp_path))
     rank1 = tmp_path / "metrics" / "A.rank1.jsonl"
     deadline = time.monotonic() + 180
     while not committed_steps(tmp_path / "ck", "A", 6) or not rank1.is_file() or not rank1.read_text().strip():
