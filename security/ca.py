@@ -22,9 +22,9 @@ from cryptography.x509.oid import NameOID
 
 from security._files import PUBLIC, atomic_write, read_file
 from security.audit import AuditLog, default_actor, generate_signing_key
-from security.certbuild import (CA_DAYS, CRL_DAYS, DEFAULT_DAYS, REVOCATION_REASONS, csr_for, format_serial, iso,
-                                read_csr,
-                                leaf_certificate, now, parse_serial, private_key_pem, revocation_list,
+from security._time import iso
+from security.certbuild import (CA_DAYS, CRL_DAYS, DEFAULT_DAYS, REVOCATION_REASONS, csr_for, format_serial,
+                                leaf_certificate, now, parse_serial, private_key_pem, read_csr, revocation_list,
                                 root_certificate)
 from security.errors import CAError, IdentityError
 from security.identity import Identity, check_name, identity_of

@@ -17,7 +17,7 @@ from security.errors import CAError
 from security.identity import Identity
 
 __all__ = ["CA_DAYS", "CRL_DAYS", "DEFAULT_DAYS", "REVOCATION_REASONS", "Revoked", "csr_for", "format_serial",
-           "iso", "leaf_certificate", "now", "parse_serial", "private_key_pem", "read_csr", "revocation_list",
+           "leaf_certificate", "now", "parse_serial", "private_key_pem", "read_csr", "revocation_list",
            "root_certificate"]
 
 DEFAULT_DAYS = {"switch": 30, "worker": 30, "user": 30, "admin": 1}
@@ -62,11 +62,6 @@ def parse_serial(text: str | int) -> int:
 def now() -> dt.datetime:
     """The current UTC time, to the second (what certificates and the index record)."""
     return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
-
-
-def iso(t: dt.datetime) -> str:
-    """`t` as the index stores it: ISO 8601 in UTC, to the second."""
-    return t.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _key_usage(**flags: bool) -> x509.KeyUsage:

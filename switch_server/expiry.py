@@ -9,7 +9,7 @@ had its chances to refresh it, not from the moment it is written.
 """
 from __future__ import annotations
 
-__all__ = ["DEFAULT_WARNING_DAYS", "Expiry", "ExpiryWatch", "REPEAT_S", "expiries", "iso", "upkeep_expiry",
+__all__ = ["DEFAULT_WARNING_DAYS", "Expiry", "ExpiryWatch", "REPEAT_S", "expiries", "status_time", "upkeep_expiry",
            "warning_line", "watch_of"]
 
 import datetime as dt
@@ -52,8 +52,8 @@ class Expiry:
         return "expired" if left <= 0 else "warn" if left <= self.margin_s else "ok"
 
 
-def iso(t: float) -> str:
-    """Epoch seconds as the status file writes times (like `certificate_expires`)."""
+def status_time(t: float) -> str:
+    """Epoch seconds as the status file writes times (like `certificate_expires`: `isoformat`, +00:00)."""
     return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat()
 
 
@@ -145,7 +145,7 @@ class ExpiryWatch:
                 continue
             self._said[e.what] = (state, now)
             if state == "ok":
-                out.append((logging.INFO, f"{e.what} {e.path} renewed: valid until {iso(e.at)}"))
+                out.append((logging.INFO, f"{e.what} {e.path} renewed: valid until {status_time(e.at)}"))
             else:
                 out.append((logging.ERROR if state == "expired" else logging.WARNING,
                             warning_line(e, now, cluster, config)))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula.config import SwitchConfig
-from switch_server.expiry import iso, watch_of
+from switch_server.expiry import status_time, watch_of
 from switch_server.state import state_dir
 
 STATUS_FILE = "status.json"
@@ -76,8 +76,8 @@ def switch_status(server: Any, prev: dict[str, Any]) -> dict[str, Any]:
         "links": links,
         "sessions": sessions,
         "certificate_expires": dt.datetime.fromtimestamp(server.trust.cert_not_after, dt.timezone.utc).isoformat(),
-        "ca_expires": iso(expiring["ca"]) if expiring.get("ca") else None,
-        "crl_next_update": iso(expiring["crl"]) if "crl" in expiring else None,
+        "ca_expires": status_time(expiring["ca"]) if expiring.get("ca") else None,
+        "crl_next_update": status_time(expiring["crl"]) if "crl" in expiring else None,
         # one line each for what is within its warning margin or past it: what expires when, and the fix
         "expiry_warnings": watch.warnings(now, server.cfg.cluster, str(server.config_path or "switch.yaml")),
         # our newest signed audit checkpoint (what the peers hold as witnesses of our log)
