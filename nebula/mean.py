@@ -1,5 +1,5 @@
 """A streaming weighted mean of models (`RunningMean`) and the check of one model against another
-(`check_update`): what every runtime that averages models across processes shares (the federated combiners and
+(`check_model_update`): what every runtime that averages models across processes shares (the federated combiners and
 reducer, the data-parallel leaders).
 """
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["RunningMean", "TensorSpec", "check_update"]
+__all__ = ["RunningMean", "TensorSpec", "check_model_update"]
 
 
-def check_update(weights: Mapping[str, np.ndarray], num_examples: int, who: str,
+def check_model_update(weights: Mapping[str, np.ndarray], num_examples: int, who: str,
                  like: Mapping[str, np.ndarray] | None = None) -> None:
     """Raise ValueError naming `who` unless `weights` is a finite float dict matching `like` (keys, shapes, dtypes)."""
     if not isinstance(weights, Mapping) or not weights:
@@ -101,16 +101,16 @@ class RunningMean:
     def add(self, weights: Mapping[str, np.ndarray], num_examples: int, who: str = "update") -> None:
         """Fold one whole update in (checked against the first one, or against `like`)."""
         if self.like is None:
-            check_update(weights, num_examples, who)
+            check_model_update(weights, num_examples, who)
             self.like = {k: (tuple(v.shape), v.dtype) for k, v in weights.items()}
         else:
-            check_update(weights, num_examples, who, self.specs())
+            check_model_update(weights, num_examples, who, self.specs())
         self.begin(num_examples, who)
         for k, w in weights.items():
             self.add_part(k, w)
 
     def specs(self) -> dict[str, "TensorSpec"]:
-        """Name -> (shape, dtype) of the model being averaged, usable as `like` in `check_update`."""
+        """Name -> (shape, dtype) of the model being averaged, usable as `like` in `check_model_update`."""
         return {k: TensorSpec(s, d) for k, (s, d) in (self.like or {}).items()}
 
     def result(self) -> dict[str, np.ndarray]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from nebula.channel import ChannelError, Endpoint
 from nebula.compress import Codec, decode_from_frames, encode_to_frames, get_codec
-from nebula.mean import RunningMean, check_update
+from nebula.mean import RunningMean, check_model_update
 from nebula.messaging import Malformed, Message, MessageFamily, Messenger, Peer
 
 __all__ = ["ClusterMean", "ClusterLost", "ModelMismatch", "TO_LEADER", "LeaderHello", "MeanShare", "Posted"]
@@ -131,7 +131,7 @@ class ClusterMean:
             except ValueError as exc:
                 raise ModelMismatch(f"cluster {p.cluster}'s model cannot be read: {exc}") from None
             try:
-                check_update(theirs, 1, f"cluster {p.cluster}'s model", like=weights)
+                check_model_update(theirs, 1, f"cluster {p.cluster}'s model", like=weights)
             except ValueError as exc:
                 raise ModelMismatch(f"{exc} (cluster {self.me} builds it differently); every cluster must build "
                                     "the same model: start them with the same job file and recipe") from None

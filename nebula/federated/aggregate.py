@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from nebula.mean import check_update
+from nebula.mean import check_model_update
 
 __all__ = ["Update", "check_updates", "fedavg", "trimmed_mean", "median", "krum", "multi_krum"]
 
@@ -33,7 +33,7 @@ def check_updates(updates: Sequence[Update], clients: Sequence[str] | None = Non
     for i, u in enumerate(updates):
         if not isinstance(u, tuple) or len(u) != 2:
             raise ValueError(f"{_who(i, clients)}: expected a (weights, num_examples) pair, got {type(u).__name__}")
-        check_update(u[0], u[1], _who(i, clients), like if like is not None else (updates[0][0] if i else None))
+        check_model_update(u[0], u[1], _who(i, clients), like if like is not None else (updates[0][0] if i else None))
 
 
 def fedavg(updates: Sequence[Update], clients: Sequence[str] | None = None) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ import numpy as np
 
 from nebula.federated.config import FederatedJob
 from nebula.federated.messages import GetParameters, Parameters
-from nebula.federated.transport import Messenger
+from nebula.federated.transport import ActorMessenger
 from nebula.messaging import Peer, manifest
 
 __all__ = ["manifest_refusal", "values_refusal", "load_initial_model", "Answer", "majority", "fetch_initial"]
@@ -103,7 +103,7 @@ def _key(tensors: list) -> tuple:
     return tuple((n, d, tuple(s)) for n, d, s in tensors)
 
 
-def fetch_initial(mb: Messenger, job: FederatedJob, run: str, roster: Callable[[], Mapping[Peer, int]],
+def fetch_initial(mb: ActorMessenger, job: FederatedJob, run: str, roster: Callable[[], Mapping[Peer, int]],
                   audit: Callable[[str, str, dict], None],
                   refusal: Callable[[Peer], str | None] = lambda _: None) -> tuple[dict[str, np.ndarray], str]:
     """(weights, the client they came from): ask clients as the module says; `roster()` gives the connected
@@ -144,7 +144,7 @@ def fetch_initial(mb: Messenger, job: FederatedJob, run: str, roster: Callable[[
         want = job.initial_clients if not any(a.key for a in answers) else 1  # none valid yet, or a tie to break
 
 
-def _ask(mb: Messenger, job: FederatedJob, run: str, batch: list[Peer], audit: Callable[[str, str, dict], None],
+def _ask(mb: ActorMessenger, job: FederatedJob, run: str, batch: list[Peer], audit: Callable[[str, str, dict], None],
          refusal: Callable[[Peer], str | None] = lambda _: None) -> list[tuple[Answer, dict[str, np.ndarray] | None]]:
     """Ask `batch` at once; each answer checked (its cluster's grant, then manifest, then the values) within
     `initial_wait_s`."""

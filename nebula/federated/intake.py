@@ -21,7 +21,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from nebula.federated.messages import ClientUpdate
-from nebula.federated.transport import Messenger
+from nebula.federated.transport import ActorMessenger
 from nebula.messaging import ModelAssembler, Peer, piece_plan, tensor_specs
 
 __all__ = ["Refused", "ReceivedUpdate", "receive_update", "UpdateEncoder", "GlobalModel", "SPOOL_BYTES",
@@ -128,7 +128,7 @@ def change_sumsq(vals: np.ndarray, base: np.ndarray | None) -> float:
     return total
 
 
-def receive_update(mb: Messenger, peer: Peer, head: ClientUpdate, timeout_s: float, *, codec: str,
+def receive_update(mb: ActorMessenger, peer: Peer, head: ClientUpdate, timeout_s: float, *, codec: str,
                    spool_dir: str | Path, spool_over: int = SPOOL_BYTES,
                    inline: list | None = None, base: GlobalModel | None = None,
                    max_norm: float | None = None) -> ReceivedUpdate:

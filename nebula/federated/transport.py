@@ -1,5 +1,5 @@
-"""The federated actors' `Messenger`: `nebula.messaging.Messenger` on the channels of `actor_channels` (one per peer,
-named for the controller's restarts and the clients'), receiving its role's family by default, with a fair poll
+"""The federated actors' `ActorMessenger`: `nebula.messaging.Messenger` on the channels of `actor_channels` (one per
+peer, named for the controller's restarts and the clients'), receiving its role's family by default, with a fair poll
 over its peers.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from nebula.federated.messages import TO_CLIENT, TO_COMBINER, TO_CONTROLLER
 from nebula.messaging import PIECE_BYTES, Message, MessageFamily, Peer
 from nebula.messaging import Messenger as TypedMessenger
 
-__all__ = ["Messenger", "MODEL_SLOTS"]
+__all__ = ["ActorMessenger", "MODEL_SLOTS"]
 
 log = logging.getLogger(__name__)
 # slots a combiner asks its switch for: one piece in 1 MiB chunks (the default), sent to every peer
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 MODEL_SLOTS = 8
 
 
-class Messenger(ActorChannels, TypedMessenger):
+class ActorMessenger(ActorChannels, TypedMessenger):
     """This actor's typed messages and models on its channels; `inbox` is the family of messages it receives
     (by default its role's: the controller's, a combiner's or a client's)."""
 

@@ -8,7 +8,7 @@ import time
 from nebula.channel import Endpoint
 from nebula.federated.controller.trail import ModelTrail
 from nebula.federated.messages import UpdateDropped
-from nebula.federated.transport import Messenger
+from nebula.federated.transport import ActorMessenger
 from nebula.messaging import Peer
 from testbed.fedjob import federation, start_client, start_cluster, wait_exit, write_job
 
@@ -16,7 +16,7 @@ FLOOD = 300
 TENSORS = [["w", "float32", [4, 3]], ["b", "float32", [3]]]
 
 
-def _drops(mb: Messenger, combiner: Peer, n: int, timeout_s: float) -> int:
+def _drops(mb: ActorMessenger, combiner: Peer, n: int, timeout_s: float) -> int:
     """How many "drop" answers came from `combiner` (up to `n`) within `timeout_s`."""
     got, deadline = 0, time.monotonic() + timeout_s
     while got < n and time.monotonic() < deadline:
@@ -34,7 +34,7 @@ def test_bogus_pushed_headers_cost_no_waiting_and_late_updates_are_counted_not_w
     actors = [start_cluster(procs, job, c) for c in "AB"]
     ep = Endpoint.connect(workers["A"], job="fltest", rank=3, timeout_s=30)
     try:
-        mb = Messenger(ep, 4096, Peer("A", 0))
+        mb = ActorMessenger(ep, 4096, Peer("A", 0))
         combiner = Peer("A", 1)
         bogus = {"type": "update", "job": "fltest", "round": 99, "version": 1, "num_examples": 10, "pushed": True,
                  "tensors": TENSORS, "piece_bytes": 4096}

@@ -15,7 +15,7 @@ from nebula.federated.config import load_federated_job
 from nebula.federated.intake import GlobalModel, Refused, UpdateEncoder, change_sumsq, receive_update
 from nebula.federated.messages import ClientUpdate
 from nebula.federated.controller.trail import ModelTrail
-from nebula.federated.transport import Messenger
+from nebula.federated.transport import ActorMessenger
 from nebula.messaging import Peer, piece_plan, tensor_specs
 from testbed.fedjob import federation, run_job, write_job
 
@@ -27,12 +27,12 @@ def pair(procs, tmp_path):
     """A combiner-side and a client-side mailbox of one job on a real switch."""
     w = federation(procs, tmp_path, clusters=("A",))["A"]
     eps = [Endpoint.connect(w, job="intake", rank=r, timeout_s=30) for r in (1, 2)]
-    yield Messenger(eps[0], PIECE), Messenger(eps[1], PIECE)
+    yield ActorMessenger(eps[0], PIECE), ActorMessenger(eps[1], PIECE)
     for ep in eps:
         ep.close(flush_s=1)
 
 
-def _send(mb: Messenger, weights: dict, **extra) -> dict:
+def _send(mb: ActorMessenger, weights: dict, **extra) -> dict:
     head = mb.model_header(ClientUpdate(**extra), weights)
     mb.send_pieces(Peer("A", 1), weights)
     return head

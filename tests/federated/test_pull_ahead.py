@@ -16,7 +16,7 @@ from nebula.federated.combiner.rounds import PULL_AHEAD
 from nebula.federated.config import load_federated_job
 from nebula.federated.messages import ClientHello, ClientUpdate, PullUpdate, TrainTask
 from nebula.federated.controller.trail import ModelTrail
-from nebula.federated.transport import Messenger
+from nebula.federated.transport import ActorMessenger
 from nebula.messaging import PUSH_BYTES, Peer
 from testbed.fedjob import federation, start_cluster, wait_exit, write_job
 
@@ -29,7 +29,7 @@ class _Client:
     def __init__(self, job, index: int) -> None:
         self.job, self.me = job, f"B/{FIRST_CLIENT_RANK + index}"
         ep = Endpoint.connect(job.cluster("B").worker, job=job.job, rank=FIRST_CLIENT_RANK + index, timeout_s=30)
-        self.mb = Messenger(ep, job.piece_bytes, Peer("A", CONTROLLER_RANK))
+        self.mb = ActorMessenger(ep, job.piece_bytes, Peer("A", CONTROLLER_RANK))
         self.comb = Peer("B", COMBINER_RANK)
         self.nonce = os.urandom(8).hex()
         self.update = {"w": np.full(SIZE, float(index + 1), np.float32)}

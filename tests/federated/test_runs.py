@@ -6,7 +6,7 @@ import json
 
 from nebula.channel import Endpoint
 from nebula.federated.controller.trail import ModelTrail
-from nebula.federated.transport import Messenger
+from nebula.federated.transport import ActorMessenger
 from nebula.messaging import Peer
 from testbed.fedjob import federation, start_client, start_cluster, wait_exit, write_job
 
@@ -15,7 +15,7 @@ def _send_as(worker, rank: int, to: list[tuple[Peer, dict]]) -> None:
     """Connect as `rank` of the job, send each message and wait until it is acknowledged (delivered), close."""
     ep = Endpoint.connect(worker, job="fltest", rank=rank, timeout_s=30)
     try:
-        mb = Messenger(ep, 4096, Peer("A", 0))
+        mb = ActorMessenger(ep, 4096, Peer("A", 0))
         for peer, msg in to:
             mb.send(peer, msg)
         assert ep.flush(30), "the earlier run's message was not delivered"

@@ -14,7 +14,7 @@ from nebula.federated.messages import (ClientHello, GetParameters, Parameters, S
                                       UpdateDropped)
 from nebula.federated.controller.trail import ModelTrail
 from nebula.federated.actor_channels import FIRST_CLIENT_RANK
-from nebula.federated.transport import Messenger
+from nebula.federated.transport import ActorMessenger
 from nebula.messaging import PUSH_BYTES, Peer
 from testbed.fedjob import (federation, start_client, start_clients, start_cluster, wait_exit,
                                      write_job)
@@ -129,7 +129,7 @@ def test_a_client_of_a_secure_job_sends_nothing_in_the_clear_whatever_its_combin
     me, model = Peer("A", 2), {"w": np.zeros((4, 3), np.float32), "b": np.zeros(3, np.float32)}
     ep = Endpoint.connect(workers["A"], job="fltest", rank=1, timeout_s=30)
     try:
-        mb = Messenger(ep, 4096, Peer("A", 0))
+        mb = ActorMessenger(ep, 4096, Peer("A", 0))
         got = mb.poll([me], 30)
         assert got is not None and isinstance(got[1], ClientHello)
         nonce = got[1].nonce
@@ -188,7 +188,7 @@ def test_a_round_client_s_bad_keys_and_another_round_s_keys_are_refused_told_and
     ep = Endpoint.connect(workers["A"], job="fltest", rank=me.rank, timeout_s=30)
     told = []
     try:
-        mb = Messenger(ep, 4096, Peer("A", 0))
+        mb = ActorMessenger(ep, 4096, Peer("A", 0))
         mb.send(combiner, ClientHello(job="fltest", num_examples=200, nonce=nonce))
         task = None
         while task is None:
@@ -256,7 +256,7 @@ def test_a_bad_dealer_is_excluded_blamed_and_not_invited_again_while_the_honest_
     ep = Endpoint.connect(workers["A"], job="fltest", rank=me.rank, timeout_s=30)
     tasks, verdict, victim = [], None, "A/2"
     try:
-        mb = Messenger(ep, 4096, Peer("A", 0))
+        mb = ActorMessenger(ep, 4096, Peer("A", 0))
         mb.send(combiner, ClientHello(job="fltest", num_examples=200, nonce=nonce))
         end = time.monotonic() + 90
         sa = None

@@ -9,7 +9,7 @@ from typing import Any
 from nebula.federated.actor_channels import COMBINER_RANK, CONTROLLER_RANK
 from nebula.federated.config import FederatedJob
 from nebula.federated.messages import ANY_START, GetParameters, Stop, TrainTask, UpdateDropped
-from nebula.federated.transport import Messenger
+from nebula.federated.transport import ActorMessenger
 from nebula.messaging import Message, Peer
 
 __all__ = ["Answers", "mb_peers", "for_me"]
@@ -35,7 +35,7 @@ def for_me(msg: Message, nonce: str, me: str, peer: Peer) -> bool:
 class Answers:
     """The answers of combiner `peer` to what this client sent for a task."""
 
-    def __init__(self, mb: Messenger, peer: Peer, job: FederatedJob, me: str, nonce: str) -> None:
+    def __init__(self, mb: ActorMessenger, peer: Peer, job: FederatedJob, me: str, nonce: str) -> None:
         self.mb, self.peer, self.me, self.nonce = mb, peer, me, nonce
         self.others = [p for p in mb_peers(job) if p != peer]
 

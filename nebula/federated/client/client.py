@@ -26,7 +26,7 @@ from nebula.federated.intake import NONE_CODEC, UpdateEncoder
 from nebula.federated.messages import (ANY_START, ClientHello, ClientUpdate, GetParameters, HelloRefused,
                                        Parameters, PullUpdate, Stop, TrainTask)
 from nebula.federated.privacy import noise_rng, privatize_weights
-from nebula.federated.transport import Messenger
+from nebula.federated.transport import ActorMessenger
 from nebula.messaging import Peer, fits_inline, manifest, to_json
 
 __all__ = ["Client", "PaddleClient", "run_client", "load_client", "ANY_START"]
@@ -123,7 +123,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     # not yet read), however large the model
     ep = Endpoint.connect(cl.worker, job=job.job, rank=rank, timeout_s=job.startup_timeout_s,
                           window_bytes=UPDATE_WINDOW_PIECES * job.piece_bytes, heartbeat_s=CLIENT_HEARTBEAT_S)
-    mb = Messenger(ep, job.piece_bytes, Peer(job.controller.cluster, CONTROLLER_RANK),
+    mb = ActorMessenger(ep, job.piece_bytes, Peer(job.controller.cluster, CONTROLLER_RANK),
                  incarnation=_next_incarnation(job, cluster, index))
     mb.watch()  # an idle client sleeps until a message comes
     encoder = UpdateEncoder(job.update_codec, job.piece_bytes) if job.update_codec != NONE_CODEC else None
@@ -173,7 +173,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     return trained
 
 
-def _train(mb: Messenger, peer: Peer, task: TrainTask, client: Client, job: FederatedJob, me: str,
+def _train(mb: ActorMessenger, peer: Peer, task: TrainTask, client: Client, job: FederatedJob, me: str,
            encoder: UpdateEncoder | None = None, parts: list | None = None, nonce: str = "",
            rng: np.random.Generator | None = None) -> tuple[bool, Any]:
     """Run one task (`parts`: the model's pieces that came with it): evaluate, fit, announce, stream on request

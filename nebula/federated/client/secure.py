@@ -40,7 +40,7 @@ from nebula.federated.secagg import (AdvertiseKeys, DealerCommitments, Encrypted
                                      UnmaskRequest, Verifier, flatten, load_signer, load_verifier, model_digest,
                                      word_bits_for_codec)
 from nebula.federated.secagg.vss import ELEMENT_BYTES
-from nebula.federated.transport import Messenger
+from nebula.federated.transport import ActorMessenger
 from nebula.messaging import Peer, fits_inline, manifest
 
 __all__ = ["train_secure", "FileJournal", "SecureIdentity", "secure_identity", "check_cohort"]
@@ -134,7 +134,7 @@ def _done(status: str, got: Any) -> tuple[bool, Any]:
     return False, got if status == "pending" else None
 
 
-def train_secure(mb: Messenger, peer: Peer, task: TrainTask, client: Client, job: FederatedJob, me: str,
+def train_secure(mb: ActorMessenger, peer: Peer, task: TrainTask, client: Client, job: FederatedJob, me: str,
                  parts: list | None, nonce: str, rng: np.random.Generator | None = None) -> tuple[bool, Any]:
     """Run one task under secure aggregation: keys, shares, train, mask, unmask. (Took part?, a message that came
     meanwhile and is to be served next.)"""

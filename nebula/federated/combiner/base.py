@@ -27,7 +27,7 @@ from nebula.federated.config import FederatedJob
 from nebula.federated.messages import (ANY_START, SECURE_FROM_CLIENT, Bye, ClientHello, ClientUpdate, HelloRefused,
                                        StatusAnswer, StatusRequest, Stop, UpdateDropped)
 from nebula.federated.strategy import get_strategy
-from nebula.federated.transport import Messenger
+from nebula.federated.transport import ActorMessenger
 from nebula.messaging import Malformed, Message, Peer
 
 __all__ = ["CombinerBase", "client_peers", "ANY_START", "FLUSH_S"]
@@ -61,7 +61,7 @@ class CombinerBase:
         self._flushed = time.monotonic()
         self.listen: frozenset[Peer] = frozenset()
         self.spool: Path | None = None
-        self.mb: Messenger | None = None
+        self.mb: ActorMessenger | None = None
         self.audit: ActorAudit | None = None
         self.grants: JobGrants | None = None
 

@@ -19,7 +19,7 @@ from nebula.federated.combiner.rounds import SyncRound, serve_async
 from nebula.federated.combiner.secure import SecureRound
 from nebula.federated.intake import spool_dir
 from nebula.federated.messages import StartAsync, StartRound, Stop
-from nebula.federated.transport import MODEL_SLOTS, Messenger
+from nebula.federated.transport import MODEL_SLOTS, ActorMessenger
 
 __all__ = ["Combiner", "client_peers", "ANY_START"]
 
@@ -34,7 +34,7 @@ class Combiner(CombinerBase):
         cl = self.job.cluster(self.cluster)
         ep = Endpoint.connect(cl.worker, job=self.job.job, rank=COMBINER_RANK, timeout_s=self.job.startup_timeout_s,
                               share_slots=MODEL_SLOTS)
-        self.mb = Messenger(ep, self.job.piece_bytes, self.controller)
+        self.mb = ActorMessenger(ep, self.job.piece_bytes, self.controller)
         self.mb.watch()  # look only at the channels that got something: a poll costs the same for 1000 clients
         self.listen = frozenset([*self.clients, self.controller])
         self.audit = ActorAudit(self.workdir, cl.worker, "combiner", self.cluster, COMBINER_RANK)

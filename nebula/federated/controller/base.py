@@ -27,7 +27,7 @@ from nebula.federated.initial import fetch_initial, load_initial_model
 from nebula.federated.messages import Bye, StatusAnswer, StatusRequest, Stop
 from nebula.federated.runfiles import RunFiles
 from nebula.federated.strategy import get_strategy
-from nebula.federated.transport import Messenger
+from nebula.federated.transport import ActorMessenger
 from nebula.messaging import Malformed, Message, Peer
 
 __all__ = ["ControllerBase", "STATUS_WAIT_S", "BYE_WAIT_S"]
@@ -49,7 +49,7 @@ class ControllerBase:
         self.files.clear_stop()  # a stop asked of an earlier run is not this run's
         self.strategy = get_strategy(job.strategy.name, job.strategy.options)
         self.combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
-        self.mb: Messenger | None = None
+        self.mb: ActorMessenger | None = None
         self.trail: ModelTrail | None = None
         self.audit: ActorAudit | None = None
         self.witness: CombinerWitness | None = None

@@ -29,7 +29,7 @@ from nebula.federated.controller.trail import ModelTrail, RoundRecord
 from nebula.federated.controller.witness import CombinerWitness
 from nebula.federated.messages import ModelCopy, Partial, StartRound
 from nebula.federated.secagg import UNMASK_STAGES
-from nebula.federated.transport import Messenger
+from nebula.federated.transport import ActorMessenger
 from nebula.messaging import Peer
 
 __all__ = ["Controller", "REPORT_GRACE_S"]
@@ -48,7 +48,7 @@ class Controller(ControllerBase):
         ep = Endpoint.connect(cl.worker, job=self.job.job, rank=CONTROLLER_RANK, timeout_s=self.job.startup_timeout_s)
         epoch = self._next_epoch()
         self.run_id = f"{epoch}.{os.urandom(6).hex()}"
-        self.mb = Messenger(ep, self.job.piece_bytes, Peer(cl.id, CONTROLLER_RANK), epoch)
+        self.mb = ActorMessenger(ep, self.job.piece_bytes, Peer(cl.id, CONTROLLER_RANK), epoch)
         self.mb.watch()  # woken by the message itself: a sweep with back-off found a partial up to 20 ms late
         self.trail = ModelTrail(self.dir / "trail")
         self.audit = ActorAudit(self.dir / "controller", cl.worker, "controller", cl.id, CONTROLLER_RANK)

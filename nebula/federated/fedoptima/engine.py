@@ -6,7 +6,7 @@ from typing import Mapping
 
 import numpy as np
 
-from nebula.mean import check_update
+from nebula.mean import check_model_update
 from nebula.federated.strategies.fedasync import FedAsync
 
 __all__ = ["DeviceTrainer", "ServerTrainer", "AsyncAggregator", "state_of", "load_state", "split_model"]
@@ -116,8 +116,8 @@ class AsyncAggregator:
         if not isinstance(version, int) or version < 0 or version > self.version:
             raise ValueError(f"{who}: model version {version!r} is not one the server issued (latest "
                              f"{self.version}); a device trains from the global model it received")
-        check_update(device_state, 1, who, like=self.device)
-        check_update(aux_state, 1, who, like=self.aux)
+        check_model_update(device_state, 1, who, like=self.device)
+        check_model_update(aux_state, 1, who, like=self.aux)
         staleness = self.version - version
         if staleness > self.max_delay:
             self.skipped += 1
