@@ -1,13 +1,66 @@
-"""Error feedback `ef(inner)`: the compression error of each step is added to the next step's input (per instance)."""
+"""Error feedback `ef(inner)`: the compression error of each step is added to the next step's input (per instance).
+
+The residuals are the codec's whole state and can leave it: `export_state` gives them as numpy arrays under string
+keys (`residual:<kind>:<dtype>:<shape>`, see `residual_key`), `import_state` takes them back after checking them,
+so that a checkpoint can carry them and a resumed sender goes on exactly where it stopped.
+"""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
+
+import numpy as np
 
 from . import backend as B
 from .base import Codec, CodecError, Encoded, codec_from_node, decode, register
 from .spec import SpecError, SpecNode, format_spec
 
-__all__ = ["ErrorFeedbackCodec"]
+__all__ = ["ErrorFeedbackCodec", "residual_key", "parse_residual_key", "check_state"]
+
+_KINDS = ("numpy", "paddle")
+
+
+def residual_key(shape: tuple[int, ...], dtype: str, kind: str) -> str:
+    """The string key of a residual: `residual:<kind>:<dtype>:<d0,d1,...>` (no '/', so it nests in a path)."""
+    return f"residual:{kind}:{dtype}:{','.join(str(int(d)) for d in shape)}"
+
+
+def parse_residual_key(key: str) -> tuple[tuple[int, ...], str, str]:
+    """(shape, dtype, kind) of a `residual_key`; ValueError when `key` is not one."""
+    parts = key.split(":")
+    if len(parts) != 4 or parts[0] != "residual" or parts[1] not in _KINDS or not B.is_float_dtype(parts[2]):
+        raise ValueError(f"key {key!r} is not residual:<numpy|paddle>:<float dtype>:<shape>")
+    try:
+        shape = tuple(int(d) for d in parts[3].split(",")) if parts[3] else ()
+    except ValueError:
+        raise ValueError(f"key {key!r} has shape {parts[3]!r}, not comma-separated sizes") from None
+    if any(d < 0 for d in shape):
+        raise ValueError(f"key {key!r} has a negative size")
+    return shape, parts[2], parts[1]
+
+
+def check_state(state: Mapping[str, Any], *, shape: tuple[int, ...] | None = None,
+                name: str = "the tensor") -> dict[tuple, np.ndarray]:
+    """The residuals of an `export_state` dict by (shape, dtype, kind), checked: well-formed keys, arrays of the
+    key's shape and dtype, finite values, and (given `shape`) only residuals of that shape. CodecError names `name`
+    and the mismatch."""
+    out = {}
+    for key, value in state.items():
+        try:
+            rshape, dtype, kind = parse_residual_key(str(key))
+        except ValueError as exc:
+            raise CodecError(f"error-feedback state of {name}: {exc}; it was written by another version") from None
+        a = np.asarray(value)
+        if a.shape != rshape or a.dtype.name != dtype:
+            raise CodecError(f"error-feedback state of {name}: residual {key!r} holds a {a.dtype.name} array of "
+                             f"shape {a.shape}, not the {dtype} {rshape} its key names; the state is corrupted")
+        if shape is not None and rshape != tuple(shape):
+            raise CodecError(f"error-feedback state of {name}: residual of shape {rshape} but the tensor has shape "
+                             f"{tuple(shape)}; it was saved for another model or other settings")
+        if not np.isfinite(a).all():
+            raise CodecError(f"error-feedback state of {name}: residual {key!r} holds NaN or Inf; the state is "
+                             "corrupted")
+        out[(rshape, dtype, kind)] = np.array(a, copy=True)
+    return out
 
 
 @register
@@ -42,6 +95,18 @@ class ErrorFeedbackCodec(Codec):
     def residual(self, shape: tuple[int, ...], dtype: str = "float32", kind: str = "numpy") -> Any:
         """The residual currently carried for tensors of this shape (None if none yet)."""
         return self._residual.get((tuple(shape), dtype, kind))
+
+    def export_state(self) -> dict[str, np.ndarray]:
+        """Every residual as a host numpy copy under its `residual_key` (the inner codec's own state, e.g. a
+        low-rank warm start, is not part of it)."""
+        return {residual_key(*k): np.array(B.to_host(r), copy=True) for k, r in self._residual.items()}
+
+    def import_state(self, state: Mapping[str, Any], *, shape: tuple[int, ...] | None = None,
+                     name: str = "the tensor") -> None:
+        """Replace the residuals with those of `state` (an `export_state` dict), checked by `check_state`; on a
+        CodecError the codec keeps its residuals as they were."""
+        checked = check_state(state, shape=shape, name=name)
+        self._residual = {k: B.from_host(a, k[1], k[2]) for k, a in checked.items()}
 
     def _encode(self, x: Any) -> Encoded:
         key = (B.shape_of(x), B.dtype_name(x), B.kind_of(x))

@@ -13,6 +13,10 @@ fewest bytes: each link carries one encoded model each way per mean.
 a cluster whose model differs in keys, shapes or dtypes (naming the tensor), and all adopt the first cluster's
 weights so that every replica starts from the same point; they also exchange the steps of their checkpoints, so a
 restarted job resumes from the newest step every cluster holds.
+
+A leader's codecs (one per tensor) are its only WAN state beyond the outer optimizer's: `codec_state` packs their
+error-feedback residuals for its cluster's checkpoint (`pack_codec_state`) and `unpack_codec_state` builds them
+back, checked against the tensors sent, so that a resumed leader encodes exactly as the uninterrupted one would.
 """
 from __future__ import annotations
 
@@ -23,11 +27,12 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from nebula.channel import ChannelError, Endpoint
-from nebula.compress import Codec, decode_from_frames, encode_to_frames, get_codec
+from nebula.compress import Codec, ErrorFeedbackCodec, decode_from_frames, encode_to_frames, get_codec
 from nebula.mean import RunningMean, check_model_update
 from nebula.messaging import Malformed, Message, MessageFamily, Messenger, Peer
 
-__all__ = ["ClusterMean", "ClusterLost", "ModelMismatch", "TO_LEADER", "LeaderHello", "MeanShare", "Posted"]
+__all__ = ["ClusterMean", "ClusterLost", "ModelMismatch", "TO_LEADER", "LeaderHello", "MeanShare", "Posted",
+           "CODEC_KEY", "pack_codec_state", "unpack_codec_state"]
 
 log = logging.getLogger(__name__)
 TO_LEADER = MessageFamily("data-parallel leader")  # what one cluster's leader sends another's
@@ -140,6 +145,14 @@ class ClusterMean:
             common &= set(got.checkpoints)
         return {k: np.array(v) for k, v in models[self.order[0]].items()}, max(common, default=-1)
 
+    def codec_state(self) -> dict[str, np.ndarray]:
+        """The state of this leader's codecs, for its cluster's checkpoint (`pack_codec_state`)."""
+        return pack_codec_state(self.spec, self._codecs)
+
+    def restore_codecs(self, codecs: Mapping[str, Codec]) -> None:
+        """Send with `codecs` (per tensor, from `unpack_codec_state`) from now on; other tensors get fresh ones."""
+        self._codecs = dict(codecs)
+
     def _codec(self, name: str) -> Codec:
         c = self._codecs.get(name)
         if c is None:
@@ -194,6 +207,51 @@ class Posted(NamedTuple):
     share: MeanShare
     payload: bytes
     like: dict[str, np.ndarray]
+
+
+CODEC_KEY = "codec"  # a checkpoint's outer codec spec; each tensor's codec state under codec/<tensor>/<key>
+
+
+def pack_codec_state(spec: str, codecs: Mapping[str, Codec]) -> dict[str, np.ndarray]:
+    """The codecs' state as flat named arrays: `codec` (the spec) and `codec/<tensor>/<key>` for each residual of
+    an error-feedback codec (other codecs carry none that a checkpoint keeps)."""
+    out = {CODEC_KEY: np.array(spec)}
+    for name, c in codecs.items():
+        if isinstance(c, ErrorFeedbackCodec):
+            out.update({f"{CODEC_KEY}/{name}/{k}": v for k, v in c.export_state().items()})
+    return out
+
+
+def unpack_codec_state(flat: Mapping[str, np.ndarray], spec: str, shapes: Mapping[str, tuple[int, ...]]
+                       ) -> tuple[dict[str, Codec], str | None]:
+    """(codecs of `spec` per tensor holding the state `flat` carries, a note for the log when state was lost).
+
+    `shapes` are the tensors the leader sends. A checkpoint saved before codec state was kept, or with another
+    codec, gives no codecs (they start from zero) and says so in the note; ValueError (CodecError) names the tensor
+    whose state does not fit."""
+    stateful = isinstance(get_codec(spec), ErrorFeedbackCodec)
+    if CODEC_KEY not in flat:
+        return {}, (f"it holds no outer codec state (saved before checkpoints kept it): the error-feedback "
+                    f"residuals of {spec} start from zero, so this run differs slightly from an uninterrupted one"
+                    if stateful else None)
+    saved = str(np.asarray(flat[CODEC_KEY]).item())
+    states: dict[str, dict[str, np.ndarray]] = {}
+    for key, v in flat.items():
+        if key.startswith(f"{CODEC_KEY}/"):
+            name, _, part = key[len(CODEC_KEY) + 1:].rpartition("/")
+            states.setdefault(name, {})[part] = v
+    if saved != spec:
+        return {}, (f"its outer codec state is for {saved} and this job sends with {spec}: the codec starts from "
+                    "zero" if states else None)
+    unknown = sorted(set(states) - set(shapes))
+    if unknown:
+        raise ValueError(f"its outer codec state names tensors {unknown} that this job does not send: it was saved "
+                         "by another model or with other streaming settings")
+    codecs = {}
+    for name, state in states.items():
+        c = codecs[name] = get_codec(spec)
+        c.import_state(state, shape=tuple(shapes[name]), name=f"tensor {name!r}")
+    return codecs, None
 
 
 def _unpack(share: MeanShare, body: memoryview, cluster: str) -> dict[str, np.ndarray]:

@@ -12,8 +12,11 @@ Checkpoints hold each cluster's replica, its inner optimizer and the outer state
 restarted job resumes from the newest step every cluster holds; with `recovery_timeout_s` the clusters agree on it
 through the switches (whole-job recovery, docs/recovery.md), the leaders talk on channels of the recovery round, and
 a cluster's other ranks wait for their leader's mean at a meeting in the job's TCP store, which a leader that lost
-a peer cluster releases. The codec's own state (error-feedback residuals,
-low-rank warm starts) is not saved: it restarts from zero, so with such a codec a resumed run differs slightly.
+a peer cluster releases. The leader's codec state goes into its cluster's checkpoint too: the error-feedback
+residuals of `outer.codec: ef(...)`, per tensor sent (`allmean.pack_codec_state`), so a resumed leader encodes as
+the uninterrupted one would and the run computes what it does; the other ranks hold none. A checkpoint saved
+before this state was kept still resumes, its residuals from zero (logged once). Low-rank warm starts (`lowrank`
+inside `ef`) and `auto`'s measurements are not kept: with them a resumed run differs slightly.
 
 With `data_parallel.streaming` (Streaming DiLoCo, `nebula.dataparallel.streaming`) the leader sends one slice of the
 model at a time on the slice's own schedule (`ClusterMean.post`, not waiting for delivery), reads the other clusters'
@@ -34,7 +37,7 @@ import numpy as np
 
 from nebula.config.job import JobConfig
 from nebula.config.schema import ConfigError
-from nebula.dataparallel.allmean import ClusterLost, ClusterMean, ModelMismatch, Posted
+from nebula.dataparallel.allmean import ClusterLost, ClusterMean, ModelMismatch, Posted, unpack_codec_state
 from nebula.dataparallel.outer import (OuterState, average_step, outer_step, pack_state, pseudo_gradient,
                                        unpack_state)
 from nebula.dataparallel.streaming import Fragments, flatten, merge, unflatten
@@ -134,9 +137,11 @@ class DataParallelHooks(PipelineHooks):
             d = ckpt.step_dir(ck.dir, resume)
             start = ckpt.load(d, r.stages.states())
             try:
-                state = unpack_state(ckpt.load_extra(d, r.cluster) or {}, mine)
+                flat = ckpt.load_extra(d, r.cluster) or {}
+                state = unpack_state(flat, mine)
                 self.anchor, self.buf, self.last_sync = state.anchor, state.buf, state.last_sync
                 self._resume_stream(state, mine)
+                self._resume_codecs(flat, mine, d)
             except ValueError as exc:
                 raise ConfigError(f"checkpoint {d}: {exc}; remove it or set checkpoint.resume: false") from None
             log.info("cluster %s rank %d: resumed from checkpoint step %d (last sync at step %d)", r.cluster,
@@ -173,15 +178,35 @@ class DataParallelHooks(PipelineHooks):
         self.fbufs = {f: np.array(b, np.float32) for f, b in state.fragment_bufs.items()}
         self.pending = [(int(f), int(s)) for f, s in state.pending]
 
+    def _resume_codecs(self, flat: dict[str, np.ndarray], like: dict[str, np.ndarray], d: Path) -> None:
+        """The leader's codecs with the state of checkpoint `d` (`flat`). Every rank checks it, so that a bad
+        checkpoint stops the whole cluster with one error; only the leader keeps it."""
+        if len(self.order) < 2:
+            return  # one cluster sends nothing: no codec
+        if self.frags is None:
+            shapes = {k: tuple(np.shape(v)) for k, v in like.items()}
+        else:
+            shapes = {f"fragment/{f}": (hi - lo,) for f in range(self.frags.fragments)
+                      for lo, hi in [self.frags.bounds(f)]}
+        codecs, note = unpack_codec_state(flat, self.dp.outer.codec, shapes)
+        if self.mean is not None:
+            self.mean.restore_codecs(codecs)
+            if note:
+                log.warning("cluster %s: checkpoint %s: %s", self.r.cluster, d, note)
+
     def extra_state(self) -> dict[str, np.ndarray]:
-        """The outer optimizer's state, saved in every checkpoint so that a restart resumes it exactly. Streaming:
-        the slices in flight are collected first and their outer steps taken (their merges stay due at their step),
-        so the checkpoint holds no exchange half done."""
+        """The outer optimizer's state and the leader's codec state, saved in every checkpoint so that a restart
+        resumes them exactly. Streaming: the slices in flight are collected first and their outer steps taken (their
+        merges stay due at their step), so the checkpoint holds no exchange half done."""
         if self.stream is None:
-            return pack_state(OuterState(self.anchor, self.buf, self.last_sync))
-        self._guard(self._drain)
-        anchor = unflatten(self.flat_anchor, self.anchor)
-        return pack_state(OuterState(anchor, None, self.last_sync, dict(self.fbufs), tuple(self.pending)))
+            out = pack_state(OuterState(self.anchor, self.buf, self.last_sync))
+        else:
+            self._guard(self._drain)
+            anchor = unflatten(self.flat_anchor, self.anchor)
+            out = pack_state(OuterState(anchor, None, self.last_sync, dict(self.fbufs), tuple(self.pending)))
+        if self.mean is not None:  # the leader's codecs: error-feedback residuals (after every slice posted)
+            out.update(self.mean.codec_state())
+        return out
 
     def abandon(self) -> None:
         self.posted = {}  # a recovery resumes from a checkpoint: what was in flight is gone with its round
