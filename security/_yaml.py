@@ -108,6 +108,7 @@ class _BoundedComposer(Composer):
         self._depth = 0
         self._bad_at = bad_at  # character index of the first byte refused by _decode, if any
         self.error_where: str | None = None  # key path where PyYAML's parser gave up
+        self.finite_only = True  # refuse .inf and .nan (a measurements file may mean "unbounded" by .inf)
 
     def where(self, key: str | None = None) -> str:
         """The key path being composed, then mapping key `key` if given (a key's own path is its mapping's)."""
@@ -148,7 +149,7 @@ class _BoundedComposer(Composer):
             if digits > _INT_CHARS or abs(self.construct_yaml_int(node)) > MAX_INT:
                 raise _Refused(self.where(key), node.start_mark, f"integer {show(node.value)} ({digits} digits) is "
                                f"out of range; write a number between -{MAX_INT} and {MAX_INT}")
-        elif node.tag == _FLOAT_TAG and not math.isfinite(self.construct_yaml_float(node)):
+        elif node.tag == _FLOAT_TAG and self.finite_only and not math.isfinite(self.construct_yaml_float(node)):
             raise _Refused(self.where(key), node.start_mark, f"{show(node.value)} is not a finite number; write a "
                            "finite number (or leave the key out for its default)")
         return node
@@ -200,9 +201,10 @@ class NoAliases(_BoundedComposer, _Parser, SafeConstructor, Resolver):
         Resolver.__init__(self)
 
 
-def read_yaml(path: str | Path, what: str = "") -> Any:
+def read_yaml(path: str | Path, what: str = "", *, finite: bool = True) -> Any:
     """The document in YAML file `path` (None when empty), read within this module's limits; YamlError naming
-    `what` (e.g. "federation file", or nothing), the path, the key path and the fix otherwise."""
+    `what` (e.g. "federation file", or nothing), the path, the key path and the fix otherwise. `finite=False` lets
+    `.inf` and `.nan` through (files a program writes with measurements, e.g. an unbounded bandwidth)."""
     path = Path(path)
     where = f"{what} {path}" if what else str(path)
     try:
@@ -212,10 +214,10 @@ def read_yaml(path: str | Path, what: str = "") -> Any:
         raise YamlError(one_line(f"{where} does not exist; check the path")) from None
     except OSError as exc:
         raise YamlError(one_line(f"{where} cannot be read ({exc.strerror or exc}); check the file")) from None
-    return parse_yaml(data, where)
+    return parse_yaml(data, where, finite=finite)
 
 
-def parse_yaml(data: bytes, where: str) -> Any:
+def parse_yaml(data: bytes, where: str, *, finite: bool = True) -> Any:
     """The document in `data` (what `read_yaml` reads, e.g. a file from an archive), within the same limits;
     YamlError naming `where` and the fix otherwise."""
     if len(data) > MAX_YAML_BYTES:
@@ -223,6 +225,7 @@ def parse_yaml(data: bytes, where: str) -> Any:
                                  "the right file? (these files are a few KiB)"))
     text, bad = _decode(data)
     loader = NoAliases(text, bad)
+    loader.finite_only = finite
     try:
         doc = loader.get_single_data()
         if bad is None:

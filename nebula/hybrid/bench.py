@@ -47,7 +47,7 @@ def read_profiles(path: str | Path) -> dict:
     """A profiles file: {'cluster', 'device', 'ranks': [...], 'profile': {...}}; ValueError naming what is wrong."""
     path = Path(path)
     try:
-        doc = read_yaml(path, "profiles file")
+        doc = read_yaml(path, "profiles file", finite=False)  # (.inf: a bandwidth without limit)
     except YamlError as exc:
         raise ValueError(f"{exc}; run nebula bench to write it") from None
     if not isinstance(doc, dict) or not {"cluster", "profile", "ranks"} <= set(doc):
