@@ -402,7 +402,8 @@ def main() -> None:
         print("update bytes: the pieces of an update (plain: float32 weights; secagg+: the masked 32-bit words, one per "
               "parameter);\nstage bytes: secagg+'s key, share (with the Feldman commitments), share-check, "
               "masked-header, survivor-set and unmask messages as sent (JSON headers, bytes as base64, but the "
-              "commitments a client is delivered raw after its header); CPU s: from /proc, per round from the end of "
+              "Feldman commitments, raw after the sa_shares and sa_delivery headers); CPU s: from /proc, per round "
+              "from the end of "
               "round 1 to the last (the combiner's process with the controller, the switch, the surviving clients' "
               "processes together);\nclient CPU off the critical path: round s - clients' CPU s / cores + clients' "
               "CPU s / clients (each client's compute on its own host, at the same time as the others')")

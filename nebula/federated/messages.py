@@ -6,27 +6,27 @@ where it is one combiner's business, the combiner process (`to`: the nonce of it
 message of a combiner to a client names the client process (`to`: the nonce of its hello, or ANY_START for a stop
 to whichever process of the client's next incarnation is there).
 
-A round with secure aggregation (nebula.federated.secagg) adds its stages between a client and its combiner, each
-a type of these families wrapping the secagg dataclass of that stage (a client's own name is never a field: the
-combiner takes it from the channel the message came on): `sa_keys` (AdvertiseKeys), `sa_roster` (KeyRoster),
-`sa_shares` (ShareKeys), `sa_delivery` (ShareDelivery), `sa_check` (ShareCheck), `sa_verdict` (ShareVerdict),
-`sa_masked` (MaskedInput: the words follow as a model of one tensor, pushed inline or pulled like an update; the
-signed weight in the header), `sa_survivors` (SurvivorSet), `sa_signed` (SurvivorSignature), `sa_unmask`
-(UnmaskRequest), `sa_reveal` (UnmaskResponse).
+A round with secure aggregation (nebula.federated.secagg) adds its stages between a client and its combiner: the
+secagg dataclasses themselves, whose families `TO_COMBINER` and `TO_CLIENT` include (secagg.messages.TO_SERVER,
+TO_CLIENT): `sa_keys` (AdvertiseKeys), `sa_roster` (KeyRoster), `sa_shares` (ShareKeys), `sa_delivery`
+(ShareDelivery: the Feldman commitments in one raw part after the header), `sa_check` (ShareCheck), `sa_verdict`
+(ShareVerdict), `sa_masked` (MaskedInput: the words follow as a model of the one tensor MASKED_TENSOR, pushed inline
+or pulled like an update; the signed weight in the header), `sa_survivors` (SurvivorSet), `sa_signed`
+(SurvivorSignature), `sa_unmask` (UnmaskRequest), `sa_reveal` (UnmaskResponse). A client's stage message names the
+client; the combiner refuses one that names another than the channel it came on.
 """
 from __future__ import annotations
 
 from dataclasses import field
-from typing import Any, Sequence
+from typing import Any
 
+from nebula.federated.secagg import messages as secagg
 from nebula.messaging import Message, MessageFamily, Untrusted
 
 __all__ = ["TO_CONTROLLER", "TO_COMBINER", "TO_CLIENT", "ANY_START", "StatusRequest", "StartRound", "ModelCopy",
            "StartAsync", "NewModel", "Stop", "StatusAnswer", "Partial", "AsyncUpdate", "Bye", "ClientHello",
            "ClientUpdate", "TrainTask", "HelloRefused", "UpdateDropped", "PullUpdate", "GetParameters", "Parameters",
-           "SecureKeys", "SecureRoster", "SecureShares", "SecureDelivery", "SecureCheck", "SecureVerdict",
-           "MaskedUpdate", "SecureSurvivors", "SecureSigned", "SecureUnmask", "SecureReveal", "SECURE_FROM_CLIENT",
-           "MASKED_TENSOR", "delivery_parts", "delivery_commitments"]
+           "SECURE_FROM_CLIENT", "MASKED_TENSOR"]
 
 TO_CONTROLLER = MessageFamily("controller")
 TO_COMBINER = MessageFamily("combiner")
@@ -239,146 +239,7 @@ class GetParameters(Message):
 
 # ---- secure aggregation's stages: a client and its combiner (nebula.federated.secagg.messages) ------------------
 MASKED_TENSOR = "masked"  # the one tensor of a masked update: one word per parameter of the update
-
-
-@TO_COMBINER.message("sa_keys")
-class SecureKeys(Message):
-    """Stage 1: the client's two fresh X25519 public keys of this round, signed with its certificate's key, and
-    that certificate (secagg.AdvertiseKeys)."""
-
-    round: int
-    cipher_pk: bytes
-    mask_pk: bytes
-    chain: bytes = b""
-    signature: bytes = b""
-
-
-@TO_CLIENT.message("sa_roster")
-class SecureRoster(Message):
-    """Stage 1's answer: (client, cipher key, mask key, certificate, signature) of the receiver and its neighbours
-    that advertised."""
-
-    round: int
-    keys: tuple[tuple[str, bytes, bytes, bytes, bytes], ...]
-    to: str | None = None
-
-
-@TO_COMBINER.message("sa_shares")
-class SecureShares(Message):
-    """Stage 2: the Feldman commitments of the self-mask seed and of the mask key (secagg.vss, threshold values each)
-    with the client's signature over them, and (receiver, sealed shares, key check) for each neighbour."""
-
-    round: int
-    seed_commitments: bytes
-    key_commitments: bytes
-    signature: bytes
-    shares: tuple[tuple[str, bytes, bytes], ...]
-
-
-@TO_CLIENT.message("sa_delivery")
-class SecureDelivery(Message):
-    """Stage 2's answer: (sender, sealed shares) sealed for the receiver by its neighbours that shared, and each
-    sender's (dealer, signature over its commitments). The commitments themselves, the bulk of the stage, travel
-    raw in one part after the header (`delivery_parts`), not as base64 text: per dealer in this order its seed
-    commitments, then its key commitments, each of a size the receiver knows from the round (`delivery_commitments`)."""
-
-    round: int
-    shares: tuple[tuple[str, bytes], ...]
-    commitments: tuple[tuple[str, bytes], ...] = ()
-    to: str | None = None
-
-
-def delivery_parts(shares: tuple[tuple[str, bytes], ...], commitments: Sequence[tuple[str, bytes, bytes, bytes]],
-                   round_: int) -> tuple[SecureDelivery, bytes]:
-    """A `SecureDelivery` of `shares` and `commitments` ((dealer, seed, key, signature) each) and its one raw part."""
-    return (SecureDelivery(round=round_, shares=shares, commitments=tuple((d, sig) for d, _, _, sig in commitments)),
-            b"".join(x for _, seed, key, _ in commitments for x in (seed, key)))
-
-
-def delivery_commitments(msg: SecureDelivery, parts: Sequence[bytes | memoryview] | None, each: int
-                         ) -> tuple[tuple[str, bytes, bytes, bytes], ...]:
-    """(dealer, seed commitments, key commitments, signature) of each dealer of `msg`, cut from its raw part,
-    `each` bytes per commitment set; ValueError naming the problem (the combiner sent a malformed delivery)."""
-    n = len(msg.commitments)
-    if n == 0 and not parts:  # (no dealer: no part is sent)
-        return ()
-    raw = memoryview(parts[0]).cast("B") if parts and len(parts) == 1 else None
-    if raw is None or len(raw) != 2 * each * n:
-        got = "no part" if not parts else f"{len(parts)} part(s) of {sum(len(memoryview(p)) for p in parts)} bytes"
-        raise ValueError(f"sa_delivery of {n} dealers' commitments came with {got}, expected one part of "
-                         f"{2 * each * n} bytes ({each} per commitment set); the combiner relays malformed deliveries")
-    return tuple((d, bytes(raw[2 * i * each:(2 * i + 1) * each]), bytes(raw[(2 * i + 1) * each:(2 * i + 2) * each]),
-                  sig) for i, (d, sig) in enumerate(msg.commitments))
-
-
-@TO_COMBINER.message("sa_check")
-class SecureCheck(Message):
-    """Stage 3: the receiver's complaints, (dealer, the key of the one share that dealer sealed for it); none when
-    every share it was delivered lies on its dealer's commitments."""
-
-    round: int
-    complaints: tuple[tuple[str, bytes], ...] = ()
-
-
-@TO_CLIENT.message("sa_verdict")
-class SecureVerdict(Message):
-    """Stage 3's answer: the clients left out of the round after the share check (nobody masks with them)."""
-
-    round: int
-    excluded: tuple[str, ...] = ()
-    to: str | None = None
-
-
-@TO_COMBINER.message("sa_masked")
-class MaskedUpdate(Message):
-    """Stage 4: the masked update; its words follow as the one tensor MASKED_TENSOR (inline when `pushed`, else
-    when pulled). `weight`: the client's public weight min(num_examples, max_weight), `signature` its signature of
-    it (secagg.MaskedInput). `metrics`: the client's evaluation of the round's model (none under differential
-    privacy)."""
-
-    job: str
-    round: int
-    version: int
-    weight: int = 0
-    signature: bytes = b""
-    metrics: Untrusted = None
-    pushed: bool = False
-
-
-@TO_CLIENT.message("sa_survivors")
-class SecureSurvivors(Message):
-    """Stage 4's answer: every client whose masked input the combiner took, for each survivor to sign."""
-
-    round: int
-    survivors: tuple[str, ...]
-    to: str | None = None
-
-
-@TO_COMBINER.message("sa_signed")
-class SecureSigned(Message):
-    """Stage 5: the client's signature of the survivor set (secagg.SurvivorSignature)."""
-
-    round: int
-    signature: bytes
-
-
-@TO_CLIENT.message("sa_unmask")
-class SecureUnmask(Message):
-    """Stage 5's answer: the survivor set and (signer, signature) of the receiver's share holders that signed it."""
-
-    round: int
-    survivors: tuple[str, ...]
-    signatures: tuple[tuple[str, bytes], ...]
-    to: str | None = None
-
-
-@TO_COMBINER.message("sa_reveal")
-class SecureReveal(Message):
-    """Stage 6: (owner, share) of the survivors' self-mask seeds and of the dropped clients' mask keys."""
-
-    round: int
-    seed_shares: tuple[tuple[str, bytes], ...]
-    key_shares: tuple[tuple[str, bytes], ...]
-
-
-SECURE_FROM_CLIENT = (SecureKeys, SecureShares, SecureCheck, MaskedUpdate, SecureSigned, SecureReveal)
+TO_COMBINER.include(secagg.TO_SERVER)
+TO_CLIENT.include(secagg.TO_CLIENT)
+SECURE_FROM_CLIENT = (secagg.AdvertiseKeys, secagg.ShareKeys, secagg.ShareCheck, secagg.MaskedInput,
+                      secagg.SurvivorSignature, secagg.UnmaskResponse)

@@ -17,8 +17,8 @@ import numpy as np
 
 from nebula.messaging.pieces import (PIECE_BYTES, ModelAssembler, fits_inline, layout_of, manifest, piece_plan,
                                      tensor_specs)
-from nebula.messaging.protocol import (Malformed, Message, MessageFamily, ModelLayout, ProtocolError, decode, to_json,
-                                       unpack)
+from nebula.messaging.protocol import (Malformed, Message, MessageFamily, ModelLayout, ProtocolError, decode_parts,
+                                       encode_parts, to_json, unpack)
 
 if TYPE_CHECKING:
     from nebula.channel import Channel, Endpoint
@@ -63,9 +63,10 @@ class Messenger:
              lane: str = "control", epoch: int | None = None) -> Any:
         """Send one message (on the channel of `epoch`, as `channel`); the channel's future. A raw mapping is sent
         as it is (tools and tests that speak for a misbehaving peer)."""
-        head = to_json(msg)
-        parts = [head] if payload is None else [head, payload]
-        self._count(peer, len(head) + (0 if payload is None else len(payload)))
+        parts: list = encode_parts(msg) if isinstance(msg, Message) else [to_json(msg)]  # (header, raw part)
+        if payload is not None:
+            parts.append(payload)
+        self._count(peer, sum(len(memoryview(p).cast("B")) for p in parts))
         return self.channel(peer, epoch).send(parts, lane=lane)
 
     def send_parts(self, peer: Peer, parts: list, lane: str = "bulk") -> Any:
@@ -140,15 +141,15 @@ class Messenger:
         return [to_json(self.model_header(msg, weights, inline=True)), *self._views(weights)]
 
     def decode(self, parts: list[memoryview], peer: Peer) -> tuple[Message, list[memoryview] | None]:
-        """(the message of this actor's inbox, the parts after its header); ValueError for a header that is not a
-        JSON object, a Malformed message for one that does not decode."""
+        """(the message of this actor's inbox, the parts after its header and raw part); ValueError for a header
+        that is not a JSON object, a Malformed message for one that does not decode."""
         try:
             head = json.loads(bytes(parts[0]))
         except ValueError as exc:
             raise ValueError(f"{peer}: message header is not JSON ({exc})") from None
         rest = parts[1:] if len(parts) > 1 else None
         try:
-            return decode(head, self.inbox), rest
+            return decode_parts(head, self.inbox, rest)
         except ProtocolError as exc:
             return Malformed(claimed=exc.type, reason=f"{peer}: {exc}", head=exc.head), rest
 

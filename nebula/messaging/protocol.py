@@ -3,11 +3,16 @@
 A message is a JSON object `{"type": ..., field: value, ...}` on the control lane, optionally followed or joined by
 a model (`ModelLayout`: the manifest `tensors` as [name, dtype, shape] entries, `piece_bytes`, and for a model that
 travels inside its header's message `inline` and, for compressed pieces, `frames`), or, in FedOptima and OWL, by
-one raw part per array (`pack` / `unpack`). Messages come in families, one per receiving role: a receiver decodes
-with its own family, so a type it does not accept is refused as unknown. The families of FEDn's rounds are
-`TO_CONTROLLER`, `TO_COMBINER` and `TO_CLIENT` (nebula.federated.messages); FedOptima's, OWL's and the data-parallel
-leaders' are defined beside their code. A new family (secure aggregation's rounds, say) is a `MessageFamily` and its
-`@family.message("name")` classes; see docs/architecture.md, "Typed messages". Nothing here knows a runtime.
+one raw part per array (`pack` / `unpack`). A message's fields may be frozen dataclasses themselves (nested, as
+JSON objects, decoded as strictly as the message); a bytes field declared `raw_field()` travels, with the message's
+other raw fields in field order, in one raw part right after the header (the header holds its length:
+`encode_parts` / `decode_parts`); a field declared `local_field()` never travels (the receiver fills it in: a masked
+update's words, say, which follow as a model). Messages come in families, one per receiving role: a receiver
+decodes with its own family, so a type it does not accept is refused as unknown. The families of FEDn's rounds are
+`TO_CONTROLLER`, `TO_COMBINER` and `TO_CLIENT` (nebula.federated.messages), which include secure aggregation's
+(nebula.federated.secagg.messages); FedOptima's, OWL's and the data-parallel leaders' are defined beside their
+code. A new family is a `MessageFamily` and its `@family.message("name")` classes (a family may `include` another's
+types); see docs/architecture.md, "Typed messages". Nothing here knows a runtime.
 
 Decoding is strict for what peers send each other (types checked, unknown keys refused, missing required
 fields refused) except for fields typed `Untrusted`: values a sender chooses that the receiver bounds with its own
@@ -28,12 +33,25 @@ import numpy as np
 from nebula.registry import Registry
 
 __all__ = ["Message", "ModelLayout", "MessageFamily", "Malformed", "ProtocolError", "Untrusted", "encode", "decode",
-           "to_json", "pack", "unpack", "pack_message", "unpack_message", "LAYOUT_KEYS"]
+           "to_json", "pack", "unpack", "pack_message", "unpack_message", "LAYOUT_KEYS", "raw_field", "local_field",
+           "encode_parts", "decode_parts"]
 
 Untrusted = Any  # a value as the peer sent it: the receiver's checks bound it (see the module docstring)
 M = TypeVar("M", bound="Message")
 LAYOUT_KEYS = ("inline", "frames", "tensors", "piece_bytes")  # a model's layout, beside a message's own fields
 _SHOWN = 40
+_WIRE = "nebula.wire"  # a field's metadata key: RAW (in the raw part) or LOCAL (never on the wire)
+RAW, LOCAL = "raw", "local"
+
+
+def raw_field(**kw: Any) -> Any:
+    """A bytes field that travels in the message's raw part after the header, not as base64 text in it."""
+    return dataclasses.field(metadata={_WIRE: RAW}, **kw)
+
+
+def local_field(default: Any = None) -> Any:
+    """A field that never travels: the receiver fills it in (from a model that follows, say)."""
+    return dataclasses.field(default=default, metadata={_WIRE: LOCAL})
 
 
 class ProtocolError(ValueError):
@@ -74,6 +92,13 @@ class Malformed(Message):
     reason: str
     head: dict[str, Any]
 
+    @property
+    def to(self) -> str | None:
+        """The process its header names (`to`), if it names one: a receiver that takes only what is addressed to
+        it still hears of a malformed message meant for it."""
+        to = self.head.get("to")
+        return to if isinstance(to, str) else None
+
 
 class MessageFamily:
     """The messages one role receives: their types, registered by name (`@FAMILY.message("round")`)."""
@@ -96,16 +121,32 @@ class MessageFamily:
             return cls
         return deco
 
+    def include(self, other: MessageFamily) -> None:
+        """Every type of `other` is one of this family too (a capability's messages joining a role's inbox)."""
+        for name in other.types:
+            self.types.add(name, other.types.get(name))
+
     def __repr__(self) -> str:
         return f"MessageFamily({self.name!r})"
 
 
 def encode(msg: Message) -> dict[str, Any]:
-    """The wire form of `msg`: {"type", its fields in order, then its model's layout}."""
-    out: dict[str, Any] = {"type": msg.TYPE}
-    for f in dataclasses.fields(msg):
-        if f.name != "model":
-            out[f.name] = _plain(getattr(msg, f.name))
+    """The wire form of `msg`: {"type", its fields in order, then its model's layout} (a raw field as its length:
+    `encode_parts` gives the raw part too)."""
+    return _encode(msg, [])
+
+
+def encode_parts(msg: Message) -> list[bytes]:
+    """The parts of `msg` on the wire: its header, then its raw fields joined in one part (none when they are
+    empty)."""
+    raw: list[bytes] = []
+    head = json.dumps(_encode(msg, raw), separators=(",", ":")).encode()
+    blob = b"".join(raw)
+    return [head, blob] if blob else [head]
+
+
+def _encode(msg: Message, raw: list[bytes]) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": msg.TYPE, **_fields_out(msg, raw)}
     if msg.model is not None:
         m = msg.model
         if m.inline:
@@ -116,14 +157,41 @@ def encode(msg: Message) -> dict[str, Any]:
     return out
 
 
+def _wire_fields(cls: type) -> list[dataclasses.Field]:
+    """The fields of dataclass `cls` that travel: not a message's model layout, not a local field."""
+    return [f for f in dataclasses.fields(cls) if f.metadata.get(_WIRE) != LOCAL
+            and not (f.name == "model" and issubclass(cls, Message))]
+
+
+def _fields_out(obj: Any, raw: list[bytes]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in _wire_fields(type(obj)):
+        v = getattr(obj, f.name)
+        if f.metadata.get(_WIRE) == RAW:
+            raw.append(bytes(v))
+            out[f.name] = len(v)
+        else:
+            out[f.name] = _plain(v, raw)
+    return out
+
+
 def to_json(msg: Message | Mapping[str, Any]) -> bytes:
-    """The header bytes of a message (a raw mapping is sent as it is: tests and tools speak for attackers)."""
+    """The header bytes of a message (a raw mapping is sent as it is: tests and tools speak for attackers); a
+    message with raw fields goes with `encode_parts`."""
     head = encode(msg) if isinstance(msg, Message) else dict(msg)
     return json.dumps(head, separators=(",", ":")).encode()
 
 
-def decode(head: Any, family: MessageFamily) -> Message:
-    """The message of `family` that header `head` (a parsed JSON object) holds; ProtocolError naming the problem."""
+def decode(head: Any, family: MessageFamily, parts: Sequence[bytes | memoryview] | None = None) -> Message:
+    """The message of `family` that header `head` (a parsed JSON object) holds, its raw fields cut from the first of
+    `parts` (the parts after the header); ProtocolError naming the problem."""
+    return decode_parts(head, family, parts)[0]
+
+
+def decode_parts(head: Any, family: MessageFamily, parts: Sequence[bytes | memoryview] | None = None
+                 ) -> tuple[Message, list | None]:
+    """(the message of `family` in header `head`, the parts after its raw part: an inline model's pieces, a
+    payload); ProtocolError naming the problem (a raw part shorter or longer than its fields say, among others)."""
     if not isinstance(head, dict):
         raise ProtocolError(f"a message header must be a JSON object, got {type(head).__name__}")
     kind = head.get("type")
@@ -132,25 +200,74 @@ def decode(head: Any, family: MessageFamily) -> Message:
     if kind not in family.types:
         raise ProtocolError(family.types.unknown(kind[:_SHOWN]), kind, head)
     cls = family.types.get(kind)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = _hints(cls)
-    extra = sorted(k for k in head if k not in fields and k not in LAYOUT_KEYS and k != "type")
-    if extra:
-        raise ProtocolError(f"{kind}: unknown field {_show(extra[0])}", kind, head)
-    kwargs: dict[str, Any] = {}
-    for name, f in fields.items():
-        if name == "model":
-            continue
-        if name in head:
-            kwargs[name] = _convert(hints[name], head[name], f"{kind}.{name}", kind, head)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ProtocolError(f"{kind}: required field {name} missing", kind, head)
+    rd = _RawReader(list(parts or ()), kind, head)
+    kwargs = _kwargs(cls, head, kind, rd, LAYOUT_KEYS + ("type",))
     if "tensors" in head or "piece_bytes" in head:
         kwargs["model"] = ModelLayout(
             tensors=head.get("tensors"), piece_bytes=head.get("piece_bytes"),
-            inline=_convert(bool, head.get("inline", False), f"{kind}.inline", kind, head),
-            frames=_convert(tuple[int, ...] | None, head.get("frames"), f"{kind}.frames", kind, head))
-    return cls(**kwargs)
+            inline=_convert(bool, head.get("inline", False), f"{kind}.inline", rd),
+            frames=_convert(tuple[int, ...] | None, head.get("frames"), f"{kind}.frames", rd))
+    return _build(cls, kwargs, kind, rd), rd.rest()
+
+
+class _RawReader:
+    """The raw part after a header, cut field by field in the order the fields were encoded."""
+
+    def __init__(self, parts: list, kind: str, head: Mapping[str, Any]) -> None:
+        self.parts, self.kind, self.head = parts, kind, head
+        self.data: memoryview | None = None
+        self.at = 0
+
+    def error(self, reason: str) -> ProtocolError:
+        return ProtocolError(reason, self.kind, self.head)
+
+    def take(self, n: Any, path: str) -> bytes:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise self.error(f"{path}: expected a raw field's length, got {_show(n)}")
+        if n == 0:
+            return b""
+        if self.data is None:
+            if not self.parts:
+                raise self.error(f"{path}: {n} raw bytes announced, but no raw part follows the header")
+            self.data = memoryview(self.parts[0]).cast("B")
+        if self.at + n > len(self.data):
+            raise self.error(f"{path}: {n} raw bytes announced at offset {self.at}, the raw part holds "
+                             f"{len(self.data)}")
+        self.at += n
+        return bytes(self.data[self.at - n:self.at])
+
+    def rest(self) -> list | None:
+        if self.data is None:
+            return self.parts or None
+        if self.at != len(self.data):
+            raise self.error(f"{self.kind}: a raw part of {len(self.data)} bytes, its fields announce {self.at}")
+        return self.parts[1:] or None
+
+
+def _kwargs(cls: type, src: Mapping[str, Any], path: str, rd: _RawReader, allowed: tuple[str, ...] = ()
+            ) -> dict[str, Any]:
+    """The wire fields of dataclass `cls` read from `src` (strict: unknown keys refused, required ones present)."""
+    fields = {f.name: f for f in _wire_fields(cls)}
+    hints = _hints(cls)
+    extra = sorted(k for k in src if k not in fields and k not in allowed)
+    if extra:
+        raise rd.error(f"{path}: unknown field {_show(extra[0])}")
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name in src:
+            at = f"{path}.{name}"
+            kwargs[name] = rd.take(src[name], at) if f.metadata.get(_WIRE) == RAW else \
+                _convert(hints[name], src[name], at, rd)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise rd.error(f"{path}: required field {name} missing")
+    return kwargs
+
+
+def _build(cls: type, kwargs: dict[str, Any], path: str, rd: _RawReader) -> Any:
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:  # a class's own check of its values
+        raise rd.error(f"{path}: {exc}") from None
 
 
 # ---- arrays after a header (FedOptima, OWL) ----------------------------------------------------------------------
@@ -205,15 +322,17 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
-def _plain(v: Any) -> Any:
+def _plain(v: Any, raw: list[bytes]) -> Any:
     if isinstance(v, bytes):
         return base64.b64encode(v).decode("ascii")  # bytes fields (keys, sealed shares) travel as base64 text
-    return list(_plain(x) for x in v) if isinstance(v, tuple) else v
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return _fields_out(v, raw)  # a nested dataclass: a JSON object of its fields
+    return list(_plain(x, raw) for x in v) if isinstance(v, tuple) else v
 
 
-def _convert(tp: Any, v: Any, path: str, kind: str, head: Mapping[str, Any]) -> Any:
-    """`v` as type `tp` (str, int, float, bool, bytes as base64, None, tuple[X, ...], dict, unions; Any keeps it as
-    sent)."""
+def _convert(tp: Any, v: Any, path: str, rd: _RawReader) -> Any:
+    """`v` as type `tp` (str, int, float, bool, bytes as base64, None, tuple[X, ...], dict, unions, frozen
+    dataclasses as JSON objects; Any keeps it as sent)."""
     if tp is Any:
         return v
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -221,30 +340,36 @@ def _convert(tp: Any, v: Any, path: str, kind: str, head: Mapping[str, Any]) -> 
         if v is None and type(None) in args:
             return None
         for arg in (a for a in args if a is not type(None)):
+            at = (rd.data, rd.at)
             try:
-                return _convert(arg, v, path, kind, head)
+                return _convert(arg, v, path, rd)
             except ProtocolError:
+                rd.data, rd.at = at  # (a branch that failed gives back the raw bytes it cut)
                 continue
-        raise ProtocolError(f"{path}: {_show(v)} is not {_name(tp)}", kind, head)
+        raise rd.error(f"{path}: {_show(v)} is not {_name(tp)}")
     if origin is tuple:
         if not isinstance(v, list):
-            raise ProtocolError(f"{path}: expected a list, got {_show(v)}", kind, head)
+            raise rd.error(f"{path}: expected a list, got {_show(v)}")
         each = [args[0]] * len(v) if len(args) == 2 and args[1] is Ellipsis else list(args)
         if len(each) != len(v):
-            raise ProtocolError(f"{path}: expected {len(each)} items, got {_show(v)}", kind, head)
-        return tuple(_convert(t, x, f"{path}[{i}]", kind, head) for i, (t, x) in enumerate(zip(each, v)))
+            raise rd.error(f"{path}: expected {len(each)} items, got {_show(v)}")
+        return tuple(_convert(t, x, f"{path}[{i}]", rd) for i, (t, x) in enumerate(zip(each, v)))
     if tp is bytes:
         if isinstance(v, str):
             try:
                 return base64.b64decode(v, validate=True)
             except ValueError:
                 pass
-        raise ProtocolError(f"{path}: expected base64 bytes, got {_show(v)}", kind, head)
+        raise rd.error(f"{path}: expected base64 bytes, got {_show(v)}")
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(v, dict):
+            raise rd.error(f"{path}: expected an object ({tp.__name__}), got {_show(v)}")
+        return _build(tp, _kwargs(tp, v, path, rd), path, rd)
     base = origin or tp
     ok = (isinstance(v, base) and not (isinstance(v, bool) and base is not bool)) \
         or (base is float and isinstance(v, int) and not isinstance(v, bool))
     if not ok:
-        raise ProtocolError(f"{path}: expected {_name(tp)}, got {_show(v)}", kind, head)
+        raise rd.error(f"{path}: expected {_name(tp)}, got {_show(v)}")
     return float(v) if base is float else v
 
 

@@ -2,7 +2,9 @@
 state (accept, refuse, fold, report), driven with messages the test builds itself: no sockets."""
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -12,7 +14,8 @@ from nebula.federated.messages import (TO_CLIENT, TO_COMBINER, TO_CONTROLLER, Cl
                                        Stop)
 from nebula.federated.strategy import get_strategy
 from nebula.messaging import (Malformed, Message, MessageFamily, ModelLayout, Peer, ProtocolError, decode, encode,
-                              manifest)
+                              manifest, to_json)
+from nebula.messaging.protocol import decode_parts, encode_parts, local_field, raw_field
 
 W = {"w": np.zeros((2, 3), np.float32), "b": np.zeros(3, np.float32)}
 
@@ -65,6 +68,82 @@ def test_a_new_family_slots_in_beside_the_others():
         decode(encode(msg), TO_COMBINER)
     with pytest.raises(ValueError, match="registered twice"):
         secure.message("masked")(Masked)
+
+
+NESTED = MessageFamily("nested")
+
+
+@dataclass(frozen=True, slots=True)
+class _Sealed:
+    """A nested dataclass with a raw field between two that travel in the header."""
+
+    owner: str
+    blob: bytes = raw_field()
+    tag: bytes = b""
+
+
+@NESTED.message("bundle")
+@dataclass(frozen=True, slots=True)
+class _Bundle(Message):
+    round: int
+    items: tuple[_Sealed, ...]
+    extra: bytes = raw_field(default=b"")
+    words: object = local_field()
+    to: str | None = None
+
+
+def test_nested_dataclasses_raw_and_local_fields_round_trip_through_one_header_and_one_raw_part():
+    msg = _Bundle(7, (_Sealed("a", b"\x01" * 5, b"t"), _Sealed("b", b"", b"")), extra=b"xyz", words=[1, 2], to="n")
+    parts = encode_parts(msg)
+    head = json.loads(parts[0])
+    assert head == {"type": "bundle", "round": 7, "items": [{"owner": "a", "blob": 5, "tag": "dA=="},
+                                                            {"owner": "b", "blob": 0, "tag": ""}],
+                    "extra": 3, "to": "n"}  # raw fields as their lengths, the local one not at all
+    assert parts[1] == b"\x01" * 5 + b"xyz" and len(parts) == 2
+    got, rest = decode_parts(head, NESTED, [parts[1], b"payload"])
+    assert got == dataclasses.replace(msg, words=None) and rest == [b"payload"]  # the parts after the raw one
+    assert encode(msg) == head and to_json(msg) == parts[0]  # (the header alone)
+    empty = _Bundle(1, ())
+    assert encode_parts(empty) == [to_json(empty)]  # no raw bytes: no raw part
+    assert decode_parts(encode(empty), NESTED, [b"piece"]) == (empty, [b"piece"])
+
+
+@pytest.mark.parametrize("change,parts,needle", [
+    (lambda h: h["items"][0].update(owner=3), None, "bundle.items[0].owner: expected str, got 3"),
+    (lambda h: h["items"][0].update(rm=1), None, "bundle.items[0]: unknown field 'rm'"),
+    (lambda h: h["items"][0].pop("owner"), None, "bundle.items[0]: required field owner missing"),
+    (lambda h: h.update(items=[5]), None, "bundle.items[0]: expected an object (_Sealed), got 5"),
+    (lambda h: h["items"][0].update(blob=-1), None, "bundle.items[0].blob: expected a raw field's length, got -1"),
+    (lambda h: h["items"][0].update(blob=True), None, "expected a raw field's length, got True"),
+    (lambda h: h.update(words=[1]), None, "bundle: unknown field 'words'"),  # a local field never travels
+    (lambda h: None, [], "bundle.items[0].blob: 5 raw bytes announced, but no raw part follows the header"),
+    (lambda h: None, [b"\x01" * 7], "bundle.extra: 3 raw bytes announced at offset 5, the raw part holds 7"),
+    (lambda h: None, [b"\x01" * 9], "bundle: a raw part of 9 bytes, its fields announce 8"),
+])
+def test_a_nested_object_or_a_raw_part_that_does_not_match_its_header_is_refused_by_name(change, parts, needle):
+    msg = _Bundle(7, (_Sealed("a", b"\x01" * 5),), extra=b"xyz")
+    wire = encode_parts(msg)
+    head = json.loads(wire[0])
+    change(head)
+    with pytest.raises(ProtocolError, match=needle.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")
+                       .replace(")", r"\)")) as e:
+        decode_parts(head, NESTED, wire[1:] if parts is None else parts)
+    assert e.value.type == "bundle" and "\n" not in str(e.value)
+
+
+def test_a_malformed_message_names_the_process_its_header_addressed_if_any():
+    """So a receiver that takes only what is addressed to it (a client's `for_me`) still hears of one meant for it."""
+    assert Malformed(claimed="sa_roster", reason="r", head={"to": "n1"}).to == "n1"
+    assert Malformed(claimed=None, reason="r", head={"to": 5}).to is None
+    assert Malformed(claimed=None, reason="r", head={}).to is None
+
+
+def test_a_family_includes_another_s_types_once():
+    inbox = MessageFamily("inbox")
+    inbox.include(NESTED)
+    assert decode_parts(encode(_Bundle(1, ())), inbox)[0] == _Bundle(1, ())
+    with pytest.raises(ValueError, match="registered twice"):
+        inbox.include(NESTED)
 
 
 def _round(strategy: str = "fedavg") -> RoundState:

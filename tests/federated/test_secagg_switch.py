@@ -3,6 +3,7 @@ Each combiner learns only its clients' sum; the reducer adds the sums. Every cli
 (`issue_signers`, as `nebula-admin cert issue` writes them): the job file requires it."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 
 from nebula.channel import Endpoint
-from nebula.federated.messages import (ClientHello, GetParameters, Parameters, SecureKeys, Stop, TrainTask,
-                                      UpdateDropped)
+from nebula.federated.messages import ClientHello, GetParameters, Parameters, Stop, TrainTask, UpdateDropped
+from nebula.federated.secagg import AdvertiseKeys
 from nebula.federated.controller.trail import ModelTrail
 from nebula.federated.actor_channels import FIRST_CLIENT_RANK
 from nebula.federated.transport import ActorMessenger
@@ -114,13 +115,13 @@ def test_dropouts_mid_round_close_with_the_survivors_sum_and_a_late_client_is_re
 def test_a_client_of_a_secure_job_sends_nothing_in_the_clear_whatever_its_combiner_asks(procs, tmp_path):
     """A combiner (here the test, speaking as A's combiner rank through the real switch) that asks for an update in
     the clear, or for a secure round too small to hide anyone, gets nothing from a client whose job file sets
-    secure_aggregation; a proper secure task gets its keys; a roster with a neighbour's key substituted (signed
-    with the cluster's worker credential, which the combiner holds) is refused and audited by the client."""
+    secure_aggregation; a proper secure task gets its keys; a roster that does not decode, addressed to the client,
+    and one with a neighbour's key substituted (signed with the cluster's worker credential, which the combiner
+    holds) are refused and audited by the client."""
     from cryptography.hazmat.primitives.asymmetric import ec
 
     from nebula.config.worker import load_worker_config
-    from nebula.federated.messages import SecureRoster
-    from nebula.federated.secagg import crypto, load_signer
+    from nebula.federated.secagg import KeyRoster, crypto, load_signer
 
     workers = federation(procs, tmp_path, clusters=("A",))
     issue_signers(tmp_path, workers, {"A": 3})
@@ -145,7 +146,12 @@ def test_a_client_of_a_secure_job_sends_nothing_in_the_clear_whatever_its_combin
         # the client serves its tasks in order on this one channel: its first answer is the proper task's keys,
         # so nothing was sent for the three before it
         keys = mb.poll([me], 30)
-        assert keys is not None and isinstance(keys[1], SecureKeys) and keys[1].round == 4, keys
+        assert keys is not None and isinstance(keys[1], AdvertiseKeys) and keys[1].round == 4, keys
+        assert keys[1].client == "A/2"
+        mb.send(me, {"type": "sa_roster", "round": 4, "keys": [{"client": 5}], "to": nonce})  # does not decode
+        task(5, session=bytes(16), cohort=("A/2", "A/3", "A/4"))
+        keys = mb.poll([me], 30)
+        assert keys is not None and isinstance(keys[1], AdvertiseKeys) and keys[1].round == 5, keys
         k = keys[1]
         # the lying combiner: A/3's keys replaced by its own, signed with the credential it holds
         tls = load_worker_config(workers["A"]).tls
@@ -154,9 +160,8 @@ def test_a_client_of_a_secure_job_sends_nothing_in_the_clear_whatever_its_combin
         _, mpk = crypto.keypair()
         fake = worker.sign(b"any statement")
         assert isinstance(worker.key, ec.EllipticCurvePrivateKey)
-        mb.send(me, SecureRoster(round=4, to=nonce, keys=(("A/2", k.cipher_pk, k.mask_pk, k.chain, k.signature),
-                                                          ("A/3", cpk, mpk, worker.chain, fake))))
-        wait_until(lambda: any(r["action"] == "fl.secagg" and r["outcome"] == "refused" and r["target"] == "4"
+        mb.send(me, KeyRoster(round=5, to=nonce, keys=(k, AdvertiseKeys("A/3", 5, cpk, mpk, worker.chain, fake))))
+        wait_until(lambda: any(r["action"] == "fl.secagg" and r["outcome"] == "refused" and r["target"] == "5"
                                for r in _client_audit(tmp_path, "A-0")), 30, "the client to refuse the roster")
         mb.send(me, Stop(to=nonce))
         assert ep.flush(30)
@@ -168,7 +173,9 @@ def test_a_client_of_a_secure_job_sends_nothing_in_the_clear_whatever_its_combin
     assert "round 3 not joined: the round's cohort names ['A/9']" in out
     assert "the keys of 'A/3' are not vouched for by its certificate" in out
     refused = [r for r in _client_audit(tmp_path, "A-0") if r["action"] == "fl.secagg" and r["outcome"] == "refused"]
-    assert [r["target"] for r in refused] == ["1", "2", "3", "4"], refused
+    assert [r["target"] for r in refused] == ["1", "2", "3", "4", "5"], refused
+    assert "the combiner's answer to the keys of round 4 does not decode" in refused[3]["detail"]["reason"]
+    assert "sa_roster.keys[0].client: expected str, got 5" in refused[3]["detail"]["reason"]
     assert "substituted key" in refused[-1]["detail"]["reason"]
     assert "spiffe://" in refused[-1]["detail"]["reason"]  # named: the certificate is not client-1's
 
@@ -201,9 +208,9 @@ def test_a_round_client_s_bad_keys_and_another_round_s_keys_are_refused_told_and
             elif isinstance(msg, TrainTask):
                 task = msg
         assert task.session is not None and str(me) in task.cohort
-        mb.send(combiner, SecureKeys(round=task.round, cipher_pk=b"x" * 5, mask_pk=b"y" * 5))
+        mb.send(combiner, AdvertiseKeys(str(me), task.round, b"x" * 5, b"y" * 5))
         for _ in range(3):
-            mb.send(combiner, SecureKeys(round=task.round + 7, cipher_pk=bytes(32), mask_pk=bytes(32)))
+            mb.send(combiner, AdvertiseKeys(str(me), task.round + 7, bytes(32), bytes(32)))
         end = time.monotonic() + 30
         while len(told) < 4 and time.monotonic() < end:
             got = mb.poll([combiner], 1)
@@ -235,9 +242,8 @@ def test_a_bad_dealer_is_excluded_blamed_and_not_invited_again_while_the_honest_
     with the three honest clients' sum, and round 2 does not invite A/5."""
     from nebula.config.worker import load_worker_config
     from nebula.federated.config import load_federated_job
-    from nebula.federated.messages import SecureCheck, SecureDelivery, SecureRoster, SecureShares, SecureVerdict
-    from nebula.federated.secagg import (AdvertiseKeys, KeyRoster, SecAggClient, crypto, load_signer, load_verifier,
-                                         model_digest)
+    from nebula.federated.secagg import (EncryptedShare, KeyRoster, SecAggClient, ShareCheck, ShareDelivery,
+                                         ShareVerdict, crypto, load_signer, load_verifier, model_digest)
     from nebula.federated.secagg.client import share_aad, share_info
 
     workers = federation(procs, tmp_path, clusters=("A",))
@@ -277,12 +283,9 @@ def test_a_bad_dealer_is_excluded_blamed_and_not_invited_again_while_the_honest_
                 params = cfg.round_params(msg.round, msg.cohort, length, msg.session, version=msg.version,
                                           model=model_digest(model))
                 sa = SecAggClient(str(me), params, signer, verifier)
-                k = sa.advertise()
-                mb.send(combiner, SecureKeys(round=msg.round, cipher_pk=k.cipher_pk, mask_pk=k.mask_pk,
-                                             chain=k.chain, signature=k.signature))
-            elif isinstance(msg, SecureRoster):
-                shared = sa.share_keys(KeyRoster(msg.round, tuple(AdvertiseKeys(c, msg.round, *rest)
-                                                                  for c, *rest in msg.keys)))
+                mb.send(combiner, sa.advertise())
+            elif isinstance(msg, KeyRoster):
+                shared = sa.share_keys(msg)
                 rows = []
                 for e in shared.shares:
                     ct = e.ciphertext
@@ -290,13 +293,11 @@ def test_a_bad_dealer_is_excluded_blamed_and_not_invited_again_while_the_honest_
                         key = crypto.agree(sa._cipher_sk, sa._roster[victim].cipher_pk,
                                            share_info(sa.tag, str(me), victim))
                         ct = crypto.seal(key, bytes(132), share_aad(sa.tag, str(me), victim))
-                    rows.append((e.receiver, ct, e.key_check))
-                c = shared.commitments
-                mb.send(combiner, SecureShares(round=msg.round, seed_commitments=c.seed, key_commitments=c.key,
-                                               signature=c.signature, shares=tuple(rows)))
-            elif isinstance(msg, SecureDelivery):
-                mb.send(combiner, SecureCheck(round=msg.round))
-            elif isinstance(msg, SecureVerdict):
+                    rows.append(EncryptedShare(e.sender, e.receiver, ct, e.key_check))
+                mb.send(combiner, dataclasses.replace(shared, shares=tuple(rows)))
+            elif isinstance(msg, ShareDelivery):
+                mb.send(combiner, ShareCheck(str(me), msg.round))
+            elif isinstance(msg, ShareVerdict):
                 verdict = msg
             elif isinstance(msg, Stop):
                 break

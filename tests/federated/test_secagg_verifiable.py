@@ -26,6 +26,18 @@ def _round(n=7, d=64, seed=1, **cfg):
     return names, xs, ns, params
 
 
+def _round_state(names, d: int = 16):
+    """A combiner's secure round of job "j", round 1, over `names`, on a zero model of `d` values."""
+    from nebula.federated import get_strategy
+    from nebula.federated.combiner.secure_state import SecureRoundState
+    from nebula.messaging import Peer
+
+    return SecureRoundState(config=SecAggConfig(max_weight=W), word_bits=32, claimed={c: 200 for c in names},
+                            verifier=verifier(), job="j", round=1, version=0, asked=[Peer.parse(c) for c in names],
+                            weights={"w": np.zeros(d, np.float32)}, strategy=get_strategy("fedavg", {}),
+                            max_examples=10**6)
+
+
 def _reason(e: pytest.ExceptionInfo) -> str:
     assert "\n" not in str(e.value)
     return str(e.value)
@@ -126,15 +138,8 @@ def test_a_wrong_share_at_the_reveal_blames_its_sender_never_the_owner():
 
 
 def test_out_of_range_words_make_the_round_invalid_with_the_reason_recorded():
-    from nebula.federated import get_strategy
-    from nebula.federated.combiner.secure_state import SecureRoundState
-    from nebula.messaging import Peer
-
     names, xs, ns, params = _round(n=5, d=16, seed=9)
-    weights = {"w": np.zeros(16, np.float32)}
-    st = SecureRoundState(config=SecAggConfig(max_weight=W), word_bits=32, claimed={c: 200 for c in names},
-                          verifier=verifier(), job="j", round=1, version=0, asked=[Peer.parse(c) for c in names],
-                          weights=weights, strategy=get_strategy("fedavg", {}), max_examples=10**6)
+    st = _round_state(names)
     cl = make_clients(st.params, seeded(10))
     bound = st.params.quantizer.sum_bound([min(ns[c], W) for c in names])
 
@@ -212,51 +217,70 @@ def test_the_reducer_takes_a_secure_partial_s_weight_only_within_its_clients_pub
 def test_commitments_travel_raw_after_the_delivery_header_and_a_client_takes_them_only_whole_and_signed():
     """Through the combiner's state and the wire: the delivery's header carries the shares and each dealer's
     signature, its one raw part the commitments (not base64 in the header); the client checks every share against
-    them, and refuses a part cut short or with two dealers' commitments swapped (their signatures do not hold)."""
+    them, and refuses a part cut short or too long, none, commitments of the wrong size, or two dealers'
+    commitments swapped (their signatures do not hold)."""
     import json
 
-    from nebula.federated import get_strategy
-    from nebula.federated.combiner.secure_state import SecureRoundState
-    from nebula.federated.messages import TO_CLIENT, SecureKeys, SecureShares, delivery_commitments
-    from nebula.federated.secagg import (AdvertiseKeys, DealerCommitments, EncryptedShare, KeyRoster, ShareDelivery,
-                                         vss)
-    from nebula.messaging import Peer, decode, to_json
+    from nebula.federated.messages import TO_CLIENT
+    from nebula.federated.secagg import ShareDelivery, vss
+    from nebula.messaging import ProtocolError
+    from nebula.messaging.protocol import decode_parts, encode_parts
 
     names, _, _, _ = _round(n=5, d=16, seed=3)
-    st = SecureRoundState(config=SecAggConfig(max_weight=W), word_bits=32, claimed={c: 200 for c in names},
-                          verifier=verifier(), job="j", round=1, version=0, asked=[Peer.parse(c) for c in names],
-                          weights={"w": np.zeros(16, np.float32)}, strategy=get_strategy("fedavg", {}),
-                          max_examples=10**6)
+    st = _round_state(names)
     cl = make_clients(st.params, seeded(4))
     for c in names:
-        k = cl[c].advertise()
-        assert st.take(c, SecureKeys(round=1, cipher_pk=k.cipher_pk, mask_pk=k.mask_pk, chain=k.chain,
-                                     signature=k.signature)) is None
+        assert st.take(c, cl[c].advertise()) is None
     for c, r in st.close_keys().items():
-        s = cl[c].share_keys(KeyRoster(1, tuple(AdvertiseKeys(x, 1, *rest) for x, *rest in r.keys)))
-        assert st.take(c, SecureShares(round=1, seed_commitments=s.commitments.seed,
-                                       key_commitments=s.commitments.key, signature=s.commitments.signature,
-                                       shares=tuple((e.receiver, e.ciphertext, e.key_check) for e in s.shares))) is None
+        assert st.take(c, cl[c].share_keys(r)) is None
     each = st.params.threshold * vss.ELEMENT_BYTES
-    for i, (c, (head, raw)) in enumerate(sorted(st.close_shares().items())):
-        wire = to_json(head)
-        assert len(raw) == 2 * each * len(head.commitments) and len(wire) < len(raw) / 2  # the bulk is raw
-        msg = decode(json.loads(wire), TO_CLIENT)
-
-        def delivery(parts):
-            return ShareDelivery(1, tuple(EncryptedShare(s, c, x) for s, x in msg.shares),
-                                 tuple(DealerCommitments(*x) for x in delivery_commitments(msg, parts, each)))
-
-        if i == 0:  # a part cut short, or none: refused before any share is opened
-            for parts in ([raw[:-1]], None, [raw, b""]):
-                with pytest.raises(ValueError, match="the combiner relays malformed deliveries"):
-                    delivery(parts)
+    for i, (c, delivery) in enumerate(sorted(st.close_shares().items())):
+        wire, raw = encode_parts(delivery)
+        head = json.loads(wire)
+        assert len(raw) == 2 * each * len(delivery.commitments) and len(wire) < len(raw) / 2  # the bulk is raw
+        assert [x["seed"] for x in head["commitments"]] == [each] * len(delivery.commitments)
+        msg, rest = decode_parts(head, TO_CLIENT, [memoryview(raw)])
+        assert isinstance(msg, ShareDelivery) and msg == delivery and rest is None
+        if i == 0:  # a part cut short or too long, or none: refused before any share is opened
+            for parts, needle in (([raw[:-1]], "the raw part holds"), (None, "no raw part follows the header"),
+                                  ([raw + b"x"], f"a raw part of {len(raw) + 1} bytes, its fields announce")):
+                with pytest.raises(ProtocolError, match=needle):
+                    decode_parts(head, TO_CLIENT, parts)
+            # commitments cut to another size, the header's lengths to match: the client refuses the delivery
+            short = dataclasses.replace(msg, commitments=tuple(dataclasses.replace(x, seed=x.seed[:-1])
+                                                               for x in msg.commitments))
+            with pytest.raises(SecAggRefused, match="the combiner relays malformed deliveries"):
+                cl[c].check_shares(decode_parts(json.loads(encode_parts(short)[0]), TO_CLIENT,
+                                                encode_parts(short)[1:])[0])
         if i == 1:  # the first two dealers' commitments swapped: each signature covers its own dealer's bytes
             swapped = raw[2 * each:4 * each] + raw[:2 * each] + raw[4 * each:]
             with pytest.raises(SecAggRefused, match="not signed by its certificate"):
-                cl[c].check_shares(delivery([memoryview(swapped)]))
+                cl[c].check_shares(decode_parts(head, TO_CLIENT, [memoryview(swapped)])[0])
             continue
-        assert cl[c].check_shares(delivery([memoryview(raw)])).complaints == ()
+        assert cl[c].check_shares(msg).complaints == ()
+
+
+def test_a_stage_message_naming_another_client_than_its_channel_is_refused_and_the_named_client_keeps_its_place():
+    """A client's stage messages name it; the combiner takes the sender from the channel, so a client that sends
+    another's keys (or a masked input in another's name) is refused with one line, and the named client's own
+    message is still taken."""
+    from nebula.messaging import ModelLayout
+
+    names, _, _, _ = _round(n=5, d=16, seed=5)
+    st = _round_state(names)
+    cl = make_clients(st.params, seeded(6))
+    thief, victim = names[0], names[1]
+    keys = cl[victim].advertise()
+    why = st.take(thief, keys)
+    assert why is not None and why.kind == "secagg" and "\n" not in str(why)
+    assert f"sa_keys names client {victim!r} but came from {thief!r}" in str(why)
+    assert victim not in st.server.keys
+    assert st.take(victim, keys) is None and victim in st.server.keys
+    from nebula.federated.secagg import MaskedInput
+
+    masked = MaskedInput(victim, 1, None, 1, b"s", job="j", model=ModelLayout(tensors=st.masked_spec, piece_bytes=4096))
+    why = st.check_masked(names[2], masked, job="j")
+    assert why is not None and f"sa_masked names client {victim!r} but came from {names[2]!r}" in str(why)
 
 
 def test_the_reducer_takes_a_partial_of_no_more_updates_than_its_combiner_was_asked_clients():

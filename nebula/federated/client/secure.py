@@ -31,17 +31,13 @@ from nebula.federated.actor_channels import FIRST_CLIENT_RANK
 from nebula.federated.client.answers import Answers
 from nebula.federated.client.api import Client
 from nebula.federated.config import FederatedJob
-from nebula.federated.messages import (MASKED_TENSOR, MaskedUpdate, PullUpdate, SecureCheck, SecureDelivery,
-                                       SecureKeys, SecureReveal, SecureRoster, SecureShares, SecureSigned,
-                                       SecureSurvivors, SecureUnmask, SecureVerdict, TrainTask, delivery_commitments)
+from nebula.federated.messages import MASKED_TENSOR, PullUpdate, TrainTask
 from nebula.federated.privacy import privatize_update
-from nebula.federated.secagg import (AdvertiseKeys, DealerCommitments, EncryptedShare, KeyRoster, MemoryJournal,
-                                     SecAggClient, SecAggRefused, ShareDelivery, ShareVerdict, Signer, SurvivorSet,
-                                     UnmaskRequest, Verifier, flatten, load_signer, load_verifier, model_digest,
-                                     word_bits_for_codec)
-from nebula.federated.secagg.vss import ELEMENT_BYTES
+from nebula.federated.secagg import (KeyRoster, MemoryJournal, SecAggClient, SecAggRefused, ShareDelivery,
+                                     ShareVerdict, Signer, SurvivorSet, UnmaskRequest, Verifier, flatten, load_signer,
+                                     load_verifier, model_digest, word_bits_for_codec)
 from nebula.federated.transport import ActorMessenger
-from nebula.messaging import Peer, fits_inline, manifest
+from nebula.messaging import Malformed, Peer, fits_inline, manifest
 
 __all__ = ["train_secure", "FileJournal", "SecureIdentity", "secure_identity", "check_cohort"]
 
@@ -130,6 +126,15 @@ def _audit(ident: SecureIdentity | None, round_: int, reason: str) -> None:
         ident.audit.record("fl.secagg", str(round_), "refused", {"reason": reason[:500]})
 
 
+def _answer(ans: Answers, want: type, end: float, what: str) -> tuple[str, Any]:
+    """`Answers.wait` for one stage's answer; SecAggRefused for an answer addressed to this process that does not
+    decode (a raw part cut short, say): the combiner misbehaves, the round is sat out."""
+    status, got = ans.wait((want, Malformed), end, what)
+    if status == "ok" and isinstance(got[0], Malformed):
+        raise SecAggRefused(f"the combiner's answer to the {what} does not decode: {got[0].reason}")
+    return status, got
+
+
 def _done(status: str, got: Any) -> tuple[bool, Any]:
     return False, got if status == "pending" else None
 
@@ -159,33 +164,27 @@ def train_secure(mb: ActorMessenger, peer: Peer, task: TrainTask, client: Client
     ans, r = Answers(mb, peer, job, me, nonce), task.round
     end = time.monotonic() + task.deadline_s + cfg.stage_timeout_s + 10
     try:
-        keys = sa.advertise()
-        mb.send(peer, SecureKeys(round=r, cipher_pk=keys.cipher_pk, mask_pk=keys.mask_pk, chain=keys.chain,
-                                 signature=keys.signature))
-        status, got = ans.wait((SecureRoster,), end, f"keys of round {r}")
+        mb.send(peer, sa.advertise())
+        status, got = _answer(ans, KeyRoster, end, f"keys of round {r}")
         if status != "ok":
             return _done(status, got)
-        shared = sa.share_keys(KeyRoster(r, tuple(AdvertiseKeys(c, r, cpk, mpk, chain, sig)
-                                                  for c, cpk, mpk, chain, sig in got[0].keys)))
-        c = shared.commitments
-        mb.send(peer, SecureShares(round=r, seed_commitments=c.seed, key_commitments=c.key, signature=c.signature,
-                                   shares=tuple((e.receiver, e.ciphertext, e.key_check) for e in shared.shares)))
-        status, got = ans.wait((SecureDelivery,), end, f"shares of round {r}")
+        mb.send(peer, sa.share_keys(got[0]))
+        status, got = _answer(ans, ShareDelivery, end, f"shares of round {r}")
         if status != "ok":
             return _done(status, got)
-        each = sa.params.threshold * ELEMENT_BYTES  # the commitments come raw after the header
-        checked = sa.check_shares(ShareDelivery(r, tuple(EncryptedShare(s, me, c) for s, c in got[0].shares),
-                                                tuple(DealerCommitments(*x) for x in
-                                                      delivery_commitments(got[0], got[1], each))))
+        if got[1]:  # (its commitments came in its raw part: nothing else follows a delivery)
+            raise SecAggRefused(f"sa_delivery came with {len(got[1])} part(s) more than its raw part; the combiner "
+                                "relays malformed deliveries")
+        checked = sa.check_shares(got[0])
         for x in checked.complaints:
             log.warning("%s: round %s: the share of %s fails its commitments; complaint sent", me, r, x.dealer)
             ident.audit.record("fl.secagg", str(r), "complained", {"dealer": x.dealer, "reason": "its share fails "
                                                                    "the dealer's commitments"})
-        mb.send(peer, SecureCheck(round=r, complaints=tuple((x.dealer, x.key) for x in checked.complaints)))
-        status, got = ans.wait((SecureVerdict,), end, f"share check of round {r}")
+        mb.send(peer, checked)
+        status, got = _answer(ans, ShareVerdict, end, f"share check of round {r}")
         if status != "ok":
             return _done(status, got)
-        verdict = ShareVerdict(r, got[0].excluded)
+        verdict = got[0]
         config = dict(task.config)
         metrics: dict = {}
         if dp is None:
@@ -198,27 +197,24 @@ def train_secure(mb: ActorMessenger, peer: Peer, task: TrainTask, client: Client
             change = privatize_update({"change": change}, dp, rng, sa.params.threshold)[0]["change"]
         m = sa.mask(verdict, change, n)
         masked = {MASKED_TENSOR: m.words}
-        head = MaskedUpdate(job=job.job, round=r, version=task.version, weight=m.weight, signature=m.signature,
-                            metrics=None if dp is not None else {**metrics, **fm})
+        head = dataclasses.replace(m, words=None, job=job.job,
+                                   metrics=None if dp is not None else {**metrics, **fm})
         if masked[MASKED_TENSOR].nbytes <= task.push_bytes and fits_inline(manifest(masked), job.piece_bytes):
             mb.send_model(peer, dataclasses.replace(head, pushed=True), masked, inline=True)
         else:
             mb.send(peer, mb.model_header(head, masked))
-            status, got = ans.wait((PullUpdate,), end, f"masked update of round {r}")
+            status, got = _answer(ans, PullUpdate, end, f"masked update of round {r}")
             if status != "ok":
                 return _done(status, got)
             mb.send_pieces(peer, masked)
-        status, got = ans.wait((SecureSurvivors,), end, f"masked update of round {r}")
+        status, got = _answer(ans, SurvivorSet, end, f"masked update of round {r}")
         if status != "ok":
             return _done(status, got)
-        signed = sa.sign_survivors(SurvivorSet(r, got[0].survivors))
-        mb.send(peer, SecureSigned(round=r, signature=signed.signature))
-        status, got = ans.wait((SecureUnmask,), end, f"survivor set of round {r}")
+        mb.send(peer, sa.sign_survivors(got[0]))
+        status, got = _answer(ans, UnmaskRequest, end, f"survivor set of round {r}")
         if status != "ok":
             return _done(status, got)
-        req = got[0]
-        shares = sa.unmask(UnmaskRequest(r, req.survivors, req.signatures))
-        mb.send(peer, SecureReveal(round=r, seed_shares=shares.seed_shares, key_shares=shares.key_shares))
+        mb.send(peer, sa.unmask(got[0]))
         return True, None
     except (SecAggRefused, KeyError, ValueError) as exc:
         log.warning("%s: left secure round %s: %s", me, r, exc)

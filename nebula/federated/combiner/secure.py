@@ -28,9 +28,10 @@ from nebula.federated.actor_channels import FIRST_CLIENT_RANK
 from nebula.federated.checks import Refusal
 from nebula.federated.combiner.rounds import PULL_GRACE_S, SyncRound
 from nebula.federated.combiner.secure_state import SecureRoundState
-from nebula.federated.messages import MASKED_TENSOR, MaskedUpdate, PullUpdate, TrainTask
-from nebula.federated.secagg import UNMASK_STAGES, Verifier, load_verifier, word_bits_for_codec
-from nebula.messaging import Malformed, Message, Peer, to_json
+from nebula.federated.messages import MASKED_TENSOR, PullUpdate, TrainTask
+from nebula.federated.secagg import UNMASK_STAGES, MaskedInput, Verifier, load_verifier, word_bits_for_codec
+from nebula.messaging import Malformed, Message, Peer
+from nebula.messaging.protocol import encode_parts
 
 __all__ = ["SecureRound"]
 
@@ -175,13 +176,12 @@ class SecureRound(SyncRound):
             if command is not None or not st.waiting() or time.monotonic() >= until or st.answers() == before:
                 return command
 
-    def send_stage(self, messages: Mapping[str, Message | tuple[Message, bytes]]) -> None:
-        """Each client's answer at the end of a stage, naming its process (with its raw part, if it has one);
-        the header is encoded once, for the count and the wire."""
+    def send_stage(self, messages: Mapping[str, Message]) -> None:
+        """Each client's answer at the end of a stage, naming its process; its parts (the header, and a raw part
+        where it has one) are encoded once, for the count and the wire."""
         for who, msg in messages.items():
             peer = Peer.parse(who)
-            msg, raw = msg if isinstance(msg, tuple) else (msg, None)
-            parts = [to_json(dataclasses.replace(msg, to=self.c.nonces.get(peer)))] + ([raw] if raw else [])
+            parts = encode_parts(dataclasses.replace(msg, to=self.c.nonces.get(peer)))
             self.state.bytes_out += sum(len(p) for p in parts)
             self.c.mb.send_parts(peer, parts, lane="control")
 
@@ -191,19 +191,19 @@ class SecureRound(SyncRound):
         grant = self.c.grant_refusal()
         if grant is not None:
             return self.refuse(peer, msg, Refusal("grant", grant))
-        if isinstance(msg, MaskedUpdate) or (isinstance(msg, Malformed) and msg.claimed == MaskedUpdate.TYPE):
+        if isinstance(msg, MaskedInput) or (isinstance(msg, Malformed) and msg.claimed == MaskedInput.TYPE):
             return self.on_masked(peer, msg, parts)
         if not isinstance(msg, Malformed):
-            st.bytes_in += len(to_json(msg))
+            st.bytes_in += sum(len(p) for p in encode_parts(msg))
         why = st.take(who, msg)
         if why is not None:
             self.refuse(peer, msg, why)
 
-    def on_masked(self, peer: Peer, msg: MaskedUpdate | Malformed, parts: list | None) -> None:
+    def on_masked(self, peer: Peer, msg: MaskedInput | Malformed, parts: list | None) -> None:
         """A masked update: its header checked, its words pulled (unless pushed) and added to the sum."""
         who, st, mb = str(peer), self.state, self.c.mb
         if not isinstance(msg, Malformed):
-            st.bytes_in += len(to_json(msg))
+            st.bytes_in += len(encode_parts(msg)[0])
         why = st.check_masked(who, msg, job=self.c.job.job)
         if why is not None:
             return self.refuse(peer, msg, why)

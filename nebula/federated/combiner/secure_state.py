@@ -16,6 +16,7 @@ the complaints that could not be settled.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Mapping
 
@@ -23,13 +24,11 @@ import numpy as np
 
 from nebula.federated.checks import Refusal
 from nebula.federated.combiner.round_state import RoundState, Weights
-from nebula.federated.messages import (MASKED_TENSOR, ClientUpdate, MaskedUpdate, Partial, SecureCheck,
-                                       SecureDelivery, SecureKeys, SecureReveal, SecureRoster, SecureShares,
-                                       SecureSigned, SecureSurvivors, SecureUnmask, SecureVerdict, delivery_parts)
-from nebula.federated.secagg import (AdvertiseKeys, Complaint, DealerCommitments, EncryptedShare, MaskedInput,
-                                     SecAggConfig, SecAggRefused, SecAggServer, SecureSum, ShareCheck, ShareKeys,
-                                     SurvivorSignature, UnmaskResponse, Verifier, model_digest, partial_mean,
-                                     unflatten)
+from nebula.federated.messages import MASKED_TENSOR, ClientUpdate, Partial
+from nebula.federated.secagg import (AdvertiseKeys, KeyRoster, MaskedInput, SecAggConfig, SecAggRefused,
+                                     SecAggServer, SecureSum, ShareCheck, ShareDelivery, ShareKeys, ShareVerdict,
+                                     SurvivorSet, SurvivorSignature, UnmaskRequest, UnmaskResponse, Verifier,
+                                     model_digest, partial_mean, unflatten)
 from nebula.messaging import Malformed, Message
 
 __all__ = ["SecureRoundState"]
@@ -84,30 +83,34 @@ class SecureRoundState(RoundState):
 
     # -- stages 1, 2 and 4: small messages -----------------------------------------------------------------------
     def take(self, who: str, msg: Message) -> Refusal | None:
-        """Take a key, share or reveal message of `who`; why it is refused, or None."""
+        """Take a key, share, check, signature or reveal message of `who` (the channel it came on); why it is
+        refused, or None."""
         if isinstance(msg, Malformed):
             return Refusal("malformed", msg.reason)
         if self.server is None:
             return Refusal("secagg", f"round {self.round} is not run at this combiner: {self.abandoned}")
+        receive = {AdvertiseKeys: self.server.receive_keys, ShareKeys: self.server.receive_shares,
+                   ShareCheck: self.server.receive_check, SurvivorSignature: self.server.receive_signature,
+                   UnmaskResponse: self.server.receive_unmask}.get(type(msg))
+        if receive is None:
+            return Refusal("malformed", f"a {msg.TYPE} is not a secure aggregation stage message")
+        why = self.impostor(who, msg)
+        if why is not None:
+            return why
         try:
-            if isinstance(msg, SecureKeys):
-                self.server.receive_keys(AdvertiseKeys(who, msg.round, msg.cipher_pk, msg.mask_pk, msg.chain,
-                                                       msg.signature))
-            elif isinstance(msg, SecureShares):
-                self.server.receive_shares(ShareKeys(who, msg.round, DealerCommitments(
-                    who, msg.seed_commitments, msg.key_commitments, msg.signature), tuple(
-                    EncryptedShare(who, r, c, k) for r, c, k in msg.shares)))
-            elif isinstance(msg, SecureCheck):
-                self.server.receive_check(ShareCheck(who, msg.round, tuple(Complaint(d, k) for d, k in msg.complaints)))
-            elif isinstance(msg, SecureSigned):
-                self.server.receive_signature(SurvivorSignature(who, msg.round, msg.signature))
-            elif isinstance(msg, SecureReveal):
-                self.server.receive_unmask(UnmaskResponse(who, msg.round, msg.seed_shares, msg.key_shares))
-            else:
-                return Refusal("malformed", f"a {msg.TYPE} is not a secure aggregation stage message")
+            receive(msg)
         except SecAggRefused as exc:
             return self._kind(who, msg.round, str(exc))
         return None
+
+    def impostor(self, who: str, msg: AdvertiseKeys | ShareKeys | ShareCheck | MaskedInput | SurvivorSignature |
+                 UnmaskResponse) -> Refusal | None:
+        """Why a stage message that names another client than `who`, the channel it came on, is refused (None: it
+        names `who`)."""
+        if msg.client == who:
+            return None
+        return self._kind(who, msg.round, f"{msg.TYPE} names client {str(msg.client)[:64]!r} but came from {who!r}; "
+                                          "a client speaks for itself only")
 
     def _kind(self, who: str, round_: object, reason: str) -> Refusal:
         """A refusal, counted by kind: another round's or a stranger's messages ("late", "uninvited") can be
@@ -138,22 +141,18 @@ class SecureRoundState(RoundState):
                        "the client the job file with secure_aggregation")
 
     # -- closing the stages ------------------------------------------------------------------------------------------
-    def close_keys(self) -> dict[str, SecureRoster]:
+    def close_keys(self) -> dict[str, KeyRoster]:
         """End stage 1: each client's roster of its neighbours' keys."""
-        return {c: SecureRoster(round=self.round, keys=tuple((k.client, k.cipher_pk, k.mask_pk, k.chain, k.signature)
-                                                             for k in r.keys))
-                for c, r in self.server.rosters().items()}
+        return self.server.rosters()
 
-    def close_shares(self) -> dict[str, tuple[SecureDelivery, bytes]]:
-        """End stage 2: each client's shares, sealed for it by its neighbours, with their signed commitments (the
-        header, and the commitments raw in the part after it: `messages.delivery_parts`)."""
-        return {c: delivery_parts(tuple((e.sender, e.ciphertext) for e in d.shares),
-                                  [(x.dealer, x.seed, x.key, x.signature) for x in d.commitments], self.round)
-                for c, d in self.server.deliveries().items()}
+    def close_shares(self) -> dict[str, ShareDelivery]:
+        """End stage 2: each client's shares, sealed for it by its neighbours, with their signed commitments (in
+        the raw part after the header)."""
+        return self.server.deliveries()
 
-    def close_check(self) -> dict[str, SecureVerdict]:
+    def close_check(self) -> dict[str, ShareVerdict]:
         """End stage 3: complaints settled; each client still in gets the list of those left out."""
-        return {c: SecureVerdict(round=self.round, excluded=v.excluded) for c, v in self.server.verdicts().items()}
+        return self.server.verdicts()
 
     def findings(self) -> tuple[dict[str, str], list[str]]:
         """(client -> what the share check or the reveal showed it did, the complaints that stayed unsettled)."""
@@ -161,29 +160,31 @@ class SecureRoundState(RoundState):
             return {}, []
         return dict(self.server.blamed), list(self.server.disputes)
 
-    def close_masked(self) -> dict[str, SecureSurvivors]:
+    def close_masked(self) -> dict[str, SurvivorSet]:
         """End stage 4: the survivor set to each survivor, to sign (none when the round must be abandoned)."""
         try:
             sets = self.server.survivor_sets()
         except SecAggRefused as exc:
             self.abandoned = str(exc)
             return {}
-        return {c: SecureSurvivors(round=self.round, survivors=r.survivors) for c, r in sets.items()}
+        return sets
 
-    def close_consistency(self) -> dict[str, SecureUnmask]:
+    def close_consistency(self) -> dict[str, UnmaskRequest]:
         """End stage 5: ask each survivor that signed for its shares, with its holders' signatures of the set."""
         if self.abandoned is not None or self.server.stage != "consistency":
             return {}
-        return {c: SecureUnmask(round=self.round, survivors=r.survivors, signatures=r.signatures)
-                for c, r in self.server.unmask_requests().items()}
+        return self.server.unmask_requests()
 
     # -- stage 4: the masked inputs ------------------------------------------------------------------------------
-    def check_masked(self, who: str, msg: MaskedUpdate | Malformed, *, job: str) -> Refusal | None:
+    def check_masked(self, who: str, msg: MaskedInput | Malformed, *, job: str) -> Refusal | None:
         """Why a masked update's header must be refused before its words are taken, or None."""
         if isinstance(msg, Malformed):
             return Refusal("malformed", msg.reason)
         if self.server is None:
             return Refusal("secagg", f"round {self.round} is not run at this combiner: {self.abandoned}")
+        why = self.impostor(who, msg)
+        if why is not None:
+            return why
         if msg.job != job:
             return Refusal("job", f"masked update of job {msg.job[:64]!r}, not {job!r}")
         if msg.round != self.round or msg.version != self.version:
@@ -201,10 +202,10 @@ class SecureRoundState(RoundState):
                                      f"{self.masked_spec}")
         return None
 
-    def fold_masked(self, who: str, msg: MaskedUpdate, words: np.ndarray, *, nbytes: int) -> Refusal | None:
+    def fold_masked(self, who: str, msg: MaskedInput, words: np.ndarray, *, nbytes: int) -> Refusal | None:
         """Add a checked masked update's words to the sum; why it is refused, or None."""
         try:
-            self.server.receive_masked(MaskedInput(who, msg.round, words, msg.weight, msg.signature))
+            self.server.receive_masked(dataclasses.replace(msg, words=words))
         except SecAggRefused as exc:
             return self._kind(who, msg.round, str(exc))
         self.seen.add(who)

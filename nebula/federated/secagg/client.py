@@ -238,6 +238,11 @@ class SecAggClient:
         comm = {c.dealer: c for c in delivery.commitments}
         if len(comm) != len(delivery.commitments):
             raise self._refuse("the delivery lists a dealer's commitments twice")
+        each = self.params.threshold * vss.ELEMENT_BYTES
+        for c in delivery.commitments:
+            if len(c.seed) != each or len(c.key) != each:
+                raise self._refuse(f"the delivery's commitments of {c.dealer!r} are {len(c.seed)} and {len(c.key)} "
+                                   f"bytes, not {each} each; the combiner relays malformed deliveries")
         held, complaints, senders = dict(self._held), [], set()
         for e in delivery.shares:
             if e.receiver != self.client or e.sender == self.client or e.sender not in self._roster:
@@ -305,7 +310,8 @@ class SecAggClient:
         self._held = {o: v for o, v in self._held.items() if o not in out}
         self.stage = "consistency"
         return MaskedInput(self.client, self.params.round, words, weight,
-                           self.signer.sign(weight_statement(self.tag, self.client, weight)))
+                           self.signer.sign(weight_statement(self.tag, self.client, weight)),
+                           version=self.params.version)
 
     def _survivors_among_holders(self, survivors: tuple[str, ...]) -> set[str]:
         everyone = set(self.params.clients)

@@ -12,6 +12,15 @@ Stage                 client -> server                     server -> client
                                                            receiver's neighbours that signed it)
 6 unmask              UnmaskResponse                       -- the server checks each share it uses against the
                                                            owner's commitments and computes the SecureSum
+
+They are the messages on the wire too (nebula.messaging.protocol), in two families: `TO_SERVER` (`sa_keys`,
+`sa_shares`, `sa_check`, `sa_masked`, `sa_signed`, `sa_reveal`) and `TO_CLIENT` (`sa_roster`, `sa_delivery`,
+`sa_verdict`, `sa_survivors`, `sa_unmask`), which a runtime includes in the families its roles receive
+(nebula.federated.messages). A client's message names the client (`client`): its server refuses one that names
+another than the channel it came on. The server's name the receiving process (`to`, for the runtime to fill in).
+The Feldman commitments travel in the raw part after the header (`raw_field`), not as base64 text; a masked input's
+words never travel in its header (`local_field`): they follow as a model of one tensor, and the receiver puts them
+in.
 """
 from __future__ import annotations
 
@@ -22,11 +31,15 @@ import numpy as np
 
 from nebula.federated.secagg.graph import majority_threshold
 from nebula.federated.secagg.quantize import Quantizer
+from nebula.messaging.protocol import Message, MessageFamily, Untrusted, local_field, raw_field
 
 __all__ = ["SecAggRefused", "SecAggParams", "AdvertiseKeys", "KeyRoster", "EncryptedShare", "DealerCommitments",
            "ShareKeys", "ShareDelivery", "Complaint", "ShareCheck", "ShareVerdict", "MaskedInput", "SurvivorSet",
            "SurvivorSignature", "UnmaskRequest", "UnmaskResponse",
-           "SecureSum", "MIN_CLIENTS", "model_digest"]
+           "SecureSum", "MIN_CLIENTS", "model_digest", "TO_SERVER", "TO_CLIENT"]
+
+TO_SERVER = MessageFamily("secagg server")  # what a client sends its server (a combiner), stage by stage
+TO_CLIENT = MessageFamily("secagg client")  # the server's answers at the end of each stage
 
 MIN_CLIENTS = 3  # with two, a majority of a dropped client's one neighbour is two: never recoverable
 
@@ -102,8 +115,9 @@ def model_digest(weights) -> bytes:
     return h.digest()
 
 
+@TO_SERVER.message("sa_keys")
 @dataclass(frozen=True, slots=True)
-class AdvertiseKeys:
+class AdvertiseKeys(Message):
     """Stage 1: a client's two fresh X25519 public keys (one to seal shares, one for pairwise masks), signed with
     its certificate's key over the round's tag (`vouch`); `chain` is that certificate (PEM)."""
 
@@ -119,12 +133,14 @@ class AdvertiseKeys:
         return len(self.cipher_pk) + len(self.mask_pk) + len(self.chain) + len(self.signature)
 
 
+@TO_CLIENT.message("sa_roster")
 @dataclass(frozen=True, slots=True)
-class KeyRoster:
+class KeyRoster(Message):
     """Stage 1 answer: the advertised keys of the receiver and of its neighbours that advertised."""
 
     round: int
     keys: tuple[AdvertiseKeys, ...]
+    to: str | None = None
 
     @property
     def payload_bytes(self) -> int:
@@ -149,8 +165,8 @@ class DealerCommitments:
     self-mask seed and of its mask key, signed with its certificate's key over the round's tag and its name."""
 
     dealer: str
-    seed: bytes
-    key: bytes
+    seed: bytes = raw_field()  # (the bulk of stage 2: in the raw part after the header)
+    key: bytes = raw_field()
     signature: bytes
 
     @property
@@ -158,8 +174,9 @@ class DealerCommitments:
         return len(self.seed) + len(self.key) + len(self.signature)
 
 
+@TO_SERVER.message("sa_shares")
 @dataclass(frozen=True, slots=True)
-class ShareKeys:
+class ShareKeys(Message):
     """Stage 2: the signed commitments of both secrets, and one sealed share per neighbour."""
 
     client: str
@@ -172,14 +189,16 @@ class ShareKeys:
         return self.commitments.payload_bytes + sum(len(s.ciphertext) + len(s.key_check) for s in self.shares)
 
 
+@TO_CLIENT.message("sa_delivery")
 @dataclass(frozen=True, slots=True)
-class ShareDelivery:
+class ShareDelivery(Message):
     """Stage 2 answer: the shares sealed for the receiver by its neighbours that completed stage 2, and each of those
     dealers' signed commitments."""
 
     round: int
     shares: tuple[EncryptedShare, ...]
     commitments: tuple[DealerCommitments, ...] = ()
+    to: str | None = None
 
     @property
     def payload_bytes(self) -> int:
@@ -195,8 +214,9 @@ class Complaint:
     key: bytes
 
 
+@TO_SERVER.message("sa_check")
 @dataclass(frozen=True, slots=True)
-class ShareCheck:
+class ShareCheck(Message):
     """Stage 3: the receiver checked every share it was delivered; a complaint for each that failed."""
 
     client: str
@@ -204,40 +224,55 @@ class ShareCheck:
     complaints: tuple[Complaint, ...] = ()
 
 
+@TO_CLIENT.message("sa_verdict")
 @dataclass(frozen=True, slots=True)
-class ShareVerdict:
+class ShareVerdict(Message):
     """Stage 3 answer: the clients left out of the round before any masked input (nobody masks with them)."""
 
     round: int
     excluded: tuple[str, ...]
+    to: str | None = None
 
 
+@TO_SERVER.message("sa_masked")
 @dataclass(frozen=True, slots=True, eq=False)
-class MaskedInput:
+class MaskedInput(Message):
     """Stage 4: the masked words (one per parameter, uniform to anyone without the masks) and the client's public
-    weight min(n_i, W), signed with its certificate's key over the round's tag and its name."""
+    weight min(n_i, W), signed with its certificate's key over the round's tag and its name.
+
+    On the wire the words follow the header as the one tensor of a model (pushed inline when `pushed`, else when
+    the server pulls them), so a server checks the header before it takes a byte of them; `job` and `version` name
+    the job and the model the round trains, `metrics` the client's evaluation of that model (kept as sent: the
+    receiver bounds it)."""
 
     client: str
     round: int
-    words: np.ndarray
+    words: np.ndarray | None = local_field()
     weight: int = 1
     signature: bytes = b""
+    job: str = ""
+    version: int = 0
+    metrics: Untrusted = None
+    pushed: bool = False
 
     @property
     def payload_bytes(self) -> int:
         return int(self.words.nbytes) + 8 + len(self.signature)
 
 
+@TO_CLIENT.message("sa_survivors")
 @dataclass(frozen=True, slots=True)
-class SurvivorSet:
+class SurvivorSet(Message):
     """Stage 4 answer: every client whose masked input the server took; each survivor signs it."""
 
     round: int
     survivors: tuple[str, ...]
+    to: str | None = None
 
 
+@TO_SERVER.message("sa_signed")
 @dataclass(frozen=True, slots=True)
-class SurvivorSignature:
+class SurvivorSignature(Message):
     """Stage 5: a survivor's signature over the round's tag and the survivor set it was sent."""
 
     client: str
@@ -245,18 +280,21 @@ class SurvivorSignature:
     signature: bytes
 
 
+@TO_CLIENT.message("sa_unmask")
 @dataclass(frozen=True, slots=True)
-class UnmaskRequest:
+class UnmaskRequest(Message):
     """Stage 5 answer: the survivor set, and (signer, signature) of the receiver's share holders that signed it;
     the receiver reveals its shares only when at least the threshold of them agree with the set it signed."""
 
     round: int
     survivors: tuple[str, ...]
     signatures: tuple[tuple[str, bytes], ...]
+    to: str | None = None
 
 
+@TO_SERVER.message("sa_reveal")
 @dataclass(frozen=True, slots=True)
-class UnmaskResponse:
+class UnmaskResponse(Message):
     """Stage 6: the receiver's shares of the survivors' self-mask seeds and of the dropped clients' mask keys."""
 
     client: str

@@ -32,9 +32,10 @@ from nebula.federated.secagg import crypto, shamir, vss
 from nebula.federated.secagg.client import (MASK_PURPOSE, PLAINTEXT_BYTES, commitments_statement, keys_statement,
                                             mask_sign, open_share, share_key_check, weight_statement)
 from nebula.federated.secagg.graph import components, harary_graph
-from nebula.federated.secagg.messages import (AdvertiseKeys, KeyRoster, MaskedInput, SecAggParams, SecAggRefused,
-                                              SecureSum, ShareCheck, ShareDelivery, ShareKeys, ShareVerdict,
-                                              SurvivorSet, SurvivorSignature, UnmaskRequest, UnmaskResponse)
+from nebula.federated.secagg.messages import (AdvertiseKeys, EncryptedShare, KeyRoster, MaskedInput, SecAggParams,
+                                              SecAggRefused, SecureSum, ShareCheck, ShareDelivery, ShareKeys,
+                                              ShareVerdict, SurvivorSet, SurvivorSignature, UnmaskRequest,
+                                              UnmaskResponse)
 from nebula.federated.secagg.vouch import MAX_CHAIN_BYTES, MAX_SIGNATURE_BYTES, Verifier
 
 __all__ = ["SecAggServer"]
@@ -170,7 +171,10 @@ class SecAggServer:
             for e in msg.shares:
                 if e.receiver in box:
                     box[e.receiver].append(e)
-        return {c: ShareDelivery(self.params.round, tuple(v), tuple(self.shared[e.sender].commitments for e in v))
+        # (the key checks stay here: they settle complaints, the receiver has no use for them)
+        return {c: ShareDelivery(self.params.round,
+                                 tuple(EncryptedShare(e.sender, e.receiver, e.ciphertext) for e in v),
+                                 tuple(self.shared[e.sender].commitments for e in v))
                 for c, v in sorted(box.items())}
 
     # -- stage 3: check shares -------------------------------------------------------------------------------------
