@@ -126,17 +126,25 @@ def _audit(ident: SecureIdentity | None, round_: int, reason: str) -> None:
         ident.audit.record("fl.secagg", str(round_), "refused", {"reason": reason[:500]})
 
 
-def _answer(ans: Answers, want: type, end: float, what: str) -> tuple[str, Any]:
-    """`Answers.wait` for one stage's answer; SecAggRefused for an answer addressed to this process that does not
-    decode (a raw part cut short, say): the combiner misbehaves, the round is sat out."""
+class _Ended(Exception):
+    """A stage's answer did not come (the round ended, or another task came meanwhile): `result` is what
+    `train_secure` returns then."""
+
+    def __init__(self, status: str, got: Any) -> None:
+        super().__init__(status)
+        self.result = (False, got if status == "pending" else None)
+
+
+def _answer(ans: Answers, want: type, end: float, what: str) -> Any:
+    """`Answers.wait` for one stage's answer: (message, parts after it); _Ended when none came; SecAggRefused for an
+    answer addressed to this process that does not decode (a raw part cut short, say): the combiner misbehaves, the
+    round is sat out."""
     status, got = ans.wait((want, Malformed), end, what)
-    if status == "ok" and isinstance(got[0], Malformed):
+    if status != "ok":
+        raise _Ended(status, got)
+    if isinstance(got[0], Malformed):
         raise SecAggRefused(f"the combiner's answer to the {what} does not decode: {got[0].reason}")
-    return status, got
-
-
-def _done(status: str, got: Any) -> tuple[bool, Any]:
-    return False, got if status == "pending" else None
+    return got
 
 
 def train_secure(mb: ActorMessenger, peer: Peer, task: TrainTask, client: Client, job: FederatedJob, me: str,
@@ -165,13 +173,9 @@ def train_secure(mb: ActorMessenger, peer: Peer, task: TrainTask, client: Client
     end = time.monotonic() + task.deadline_s + cfg.stage_timeout_s + 10
     try:
         mb.send(peer, sa.advertise())
-        status, got = _answer(ans, KeyRoster, end, f"keys of round {r}")
-        if status != "ok":
-            return _done(status, got)
+        got = _answer(ans, KeyRoster, end, f"keys of round {r}")
         mb.send(peer, sa.share_keys(got[0]))
-        status, got = _answer(ans, ShareDelivery, end, f"shares of round {r}")
-        if status != "ok":
-            return _done(status, got)
+        got = _answer(ans, ShareDelivery, end, f"shares of round {r}")
         if got[1]:  # (its commitments came in its raw part: nothing else follows a delivery)
             raise SecAggRefused(f"sa_delivery came with {len(got[1])} part(s) more than its raw part; the combiner "
                                 "relays malformed deliveries")
@@ -181,9 +185,7 @@ def train_secure(mb: ActorMessenger, peer: Peer, task: TrainTask, client: Client
             ident.audit.record("fl.secagg", str(r), "complained", {"dealer": x.dealer, "reason": "its share fails "
                                                                    "the dealer's commitments"})
         mb.send(peer, checked)
-        status, got = _answer(ans, ShareVerdict, end, f"share check of round {r}")
-        if status != "ok":
-            return _done(status, got)
+        got = _answer(ans, ShareVerdict, end, f"share check of round {r}")
         verdict = got[0]
         config = dict(task.config)
         metrics: dict = {}
@@ -203,19 +205,15 @@ def train_secure(mb: ActorMessenger, peer: Peer, task: TrainTask, client: Client
             mb.send_model(peer, dataclasses.replace(head, pushed=True), masked, inline=True)
         else:
             mb.send(peer, mb.model_header(head, masked))
-            status, got = _answer(ans, PullUpdate, end, f"masked update of round {r}")
-            if status != "ok":
-                return _done(status, got)
+            got = _answer(ans, PullUpdate, end, f"masked update of round {r}")
             mb.send_pieces(peer, masked)
-        status, got = _answer(ans, SurvivorSet, end, f"masked update of round {r}")
-        if status != "ok":
-            return _done(status, got)
+        got = _answer(ans, SurvivorSet, end, f"masked update of round {r}")
         mb.send(peer, sa.sign_survivors(got[0]))
-        status, got = _answer(ans, UnmaskRequest, end, f"survivor set of round {r}")
-        if status != "ok":
-            return _done(status, got)
+        got = _answer(ans, UnmaskRequest, end, f"survivor set of round {r}")
         mb.send(peer, sa.unmask(got[0]))
         return True, None
+    except _Ended as ended:
+        return ended.result
     except (SecAggRefused, KeyError, ValueError) as exc:
         log.warning("%s: left secure round %s: %s", me, r, exc)
         _audit(ident, r, str(exc))
