@@ -284,7 +284,7 @@ def paper_shape_table(args: argparse.Namespace, specs: list[Row]) -> list[str]:
     import logging
 
     from nebula.channel import Endpoint
-    from nebula.compress import decode, get_codec
+    from nebula.compress import decode_encoded, get_codec
 
     logging.getLogger("nebula.compress").setLevel(logging.ERROR)
     h = activation_like((128, 64, 768))
@@ -320,9 +320,9 @@ def paper_shape_table(args: argparse.Namespace, specs: list[Row]) -> list[str]:
                 fc, bc = get_codec(fspec), get_codec(bspec)
                 t0 = time.perf_counter()
                 fe = fc.encode(h)
-                decode(fe)
+                decode_encoded(fe)
                 ge = bc.encode(g)
-                decode(ge)
+                decode_encoded(ge)
                 times.append(time.perf_counter() - t0)
             codec_s = statistics.median(times)
             xfer = transfer(fe.nbytes, ge.nbytes)

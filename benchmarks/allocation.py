@@ -89,14 +89,14 @@ def profile_section() -> str:
     """Real Paddle BERT layers profiled on the current device: counted FLOPs vs analytic, time, achieved rate."""
     import paddle
 
-    from nebula.balance.bert import build_layers, example_input
-    from nebula.balance.profile import profile_layers
+    from nebula.balance.bert import bert_layers, example_input
+    from nebula.balance.profile import measure_layers
 
     gpu = paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
     paddle.set_device("gpu" if gpu else "cpu")
     shape = preset("bert-large", num_layers=2) if gpu else preset("bert-base", num_layers=2, batch=4, seq_len=64)
     analytic = bert_costs(shape)
-    prof = profile_layers(build_layers(shape), example_input(shape), names=[c.name for c in analytic],
+    prof = measure_layers(bert_layers(shape), example_input(shape), names=[c.name for c in analytic],
                           warmup=3, repeat=10)
     dev = paddle.device.get_device()
     lines = ["", f"Layer profile on {dev} ({shape.hidden} hidden, batch {shape.batch} x {shape.seq_len} tokens, "

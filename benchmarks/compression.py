@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from nebula.compress import decode, get_codec, relative_error
+from nebula.compress import decode_encoded, get_codec, relative_error
 from nebula.compress import factorize as F
 
 RATES_MBIT = (60, 100, 170)
@@ -123,7 +123,7 @@ def measure(spec: str, x: np.ndarray, history: list[np.ndarray] = ()) -> Row:
     enc_s = time.perf_counter() - t0
     if not ("svd" in spec or "ratio" in spec or "0.99" in spec):  # full SVDs take seconds: one run is enough
         enc_s = min(enc_s, timed(lambda: codec.encode(x))[0])
-    dec_s, y = timed(lambda: decode(enc))
+    dec_s, y = timed(lambda: decode_encoded(enc))
     return Row(spec, enc.nbytes, relative_error(x, y), enc_s, dec_s)
 
 
@@ -170,10 +170,10 @@ def throughput_table(pair: tuple[np.ndarray, np.ndarray]) -> bool:
         for which, x in zip(("activation", "gradient"), pair):
             codec = get_codec(spec)
             enc_s, enc = timed(lambda: codec.encode(x), budget_s=1.0, max_reps=15, min_reps=5)
-            dec_s, _ = timed(lambda: decode(enc), budget_s=1.0, max_reps=15, min_reps=5)
+            dec_s, _ = timed(lambda: decode_encoded(enc), budget_s=1.0, max_reps=15, min_reps=5)
             c0 = time.process_time()
             for _ in range(5):
-                decode(codec.encode(x))
+                decode_encoded(codec.encode(x))
             cpu_s = (time.process_time() - c0) / 5
             gbps = x.nbytes / (enc_s + dec_s) / 1e9
             target = spec in ("fp16", "int8")
@@ -222,7 +222,7 @@ def demo_shapes_table(seed: int) -> None:
         for t, x in acts.items():
             enc = get_codec(spec).encode(x)
             ratios.append(enc.nbytes / x.nbytes)
-            errors.append(relative_error(x, decode(enc)))
+            errors.append(relative_error(x, decode_encoded(enc)))
         rows.append([spec, *(f"{r:.3f}" for r in ratios), f"{max(ratios):.3f}", f"{max(errors):.4f}",
                      "yes" if max(ratios) < 0.5 else "no"])
     print_table("Forward ratio at the ABNet demo's micro-batch shapes [8, T, 64] (wire bytes incl. header / float32)",
@@ -373,7 +373,7 @@ def main() -> int:
     for spec in ("fp16", "bf16", "int8", "int8_block(64)", "int4_block(64)", "lowrank(rank=10)", "fp16(svd(0.6))"):
         codec = get_codec(spec)
         enc_s, enc = timed(lambda: codec.encode(xt))
-        dec_s, y = timed(lambda: decode(enc))
+        dec_s, y = timed(lambda: decode_encoded(enc))
         rows.append([spec, f"{enc_s * 1e3:.1f}", f"{dec_s * 1e3:.1f}", f"{base / (enc_s + dec_s) / 1e9:.2f}",
                      f"{relative_error(xt, y):.4f}", str(y.place)])
     print_table("paddle.Tensor inputs (activation; decoded on the input's device)",
@@ -389,7 +389,7 @@ def main() -> int:
                 codec.update_bandwidth(mbit * 1e6 / 8)
                 enc = codec.encode(xx)
                 rows.append([str(budget), which, str(mbit), codec.chosen(xx.shape), f"{enc.nbytes / base:.4f}",
-                             f"{relative_error(xx, decode(enc)):.4f}"])
+                             f"{relative_error(xx, decode_encoded(enc)):.4f}"])
     print_table("auto(budget): choice per link bandwidth (re-decided on update_bandwidth)",
                 ["budget", "tensor", "Mbit/s", "chosen", "bytes/FP32", "err"], rows)
     print(f"\nall targets: {'PASS' if ok_all else 'FAIL'}  (total {time.perf_counter() - t0:.0f} s)")

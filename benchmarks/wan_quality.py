@@ -316,7 +316,7 @@ def real_check(out: Path, size: Size, *, steps: int, lr: float, rates: tuple[flo
     the two tables as markdown."""
     from _wanq_real import run_real  # benchmarks/ (this script's directory): the real runs' harness
 
-    from nebula.plan.link import Link, predicted_wall_s
+    from nebula.plan.link import WanLink, predicted_wall_s
     from nebula.quality.engine import Bench, Budget
     from nebula.quality.rows import RowSpec
     from switch_server.shaper import TokenBucket
@@ -339,7 +339,7 @@ def real_check(out: Path, size: Size, *, steps: int, lr: float, rates: tuple[flo
         walls.append(f"| {spec.name} | unshaped | {base.wall_s:.2f} | - | - |")
         for rate in rates:
             shaped = run_real(spec, rate_mbit=rate, delay_ms=rtt_ms / 2, **kw)
-            link = Link(rate, rtt_ms, burst_bytes=TokenBucket(rate).burst)
+            link = WanLink(rate, rtt_ms, burst_bytes=TokenBucket(rate).burst)
             pred = predicted_wall_s(base.wall_s, sim.traffic, link)
             walls.append(f"| {spec.name} | {link} | {shaped.wall_s:.2f} | {pred:.2f} | {pred / shaped.wall_s:.2f} |")
             print(walls[-1], flush=True)

@@ -8,7 +8,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["RunningMean", "TensorSpec", "check_model_update"]
+__all__ = ["Weights", "RunningMean", "TensorSpec", "check_model_update"]
+
+Weights = dict[str, np.ndarray]  # a model: parameter name -> array (what every runtime averages and sends)
 
 
 def check_model_update(weights: Mapping[str, np.ndarray], num_examples: int, who: str,

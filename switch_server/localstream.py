@@ -26,7 +26,7 @@ import zmq
 from nebula.config import stream_path
 from nebula.wire import WireError
 from nebula.wire.share import ShareSlots, pack_grant, read_ask
-from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, StreamError, pack_message
+from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, StreamError, frame_parts
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class _Conn(asyncio.BufferedProtocol):
             self.peer = f"{name[0]}:{name[1]}" if name else "unknown"
             cert = self.owner.check_cert(transport.get_extra_info("ssl_object"), self.peer)
             if isinstance(cert, str):  # (refused: the worker is told why, as a refused key is)
-                transport.writelines(pack_message([AUTH_NO, cert.encode()[:AUTH_BYTES]]))
+                transport.writelines(frame_parts([AUTH_NO, cert.encode()[:AUTH_BYTES]]))
                 transport.close()
                 return
             self.cert = cert
@@ -144,7 +144,7 @@ class _Conn(asyncio.BufferedProtocol):
                                 f"{self.kind}:{self.peer}", self.kind,
                                 self.cert[0] if self.cert is not None else None)
         if user is None:
-            self.transport.writelines(pack_message([AUTH_NO, b"unknown key or wrong password for it"]))
+            self.transport.writelines(frame_parts([AUTH_NO, b"unknown key or wrong password for it"]))
             self.transport.close()
             return False
         self.user = user
@@ -152,7 +152,7 @@ class _Conn(asyncio.BufferedProtocol):
         self.parser.widen(self.owner.max_bytes())  # (what may come before is an AUTH's few bytes)
         self.slots = self.owner.grant(read_ask(parts[3])) if len(parts) == 4 else None
         grant = [] if self.slots is None else [pack_grant(len(self.slots.held), self.slots.slot_bytes)]
-        self.transport.writelines(pack_message([AUTH_OK, user.encode(), *grant]))
+        self.transport.writelines(frame_parts([AUTH_OK, user.encode(), *grant]))
         return True
 
     def pump(self) -> None:
@@ -261,7 +261,7 @@ class StreamWorkers:
             raise zmq.ZMQError(zmq.EHOSTUNREACH)
         if conn.transport.get_write_buffer_size() + len(conn.pending) > HIGH_WATER:
             raise zmq.Again()
-        msg = pack_message(parts[1:])
+        msg = frame_parts(parts[1:])
         size = sum(len(p) for p in msg)
         if size > COALESCE_BYTES:
             if conn.pending:  # (in order: what waits goes first)

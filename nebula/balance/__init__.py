@@ -7,7 +7,7 @@ Algorithms 1 and 2), `optimal` (exact for the given order), `optimal-order` (als
 possible. Layer costs come from `nebula.balance.profile` (real Paddle layers, or analytic BERT-style models);
 `nebula.balance.simulate` emulates slow devices and links.
 """
-from nebula.balance.base import allocate, method_names, register
+from nebula.balance.base import allocate, method_names, register_allocator
 from nebula.balance.cost import Allocation, AllocationError, DeviceProfile, LayerCost, evaluate
 from nebula.balance.reallocate import LayerMove, Reallocation, reallocate
 from nebula.balance.simulate import LinkShape, Slowdown, draw_factors, draw_slowdowns
@@ -21,7 +21,7 @@ __all__ = [
     "allocate",
     "evaluate",
     "method_names",
-    "register",
+    "register_allocator",
     "reallocate",
     "Reallocation",
     "LayerMove",

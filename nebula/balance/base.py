@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 from nebula.registry import Registry
 from nebula.balance.cost import Allocation, AllocationError, DeviceProfile, LayerCost, Problem, check_problem
 
-__all__ = ["Allocator", "register", "allocate", "method_names", "memory_shortfall", "require_fit"]
+__all__ = ["Allocator", "register_allocator", "allocate", "method_names", "memory_shortfall", "require_fit"]
 
 # allocate(layers, devices, **options) -> Allocation, inputs already checked
 Allocator = Callable[..., Allocation]
@@ -18,7 +18,7 @@ ALLOCATORS: Registry[Allocator] = Registry(
           "optimal-order": "nebula.balance.optimal_order", "milp": "nebula.balance.milp"})
 
 
-def register(name: str) -> Callable[[Allocator], Allocator]:
+def register_allocator(name: str) -> Callable[[Allocator], Allocator]:
     """Decorator: make an allocator function available to `allocate` under `name`."""
     return ALLOCATORS.register(name)
 

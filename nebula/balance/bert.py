@@ -11,7 +11,7 @@ allocation unit each. Analytic costs (for one iteration of `batch` sequences of 
   bytes at 16 bits (Korthikanti et al. 2022, "Reducing Activation Recomputation"), scaled to the dtype.
 - activation_bytes: the layer's output, t x h x dtype (batch x h for the pooler, batch x classes for the head).
 
-`build_layers` makes real Paddle layers of the same structure (small sizes) for `nebula.balance.profile`.
+`bert_layers` makes real Paddle layers of the same structure (small sizes) for `nebula.balance.profile`.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from nebula.balance.cost import LayerCost
 
-__all__ = ["BertShape", "PRESETS", "bert_costs", "preset", "build_layers", "example_input"]
+__all__ = ["BertShape", "PRESETS", "bert_costs", "preset", "bert_layers", "example_input"]
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
@@ -106,7 +106,7 @@ def preset(name: str, **changes) -> BertShape:
     return replace(PRESETS[name], **changes) if changes else PRESETS[name]
 
 
-def build_layers(shape: BertShape) -> list:
+def bert_layers(shape: BertShape) -> list:
     """Real Paddle layers of `shape` in model order (embedding, encoders, pooler, head), for profiling."""
     import paddle
     from paddle import nn
@@ -145,7 +145,7 @@ def build_layers(shape: BertShape) -> list:
 
 
 def example_input(shape: BertShape, seed: int = 0):
-    """A batch of token ids [batch, seq_len] for `build_layers`."""
+    """A batch of token ids [batch, seq_len] for `bert_layers`."""
     import numpy as np
     import paddle
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from nebula.balance.base import register
+from nebula.balance.base import register_allocator
 from nebula.balance.cost import Allocation, DeviceProfile, LayerCost, evaluate
 
 __all__ = ["even_bounds", "allocate_even"]
@@ -18,7 +18,7 @@ def even_bounds(num_layers: int, num_devices: int) -> list[int]:
     return bounds
 
 
-@register("even")
+@register_allocator("even")
 def allocate_even(layers: Sequence[LayerCost], devices: Sequence[DeviceProfile]) -> Allocation:
     """Equal layer counts, blind to speed; AllocationError if that overflows a device's memory."""
     return evaluate("even", even_bounds(len(layers), len(devices)), layers, devices)

@@ -13,13 +13,13 @@ from typing import Sequence
 
 import numpy as np
 
-from nebula.balance.base import register, require_fit
+from nebula.balance.base import register_allocator, require_fit
 from nebula.balance.cost import Allocation, AllocationError, DeviceProfile, LayerCost, Problem, evaluate
 
 __all__ = ["allocate_milp"]
 
 
-@register("milp")
+@register_allocator("milp")
 def allocate_milp(layers: Sequence[LayerCost], devices: Sequence[DeviceProfile],
                   time_limit_s: float = 60.0) -> Allocation:
     """Solve the fixed-order allocation MILP with HiGHS; `notes['proven_optimal']` says if it closed the gap."""

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from nebula.balance.base import register, require_fit
+from nebula.balance.base import register_allocator, require_fit
 from nebula.balance.cost import Allocation, AllocationError, DeviceProfile, LayerCost, Problem, evaluate
 
 __all__ = ["step", "min_bottleneck", "min_bottleneck_matrices", "allocate_optimal"]
@@ -59,7 +59,7 @@ def min_bottleneck(prob: Problem, devices: Sequence[DeviceProfile]) -> tuple[flo
     return min_bottleneck_matrices([prob.cost_matrix(d) for d in devices])
 
 
-@register("optimal")
+@register_allocator("optimal")
 def allocate_optimal(layers: Sequence[LayerCost], devices: Sequence[DeviceProfile]) -> Allocation:
     """The exact minimum-bottleneck allocation in the given device order."""
     prob = Problem.of(layers)

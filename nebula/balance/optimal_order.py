@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from nebula.balance.base import register
+from nebula.balance.base import register_allocator
 from nebula.balance.cost import Allocation, AllocationError, DeviceProfile, LayerCost, Problem, evaluate
 from nebula.balance.optimal import min_bottleneck_matrices, step
 
@@ -174,7 +174,7 @@ def _finish(row: np.ndarray, costs: list[np.ndarray], start: int) -> float:
     return float(row[-1])
 
 
-@register("optimal-order")
+@register_allocator("optimal-order")
 def allocate_optimal_order(layers: Sequence[LayerCost], devices: Sequence[DeviceProfile],
                            exact: bool | None = None, max_rounds: int = 50) -> Allocation:
     """Choose order and cut points: exact when small (or `exact=True`), else search with a reported gap."""

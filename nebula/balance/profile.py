@@ -1,6 +1,6 @@
 """Layer profile of real Paddle layers: FLOPs, measured forward+backward time, and the bytes each layer holds.
 
-`profile_layers` runs the layers in model order on an example input (each layer gets the previous one's output),
+`measure_layers` runs the layers in model order on an example input (each layer gets the previous one's output),
 with forward hooks on every sublayer that record shapes. FLOPs are counted analytically per sublayer type (Linear
 2 x inputs x out_features, Embedding and LayerNorm per element, the attention core of MultiHeadAttention
 4 x batch x q_len x k_len x embed_dim; any other leaf with a 2-D weight matching its input, such as a model
@@ -25,7 +25,7 @@ import yaml
 
 from nebula.balance.cost import LayerCost
 
-__all__ = ["LayerProfile", "ProfileFile", "profile_layers", "save_profile", "load_profile"]
+__all__ = ["LayerProfile", "ProfileFile", "measure_layers", "save_profile", "load_profile"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -170,7 +170,7 @@ def _time_fwd_bwd(layer, x, warmup: int, repeat: int) -> float:
     return statistics.median(times)
 
 
-def profile_layers(layers: Sequence, example: Any, *, names: Sequence[str] | None = None, warmup: int = 2,
+def measure_layers(layers: Sequence, example: Any, *, names: Sequence[str] | None = None, warmup: int = 2,
                    repeat: int = 5, optimizer_states: int = 2) -> list[LayerProfile]:
     """Profile Paddle `layers` in model order on `example` (the first layer's input); see the module docstring."""
     import paddle

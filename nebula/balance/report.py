@@ -11,7 +11,7 @@ from security._yaml import parse_yaml
 from nebula.balance.base import allocate
 from nebula.balance.cost import Allocation, LayerCost
 
-__all__ = ["model_costs", "allocate_model", "format_table", "write_job", "human_bytes"]
+__all__ = ["model_costs", "allocate_model", "format_table", "write_allocation", "human_bytes"]
 
 
 def model_costs(model: str, **changes) -> list[LayerCost]:
@@ -68,7 +68,7 @@ def format_table(alloc: Allocation, layer_names: list[str] | None = None) -> str
     return "\n".join(lines)
 
 
-def write_job(path: Path, alloc: Allocation) -> None:
+def write_allocation(path: Path, alloc: Allocation) -> None:
     """Put the allocation under `allocation:` in a job YAML file, replacing an old block and keeping the rest."""
     from nebula.balance.spec import spec_of
     from nebula.config.schema import to_dict

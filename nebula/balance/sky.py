@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from nebula.balance.base import memory_shortfall, register
+from nebula.balance.base import memory_shortfall, register_allocator
 from nebula.balance.cost import Allocation, AllocationError, DeviceProfile, LayerCost, Problem, evaluate
 from nebula.balance.even import even_bounds
 
@@ -95,7 +95,7 @@ def optimize_workload(prob: Problem, devices: Sequence[DeviceProfile], pi: list[
     return pi
 
 
-@register("sky")
+@register_allocator("sky")
 def allocate_sky(layers: Sequence[LayerCost], devices: Sequence[DeviceProfile],
                  max_iter: int = DEFAULT_MAX_ITER) -> Allocation:
     """Sky Computing's heuristic: memory-driven coarse allocation, then workload fine-tuning."""

@@ -28,7 +28,7 @@ import zmq
 
 from nebula.channel.tlsdial import DialFailed, TLSDial, certificate_refused
 from nebula.wire.share import PUT, SHARE_TAG, ShareCache, pack_ask, pack_op, read_grant
-from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, StreamError, pack_message, tls_writes
+from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, StreamError, frame_parts, tls_writes
 
 OUT_HIGH_BYTES = 4 * 1024 * 1024  # bytes queued here before `send_multipart` says Again (ZeroMQ's SNDHWM)
 RECONNECT_S = 0.1
@@ -204,7 +204,7 @@ class StreamSocket:
 
     # ---- sending ----
     def _queue(self, parts: Any) -> None:
-        pieces = pack_message(parts)
+        pieces = frame_parts(parts)
         for piece in (tls_writes(pieces) if self.tls is not None else pieces):
             view = memoryview(piece).cast("B") if not isinstance(piece, bytes) else memoryview(piece)
             self.out.append(view)

@@ -26,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Allocate and print the table; exit 2 on bad input or an allocation that cannot fit."""
     from nebula.balance import AllocationError
-    from nebula.balance.report import allocate_model, format_table, write_job
+    from nebula.balance.report import allocate_model, format_table, write_allocation
     from nebula.config.schema import ConfigError
 
     try:
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
             alloc, names = allocate_model(args.model, args.devices, args.method, **changes)
         print(format_table(alloc, names))
         if args.write_job:
-            write_job(Path(args.write_job), alloc)
+            write_allocation(Path(args.write_job), alloc)
             print(f"wrote allocation to {args.write_job}")
     except (AllocationError, ConfigError, ValueError, OSError) as exc:
         print(f"nebula allocate: {exc}", file=sys.stderr)

@@ -64,7 +64,7 @@ nested codec larger than its outer codec alone (``fp16(svd(0.6))`` vs ``fp16``),
 from . import cast, delta, feedback, integer, lowbit, lowrank, sparse  # noqa: F401  (register codecs)
 from .auto import AutoCodec, Measurement
 from .backend import codec_path
-from .base import (Codec, CodecError, Encoded, NonFiniteError, SpecError, decode, get_codec, known_codecs,
+from .base import (Codec, CodecError, Encoded, NonFiniteError, SpecError, decode_encoded, get_codec, known_codecs,
                    relative_error)
 from .device import DeviceFrames, decode_frames_to_tensor, encode_tensor_to_frames
 from .feedback import ErrorFeedbackCodec
@@ -75,7 +75,8 @@ from .spec import parse_spec
 
 __all__ = [
     "Codec", "Encoded", "CodecError", "NonFiniteError", "SpecError", "FrameError", "get_codec", "known_codecs",
-    "decode", "relative_error", "encode_to_frames", "encoded_to_frames", "frames_to_encoded", "decode_from_frames",
+    "decode_encoded", "relative_error", "encode_to_frames", "encoded_to_frames", "frames_to_encoded",
+    "decode_from_frames",
     "TensorCoder", "codec_path", "AutoCodec", "Measurement", "ErrorFeedbackCodec", "LowRankCodec",
     "SVDCodec", "parse_spec", "DeviceFrames", "encode_tensor_to_frames", "decode_frames_to_tensor",
 ]

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import backend as B
-from .base import Codec, CodecError, Encoded, check_finite, decode, get_codec, parse_args, register, relative_error
+from .base import (Codec, CodecError, Encoded, check_finite, decode_encoded, get_codec, parse_args, register_codec,
+                   relative_error)
 from .device import relative_error_on_device
 from .spec import SpecError, SpecNode, format_spec, parse_spec
 
-__all__ = ["AutoCodec", "Measurement", "default_candidates", "pick"]
+__all__ = ["AutoCodec", "Measurement", "default_candidates", "pick_measurement"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ def default_candidates(budget: float) -> list[str]:
             f"fp16(lowrank(energy={energy:.6g}))", f"int8_row(lowrank(energy={energy:.6g}))"]
 
 
-def pick(measurements: list[Measurement], budget: float, bytes_per_s: float) -> Measurement:
+def pick_measurement(measurements: list[Measurement], budget: float, bytes_per_s: float) -> Measurement:
     """The measurement within the error budget with the least total time (ties: fewer bytes).
 
     A candidate that sends more than `none` (the raw tensor) is never picked while a smaller one meets the budget.
@@ -52,7 +53,7 @@ def pick(measurements: list[Measurement], budget: float, bytes_per_s: float) -> 
     return min(ok, key=lambda m: (m.total_s(bytes_per_s), m.nbytes))
 
 
-@register
+@register_codec
 class AutoCodec(Codec):
     """Measures each candidate on the first tensor of a shape (and every `every` tensors), then sends with the
     fastest one whose relative L2 error is within the budget at the current link bandwidth."""
@@ -126,7 +127,7 @@ class AutoCodec(Codec):
             self._warned.update((key, s) for s in big)
             log.warning("auto(%s): %s send more than the raw tensor (%d bytes) at shape %s; not chosen there",
                         self.budget, ", ".join(big), raw, list(key[0]))
-        best = pick(ms, self.budget, self.bytes_per_s).spec
+        best = pick_measurement(ms, self.budget, self.bytes_per_s).spec
         if self._choice.get(key) != best:
             log.info("auto(%s): %s at %.3g Mbit/s for shape %s", self.budget, best, self.bytes_per_s * 8e-6, key[0])
             self.decisions.append((self.bytes_per_s, best))
@@ -143,7 +144,7 @@ class AutoCodec(Codec):
                 log.info("auto: candidate %s cannot encode this tensor: %s", spec, exc)
                 continue
             t1 = time.perf_counter()
-            y = decode(enc)
+            y = decode_encoded(enc)
             t2 = time.perf_counter()
             err = relative_error_on_device(x, y) if B.is_paddle(x) else relative_error(x, y)
             ms.append(Measurement(spec, t1 - t0, t2 - t1, enc.nbytes, err))

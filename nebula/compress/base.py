@@ -5,7 +5,7 @@ import functools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import replace
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Mapping
 
 import numpy as np
 
@@ -17,8 +17,9 @@ from .inflation import check_inflation
 from .spec import SpecError, SpecNode, format_spec, parse_spec
 
 __all__ = [
-    "Codec", "ElementCodec", "Encoded", "CodecError", "NonFiniteError", "SpecError", "register", "get_codec",
-    "known_codecs", "decode", "relative_error", "check_finite", "raw_encoded",
+    "Codec", "ElementCodec", "Encoded", "CodecError", "NonFiniteError", "SpecError", "register_codec", "get_codec",
+    "known_codecs", "decode_encoded", "relative_error", "check_finite", "raw_encoded", "INNER_PREFIX", "nest_state",
+    "split_state",
 ]
 
 
@@ -95,7 +96,7 @@ class Codec(ABC):
 
     def decode(self, enc: Encoded) -> Any:
         """Decompress to the same kind, shape and dtype as the encoded input."""
-        return decode(enc)
+        return decode_encoded(enc)
 
     @abstractmethod
     def _encode(self, x: Any) -> Encoded:
@@ -105,8 +106,41 @@ class Codec(ABC):
     def _decode(self, enc: Encoded, parts: dict[str, Any]) -> Any:
         """Rebuild the float tensor of node `enc` from its already decoded parts."""
 
+    @property
+    def stateful(self) -> bool:
+        """True when this codec keeps state that shapes what it sends next and that a checkpoint carries
+        (`export_state`); `delta`'s sample caches are not such state: both ends drop them on recovery."""
+        return False
+
+    def export_state(self) -> dict[str, np.ndarray]:
+        """The state that shapes what this codec sends next, as host numpy copies under string keys without '/'
+        (a nested codec's under `INNER_PREFIX`); empty for a stateless codec."""
+        return {}
+
+    def import_state(self, state: Mapping[str, Any], *, shape: tuple[int, ...] | None = None,
+                     name: str = "the tensor") -> None:
+        """Replace this codec's state with `state` (an `export_state` dict of a codec of the same spec) for
+        tensors of `shape`; CodecError names `name` and the mismatch, and then nothing changed."""
+        if state:
+            raise CodecError(f"codec state of {name}: {self.spec} keeps no state but got {sorted(state)[:3]}; it "
+                             "was saved with another codec: resume with the codec it was saved with")
+
     def __repr__(self) -> str:
         return f"<codec {self.spec}>"
+
+
+INNER_PREFIX = "inner."  # a nested codec's state keys, under its wrapper's: ef(fp16(lowrank)) -> inner.inner.warm:...
+
+
+def nest_state(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """An inner codec's `export_state` as its wrapper exports it (keys under `INNER_PREFIX`)."""
+    return {INNER_PREFIX + k: v for k, v in state.items()}
+
+
+def split_state(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(a wrapper's own keys, its inner codec's state with `INNER_PREFIX` taken off) of an `export_state` dict."""
+    own = {k: v for k, v in state.items() if not str(k).startswith(INNER_PREFIX)}
+    return own, {str(k)[len(INNER_PREFIX):]: v for k, v in state.items() if str(k).startswith(INNER_PREFIX)}
 
 
 class ElementCodec(Codec):
@@ -126,6 +160,21 @@ class ElementCodec(Codec):
             return self.leaf_spec
         node = parse_spec(self.leaf_spec)
         return format_spec(SpecNode(node.name, (parse_spec(self.inner.spec),) + node.args, node.kwargs))
+
+    @property
+    def stateful(self) -> bool:
+        return self.inner is not None and self.inner.stateful
+
+    def export_state(self) -> dict[str, np.ndarray]:
+        return nest_state(self.inner.export_state()) if self.inner is not None else {}
+
+    def import_state(self, state: Mapping[str, Any], *, shape: tuple[int, ...] | None = None,
+                     name: str = "the tensor") -> None:
+        own, inner = split_state(state)
+        if own or self.inner is None:
+            super().import_state(state, shape=shape, name=name)  # this codec keeps none of its own: refused
+        else:
+            self.inner.import_state(inner, shape=shape, name=name)
 
     def _encode(self, x: Any) -> Encoded:
         if self.inner is None:
@@ -168,7 +217,7 @@ def split_inner(node: SpecNode, usage: str) -> tuple[Codec | None, SpecNode]:
 CODECS: Registry[type[Codec]] = Registry("codec", known="codecs", error=SpecError)
 
 
-def register(cls: type[Codec]) -> type[Codec]:
+def register_codec(cls: type[Codec]) -> type[Codec]:
     """Class decorator adding a codec class to the registry under its `name`."""
     return CODECS.add(cls.name, cls)
 
@@ -195,11 +244,11 @@ def _decoder(spec: str) -> Codec:
     return get_codec(spec)
 
 
-def decode(enc: Encoded) -> Any:
+def decode_encoded(enc: Encoded) -> Any:
     """Decode any Encoded tree without codec state (nodes name their codec)."""
     if not isinstance(enc, Encoded):
         raise CodecError(f"decode expects an Encoded (from Codec.encode), got {type(enc).__name__}")
-    parts = {k: decode(v) if isinstance(v, Encoded) else v for k, v in enc.parts.items()}
+    parts = {k: decode_encoded(v) if isinstance(v, Encoded) else v for k, v in enc.parts.items()}
     y = _decoder(enc.codec)._decode(enc, parts)
     if B.shape_of(y) != enc.shape:
         y = B.reshape(y, enc.shape)

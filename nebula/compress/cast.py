@@ -7,13 +7,13 @@ import numpy as np
 
 from . import backend as B
 from . import quantize as Q
-from .base import Codec, CodecError, ElementCodec, Encoded, check_finite, parse_args, register, raw_encoded
+from .base import Codec, CodecError, ElementCodec, Encoded, check_finite, parse_args, register_codec, raw_encoded
 from .spec import SpecNode
 
 __all__ = ["NoneCodec", "FP16Codec", "BF16Codec"]
 
 
-@register
+@register_codec
 class NoneCodec(Codec):
     """Identity: the raw bytes of the tensor, any dtype, bit exact."""
 
@@ -39,7 +39,7 @@ class NoneCodec(Codec):
         return data
 
 
-@register
+@register_codec
 class FP16Codec(ElementCodec):
     """IEEE half precision: 2 bytes per element, relative error <= 2^-11 (paper: FP16 activations)."""
 
@@ -58,7 +58,7 @@ class FP16Codec(ElementCodec):
         return Q.from_fp16(parts["h"], B.compute_dtype(enc.dtype))
 
 
-@register
+@register_codec
 class BF16Codec(ElementCodec):
     """bfloat16: 2 bytes per element, FP32's range, relative error <= 2^-8."""
 

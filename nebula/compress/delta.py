@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from . import backend as B
-from .base import (Codec, CodecError, ElementCodec, Encoded, check_finite, codec_from_node, decode, parse_args,
-                   raw_encoded, register)
+from .base import (Codec, CodecError, ElementCodec, Encoded, check_finite, codec_from_node, decode_encoded, parse_args,
+                   raw_encoded, register_codec)
 from .integer import BlockArgs
 from .spec import SpecError, SpecNode, format_spec, parse_spec
 
@@ -75,7 +75,7 @@ def dequantize2(packed: np.ndarray, scales: np.ndarray, block: int, n: int) -> n
 _LEVELS = (np.stack([(np.arange(256) >> s) & 3 for s in (0, 2, 4, 6)], axis=1) - 1.5).astype(np.float32)
 
 
-@register
+@register_codec
 class Int2BlockCodec(BlockArgs, ElementCodec):
     """2-bit codes per element with one FP32 absmax scale per `block` values (default 64): |error| <=
     max|block| / 3; 0.3125 bytes per element. Meant for deltas (`delta(int2_block)`), whose errors do not add up."""
@@ -200,7 +200,7 @@ def _is_mb(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1 << 20
 
 
-@register
+@register_codec
 class DeltaCodec(Codec):
     """AQ-SGD activation deltas against a per-sample cache on both ends (see the module docstring)."""
 
@@ -261,12 +261,12 @@ class DeltaCodec(Codec):
         if is_first.any():
             enc = self.first.encode(np.ascontiguousarray(h[is_first]))
             parts["first"] = enc
-            first_rows = np.asarray(decode(enc), np.float32)
+            first_rows = np.asarray(decode_encoded(enc), np.float32)
         if (~is_first).any():
             ref = np.stack([r for r, f in zip(refs, is_first) if not f])
             enc = self.inner.encode(np.ascontiguousarray(h[~is_first] - ref))
             parts["delta"] = enc
-            delta_rows = np.asarray(decode(enc), np.float32)
+            delta_rows = np.asarray(decode_encoded(enc), np.float32)
         _store(self.cache, ids, _rebuild(first_rows, delta_rows, gens, refs, row_shape))
         return Encoded(self.spec, dt, B.shape_of(x), parts, kind=kind, spec=self.spec)
 
@@ -274,7 +274,7 @@ class DeltaCodec(Codec):
     def decode(self, enc: Encoded) -> Any:
         """Decode a message of the peer's instance with this end's cache (updated as the sender's was)."""
         if enc.codec == "none":
-            return decode(enc)
+            return decode_encoded(enc)
         if enc.codec != self.spec:
             raise DesyncError(f"codec {self.spec!r}: the message was encoded with {enc.codec!r}; both ends must use "
                               "the same delta spec (compression.forward of the same job file)")
@@ -343,7 +343,7 @@ def _part_rows(enc: Encoded, name: str, count: int, row_shape: tuple[int, ...], 
         return None
     if not isinstance(part, Encoded):
         raise DesyncError(f"codec {spec!r}: malformed message ({count} rows need a {name!r} part, none came)")
-    rows = decode(part)
+    rows = decode_encoded(part)
     rows = B.to_host(rows) if B.is_paddle(rows) else rows
     if tuple(rows.shape) != (count,) + row_shape:
         raise DesyncError(f"codec {spec!r}: malformed message ({name!r} part of shape {list(rows.shape)} for {count} "

@@ -1,8 +1,10 @@
 """Error feedback `ef(inner)`: the compression error of each step is added to the next step's input (per instance).
 
-The residuals are the codec's whole state and can leave it: `export_state` gives them as numpy arrays under string
-keys (`residual:<kind>:<dtype>:<shape>`, see `residual_key`), `import_state` takes them back after checking them,
-so that a checkpoint can carry them and a resumed sender goes on exactly where it stopped.
+The residuals and the inner codec's own state (e.g. `lowrank`'s warm starts) are the codec's whole state and can
+leave it: `export_state` gives the residuals as numpy arrays under string keys (`residual:<kind>:<dtype>:<shape>`,
+see `residual_key`) and the inner codec's state under `inner.`; `import_state` takes them back after checking them,
+so that a checkpoint can carry them and a resumed sender goes on exactly where it stopped. A state holding
+residuals only (saved before the inner state was kept) leaves the inner codec cold, as it was then.
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import backend as B
-from .base import Codec, CodecError, Encoded, codec_from_node, decode, register
+from .base import (Codec, CodecError, Encoded, codec_from_node, decode_encoded, nest_state, register_codec,
+                   split_state)
 from .spec import SpecError, SpecNode, format_spec
 
 __all__ = ["ErrorFeedbackCodec", "residual_key", "parse_residual_key", "check_state"]
@@ -63,7 +66,7 @@ def check_state(state: Mapping[str, Any], *, shape: tuple[int, ...] | None = Non
     return out
 
 
-@register
+@register_codec
 class ErrorFeedbackCodec(Codec):
     """Sends inner(x + e) and keeps e = (x + e) - decoded, so the sum of decoded tensors tracks the sum of inputs.
 
@@ -96,16 +99,24 @@ class ErrorFeedbackCodec(Codec):
         """The residual currently carried for tensors of this shape (None if none yet)."""
         return self._residual.get((tuple(shape), dtype, kind))
 
+    @property
+    def stateful(self) -> bool:
+        return True
+
     def export_state(self) -> dict[str, np.ndarray]:
-        """Every residual as a host numpy copy under its `residual_key` (the inner codec's own state, e.g. a
-        low-rank warm start, is not part of it)."""
-        return {residual_key(*k): np.array(B.to_host(r), copy=True) for k, r in self._residual.items()}
+        """Every residual as a host numpy copy under its `residual_key`, and the inner codec's state (e.g. a
+        low-rank warm start) under `inner.`."""
+        out = {residual_key(*k): np.array(B.to_host(r), copy=True) for k, r in self._residual.items()}
+        out.update(nest_state(self.inner.export_state()))
+        return out
 
     def import_state(self, state: Mapping[str, Any], *, shape: tuple[int, ...] | None = None,
                      name: str = "the tensor") -> None:
-        """Replace the residuals with those of `state` (an `export_state` dict), checked by `check_state`; on a
-        CodecError the codec keeps its residuals as they were."""
-        checked = check_state(state, shape=shape, name=name)
+        """Replace the residuals with those of `state` (an `export_state` dict), checked by `check_state`, and the
+        inner codec's state with its part; on a CodecError the codec keeps its state as it was."""
+        own, inner = split_state(state)
+        checked = check_state(own, shape=shape, name=name)
+        self.inner.import_state(inner, shape=shape, name=name)  # last check: it changes nothing when it refuses
         self._residual = {k: B.from_host(a, k[1], k[2]) for k, a in checked.items()}
 
     def _encode(self, x: Any) -> Encoded:
@@ -113,7 +124,7 @@ class ErrorFeedbackCodec(Codec):
         r = self._residual.get(key)
         xc = x if r is None else x + r
         enc = self.inner._encode(xc)
-        self._residual[key] = xc - decode(enc)
+        self._residual[key] = xc - decode_encoded(enc)
         return enc
 
     def _decode(self, enc: Encoded, parts: dict[str, Any]) -> Any:

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import backend as B
-from .base import Codec, CodecError, Encoded, decode, get_codec
+from .base import Codec, CodecError, Encoded, decode_encoded, get_codec
 from .encoded import HEADER_PREFIX, MAGIC, build_header
 
 __all__ = ["FrameError", "MAGIC", "build_header", "encoded_to_frames", "encode_to_frames", "frames_to_encoded",
@@ -159,10 +159,10 @@ def decode_from_frames(frames: Sequence[Any], like: str | None = None, place: An
 
 
 def _decode_checked(enc: Encoded, writable: bool = True) -> Any:
-    """decode(enc), with a payload that does not fit its codec reported as corrupted frames (writable=False: a
+    """decode_encoded(enc), with a payload that does not fit its codec reported as corrupted frames (writable=False: a
     numpy result may still be a read-only view of the frames, for a caller that copies it anyway)."""
     try:
-        y = decode(enc)
+        y = decode_encoded(enc)
     except CodecError:
         raise
     except (KeyError, ValueError, TypeError, IndexError) as exc:

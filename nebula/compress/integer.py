@@ -7,7 +7,7 @@ import numpy as np
 
 from . import backend as B
 from . import quantize as Q
-from .base import CodecError, ElementCodec, Encoded, check_finite, parse_args, register, split_inner
+from .base import CodecError, ElementCodec, Encoded, check_finite, parse_args, register_codec, split_inner
 from .spec import SpecNode
 
 __all__ = ["Int8Codec", "Int8RowCodec", "Int8BlockCodec", "Int4BlockCodec", "BlockArgs"]
@@ -76,7 +76,7 @@ class BlockArgs:
         return cls(inner, args.get("block"))
 
 
-@register
+@register_codec
 class Int8Codec(_BlockQuantCodec):
     """The paper's INT8: one absmax scale per tensor, q = round(127 x / max|x|), |error| <= max|x| / 254."""
 
@@ -87,7 +87,7 @@ class Int8Codec(_BlockQuantCodec):
         return B.numel(x)
 
 
-@register
+@register_codec
 class Int8RowCodec(_BlockQuantCodec):
     """INT8 with one scale per row (per channel of the last dimension's rows): |error| <= max|row| / 254."""
 
@@ -99,7 +99,7 @@ class Int8RowCodec(_BlockQuantCodec):
         return shape[-1] if shape else 1
 
 
-@register
+@register_codec
 class Int8BlockCodec(BlockArgs, _BlockQuantCodec):
     """INT8 with one FP32 scale per `block` consecutive elements (default 64): 1.0625 bytes per element."""
 
@@ -111,7 +111,7 @@ class Int8BlockCodec(BlockArgs, _BlockQuantCodec):
         return self.block
 
 
-@register
+@register_codec
 class Int4BlockCodec(Int8BlockCodec):
     """4-bit symmetric absmax per block (default 64), two values per byte: |error| <= max|block| / 14."""
 

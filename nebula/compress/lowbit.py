@@ -22,7 +22,7 @@ import numpy as np
 
 from . import backend as B
 from . import quantize as Q
-from .base import CodecError, ElementCodec, Encoded, check_finite, register
+from .base import CodecError, ElementCodec, Encoded, check_finite, register_codec
 from .integer import BlockArgs
 from .sparse import FractionArg, topk_scatter, topk_select
 
@@ -54,7 +54,7 @@ def _thresholds(dtype: str) -> np.ndarray:
     return t
 
 
-@register
+@register_codec
 class FP4Codec(BlockArgs, ElementCodec):
     """FP4 E2M1 per block (default 32) with a bfloat16 scale max|block|/6 per block, two codes per byte.
 
@@ -261,7 +261,7 @@ def _two_level_paddle(a: Any) -> tuple[Any, float, float]:
     return hi, lo, sh / nh if nh else 0.0
 
 
-@register
+@register_codec
 class TopK2Codec(FractionArg):
     """Top-k with 2-bit values (SparseLoCo): round(f*n) (at least 1) largest |x| as Elias-Fano indices plus sign and
     magnitude-bucket bits, with two scales per tensor; ~(2 + log2(1/f) + 2)/8 bytes per kept value. Use ef(topk2(f)).

@@ -1,13 +1,13 @@
 """Low-rank codecs: the paper's `svd(r)` (full SVD, keep a fraction of singular values) and `lowrank` (randomized, warm-started)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from . import backend as B
 from . import factorize as F
-from .base import Codec, CodecError, Encoded, check_finite, parse_args, register
+from .base import Codec, CodecError, Encoded, check_finite, parse_args, register_codec
 from .spec import SpecError, SpecNode
 
 __all__ = ["SVDCodec", "LowRankCodec"]
@@ -42,7 +42,43 @@ def _check_factors(enc: Encoded, p: Any, q: Any) -> None:
                          "the frames are corrupted or from another version")
 
 
-@register
+def _warm_tag(n: int, dtype: str, kind: str) -> str:
+    return f"{kind}:{dtype}:{int(n)}"
+
+
+def _parse_tag(tag: str, what: str) -> tuple[int, str, str]:
+    kind, dtype, n = (tag.split(":") + ["", "", ""])[:3]
+    if tag.count(":") != 2 or kind not in ("numpy", "paddle") or not B.is_float_dtype(dtype) or not n.isdigit():
+        raise CodecError(f"{what}: key {tag!r} is not <numpy|paddle>:<float dtype>:<columns>; it was written by "
+                         "another version: resume with that version or from an earlier checkpoint")
+    return int(n), dtype, kind
+
+
+_MASK = (1 << 64) - 1
+
+
+def _rng_words(rng: np.random.Generator) -> np.ndarray:
+    """The PCG64 generator's position as 6 uint64 words (state, increment, cached half-word)."""
+    st = rng.bit_generator.state
+    s, inc = int(st["state"]["state"]), int(st["state"]["inc"])
+    return np.array([s >> 64, s & _MASK, inc >> 64, inc & _MASK, int(st["has_uint32"]), int(st["uinteger"])],
+                    np.uint64)
+
+
+def _rng_from_words(words: Any, what: str) -> np.random.Generator:
+    w = np.asarray(words)
+    if w.shape != (6,) or w.dtype != np.uint64 or int(w[4]) > 1:
+        raise CodecError(f"{what}: its generator position is a {w.dtype.name} array of shape {w.shape}, not 6 uint64 "
+                         "words; the state is corrupted")
+    v = [int(x) for x in w]
+    rng = np.random.default_rng()
+    rng.bit_generator.state = {"bit_generator": "PCG64", "state": {"state": (v[0] << 64) | v[1],
+                                                                   "inc": (v[2] << 64) | v[3]},
+                               "has_uint32": v[4], "uinteger": v[5]}
+    return rng
+
+
+@register_codec
 class SVDCodec(Codec):
     """The paper's SVD(r): full SVD of the [B*T, H] matrix, keep round(r*min(m,n)) singular values, send U, S, V^T."""
 
@@ -75,7 +111,7 @@ class SVDCodec(Codec):
         return F.reconstruct(u * B.reshape(s, (1, B.numel(s))), vt)
 
 
-@register
+@register_codec
 class LowRankCodec(Codec):
     """Rank-k factors P [m,k] = U S, Q [k,n] = V^T by randomized range finding; warm-started across calls."""
 
@@ -110,6 +146,59 @@ class LowRankCodec(Codec):
     def reset(self) -> None:
         """Forget the warm-start state (e.g. after the tensor's statistics changed abruptly)."""
         self._state.clear()
+
+    @property
+    def stateful(self) -> bool:
+        return True  # warm starts, and the random draws of every sketch wider than its warm start
+
+    def export_state(self) -> dict[str, np.ndarray]:
+        """Host copies of each warm start (`warm:<kind>:<dtype>:<columns>`, the [n, width] start block, and
+        `rank:...`, the last rank kept) and the generator's position (`rng`, 6 uint64 words)."""
+        out: dict[str, np.ndarray] = {"rng": _rng_words(self._rng)}
+        for (n, dtype, kind, _place), (block, rank) in self._state.items():
+            tag = _warm_tag(n, dtype, kind)
+            if f"warm:{tag}" in out:  # the same matrices on two devices: one start block per key
+                raise CodecError(f"codec {self.spec!r}: warm starts for {n} columns on two devices cannot be saved; "
+                                 "encode each tensor on one device")
+            out[f"warm:{tag}"] = np.array(B.to_host(block), copy=True)
+            out[f"rank:{tag}"] = np.array(rank, np.int64)
+        return out
+
+    def import_state(self, state: Mapping[str, Any], *, shape: tuple[int, ...] | None = None,
+                     name: str = "the tensor") -> None:
+        """Replace the warm starts and the generator's position with those of `state` (an `export_state` dict;
+        without `rng` the generator restarts from `seed`), checked first: CodecError names `name` and the
+        mismatch, and then nothing changed."""
+        what = f"low-rank warm start of {name}"
+        rng = np.random.default_rng(self.seed)
+        blocks: dict[str, tuple[np.ndarray, int]] = {}
+        for key, value in state.items():
+            kind_, _, tag = str(key).partition(":")
+            if key == "rng":
+                rng = _rng_from_words(value, what)
+            elif kind_ in ("warm", "rank") and tag:
+                blocks.setdefault(tag, [None, None])[kind_ == "rank"] = value  # type: ignore[index]
+            else:
+                raise CodecError(f"{what}: key {key!r} is not rng, warm:... or rank:...; it was written by another "
+                                 "version: resume with that version or from an earlier checkpoint")
+        new: dict[tuple, tuple[Any, int]] = {}
+        for tag, (block, rank) in blocks.items():
+            n, dtype, kind = _parse_tag(tag, what)
+            if block is None or rank is None:
+                raise CodecError(f"{what}: {tag!r} has a start block or a rank but not both; the state is corrupted")
+            a, r = np.asarray(block), np.asarray(rank)
+            if a.ndim != 2 or a.shape[0] != n or a.shape[1] < 1 or a.dtype.name != dtype or not np.isfinite(a).all():
+                raise CodecError(f"{what}: start block {tag!r} is a {a.dtype.name} array of shape {a.shape}, not a "
+                                 f"finite {dtype} [{n}, width]; the state is corrupted")
+            if r.shape != () or r.dtype.kind not in "iu" or int(r) < 1:
+                raise CodecError(f"{what}: rank {tag!r} is {r!r}, not one integer >= 1; the state is corrupted")
+            if shape is not None and F.matrix_shape(tuple(shape))[1] != n:
+                raise CodecError(f"{what}: saved for matrices of {n} columns but the tensor has shape {tuple(shape)}; "
+                                 "it was saved for another model or other settings")
+            host = np.array(a, copy=True)
+            dev = B.from_host(host, dtype, kind)
+            new[(n, dtype, kind, str(getattr(dev, "place", "")))] = (dev, int(r))
+        self._state, self._rng = new, rng
 
     def _sketch(self, a: Any, key: tuple, width: int) -> tuple[Any, Any, Any]:
         """Randomized SVD of width `width`, from the warm start block when there is one (then one iteration less).

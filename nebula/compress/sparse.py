@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from . import backend as B
-from .base import Codec, CodecError, Encoded, check_finite, parse_args, register
+from .base import Codec, CodecError, Encoded, check_finite, parse_args, register_codec
 from .spec import SpecError, SpecNode
 
 __all__ = ["TopKCodec", "topk_select", "topk_scatter"]
@@ -56,7 +56,7 @@ class FractionArg(Codec):
         return cls(args["f"])
 
 
-@register
+@register_codec
 class TopKCodec(FractionArg):
     """Top-k sparsification: round(f*n) (at least 1) largest |x| as int32 indices plus values; pair it with ef(...)."""
 

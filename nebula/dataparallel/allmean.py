@@ -15,8 +15,9 @@ weights so that every replica starts from the same point; they also exchange the
 restarted job resumes from the newest step every cluster holds.
 
 A leader's codecs (one per tensor) are its only WAN state beyond the outer optimizer's: `codec_state` packs their
-error-feedback residuals for its cluster's checkpoint (`pack_codec_state`) and `unpack_codec_state` builds them
-back, checked against the tensors sent, so that a resumed leader encodes exactly as the uninterrupted one would.
+whole state (`Codec.export_state`: error-feedback residuals, low-rank warm starts and their generator) for its
+cluster's checkpoint (`pack_codec_state`) and `unpack_codec_state` builds them back, checked against the tensors
+sent, so that a resumed leader encodes exactly as the uninterrupted one would.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from typing import Any, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from nebula.channel import ChannelError, Endpoint
-from nebula.compress import Codec, ErrorFeedbackCodec, decode_from_frames, encode_to_frames, get_codec
+from nebula.compress import Codec, decode_from_frames, encode_to_frames, get_codec
 from nebula.mean import RunningMean, check_model_update
 from nebula.messaging import Malformed, Message, MessageFamily, Messenger, Peer
 
@@ -213,12 +214,11 @@ CODEC_KEY = "codec"  # a checkpoint's outer codec spec; each tensor's codec stat
 
 
 def pack_codec_state(spec: str, codecs: Mapping[str, Codec]) -> dict[str, np.ndarray]:
-    """The codecs' state as flat named arrays: `codec` (the spec) and `codec/<tensor>/<key>` for each residual of
-    an error-feedback codec (other codecs carry none that a checkpoint keeps)."""
+    """The codecs' state as flat named arrays: `codec` (the spec) and `codec/<tensor>/<key>` for each array of
+    each codec's `export_state` (residuals, warm starts; a stateless codec has none)."""
     out = {CODEC_KEY: np.array(spec)}
     for name, c in codecs.items():
-        if isinstance(c, ErrorFeedbackCodec):
-            out.update({f"{CODEC_KEY}/{name}/{k}": v for k, v in c.export_state().items()})
+        out.update({f"{CODEC_KEY}/{name}/{k}": v for k, v in c.export_state().items()})
     return out
 
 
@@ -229,11 +229,11 @@ def unpack_codec_state(flat: Mapping[str, np.ndarray], spec: str, shapes: Mappin
     `shapes` are the tensors the leader sends. A checkpoint saved before codec state was kept, or with another
     codec, gives no codecs (they start from zero) and says so in the note; ValueError (CodecError) names the tensor
     whose state does not fit."""
-    stateful = isinstance(get_codec(spec), ErrorFeedbackCodec)
+    stateful = get_codec(spec).stateful
     if CODEC_KEY not in flat:
-        return {}, (f"it holds no outer codec state (saved before checkpoints kept it): the error-feedback "
-                    f"residuals of {spec} start from zero, so this run differs slightly from an uninterrupted one"
-                    if stateful else None)
+        return {}, (f"it holds no outer codec state (saved before checkpoints kept it): the state of {spec} "
+                    "(error-feedback residuals, low-rank warm starts) starts from zero, so this run differs slightly "
+                    "from an uninterrupted one" if stateful else None)
     saved = str(np.asarray(flat[CODEC_KEY]).item())
     states: dict[str, dict[str, np.ndarray]] = {}
     for key, v in flat.items():

@@ -12,11 +12,13 @@ Checkpoints hold each cluster's replica, its inner optimizer and the outer state
 restarted job resumes from the newest step every cluster holds; with `recovery_timeout_s` the clusters agree on it
 through the switches (whole-job recovery, docs/recovery.md), the leaders talk on channels of the recovery round, and
 a cluster's other ranks wait for their leader's mean at a meeting in the job's TCP store, which a leader that lost
-a peer cluster releases. The leader's codec state goes into its cluster's checkpoint too: the error-feedback
-residuals of `outer.codec: ef(...)`, per tensor sent (`allmean.pack_codec_state`), so a resumed leader encodes as
+a peer cluster releases. The leader's codec state goes into its cluster's checkpoint too: each codec's whole
+`export_state` per tensor sent (`allmean.pack_codec_state`) -- the error-feedback residuals of `outer.codec: ef(...)`
+and the warm starts (and random generator) of `lowrank(...)`, inside `ef` or not -- so a resumed leader encodes as
 the uninterrupted one would and the run computes what it does; the other ranks hold none. A checkpoint saved
-before this state was kept still resumes, its residuals from zero (logged once). Low-rank warm starts (`lowrank`
-inside `ef`) and `auto`'s measurements are not kept: with them a resumed run differs slightly.
+before this state was kept still resumes, its residuals from zero (logged once); one saved with residuals only
+resumes them with cold low-rank warm starts. `auto`'s measurements are not kept (they are timings of this
+machine and link, measured again after a restart), so with `auto` a resumed run may choose differently.
 
 With `data_parallel.streaming` (Streaming DiLoCo, `nebula.dataparallel.streaming`) the leader sends one slice of the
 model at a time on the slice's own schedule (`ClusterMean.post`, not waiting for delivery), reads the other clusters'
@@ -40,7 +42,7 @@ from nebula.config.schema import ConfigError
 from nebula.dataparallel.allmean import ClusterLost, ClusterMean, ModelMismatch, Posted, unpack_codec_state
 from nebula.dataparallel.outer import (OuterState, average_step, outer_step, pack_state, pseudo_gradient,
                                        unpack_state)
-from nebula.dataparallel.streaming import Fragments, flatten, merge, unflatten
+from nebula.dataparallel.streaming import Fragments, flatten_f32, merge, unflatten_f32
 from nebula.pipeline import checkpoint as ckpt
 from nebula.pipeline.data import rank_micro_batches, step_ids
 from nebula.pipeline.hooks import PipelineHooks
@@ -164,7 +166,7 @@ class DataParallelHooks(PipelineHooks):
             return
         if state.fragment_bufs is None:
             raise ValueError("it was written without data_parallel.streaming and this job streams")
-        flat = flatten(state.anchor if state.anchor else like)
+        flat = flatten_f32(state.anchor if state.anchor else like)
         self.frags = Fragments(flat.size, self.stream.fragments, self.dp.sync_every, self.stream.delay)
         for f, b in state.fragment_bufs.items():
             lo, hi = self.frags.bounds(f) if 0 <= f < self.frags.fragments else (0, -1)
@@ -202,7 +204,7 @@ class DataParallelHooks(PipelineHooks):
             out = pack_state(OuterState(self.anchor, self.buf, self.last_sync))
         else:
             self._guard(self._drain)
-            anchor = unflatten(self.flat_anchor, self.anchor)
+            anchor = unflatten_f32(self.flat_anchor, self.anchor)
             out = pack_state(OuterState(anchor, None, self.last_sync, dict(self.fbufs), tuple(self.pending)))
         if self.mean is not None:  # the leader's codecs: error-feedback residuals (after every slice posted)
             out.update(self.mean.codec_state())
@@ -264,7 +266,7 @@ class DataParallelHooks(PipelineHooks):
         params = self.r.stages.params()
         replica = None
         if sends or any(at <= done for _, at in self.pending):
-            replica = flatten({k: p.numpy() for k, p in params.items()})
+            replica = flatten_f32({k: p.numpy() for k, p in params.items()})
         if last:  # the final sync sends every slice: those in flight take their outer steps first, unmerged
             if leader:
                 self._guard(self._drain)
@@ -307,7 +309,7 @@ class DataParallelHooks(PipelineHooks):
                     self.flat_anchor[lo:hi] = outer[at:at + hi - lo]
                     replica[lo:hi] = merge(replica[lo:hi], outer[at:at + hi - lo], alpha)
                     at += hi - lo
-            new = unflatten(replica, {k: p.numpy() for k, p in params.items()})
+            new = unflatten_f32(replica, {k: p.numpy() for k, p in params.items()})
             for k, p in params.items():
                 p.set_value(new[k])
         sent = self.mean.sent_bytes if self.mean else 0

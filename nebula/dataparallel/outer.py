@@ -17,9 +17,9 @@ from typing import Mapping, NamedTuple
 
 import numpy as np
 
-__all__ = ["pseudo_gradient", "outer_step", "average_step", "OuterState", "pack_state", "unpack_state"]
+from nebula.mean import Weights
 
-Weights = Mapping[str, np.ndarray]
+__all__ = ["pseudo_gradient", "outer_step", "average_step", "OuterState", "pack_state", "unpack_state"]
 
 
 def pseudo_gradient(anchor: Weights, replica: Weights) -> dict[str, np.ndarray]:

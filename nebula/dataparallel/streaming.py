@@ -14,7 +14,7 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["Fragments", "flatten", "unflatten", "merge"]
+__all__ = ["Fragments", "flatten_f32", "unflatten_f32", "merge"]
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,13 @@ class Fragments:
         return float(np.max(np.diff(c))) / self.size
 
 
-def flatten(tensors: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Every value of `tensors`, in their order, as one float32 vector."""
+def flatten_f32(tensors: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Every value of `tensors`, in their order, as one float32 vector (the fragments' model; secure aggregation's
+    `secagg.flatten` keeps float64 in an agreed order instead, for its fixed-point sums)."""
     return np.concatenate([np.asarray(v, np.float32).reshape(-1) for v in tensors.values()])
 
 
-def unflatten(flat: np.ndarray, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def unflatten_f32(flat: np.ndarray, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """`flat` cut back into tensors shaped (and typed) as `like`."""
     if flat.size != sum(int(np.size(v)) for v in like.values()):
         raise ValueError(f"flat model of {flat.size} values does not fit tensors of "

@@ -10,11 +10,11 @@ worker-assisted model distribution).
 from nebula.federated.aggregate import check_updates, fedavg, krum, median, multi_krum, trimmed_mean
 from nebula.federated.client import Client, PaddleClient
 from nebula.federated.config import FederatedJob, load_federated_job
-from nebula.federated.strategy import AsyncStrategy, Strategy, get_strategy, register, strategy_names
+from nebula.federated.strategy import AsyncStrategy, Strategy, get_strategy, register_strategy, strategy_names
 from nebula.federated import strategies as _builtin_strategies  # noqa: F401,E402  (registers FedAvg, FedProx, ...)
 from nebula.federated.controller.trail import ModelTrail
 from nebula.mean import RunningMean, check_model_update
 
 __all__ = ["RunningMean", "check_model_update", "check_updates", "fedavg", "krum", "median", "multi_krum",
-           "trimmed_mean", "AsyncStrategy", "Strategy", "get_strategy", "register", "strategy_names", "Client",
+           "trimmed_mean", "AsyncStrategy", "Strategy", "get_strategy", "register_strategy", "strategy_names", "Client",
            "PaddleClient", "FederatedJob", "load_federated_job", "ModelTrail"]

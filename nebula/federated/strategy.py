@@ -13,17 +13,17 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from nebula.federated.aggregate import Update, fedavg
+from nebula.mean import Weights
 from nebula.registry import Registry
 
-__all__ = ["Strategy", "AsyncStrategy", "register", "get_strategy", "strategy_names", "Weights", "State"]
+__all__ = ["Strategy", "AsyncStrategy", "register_strategy", "get_strategy", "strategy_names", "State"]
 
-Weights = dict[str, np.ndarray]
 State = dict[str, np.ndarray]
 
 STRATEGIES: Registry[type["Strategy"]] = Registry("strategy")
 
 
-def register(name: str) -> Callable[[type["Strategy"]], type["Strategy"]]:
+def register_strategy(name: str) -> Callable[[type["Strategy"]], type["Strategy"]]:
     """Class decorator: make a strategy available to `get_strategy(name)` and to job files."""
     def deco(cls: type[Strategy]) -> type[Strategy]:
         cls.name = name

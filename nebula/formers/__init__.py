@@ -14,7 +14,7 @@ from nebula.formers.data import TokenData, load_tokenizer, read_lines
 from nebula.formers.families import FAMILIES, UNAVAILABLE, Family, family_of
 from nebula.formers.layers import IGNORE_INDEX, CausalLMLayers, causal_lm_loss, layer_names
 from nebula.formers.loading import kernel_choice, load_causal_lm
-from nebula.formers.recipe import CausalLMRecipe, even_bounds
+from nebula.formers.recipe import CausalLMRecipe, stage_bounds
 
 __all__ = [
     "CausalLMRecipe",
@@ -38,5 +38,5 @@ __all__ = [
     "layer_names",
     "kernel_choice",
     "load_causal_lm",
-    "even_bounds",
+    "stage_bounds",
 ]

@@ -14,7 +14,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from nebula.federated.client import Client, Weights
+from nebula.federated.client import Client
+from nebula.mean import Weights
 from nebula.formers.checkpoint import resolve_pretrained
 from nebula.formers.data import TokenData, load_tokenizer, read_lines
 from nebula.formers.families import family_of

@@ -22,7 +22,7 @@ from nebula.formers.layers import CausalLMLayers
 from nebula.hybrid.layered import LayerRangeStage, check_bounds
 from nebula.pipeline.stage import Recipe, Stage, StageContext
 
-__all__ = ["CausalLMRecipe", "even_bounds", "default_stage_names"]
+__all__ = ["CausalLMRecipe", "stage_bounds", "default_stage_names"]
 
 
 def default_stage_names(num_stages: int) -> tuple[str, ...]:
@@ -32,8 +32,10 @@ def default_stage_names(num_stages: int) -> tuple[str, ...]:
     return ("embed", *(f"mid{i}" for i in range(1, num_stages - 1)), "head")
 
 
-def even_bounds(num_hidden_layers: int, num_stages: int) -> list[int]:
-    """Decoder layers split evenly; the embeddings go with the first stage, norm and head with the last."""
+def stage_bounds(num_hidden_layers: int, num_stages: int) -> list[int]:
+    """Bounds of `num_stages` stages over the model's layers (embed, decoders, norm, head): the decoder layers split
+    evenly, the embeddings with the first stage, norm and head with the last (balance.even.even_bounds splits all
+    layers alike instead)."""
     if not 1 <= num_stages <= num_hidden_layers:
         raise ValueError(f"num_stages={num_stages} must be between 1 and the model's {num_hidden_layers} decoder "
                          "layers")
@@ -80,7 +82,7 @@ class CausalLMRecipe(Recipe):
         self.model = CausalLMLayers(self.info, self.data, kernels=kernels, lr=lr, optimizer=optimizer,
                                     weight_decay=weight_decay)
         n = self.info.num_hidden_layers
-        self.bounds = check_bounds(bounds if bounds is not None else even_bounds(n, num_stages),
+        self.bounds = check_bounds(bounds if bounds is not None else stage_bounds(n, num_stages),
                                    self.model.num_layers, num_stages)
         self.num_examples = self.data.num_examples
 

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from nebula.pipeline import checkpoint as pck
-from nebula.pipeline.checkpoint import param_names, read_marker, rename_state
+from nebula.pipeline.checkpoint import param_names, rename_state
 from nebula.recovery import durable
 from nebula.recovery.durable import CheckpointError
 
-__all__ = ["layer_dir", "layer_names", "save_layers", "commit", "committed_steps", "load_layers", "prune",
-           "read_marker"]
+__all__ = ["layer_dir", "layer_parts", "save_layers", "commit", "committed_steps", "load_layers"]
 
 _LAYER_FILES = "files.json"
 
@@ -27,8 +26,9 @@ def _part(index: int) -> str:
     return f"layer_{index:04d}"
 
 
-def layer_names(num_layers: int) -> list[str]:
-    """The parts of a checkpoint of `num_layers` layers."""
+def layer_parts(num_layers: int) -> list[str]:
+    """The parts of a checkpoint of `num_layers` layers (what nebula.pipeline.checkpoint's `local_steps` and `prune`
+    take as `parts`)."""
     return [_part(i) for i in range(num_layers)]
 
 
@@ -53,7 +53,7 @@ def commit(root: str | Path, step: int, cluster: str, meta: dict) -> Path:
     now counts for resuming. CheckpointError if a layer's digests are missing or torn (its save did not finish)."""
     d = pck.step_dir(root, step)
     count = meta.get("num_layers")
-    layers = [d / n for n in layer_names(int(count))] if count is not None else sorted(d.glob("layer_*"))
+    layers = [d / n for n in layer_parts(int(count))] if count is not None else sorted(d.glob("layer_*"))
     files = {}
     for layer in layers:
         if not (layer / _LAYER_FILES).is_file():
@@ -67,7 +67,7 @@ def commit(root: str | Path, step: int, cluster: str, meta: dict) -> Path:
 def committed_steps(root: str | Path | None, cluster: str, num_layers: int) -> list[int]:
     """Steps with a marker and every layer's weights matching its digest, oldest first (a step that does not
     verify is logged once and left out)."""
-    return pck.local_steps(root, cluster, layer_names(num_layers))
+    return pck.local_steps(root, cluster, layer_parts(num_layers))
 
 
 def load_layers(root: str | Path, step: int, first: int, layers: Sequence[Any], optimizer: Any) -> None:
@@ -83,8 +83,3 @@ def load_layers(root: str | Path, step: int, first: int, layers: Sequence[Any], 
             merged.update(rename_state(opt_state, back, only_named=True))
     if merged:
         optimizer.set_state_dict(merged)
-
-
-def prune(root: str | Path, cluster: str, num_layers: int, keep: int) -> None:
-    """Remove all but the newest `keep` committed steps of `num_layers` layers (nebula.pipeline.checkpoint.prune)."""
-    pck.prune(root, cluster, layer_names(num_layers), keep)

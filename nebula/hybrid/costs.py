@@ -166,10 +166,10 @@ def analytic_layer_costs(model: LayeredModel, batch: int, *, micro_batches: int 
 
 
 def job_layer_profiles(job: Any) -> list:
-    """`nebula.balance.profile_layers` of a job file's recipe layers (its `layered()` model), on one micro-batch of
-    the job's size (train.global_batch over the smallest cluster's ranks and micro_batches), named by the model's
-    `names()` when it has one; ValueError naming what is missing."""
-    from nebula.balance.profile import profile_layers
+    """`nebula.balance.profile.measure_layers` of a job file's recipe layers (its `layered()` model), on one
+    micro-batch of the job's size (train.global_batch over the smallest cluster's ranks and micro_batches), named by
+    the model's `names()` when it has one; ValueError naming what is missing."""
+    from nebula.balance.profile import measure_layers
     from nebula.config.job import load_job_config
     from nebula.hybrid.layered import layered_model
     from nebula.pipeline.stage import load_recipe
@@ -181,4 +181,4 @@ def job_layer_profiles(job: Any) -> list:
     batch = max(t.global_batch // (world * t.micro_batches), 1)
     names = model.names() if callable(getattr(model, "names", None)) else None
     layers = build_layers(model, 0, model.num_layers, t.seed)
-    return profile_layers(layers, model.inputs(np.arange(batch)), names=names)
+    return measure_layers(layers, model.inputs(np.arange(batch)), names=names)

@@ -30,6 +30,7 @@ from nebula.hybrid.p2p import recv_like, recv_tensor, send_like, send_tensor, wa
 from nebula.hybrid.topology import Layout
 from nebula.pipeline.data import rank_micro_batches, step_ids
 from nebula.pipeline.metrics import MetricsWriter
+from nebula.pipeline import checkpoint as pck
 from nebula.pipeline.cluster_stages import join_cluster
 from nebula.pipeline.runner import RunResult
 from nebula.pipeline.stage import load_recipe
@@ -227,7 +228,7 @@ class _HybridRunner:
             return 0
         step = steps[-1]
         ckpt.load_layers(ck.dir, step, self.start, self.layers, self.opt)
-        old = ckpt.read_marker(ck.dir, step, self.cluster)
+        old = pck.read_step_marker(ck.dir, step, self.cluster)
         log.info("cluster %s rank %d: resumed step %d (saved by %s x %s, bounds %s; now bounds %s)", self.cluster,
                  self.rank, step, old.get("num_stages"), old.get("num_replicas"), old.get("bounds"), self.plan.bounds)
         return step
@@ -245,7 +246,7 @@ class _HybridRunner:
         if self.rank == 0:
             ckpt.commit(ck.dir, step_done, self.cluster, {
                 **self.plan.record(), "job": self.cfg.job, "num_layers": self.model.num_layers})
-            ckpt.prune(ck.dir, self.cluster, self.model.num_layers, ck.keep)
+            pck.prune(ck.dir, self.cluster, ckpt.layer_parts(self.model.num_layers), ck.keep)
         result.checkpoints.append(step_done)
 
     # ---- main loop ----------------------------------------------------------------------------------------

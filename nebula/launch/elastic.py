@@ -30,6 +30,7 @@ from nebula.config.schema import to_dict
 from nebula.config.job import JobConfig, load_job_config
 from nebula.hybrid import checkpoint as ckpt
 from nebula.hybrid.topology import Layout, shrink_layout
+from nebula.pipeline.checkpoint import read_step_marker
 
 __all__ = ["relayout", "write_job", "launch_elastic", "ElasticPlan", "reallocate_layout"]
 
@@ -165,7 +166,7 @@ def launch_elastic(job_file: str | Path, cluster: str, *, min_ranks: int = 1,
             log.error("cluster %s failed (exit %d) with %d rank(s) and %s; not relaunching", cluster, code, ranks,
                       f"checkpoint step {steps[-1]}" if steps else "no committed checkpoint")
             return code
-        record = ckpt.read_marker(cfg.checkpoint.dir, steps[-1], cluster)
+        record = read_step_marker(cfg.checkpoint.dir, steps[-1], cluster)
         if measured is None:
             measured = _measured(record, cfg, cluster, ranks)
         costs, devices = measured

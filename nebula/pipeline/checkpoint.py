@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 from nebula.recovery import durable
 from nebula.recovery.durable import CheckpointError
 
-__all__ = ["step_dir", "marker_path", "save", "save_part", "commit_step", "read_marker", "read_part",
+__all__ = ["step_dir", "marker_path", "save", "save_part", "commit_step", "read_step_marker", "read_part",
            "local_steps", "load", "load_extra", "prune", "checkpoint_step", "param_names", "rename_state",
            "CheckpointError"]
 
@@ -64,7 +64,7 @@ def commit_step(root: str | Path, step: int, cluster: str, meta: Mapping[str, An
     return marker
 
 
-def read_marker(root: str | Path, step: int, cluster: str) -> dict:
+def read_step_marker(root: str | Path, step: int, cluster: str) -> dict:
     """`cluster`'s marker of step `step` (what its saver recorded: layout, bounds, number of layers, ...);
     CheckpointError when it is torn."""
     return durable.read_marker(marker_path(step_dir(root, step), cluster))

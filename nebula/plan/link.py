@@ -37,11 +37,11 @@ from dataclasses import dataclass
 
 from nebula.quality.rows import Traffic
 
-__all__ = ["Link", "parse_link", "exchange_s", "carry_s", "predicted_wall_s"]
+__all__ = ["WanLink", "parse_link", "exchange_s", "carry_s", "predicted_wall_s"]
 
 
 @dataclass(frozen=True)
-class Link:
+class WanLink:
     """A WAN link: rate in Mbit/s and round-trip time in ms."""
 
     mbit: float
@@ -62,8 +62,8 @@ class Link:
 _PART = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(gbit|mbit|kbit|ms|s)\s*$", re.IGNORECASE)
 
 
-def parse_link(text: str) -> Link:
-    """'100mbit,20ms' (rate in gbit/mbit/kbit, RTT in ms or s) -> Link; ValueError saying the form otherwise."""
+def parse_link(text: str) -> WanLink:
+    """'100mbit,20ms' (rate in gbit/mbit/kbit, RTT in ms or s) -> WanLink; ValueError saying the form otherwise."""
     rate, rtt = None, 0.0
     for part in str(text).split(","):
         m = _PART.match(part)
@@ -81,22 +81,22 @@ def parse_link(text: str) -> Link:
         raise ValueError(f"link {text!r} has no rate; write it as RATE[,RTT], e.g. 100mbit,20ms")
     if rate <= 0:
         raise ValueError(f"link {text!r}: the rate must be > 0; write it as RATE[,RTT], e.g. 100mbit,20ms")
-    return Link(rate, rtt)
+    return WanLink(rate, rtt)
 
 
-def exchange_s(nbytes: float, latencies: float, link: Link) -> float:
+def exchange_s(nbytes: float, latencies: float, link: WanLink) -> float:
     """Seconds one exchange with `nbytes` on its critical path, waiting `latencies` one-way latencies, takes on
     `link`: serialisation (past the shaper's burst), propagation and the path's fixed cost."""
     return (max(0.0, nbytes - link.burst_bytes) * 8 / (link.mbit * 1e6) + latencies * link.rtt_ms / 2000.0
             + link.overhead_ms / 1000.0)
 
 
-def carry_s(nbytes: float, link: Link) -> float:
+def carry_s(nbytes: float, link: WanLink) -> float:
     """Seconds `link` needs to carry `nbytes` in one direction at its rate."""
     return nbytes * 8 / (link.mbit * 1e6)
 
 
-def predicted_wall_s(compute_s: float, traffic: Traffic, link: Link) -> float:
+def predicted_wall_s(compute_s: float, traffic: Traffic, link: WanLink) -> float:
     """Wall time of a run whose critical-path compute is `compute_s` and whose WAN traffic is `traffic` (see the
     module docstring): compute plus the blocking exchanges, or the larger of the two when they run behind compute,
     never less than the time the link needs to carry the busier direction's bytes."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from nebula.plan.link import Link, predicted_wall_s
+from nebula.plan.link import WanLink, predicted_wall_s
 from nebula.plan.sizing import JobSize
 from nebula.quality.rows import RowResult, RowSpec, read_rows
 
@@ -126,7 +126,7 @@ class PlanRow:
 class Plan:
     """The plan: every row, the pick, the rows tied with it, and how the job was scaled from the table."""
 
-    link: Link
+    link: WanLink
     rows: tuple[PlanRow, ...]
     tolerance: float
     recommended: PlanRow
@@ -158,7 +158,7 @@ def _reference(table: Table, r: RowResult) -> RowResult:
     return next((t for t in table.rows if t.spec == twin), table.baseline)
 
 
-def make_plan(table: Table, link: Link, size: JobSize | None, *, tolerance: float = 0.02,
+def make_plan(table: Table, link: WanLink, size: JobSize | None, *, tolerance: float = 0.02,
               compute_s: float | None = None) -> Plan:
     """Predict every row of `table` for a job of `size` (None: the table's own model and batch) on `link`."""
     if tolerance < 0:

@@ -47,7 +47,7 @@ from nebula.quality.rows import RowResult, RowSpec, Traffic
 __all__ = ["Budget", "Bench", "CLUSTERS"]
 
 CLUSTERS = 2
-Progress = Callable[[int, int], None]  # (steps done, steps in all)
+ProgressCallback = Callable[[int, int], None]  # (steps done, steps in all)
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class _Wire:
     def send(self, x: np.ndarray, key: Any = None, ids: np.ndarray | None = None) -> tuple[np.ndarray, int]:
         """`x` through the codec of tensor `key` and back, as the receiver decodes it; (decoded, bytes sent). A keyed
         codec (activation deltas) gets each row's example id `ids` and decodes with a receiver of its own."""
-        from nebula.compress import decode, get_codec
+        from nebula.compress import decode_encoded, get_codec
         from nebula.compress.delta import is_keyed
 
         codec = self._codecs.get(key)
@@ -155,7 +155,7 @@ class _Wire:
             y = recv.decode(enc)
         else:
             enc = codec.encode(x)
-            y = decode(enc)
+            y = decode_encoded(enc)
         self.bytes += enc.nbytes
         return np.asarray(y, dtype=x.dtype).reshape(x.shape), enc.nbytes
 
@@ -214,7 +214,7 @@ class Bench:
         return heldout_loss(model, self.layered, self.heldout)
 
     # -- rows ---------------------------------------------------------------------------------------------------
-    def run(self, spec: RowSpec, budget: Budget, progress: Progress | None = None) -> RowResult:
+    def run(self, spec: RowSpec, budget: Budget, progress: ProgressCallback | None = None) -> RowResult:
         """Train row `spec` for `budget` and measure it."""
         self._check(budget)
         if spec.epochs:  # a smaller training set seen `epochs` times (activation deltas pay on examples seen again)
@@ -234,7 +234,7 @@ class Bench:
                          seed=budget.seed, peak_wan_bytes=int(peak), traffic=traffic,
                          train_loss=float(np.mean(tail)), extra=extra)
 
-    def _one_cluster(self, spec: RowSpec, b: Budget, progress: Progress) -> tuple:
+    def _one_cluster(self, spec: RowSpec, b: Budget, progress: ProgressCallback) -> tuple:
         from nebula.quality.evaluate import num_params
 
         model = self._build(b.seed)
@@ -251,7 +251,7 @@ class Bench:
             progress(s + 1, b.steps)
         return model, 0, 0, Traffic(), clock.total, losses, num_params(model), {}
 
-    def _all_reduce(self, spec: RowSpec, b: Budget, progress: Progress) -> tuple:
+    def _all_reduce(self, spec: RowSpec, b: Budget, progress: ProgressCallback) -> tuple:
         from nebula.quality.evaluate import num_params
 
         model = self._build(b.seed)
@@ -284,13 +284,13 @@ class Bench:
         traffic = Traffic(exchanges=b.steps, bytes_per_exchange=wan / CLUSTERS / b.steps, latencies_per_exchange=1)
         return model, wan, per_step * CLUSTERS, traffic, clock.total, losses, num_params(model), {}
 
-    def _pipeline(self, spec: RowSpec, b: Budget, progress: Progress) -> tuple:
+    def _pipeline(self, spec: RowSpec, b: Budget, progress: ProgressCallback) -> tuple:
         import paddle
 
-        from nebula.formers.recipe import even_bounds
+        from nebula.formers.recipe import stage_bounds
         from nebula.quality.evaluate import num_params
 
-        bounds = even_bounds(self.layered.num_hidden_layers, 2)
+        bounds = stage_bounds(self.layered.num_hidden_layers, 2)
         stage_a = self._build(b.seed, 0, bounds[1])
         stage_b = self._build(b.seed, bounds[1], bounds[2])
         opt_a, opt_b = self._opt(stage_a), self._opt(stage_b)
@@ -367,7 +367,7 @@ class Bench:
             step_loss += float(loss) / len(models)
         return times, step_loss
 
-    def _diloco(self, spec: RowSpec, b: Budget, progress: Progress) -> tuple:
+    def _diloco(self, spec: RowSpec, b: Budget, progress: ProgressCallback) -> tuple:
         from nebula.quality.evaluate import num_params
 
         models, opts = self._replicas(b, CLUSTERS)
@@ -397,7 +397,7 @@ class Bench:
         traffic = Traffic(exchanges=syncs, bytes_per_exchange=wan / CLUSTERS / syncs, latencies_per_exchange=1)
         return models[0], wan, peak, traffic, clock.total, losses, num_params(models[0]), {"syncs": syncs}
 
-    def _streaming(self, spec: RowSpec, b: Budget, progress: Progress) -> tuple:
+    def _streaming(self, spec: RowSpec, b: Budget, progress: ProgressCallback) -> tuple:
         from nebula.quality.evaluate import num_params
 
         from nebula.dataparallel.streaming import Fragments
@@ -448,7 +448,7 @@ class Bench:
                           overlapped=tau > 0)
         return models[0], wan, peak, traffic, clock.total, losses, num_params(models[0]), {"syncs": syncs}
 
-    def _federated(self, spec: RowSpec, b: Budget, progress: Progress) -> tuple:
+    def _federated(self, spec: RowSpec, b: Budget, progress: ProgressCallback) -> tuple:
         from nebula.quality.evaluate import num_params
 
         k = b.clients

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 from nebula.channel import ChannelError
 from nebula.recovery import durable
 from nebula.recovery.durable import CheckpointError
-from nebula.recovery.messages import Incarnation, RecoveryRefused, decode, encode
+from nebula.recovery.messages import Incarnation, RecoveryRefused, decode_recovery, encode_recovery
 from nebula.recovery.protocol import (Agreement, Event, GiveUp, Paused, Received, Renumbered, RequestPause, Resume,
                                       Send, Started, Superseded, Tick)
 
@@ -129,7 +129,7 @@ class Coordinator:
             while ch.pending():
                 try:
                     data = ch.recv(timeout_s=0)
-                    msg = decode(data, job=self.job, clusters=self.clusters, sender=cluster)
+                    msg = decode_recovery(data, job=self.job, clusters=self.clusters, sender=cluster)
                 except (RecoveryRefused, ChannelError) as exc:  # a malformed message, or one the switch refused
                     self._refuse(cluster, exc)
                     continue
@@ -143,7 +143,7 @@ class Coordinator:
     def _act(self, event: Event) -> None:
         for a in self.machine.handle(event, self.clock()):
             if isinstance(a, Send):
-                self.channels[a.to].send(encode(a.message, self.clusters), lane="control")
+                self.channels[a.to].send(encode_recovery(a.message, self.clusters), lane="control")
             elif isinstance(a, RequestPause):
                 log.warning("cluster %s: %s; pausing at the next step boundary", self.cluster, a.reason)
                 self._pause = True

@@ -22,8 +22,8 @@ from nebula.messaging import Message as WireMessage
 from nebula.messaging import MessageFamily, ProtocolError, Untrusted, to_json
 from nebula.messaging import decode as decode_wire
 
-__all__ = ["RecoveryRefused", "Incarnation", "UNKNOWN", "Round", "Holdings", "Decided", "Message", "encode", "decode",
-           "MAX_STEPS", "MAX_BYTES", "TO_RECOVERY", "HoldingsWire", "DecidedWire"]
+__all__ = ["RecoveryRefused", "Incarnation", "UNKNOWN", "Round", "Holdings", "Decided", "RecoveryMessage",
+           "encode_recovery", "decode_recovery", "MAX_STEPS", "MAX_BYTES", "TO_RECOVERY", "HoldingsWire", "DecidedWire"]
 
 MAX_STEPS = 1024  # steps one cluster may report (it keeps checkpoint.keep of them)
 MAX_STEP = (1 << 62) - 1
@@ -119,7 +119,7 @@ class Decided:
         _int(self.step, "decided step", -1, MAX_STEP)
 
 
-Message = Union[Holdings, Decided]
+RecoveryMessage = Union[Holdings, Decided]
 
 TO_RECOVERY = MessageFamily("recovery")  # what one cluster's recovery driver sends another's
 
@@ -127,7 +127,8 @@ TO_RECOVERY = MessageFamily("recovery")  # what one cluster's recovery driver se
 @TO_RECOVERY.message("holdings")
 class HoldingsWire(WireMessage):
     """`Holdings` on the wire: the round as its epoch and its view of [count, nonce] pairs in the job's cluster
-    order. The round and the steps are kept as sent: `decode` checks them with the rules of `Round` and `Holdings`."""
+    order. The round and the steps are kept as sent: `decode_recovery` checks them with the rules of `Round` and
+    `Holdings`."""
 
     job: str
     sender: str
@@ -147,7 +148,7 @@ class DecidedWire(WireMessage):
     step: Untrusted
 
 
-def encode(msg: Message, clusters: tuple[str, ...]) -> bytes:
+def encode_recovery(msg: RecoveryMessage, clusters: tuple[str, ...]) -> bytes:
     """The message as compact JSON (the view as [count, nonce] pairs in the job's cluster order)."""
     if len(msg.round.view) != len(clusters):
         raise ValueError(f"round of {len(msg.round.view)} clusters for a job of {len(clusters)}")
@@ -158,7 +159,7 @@ def encode(msg: Message, clusters: tuple[str, ...]) -> bytes:
     return to_json(DecidedWire(job=msg.job, sender=msg.sender, epoch=msg.round.epoch, view=view, step=msg.step))
 
 
-def decode(data: bytes, *, job: str, clusters: tuple[str, ...], sender: str) -> Message:
+def decode_recovery(data: bytes, *, job: str, clusters: tuple[str, ...], sender: str) -> RecoveryMessage:
     """A message from cluster `sender` (as the switch authenticated it) of `job`; RecoveryRefused names what is
     wrong: size, JSON, type, keys, job, sender, view length, a sender that does not know its own incarnation."""
     if sender not in clusters:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Union
 
-from nebula.recovery.messages import UNKNOWN, Decided, Holdings, Incarnation, Message, Round
+from nebula.recovery.messages import UNKNOWN, Decided, Holdings, Incarnation, RecoveryMessage, Round
 
 __all__ = ["Started", "Paused", "Received", "Tick", "Event", "Send", "RequestPause", "Resume", "Renumbered",
            "GiveUp", "Superseded", "Action", "Agreement", "RESTART_HINT"]
@@ -42,7 +42,7 @@ class Paused:
 class Received:
     """A message from another cluster's coordinator (decoded and checked against its channel's cluster)."""
 
-    message: Message
+    message: RecoveryMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +57,7 @@ Event = Union[Started, Paused, Received, Tick]
 @dataclass(frozen=True, slots=True)
 class Send:
     to: str
-    message: Message
+    message: RecoveryMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +174,7 @@ class Agreement:
             return self._broadcast(Holdings(self.job, self.me, self.round, self.steps))
         return []  # new / pausing: our holdings go out when we stop at the boundary
 
-    def _received(self, m: Message, now: float) -> list[Action]:
+    def _received(self, m: RecoveryMessage, now: float) -> list[Action]:
         if m.job != self.job or m.sender == self.me or m.sender not in self.clusters or \
                 len(m.round.view) != len(self.clusters):
             return []
@@ -234,7 +234,7 @@ class Agreement:
                               f"{self.timeout_s:g} s (no {what} from {', '.join(missing)} in recovery round "
                               f"{self.round.epoch}); {RESTART_HINT}")]
 
-    def _broadcast(self, m: Message) -> list[Action]:
+    def _broadcast(self, m: RecoveryMessage) -> list[Action]:
         return [Send(c, m) for c in self.clusters if c != self.me]
 
     @property

@@ -9,7 +9,7 @@ answers AUTH_OK with the worker's "name/account" (and the slots it grants), or A
 """
 from __future__ import annotations
 
-__all__ = ["AUTH", "AUTH_NO", "AUTH_OK", "CERT_REFUSED", "JOIN_BELOW_BYTES", "MAX_PARTS", "MessageParser", "StreamError", "pack_message",
+__all__ = ["AUTH", "AUTH_NO", "AUTH_OK", "CERT_REFUSED", "JOIN_BELOW_BYTES", "MAX_PARTS", "MessageParser", "StreamError", "frame_parts",
            "tls_writes"]
 
 import struct
@@ -32,7 +32,7 @@ class StreamError(ValueError):
     """The stream is not made of such messages, or a message is over the receiver's limit: the connection ends."""
 
 
-def pack_message(parts: Sequence[Any]) -> list[Any]:
+def frame_parts(parts: Sequence[Any]) -> list[Any]:
     """The pieces to write, in order, for one message of `parts` (bytes-like): its head, then the parts."""
     n = len(parts)
     if not 0 < n <= MAX_PARTS:

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from nebula.balance import allocate
-from nebula.balance.bert import bert_costs, build_layers, example_input, preset
+from nebula.balance.bert import bert_costs, bert_layers, example_input, preset
 from nebula.balance.devices import load_devices
-from nebula.balance.profile import load_profile, profile_layers, save_profile
+from nebula.balance.profile import load_profile, measure_layers, save_profile
 from nebula.balance.spec import AllocationSpec
 from nebula.config import ConfigError, load_job_config
 
@@ -78,7 +78,7 @@ def test_cli_bad_input_gets_clear_errors(tmp_path):
 
 def test_profile_of_real_paddle_layers_matches_the_analytic_costs(tmp_path):
     shape = preset("toy")
-    profiles = profile_layers(build_layers(shape), example_input(shape), warmup=1, repeat=2,
+    profiles = measure_layers(bert_layers(shape), example_input(shape), warmup=1, repeat=2,
                               names=[c.name for c in bert_costs(shape)])
     analytic = bert_costs(shape)
     assert [p.kind for p in profiles] == ["Embedding"] + ["TransformerEncoderLayer"] * 6 + ["Pooler", "Linear"]

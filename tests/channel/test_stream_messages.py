@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from nebula.wire.stream import JOIN_BELOW_BYTES, MAX_PARTS, MessageParser, StreamError, pack_message, tls_writes
+from nebula.wire.stream import JOIN_BELOW_BYTES, MAX_PARTS, MessageParser, StreamError, frame_parts, tls_writes
 
 
 def _feed(parser: MessageParser, data: bytes, rng: random.Random) -> list[list[bytes]]:
@@ -25,7 +25,7 @@ def test_messages_cut_anywhere_come_out_whole_and_in_order():
     rng = random.Random(5)
     msgs = [[rng.randbytes(rng.choice([0, 1, 24, 5000, 300_000])) for _ in range(rng.randint(1, MAX_PARTS))]
             for _ in range(60)]
-    stream = b"".join(bytes(piece) for m in msgs for piece in pack_message(m))
+    stream = b"".join(bytes(piece) for m in msgs for piece in frame_parts(m))
     parser = MessageParser(max_bytes=4 * 300_000, staging_bytes=64 * 1024)  # messages larger than its buffer
     assert _feed(parser, stream, rng) == msgs
 
@@ -44,7 +44,7 @@ def test_a_message_over_the_bound_or_misframed_ends_the_stream_before_it_is_read
         with pytest.raises(StreamError, match=why):
             parser.taken(len(bad))
     with pytest.raises(StreamError, match="1 to 4 parts"):
-        pack_message([])
+        frame_parts([])
 
 
 @pytest.mark.parametrize("sizes", [[5, 40], [5, 40, 300_000], [300_000, 9, 12, 300_000, 3], [JOIN_BELOW_BYTES] * 3,

@@ -10,7 +10,7 @@ import paddle
 import pytest
 
 from nebula.compress import TensorCoder, codec_path, decode_from_frames, encode_to_frames, get_codec, relative_error
-from nebula.compress.auto import Measurement, pick
+from nebula.compress.auto import Measurement, pick_measurement
 from nebula.compress.device import decode_frames_to_tensor, encode_tensor_to_frames, relative_error_on_device
 from nebula.compress.inflation import check_inflation, forget_warnings, svd_break_even_ratio
 
@@ -115,8 +115,9 @@ def test_auto_never_picks_a_candidate_larger_than_the_raw_tensor(caplog):
     raw = Measurement("none", encode_s=0.5, decode_s=0.0, nbytes=1000, error=0.0)
     big = Measurement("svd(0.9)", encode_s=0.0, decode_s=0.0, nbytes=1200, error=0.01)
     small = Measurement("int8", encode_s=0.3, decode_s=0.0, nbytes=300, error=0.01)
-    assert pick([raw, big], 0.05, 1e12).spec == "none"  # faster on paper, but it would send more than the tensor
-    assert pick([raw, big, small], 0.05, 1e12).spec == "int8"
+    # faster on paper, but it would send more than the tensor
+    assert pick_measurement([raw, big], 0.05, 1e12).spec == "none"
+    assert pick_measurement([raw, big, small], 0.05, 1e12).spec == "int8"
     forget_warnings()
     codec = get_codec("auto(0.5, svd(0.9), svd(1.0), mbit=1000000)")
     a = _act((8, 8, 64))

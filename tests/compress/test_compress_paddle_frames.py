@@ -7,7 +7,7 @@ import numpy as np
 import paddle
 import pytest
 
-from nebula.compress import (FrameError, NonFiniteError, decode, decode_from_frames,
+from nebula.compress import (FrameError, NonFiniteError, decode_encoded, decode_from_frames,
                              encode_to_frames, encoded_to_frames, get_codec, relative_error)
 from nebula.config.job import CompressionConfig
 from nebula.config.schema import ConfigError, from_dict
@@ -30,7 +30,7 @@ def test_paddle_round_trip_matches_numpy_and_stays_paddle(spec, dtype):
     t = paddle.cast(paddle.to_tensor(a), dtype)
     enc = get_codec(spec).encode(t)
     assert all(isinstance(leaf, paddle.Tensor) for leaf in enc.leaves())  # no host copy while encoding
-    y = decode(enc)
+    y = decode_encoded(enc)
     assert isinstance(y, paddle.Tensor) and y.dtype == t.dtype and list(y.shape) == list(t.shape)
     assert y.place.is_cpu_place() == t.place.is_cpu_place()
     frames = encoded_to_frames(enc)
@@ -42,15 +42,15 @@ def test_paddle_round_trip_matches_numpy_and_stays_paddle(spec, dtype):
     assert isinstance(as_numpy, np.ndarray)
     assert as_numpy.dtype == (np.float32 if dtype == "bfloat16" else np.dtype(dtype))
     ref = get_codec(spec).encode(paddle.cast(t, "float32").numpy())
-    assert relative_error(paddle.cast(t, "float32").numpy(), decode(ref)) == pytest.approx(
+    assert relative_error(paddle.cast(t, "float32").numpy(), decode_encoded(ref)) == pytest.approx(
         relative_error(paddle.cast(t, "float32").numpy(), paddle.cast(y, "float32").numpy()), rel=0.05, abs=2e-3)
 
 
 @pytest.mark.parametrize("spec", ["int8", "int8_block(8)", "int4_block(8)", "fp16"])
 def test_paddle_and_numpy_quantizers_agree(spec):
     a = _x()
-    y_np = decode(get_codec(spec).encode(a))
-    y_pd = decode(get_codec(spec).encode(paddle.to_tensor(a))).numpy()
+    y_np = decode_encoded(get_codec(spec).encode(a))
+    y_pd = decode_encoded(get_codec(spec).encode(paddle.to_tensor(a))).numpy()
     scale = np.abs(a).max()
     # rounding differs only at exact .5 ties (half-even vs half-away), at most one quantization step
     assert np.abs(y_np - y_pd).max() <= scale / (7 if "int4" in spec else 127) + 1e-6

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nebula.compress import (AutoCodec, decode, decode_from_frames, encode_to_frames, encoded_to_frames, get_codec,
-                             relative_error)
+from nebula.compress import (AutoCodec, decode_encoded, decode_from_frames, encode_to_frames, encoded_to_frames,
+                             get_codec, relative_error)
 
 
 def low_rank_plus_noise(rng, m=300, n=64, rank=6, noise=1e-3):
@@ -35,7 +35,7 @@ def test_lowrank_is_within_two_percent_of_the_optimal_error_and_sends_k_m_plus_n
     codec = get_codec("lowrank(rank=4)")
     enc = codec.encode(x)
     assert enc.payload_nbytes == 4 * 4 * (300 + 64)
-    assert relative_error(x, decode(enc)) <= 1.02 * optimal_error(x, 4)
+    assert relative_error(x, decode_encoded(enc)) <= 1.02 * optimal_error(x, 4)
 
 
 def test_lowrank_warm_start_tracks_a_drifting_matrix_better_than_an_extra_iteration():
@@ -46,8 +46,8 @@ def test_lowrank_warm_start_tracks_a_drifting_matrix_better_than_an_extra_iterat
     warm_err = cold_err = 0.0
     for step in range(8):
         x = base + 0.01 * rng.standard_normal(base.shape).astype(np.float32)
-        warm_err = relative_error(x, decode(warm.encode(x)))
-        cold_err = relative_error(x, decode(cold.encode(x)))
+        warm_err = relative_error(x, decode_encoded(warm.encode(x)))
+        cold_err = relative_error(x, decode_encoded(cold.encode(x)))
     # warm: the previous step's right singular vectors and no iteration; cold: a Gaussian block and one iteration
     assert warm_err <= 1.02 * optimal_error(x, 4) < cold_err
 
@@ -63,7 +63,7 @@ def test_lowrank_energy_keeps_the_fewest_values_holding_that_energy(energy):
         enc = codec.encode(x)
         k = enc.parts["p"].shape[1]
         assert k_best <= k <= k_best + 1
-        assert relative_error(x, decode(enc)) <= np.sqrt(1 - energy) * 1.001
+        assert relative_error(x, decode_encoded(enc)) <= np.sqrt(1 - energy) * 1.001
 
 
 def test_lowrank_with_ratio_matches_svd_rank_and_nests_under_quantizers():
@@ -74,7 +74,7 @@ def test_lowrank_with_ratio_matches_svd_rank_and_nests_under_quantizers():
     assert svd.parts["u"].shape[1] == low.parts["p"].shape[1] == 10
     enc = get_codec("int8_row(lowrank(ratio=0.25))").encode(x)
     assert {p.codec for p in enc.parts.values()} == {"int8_row"}
-    assert abs(relative_error(x, decode(enc)) - relative_error(x, decode(low))) < 0.01
+    assert abs(relative_error(x, decode_encoded(enc)) - relative_error(x, decode_encoded(low))) < 0.01
 
 
 @pytest.mark.parametrize("inner", ["int8", "topk(0.05)", "int4_block(16)", "lowrank(rank=1)", "fp16(topk(0.1))"])
@@ -90,7 +90,7 @@ def test_error_feedback_makes_the_sum_of_decoded_gradients_converge(inner):
         g = mean + 0.5 * rng.standard_normal(mean.shape).astype(np.float32)
         true_sum += g
         ef_sum += decode_from_frames(encoded_to_frames(ef.encode(g)))
-        plain_sum += decode(plain.encode(g))
+        plain_sum += decode_encoded(plain.encode(g))
         if step in (100, 400):
             gaps.append(relative_error(true_sum, ef_sum))
     plain_gap = relative_error(true_sum, plain_sum)

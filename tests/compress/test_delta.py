@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nebula.compress import CodecError, SpecError, decode, encoded_to_frames, frames_to_encoded, get_codec
+from nebula.compress import CodecError, SpecError, decode_encoded, encoded_to_frames, frames_to_encoded, get_codec
 from nebula.compress.delta import DesyncError, SampleCache, dequantize2, is_keyed, quantize2
 
 SPEC = "delta(int2_block, first=int8_block, cache_mb=1)"
@@ -54,7 +54,7 @@ def test_int2_block_error_bound_and_bytes():
     bound = np.repeat(np.abs(x.reshape(-1, 64)).max(axis=1) / 3, 64)
     assert np.all(np.abs(y - x) <= bound * (1 + 1e-6))
     enc = get_codec("int2_block").encode(x.reshape(64, 64))
-    assert decode(_wire(enc)).shape == (64, 64) and enc.payload_nbytes == 1024 + 256
+    assert decode_encoded(_wire(enc)).shape == (64, 64) and enc.payload_nbytes == 1024 + 256
 
 
 def test_both_caches_stay_equal_and_deltas_are_small():
@@ -141,7 +141,7 @@ def test_no_ids_or_no_cache_is_refused():
     with pytest.raises(CodecError, match="needs the sample id of each row"):
         c.encode(np.ones((2, 3), np.float32))
     with pytest.raises(CodecError, match="only with the receiving end's cache"):
-        decode(_wire(c.encode_keyed(np.ones((2, 3), np.float32), np.arange(2))))
+        decode_encoded(_wire(c.encode_keyed(np.ones((2, 3), np.float32), np.arange(2))))
 
 
 def test_integer_and_empty_tensors_pass_through():

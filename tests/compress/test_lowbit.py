@@ -5,8 +5,8 @@ import numpy as np
 import paddle
 import pytest
 
-from nebula.compress import (CodecError, NonFiniteError, SpecError, decode, decode_from_frames, encode_to_frames,
-                             encoded_to_frames, get_codec, known_codecs, relative_error)
+from nebula.compress import (CodecError, NonFiniteError, SpecError, decode_encoded, decode_from_frames,
+                             encode_to_frames, encoded_to_frames, get_codec, known_codecs, relative_error)
 from nebula.compress.lowbit import FP4_LEVELS, fp4_error_bound
 
 SPECS = ["fp4", "fp4(16)", "fp4(block=7)", "fp4(svd(0.5))", "topk2(0.05)", "topk2(0.3)", "topk2(1.0)",
@@ -27,7 +27,7 @@ def test_registered():
 def test_round_trip_shape_dtype_and_exact_bytes(spec, dtype, shape):
     x = _x(shape, dtype=dtype)
     enc = get_codec(spec).encode(x)
-    y = decode(enc)
+    y = decode_encoded(enc)
     assert isinstance(y, np.ndarray) and y.shape == x.shape and y.dtype == x.dtype and np.isfinite(y).all()
     frames = encoded_to_frames(enc)
     assert sum(len(memoryview(f).cast("B")) for f in frames) == enc.nbytes == len(enc.header) + enc.payload_nbytes
@@ -49,7 +49,7 @@ def test_fp4_per_block_error_bound(block):
     rng = np.random.default_rng(block)
     # blocks of very different magnitudes, heavy tails and exact zeros: the scale must be per block
     x = (rng.standard_normal(4000) * np.exp(rng.uniform(-8, 8, 4000)) * (rng.random(4000) > 0.1)).astype(np.float32)
-    y = decode(get_codec(f"fp4({block})").encode(x))
+    y = decode_encoded(get_codec(f"fp4({block})").encode(x))
     pad = -x.size % block
     xb = np.concatenate([x, np.zeros(pad, np.float32)]).reshape(-1, block).astype(np.float64)
     yb = np.concatenate([y, np.zeros(pad, np.float32)]).reshape(-1, block).astype(np.float64)
@@ -69,11 +69,11 @@ def test_fp4_per_block_error_bound(block):
 def test_fp4_levels_are_exact_and_ties_round_to_even():
     levels = np.array(FP4_LEVELS, np.float32)
     x = np.concatenate([levels, -levels])  # max 6: the scale is exactly 1
-    np.testing.assert_array_equal(decode(get_codec("fp4(16)").encode(x)), x)
+    np.testing.assert_array_equal(decode_encoded(get_codec("fp4(16)").encode(x)), x)
     ties = np.array([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], np.float32)
-    y = decode(get_codec("fp4(8)").encode(ties))
+    y = decode_encoded(get_codec("fp4(8)").encode(ties))
     np.testing.assert_array_equal(y, [6.0, 0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0])
-    assert (decode(get_codec("fp4").encode(np.zeros(40, np.float32))) == 0).all()
+    assert (decode_encoded(get_codec("fp4").encode(np.zeros(40, np.float32))) == 0).all()
 
 
 def test_fp4_bytes_and_error_against_int4_block():
@@ -83,8 +83,8 @@ def test_fp4_bytes_and_error_against_int4_block():
     assert fp4.payload_nbytes == n // 2 + 2 * (n // 32)  # 4 bits per element + a bf16 scale per 32
     assert fp4.nbytes <= int4.nbytes
     assert get_codec("fp4(64)").encode(x).payload_nbytes == n // 2 + 2 * (n // 64)
-    assert relative_error(x, decode(fp4)) < relative_error(x, decode(int4))
-    assert relative_error(x, decode(fp4)) < 0.11
+    assert relative_error(x, decode_encoded(fp4)) < relative_error(x, decode_encoded(int4))
+    assert relative_error(x, decode_encoded(fp4)) < 0.11
 
 
 @pytest.mark.parametrize("f", [0.001, 0.05, 0.3, 1.0])
@@ -92,7 +92,7 @@ def test_topk2_keeps_exactly_k_largest_with_their_signs(f):
     x = _x((64, 100), seed=4)
     n = x.size
     k = max(1, round(f * n))
-    y = decode(get_codec(f"topk2({f})").encode(x)).ravel()
+    y = decode_encoded(get_codec(f"topk2({f})").encode(x)).ravel()
     flat = x.ravel()
     kept = np.flatnonzero(y)
     assert kept.size == k
@@ -106,7 +106,7 @@ def test_topk2_keeps_exactly_k_largest_with_their_signs(f):
 def test_topk2_values_beat_one_scale_and_bytes_beat_topk():
     x = _x((1000, 1000), seed=5)
     enc2, enc1 = get_codec("topk2(0.05)").encode(x), get_codec("topk(0.05)").encode(x)
-    y2, y1 = decode(enc2), decode(enc1)
+    y2, y1 = decode_encoded(enc2), decode_encoded(enc1)
     kept = y1 != 0
     assert ((y2 != 0) == kept).all()
     one_scale = np.sign(x[kept]) * np.abs(x[kept]).mean()
@@ -126,8 +126,8 @@ def test_error_feedback_makes_the_running_sum_track_the_inputs(spec):
     for step in range(60):
         g = (rng.standard_normal((32, 64)) * 0.1 + 0.02).astype(np.float32)  # a bias every step, as gradients have
         total += g
-        sent[0][...] += decode(codec.encode(g))
-        sent[1][...] += decode(plain.encode(g))
+        sent[0][...] += decode_encoded(codec.encode(g))
+        sent[1][...] += decode_encoded(plain.encode(g))
         # with feedback, what was sent differs from what was given by exactly the carried residual
         np.testing.assert_allclose(sent[0] + codec.residual(g.shape), total, atol=1e-4)
     assert relative_error(total, sent[0]) < 0.5 * relative_error(total, sent[1])
@@ -172,11 +172,11 @@ def test_corrupted_frames_are_refused():
     enc = get_codec("topk2(0.1)").encode(_x())
     enc.meta["k"] += 1
     with pytest.raises(CodecError, match="corrupted"):
-        decode(enc)
+        decode_encoded(enc)
     enc = get_codec("fp4").encode(_x())
     enc.meta["block"] = 7
     with pytest.raises(CodecError, match="malformed"):
-        decode(enc)
+        decode_encoded(enc)
 
 
 @pytest.mark.parametrize("spec", ["fp4", "fp4(7)", "topk2(0.05)", "topk2(1.0)"])
@@ -196,21 +196,21 @@ def test_paddle_tensor_gives_the_same_payload_bytes_as_numpy(spec, dtype):
     for p, q in zip(enc_pd.leaves(), enc_np.leaves()):
         pb = p.numpy().view(np.uint16) if p.dtype == paddle.bfloat16 else p.numpy()
         np.testing.assert_array_equal(pb, q)
-    y = decode(enc_pd)
+    y = decode_encoded(enc_pd)
     assert isinstance(y, paddle.Tensor) and y.dtype == t.dtype and list(y.shape) == list(t.shape)
-    ref = paddle.cast(paddle.to_tensor(decode(enc_np)), dtype)  # the numpy decode, rounded to the input's dtype
+    ref = paddle.cast(paddle.to_tensor(decode_encoded(enc_np)), dtype)  # the numpy decode, rounded to the input's dtype
     np.testing.assert_array_equal(paddle.cast(y, "float64").numpy(), paddle.cast(ref, "float64").numpy())
     # either side decodes the other's frames
     as_pd = decode_from_frames(encode_to_frames(spec, ref_in), like="paddle")
-    np.testing.assert_array_equal(as_pd.numpy(), decode(enc_np))
+    np.testing.assert_array_equal(as_pd.numpy(), decode_encoded(enc_np))
     as_np = decode_from_frames(encoded_to_frames(enc_pd), like="numpy")
-    np.testing.assert_allclose(as_np.astype(np.float64), decode(enc_np).astype(np.float64), rtol=1e-2)
+    np.testing.assert_allclose(as_np.astype(np.float64), decode_encoded(enc_np).astype(np.float64), rtol=1e-2)
 
 
 def test_paddle_error_feedback_keeps_paddle_residuals():
     ef = get_codec("ef(topk2(0.1))")
     x = paddle.to_tensor(_x())
-    first = decode(ef.encode(x))
+    first = decode_encoded(ef.encode(x))
     r = ef.residual(tuple(x.shape), "float32", "paddle")
     assert isinstance(r, paddle.Tensor)
     np.testing.assert_allclose((first + r).numpy(), x.numpy(), atol=1e-6)

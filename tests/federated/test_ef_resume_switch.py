@@ -1,8 +1,8 @@
-"""The leaders' error-feedback residuals (`outer.codec: ef(...)`) carried through data-parallel checkpoints, through
-real switch servers (`nebula launch` per cluster, TLS between the switches, the toy recipe): a job restarted from a
-checkpoint computes what the uninterrupted one does, a checkpoint saved without codec state still resumes (the
-residuals from zero, said once in the log), and whole-job recovery brings a cluster killed mid-run back to the
-losses it had."""
+"""The leaders' error-feedback residuals (`outer.codec: ef(...)`, with `ef(lowrank(...))` its warm starts too)
+carried through data-parallel checkpoints, through real switch servers (`nebula launch` per cluster, TLS between the
+switches, the toy recipe): a job restarted from a checkpoint computes what the uninterrupted one does, a checkpoint
+saved without codec state still resumes (the residuals from zero, said once in the log), and whole-job recovery
+brings a cluster killed mid-run back to the losses it had."""
 from __future__ import annotations
 
 import shutil
@@ -23,6 +23,8 @@ EF = {"sync_every": 4, "outer": {"algorithm": "diloco", "lr": 0.7, "momentum": 0
 # Streaming DiLoCo: two slices, each sent every 4 steps (slice 0 after steps 2, 6, ..., slice 1 after 4, 8, ...),
 # merged a step later; its leader keeps one ef codec per slice
 STREAM = {**EF, "streaming": {"fragments": 2, "delay": 1}}
+# low-rank pseudo-gradients inside ef: the checkpoint carries each tensor's warm start and generator too
+LOWRANK = {**EF, "outer": {**EF["outer"], "codec": "ef(lowrank(rank=4))"}}
 NOTE = "holds no outer codec state"
 
 
@@ -51,7 +53,7 @@ def _strip_codec_state(tmp: Path, step: int) -> None:
     for c in "AB":
         d = ckpt.step_dir(tmp / "ckpt" / c, step)
         arrays = {k: v for k, v in ckpt.load_extra(d, c).items() if not k.startswith("codec")}
-        marker = ckpt.read_marker(tmp / "ckpt" / c, step, c)
+        marker = ckpt.read_step_marker(tmp / "ckpt" / c, step, c)
 
         def write(p: Path) -> None:
             with open(p, "wb") as f:
@@ -63,12 +65,13 @@ def _strip_codec_state(tmp: Path, step: int) -> None:
                                                                                                "time")}, files)
 
 
-@pytest.mark.parametrize("dp", [pytest.param(EF, id="plain"),
+@pytest.mark.parametrize("dp", [pytest.param(EF, id="plain"), pytest.param(LOWRANK, id="lowrank"),
                                 pytest.param(STREAM, marks=pytest.mark.slow, id="streaming")])
 def test_a_job_restarted_with_ef_residuals_computes_what_the_uninterrupted_one_does(procs, tmp_path, dp):
     """Sync every 4 steps with ef(int4_block) pseudo-gradients, checkpoints every 6: the checkpoint of step 6 holds
     the residuals of the syncs before it (streaming: of the slices sent after steps 2, 4 and 6); restarted from it,
-    both clusters have the losses (and end with the weights) of the run never stopped. Plain DiLoCo: the same
+    both clusters have the losses (and end with the weights) of the run never stopped (ef(lowrank): the checkpoint
+    holds each tensor's warm start as well, and they resume it). Plain DiLoCo: the same
     checkpoint stripped of its codec state still resumes, with the residuals from zero (said once by each leader),
     and then differs after its first sync."""
     steps = 16
@@ -80,7 +83,8 @@ def test_a_job_restarted_with_ef_residuals_computes_what_the_uninterrupted_one_d
     ref = {c: _losses(tmp_path, c) for c in "AB"}
     want = {c: _final_params(tmp_path, c) for c in "AB"}
     extra = ckpt.load_extra(ckpt.step_dir(tmp_path / "ckpt" / "A", 6), "A")
-    assert str(extra["codec"]) == "ef(int4_block)" and any(k.startswith("codec/") for k in extra)
+    assert str(extra["codec"]) == dp["outer"]["codec"] and any(k.startswith("codec/") for k in extra)
+    assert any(".warm:" in k for k in extra) == (dp is LOWRANK)
 
     _rewind(tmp_path, 6, steps)
     out = _run_both(procs, job)
@@ -91,7 +95,7 @@ def test_a_job_restarted_with_ef_residuals_computes_what_the_uninterrupted_one_d
         assert got == {s: ref[c][s] for s in range(6, steps)}, c
         for k, v in want[c].items():
             np.testing.assert_array_equal(_final_params(tmp_path, c)[k], v, err_msg=f"{c} {k}")
-    if dp is STREAM:
+    if dp is not EF:
         return
 
     _rewind(tmp_path, 6, steps)

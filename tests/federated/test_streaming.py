@@ -11,7 +11,7 @@ import yaml
 from nebula.config.job import load_job_config
 from nebula.config.schema import ConfigError
 from nebula.dataparallel import OuterState, pack_state, unpack_state
-from nebula.dataparallel.streaming import Fragments, flatten, merge, unflatten
+from nebula.dataparallel.streaming import Fragments, flatten_f32, merge, unflatten_f32
 
 
 def _job(tmp_path, clusters=({"id": "A"}, {"id": "B"}), steps=4, name="job.yaml", **extra):
@@ -67,16 +67,16 @@ def test_each_fragment_is_sent_once_per_interval_at_the_engines_offset_and_all_a
 
 def test_flat_model_round_trip_and_merge():
     like = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(4, np.float32)}
-    flat = flatten(like)
+    flat = flatten_f32(like)
     assert flat.dtype == np.float32 and flat.size == 10
-    back = unflatten(flat * 2, like)
+    back = unflatten_f32(flat * 2, like)
     np.testing.assert_array_equal(back["a"], like["a"] * 2)
     assert back["a"].shape == (2, 3) and list(back) == ["a", "b"]
     r, o = np.array([1.0, 3.0], np.float32), np.array([3.0, 5.0], np.float32)
     np.testing.assert_array_equal(merge(r, o, 0.5), [2.0, 4.0])
     np.testing.assert_array_equal(merge(r, o, 0.0), o)
     with pytest.raises(ValueError, match="does not fit"):
-        unflatten(flat[:9], like)
+        unflatten_f32(flat[:9], like)
 
 
 def test_streaming_outer_state_round_trips_and_plain_state_stays_as_it_was():

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from nebula.config.job import load_job_config
-from nebula.hybrid.checkpoint import committed_steps, read_marker
+from nebula.hybrid.checkpoint import committed_steps
+from nebula.pipeline.checkpoint import read_step_marker
 from nebula.launch.elastic import relayout
 from nebula.hybrid.runner import run_hybrid
 from nebula.pipeline import read_metrics, replace_steps
@@ -28,7 +29,7 @@ def test_two_stage_pipeline_gives_the_unpartitioned_losses_and_resumes_on_one_ra
     assert {r["stage"] for r in recs} == {1} and recs[0]["bounds"] == [0, 2, 6]
     assert all(r["wait_s"] > 0 for r in recs)  # the last stage waited for activations from rank 0
     assert committed_steps(tmp_path / "ck", "A", 6) == [2]
-    assert read_marker(tmp_path / "ck", 2, "A")["bounds"] == [0, 2, 6]
+    assert read_step_marker(tmp_path / "ck", 2, "A")["bounds"] == [0, 2, 6]
 
     cfg = relayout(load_job_config(job), "A", 1, 6)  # one rank left: a new layout, the cut re-allocated
     assert cfg.cluster("A").pipeline.num_stages == 1 and cfg.cluster("A").pipeline.bounds is None

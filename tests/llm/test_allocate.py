@@ -78,12 +78,12 @@ def test_a_cluster_layer_pipeline_cut_by_the_allocator_from_its_ranks_profiles(p
 
 
 def test_profiles_count_the_lm_head_as_the_matrix_product_it_is(llama_dir, corpus_file):
-    from nebula.balance.profile import profile_layers
+    from nebula.balance.profile import measure_layers
     from nebula.formers import CausalLMRecipe
     from nebula.hybrid.layered import build_layers
 
     m = CausalLMRecipe(from_pretrained=str(llama_dir), data=str(corpus_file), seq_len=24).layered()
-    prof = profile_layers(build_layers(m, 0, m.num_layers, 0), m.inputs(np.arange(4)), names=m.names(), repeat=1)
+    prof = measure_layers(build_layers(m, 0, m.num_layers, 0), m.inputs(np.arange(4)), names=m.names(), repeat=1)
     head = prof[-1]
     assert head.name == "head" and head.flops_source == "analytic"
     v, h = m.config.vocab_size, m.config.hidden_size

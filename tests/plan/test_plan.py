@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from nebula.plan.link import Link
+from nebula.plan.link import WanLink
 from nebula.plan.sizing import JobSize, config_params, safetensors_params
 from nebula.plan.table import load_table, make_plan, table_hidden
 from nebula.quality.rows import RowSpec, write_rows
@@ -26,7 +26,7 @@ def test_on_the_tables_own_model_each_mode_is_its_compute_plus_its_link_time(tmp
     table = load_table(write_table(tmp_path / "t.json"))
     assert table.baseline.heldout_loss == pytest.approx(4.01)  # two seeds averaged
     assert table.baseline_spread == pytest.approx(0.02 / 4.01)
-    plan = make_plan(table, Link(100.0, 20.0), None)
+    plan = make_plan(table, WanLink(100.0, 20.0), None)
     got = _by_name(plan)
     assert got["one-cluster"].step_s == pytest.approx(2.0) and got["one-cluster"].wan_bytes == 0
     assert got["all-reduce none"].step_s == pytest.approx(1.0 + 4e6 * 8 / 1e8 + 0.01)
@@ -44,7 +44,7 @@ def test_a_bigger_job_scales_compute_by_parameters_and_tokens_and_bytes_by_what_
     table = load_table(write_table(tmp_path / "t.json"))
     assert table_hidden(table) == (HIDDEN, "the table's meta")
     job = JobSize(params=2 * PARAMS, hidden=2 * HIDDEN, seq_len=64, global_batch=16, source="test")
-    got = _by_name(make_plan(table, Link(100.0, 20.0), job))
+    got = _by_name(make_plan(table, WanLink(100.0, 20.0), job))
     # compute per token x 1024 tokens x 2 (parameters); the gradient doubles with the parameters
     assert got["one-cluster"].step_s == pytest.approx(8.0)
     assert got["all-reduce none"].compute_s == pytest.approx(4.0)
@@ -57,7 +57,7 @@ def test_a_bigger_job_scales_compute_by_parameters_and_tokens_and_bytes_by_what_
 
 def test_the_users_step_compute_replaces_the_scaling_and_keeps_each_modes_parallelism(tmp_path):
     table = load_table(write_table(tmp_path / "t.json"))
-    got = _by_name(make_plan(table, Link(1000.0, 0.0), None, compute_s=3.0))
+    got = _by_name(make_plan(table, WanLink(1000.0, 0.0), None, compute_s=3.0))
     assert got["one-cluster"].step_s == pytest.approx(3.0)
     assert got["all-reduce none"].compute_s == pytest.approx(1.5)
     assert got["pipeline none"].compute_s == pytest.approx(1.65)
@@ -65,15 +65,15 @@ def test_the_users_step_compute_replaces_the_scaling_and_keeps_each_modes_parall
 
 def test_a_fast_link_ties_and_picks_the_exact_mode_a_slow_one_picks_diloco(tmp_path):
     table = load_table(write_table(tmp_path / "t.json"))
-    fast = make_plan(table, Link(10_000.0, 1.0), None)
+    fast = make_plan(table, WanLink(10_000.0, 1.0), None)
     assert fast.recommended.name == "all-reduce none"  # 0.4% slower than DiLoCo: a tie, and it loses nothing
     assert {t.name for t in fast.ties} >= {"diloco H=100 int8", "diloco H=10 none"}
-    slow = make_plan(table, Link(10.0, 50.0), None)
+    slow = make_plan(table, WanLink(10.0, 50.0), None)
     assert slow.recommended.name == "diloco H=100 int8" and slow.ties == ()
-    strict = make_plan(table, Link(10.0, 50.0), None, tolerance=0.0)
+    strict = make_plan(table, WanLink(10.0, 50.0), None, tolerance=0.0)
     assert strict.recommended.name == "pipeline none"  # the fastest that loses nothing against the baseline
     with pytest.raises(ValueError, match="must be >= 0"):
-        make_plan(table, Link(10.0, 50.0), None, tolerance=-0.1)
+        make_plan(table, WanLink(10.0, 50.0), None, tolerance=-0.1)
 
 
 def test_when_every_mode_loses_quality_the_plan_stays_in_one_cluster(tmp_path):
@@ -83,7 +83,7 @@ def test_when_every_mode_loses_quality_the_plan_stays_in_one_cluster(tmp_path):
     write_rows(path, worse)  # no meta: the table's hidden size comes from the pipeline none row
     table = load_table(path)
     assert table_hidden(table)[0] == pytest.approx(HIDDEN)
-    plan = make_plan(table, Link(10_000.0, 1.0), None)
+    plan = make_plan(table, WanLink(10_000.0, 1.0), None)
     assert plan.recommended.name == "one-cluster"  # a diverged row (NaN loss) is never picked either
     path.write_text(path.read_text().replace("4.0,", "NaN,"), encoding="utf-8")
     with pytest.raises(ValueError, match="baseline's held-out loss is nan"):

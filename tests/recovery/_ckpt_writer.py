@@ -64,7 +64,7 @@ def _write_forever(kind: str, root: str, round_: int) -> None:
         else:
             hck.save_layers(root, step, 0, layers, opts[0])
             hck.commit(root, step, CLUSTER, {"gen": gen, "num_layers": LAYERS})
-            hck.prune(root, CLUSTER, LAYERS, 3)
+            pck.prune(root, CLUSTER, hck.layer_parts(LAYERS), 3)
         # one write: print() writes the text and its newline apart when stdout is unbuffered (PYTHONUNBUFFERED), and
         # a kill between the two left "saved" without its newline, joined to the parent's next line
         sys.stdout.write("saved\n")

@@ -7,7 +7,7 @@ import copy
 import random
 from dataclasses import dataclass, field
 
-from nebula.recovery.messages import Incarnation, Message
+from nebula.recovery.messages import Incarnation, RecoveryMessage
 from nebula.recovery.protocol import (Agreement, GiveUp, Paused, Received, Renumbered, RequestPause, Resume, Send,
                                       Started, Superseded, Tick)
 
@@ -19,7 +19,7 @@ class Sim:
     clusters: tuple[str, ...]
     timeout_s: float = 60.0
     nodes: dict[str, Agreement] = field(default_factory=dict)
-    queues: dict[tuple[str, str], list[Message]] = field(default_factory=dict)  # (from, to) -> in order
+    queues: dict[tuple[str, str], list[RecoveryMessage]] = field(default_factory=dict)  # (from, to) -> in order
     pause_wanted: set[str] = field(default_factory=set)
     disks: dict[str, int] = field(default_factory=dict)  # launches per cluster, as its disk keeps them
     holdings: dict[str, tuple[int, ...]] = field(default_factory=dict)  # each cluster's checkpoints on disk

@@ -43,7 +43,7 @@ def _load_and_check(kind: str, root: Path, step: int) -> None:
         assert extra is not None and np.all(extra["v"] == writer.value(step, gen))
     else:
         hck.load_layers(root, step, 0, layers, opts[0])
-        gen = hck.read_marker(root, step, writer.CLUSTER)["gen"]
+        gen = pck.read_step_marker(root, step, writer.CLUSTER)["gen"]
     want = writer.value(step, gen)
     for layer in layers:
         for p in layer.parameters():

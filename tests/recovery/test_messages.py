@@ -6,7 +6,7 @@ import json
 import pytest
 
 from nebula.recovery.messages import (MAX_BYTES, MAX_STEPS, Decided, Holdings, Incarnation, RecoveryRefused, Round,
-                                      decode, encode)
+                                      decode_recovery, encode_recovery)
 
 ABC = ("A", "B", "C")
 ROUND = Round(3, (Incarnation(2, 77), Incarnation(1, 5), Incarnation(0, 0)))
@@ -15,11 +15,11 @@ ROUND = Round(3, (Incarnation(2, 77), Incarnation(1, 5), Incarnation(0, 0)))
 @pytest.mark.parametrize("msg", [Holdings("j", "B", ROUND, (10, 20)), Holdings("j", "B", ROUND, ()),
                                  Decided("j", "B", ROUND, 20), Decided("j", "B", ROUND, -1)])
 def test_round_trip(msg):
-    assert decode(encode(msg, ABC), job="j", clusters=ABC, sender="B") == msg
+    assert decode_recovery(encode_recovery(msg, ABC), job="j", clusters=ABC, sender="B") == msg
 
 
 def _doc(**change) -> bytes:
-    doc = json.loads(encode(Holdings("j", "B", ROUND, (10, 20)), ABC))
+    doc = json.loads(encode_recovery(Holdings("j", "B", ROUND, (10, 20)), ABC))
     doc.update(change)
     return json.dumps({k: v for k, v in doc.items() if v is not ...}).encode()
 
@@ -48,15 +48,15 @@ def _doc(**change) -> bytes:
 ])
 def test_malformed_messages_are_refused_naming_the_field(data, sender, message):
     with pytest.raises(RecoveryRefused) as err:
-        decode(data, job="j", clusters=ABC, sender=sender)
+        decode_recovery(data, job="j", clusters=ABC, sender=sender)
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
 def test_decided_step_below_minus_one_is_refused():
-    doc = json.loads(encode(Decided("j", "B", ROUND, 5), ABC))
+    doc = json.loads(encode_recovery(Decided("j", "B", ROUND, 5), ABC))
     doc["step"] = -2
     with pytest.raises(RecoveryRefused, match=r"decided step must be an integer in \[-1"):
-        decode(json.dumps(doc).encode(), job="j", clusters=ABC, sender="B")
+        decode_recovery(json.dumps(doc).encode(), job="j", clusters=ABC, sender="B")
 
 
 def test_rounds_merge_by_epoch_and_newest_incarnation_and_order_launches():

@@ -16,7 +16,7 @@ import zmq.auth
 from nebula.channel import Endpoint
 from nebula.config import stream_path
 from nebula.wire import FrameType, decode_frame, encode_frame
-from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, pack_message
+from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, frame_parts
 from security.curve import local_password
 from switch_server.localstream import AUTH_WITHIN_S, MAX_UNPROVEN
 from testbed.federation import wait_audit
@@ -32,7 +32,7 @@ def _raw(fed, cluster: str) -> socket.socket:
 
 
 def _send(s: socket.socket, parts: list[bytes]) -> None:
-    s.sendall(b"".join(bytes(p) for p in pack_message(parts)))
+    s.sendall(b"".join(bytes(p) for p in frame_parts(parts)))
 
 
 # per raw connection: its parser and the messages read but not yet taken (one recv may bring several)
@@ -206,7 +206,7 @@ def test_small_messages_of_one_loop_turn_go_to_the_worker_in_one_write_and_in_or
         conn.transport.write, conn.transport.writelines = counted_write, counted_writelines
         for msg in [*small, large, last]:  # (one callback: one turn of the loop)
             workers.send_multipart([conn.ident, *msg])
-        assert writes[:1] == [sum(len(p) for m in small for p in pack_message(m))]  # the three small ones, at once
+        assert writes[:1] == [sum(len(p) for m in small for p in frame_parts(m))]  # the three small ones, at once
         await asyncio.sleep(0.05)
         worker.settimeout(5)
         got = [_read(worker) for _ in range(5)]

@@ -15,7 +15,7 @@ import yaml
 from nebula.channel import Endpoint, SwitchRefused
 from nebula.config.worker import load_worker_config, local_endpoint
 from nebula.wire import FrameType, decode_frame, encode_frame
-from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, pack_message
+from nebula.wire.stream import AUTH, AUTH_NO, AUTH_OK, MessageParser, frame_parts
 from security.ca import CertificateAuthority
 from security.tls import client_context
 from testbed.federation import wait_audit
@@ -88,7 +88,7 @@ def _ask(s: ssl.SSLSocket, parts: list[bytes]) -> list[bytes] | None:
     """The switch's answer to `parts`, or None when it ends the connection instead."""
     parser = MessageParser(1 << 20)
     try:
-        s.sendall(b"".join(bytes(p) for p in pack_message(parts)))
+        s.sendall(b"".join(bytes(p) for p in frame_parts(parts)))
     except (ssl.SSLError, ConnectionResetError, BrokenPipeError):
         return None
     while True:

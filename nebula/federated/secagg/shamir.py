@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Callable, Sequence
 
-__all__ = ["PRIME", "SHARE_BYTES", "SECRET_BYTES", "split", "combine", "polynomial", "evaluate"]
+__all__ = ["PRIME", "SHARE_BYTES", "SECRET_BYTES", "split", "combine", "polynomial", "evaluate_polynomial"]
 
 PRIME = 2 ** 521 - 1
 SHARE_BYTES = 66  # ceil(521 / 8)
@@ -36,7 +36,7 @@ def polynomial(secret: bytes, threshold: int, xs: Sequence[int],
     return [int.from_bytes(secret, "big")] + [_element(random_bytes) for _ in range(threshold - 1)]
 
 
-def evaluate(coeffs: Sequence[int], xs: Sequence[int]) -> list[bytes]:
+def evaluate_polynomial(coeffs: Sequence[int], xs: Sequence[int]) -> list[bytes]:
     """The shares: the polynomial `coeffs` at each of `xs`, as SHARE_BYTES-byte elements."""
     out = []
     for x in xs:
@@ -50,7 +50,7 @@ def evaluate(coeffs: Sequence[int], xs: Sequence[int]) -> list[bytes]:
 def split(secret: bytes, threshold: int, xs: Sequence[int],
           random_bytes: Callable[[int], bytes] = os.urandom) -> list[bytes]:
     """Shares of `secret` at the points `xs` (distinct, in 1..PRIME−1), any `threshold` of which recover it."""
-    return evaluate(polynomial(secret, threshold, xs, random_bytes), xs)
+    return evaluate_polynomial(polynomial(secret, threshold, xs, random_bytes), xs)
 
 
 def combine(points: Sequence[tuple[int, bytes]]) -> bytes:

@@ -199,7 +199,7 @@ def split_verifiable(secret: bytes, threshold: int, xs: Sequence[int],
         raise ValueError("a verifiably shared secret must not be all zero bytes (its commitment would be 1); "
                          "share a random secret")
     coeffs = shamir.polynomial(secret, threshold, xs, random_bytes)
-    return shamir.evaluate(coeffs, xs), Commitments(tuple(int(_g_pow(a)) for a in coeffs))
+    return shamir.evaluate_polynomial(coeffs, xs), Commitments(tuple(int(_g_pow(a)) for a in coeffs))
 
 
 def verify_share(x: int, share: bytes, commitments: Commitments) -> bool:

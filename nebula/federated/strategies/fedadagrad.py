@@ -10,12 +10,12 @@ from __future__ import annotations
 import numpy as np
 
 from nebula.federated.strategies.fedopt import _FedOpt
-from nebula.federated.strategy import register
+from nebula.federated.strategy import register_strategy
 
 __all__ = ["FedAdagrad"]
 
 
-@register("fedadagrad")
+@register_strategy("fedadagrad")
 class FedAdagrad(_FedOpt):
     """FedAdagrad: the sum of squared pseudo-gradients as the second moment (no beta_2)."""
 

@@ -9,7 +9,8 @@ from typing import Mapping
 
 import numpy as np
 
-from nebula.federated.strategy import AsyncStrategy, State, Weights, register
+from nebula.mean import Weights
+from nebula.federated.strategy import AsyncStrategy, State, register_strategy
 
 __all__ = ["FedAsync", "staleness_weight", "STALENESS"]
 
@@ -29,7 +30,7 @@ def staleness_weight(staleness: int, kind: str = "polynomial", a: float = 0.5, b
     raise ValueError(f"staleness function {kind!r} is not one of {', '.join(STALENESS)}")
 
 
-@register("fedasync")
+@register_strategy("fedasync")
 class FedAsync(AsyncStrategy):
     """Mix each update into the global model as it arrives, less the staler it is."""
 

@@ -10,12 +10,13 @@ from typing import Mapping
 import numpy as np
 
 from nebula.federated.strategies.fedasync import staleness_weight
-from nebula.federated.strategy import AsyncStrategy, State, Weights, register
+from nebula.mean import Weights
+from nebula.federated.strategy import AsyncStrategy, State, register_strategy
 
 __all__ = ["FedBuff"]
 
 
-@register("fedbuff")
+@register_strategy("fedbuff")
 class FedBuff(AsyncStrategy):
     """K updates per server step; `server_lr` scales the buffered mean delta."""
 

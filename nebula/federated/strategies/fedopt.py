@@ -18,7 +18,8 @@ from typing import Mapping
 
 import numpy as np
 
-from nebula.federated.strategy import State, Strategy, Weights, register
+from nebula.mean import Weights
+from nebula.federated.strategy import State, Strategy, register_strategy
 
 __all__ = ["FedAdam", "FedYogi"]
 
@@ -59,7 +60,7 @@ class _FedOpt(Strategy):
         return new_w, new_s
 
 
-@register("fedadam")
+@register_strategy("fedadam")
 class FedAdam(_FedOpt):
     """FedAdam: Adam's second moment on the pseudo-gradient; `bias_correction` for Kingma & Ba's (and Flower's)."""
 
@@ -84,7 +85,7 @@ class FedAdam(_FedOpt):
         return self.beta_2 * v + (1 - self.beta_2) * d2
 
 
-@register("fedyogi")
+@register_strategy("fedyogi")
 class FedYogi(_FedOpt):
     """FedYogi: Yogi's additive, sign-controlled second moment on the pseudo-gradient."""
 

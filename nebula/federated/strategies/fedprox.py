@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from nebula.federated.strategy import Strategy, register
+from nebula.federated.strategy import Strategy, register_strategy
 
 __all__ = ["FedProx"]
 
 
-@register("fedprox")
+@register_strategy("fedprox")
 class FedProx(Strategy):
     """The server averages as FedAvg; clients add the proximal term with this `mu` (nebula.federated.client)."""
 

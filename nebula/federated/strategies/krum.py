@@ -4,12 +4,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from nebula.federated.aggregate import Update, multi_krum
-from nebula.federated.strategy import Strategy, Weights, register
+from nebula.mean import Weights
+from nebula.federated.strategy import Strategy, register_strategy
 
 __all__ = ["Krum", "MultiKrum"]
 
 
-@register("krum")
+@register_strategy("krum")
 class Krum(Strategy):
     """The one update with the lowest Krum score, assuming up to `num_byzantine` attackers per combiner."""
 
@@ -29,7 +30,7 @@ class Krum(Strategy):
         return multi_krum(updates, f, min(self._selected(len(updates)), len(updates)), clients)
 
 
-@register("multi_krum")
+@register_strategy("multi_krum")
 class MultiKrum(Krum):
     """The mean of the `num_selected` updates with the lowest Krum scores (default n − f)."""
 

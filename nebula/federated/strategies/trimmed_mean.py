@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from nebula.federated.aggregate import Update, median, trimmed_mean
-from nebula.federated.strategy import Strategy, Weights, register
+from nebula.mean import Weights
+from nebula.federated.strategy import Strategy, register_strategy
 
 __all__ = ["TrimmedMean", "Median"]
 
 
-@register("trimmed_mean")
+@register_strategy("trimmed_mean")
 class TrimmedMean(Strategy):
     """Drop the `trim_ratio` largest and smallest values of every coordinate, average the rest."""
 
@@ -29,7 +30,7 @@ class TrimmedMean(Strategy):
         return trimmed_mean(updates, self.trim_ratio, clients)
 
 
-@register("median")
+@register_strategy("median")
 class Median(Strategy):
     """The coordinate-wise median of the updates."""
 
