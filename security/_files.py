@@ -11,11 +11,14 @@ PRIVATE = 0o600
 PUBLIC = 0o644
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | Callable[[Path], None], mode: int = PRIVATE) -> Path:
+def atomic_write(path: str | os.PathLike, data: bytes | Callable[[Path], None], mode: int = PRIVATE,
+                 durable: bool = True) -> Path:
     """The one way a file is written whole or not at all: into a temporary file in `path`'s directory (`mode` from
     the start, so a public file never passes through a wider one), flushed to disk, renamed over `path`, and the
     rename flushed too. `data` is the bytes, or a function that writes the temporary file at the path it is given
-    (`paddle.save`, `np.savez`). A kill leaves `path` as it was, and at most a `.<name>.*.tmp` file beside it."""
+    (`paddle.save`, `np.savez`). A kill leaves `path` as it was, and at most a `.<name>.*.tmp` file beside it.
+    `durable=False` skips the two flushes, for a document rewritten so often that waiting for the disk would slow
+    its writer (a kill still leaves it whole; a stopped machine may leave an older one)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -25,11 +28,13 @@ def atomic_write(path: str | os.PathLike, data: bytes | Callable[[Path], None], 
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    os.fsync(f.fileno())
         else:
             os.close(fd)
             data(Path(tmp))
-            sync_file(tmp)
+            if durable:
+                sync_file(tmp)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -37,7 +42,8 @@ def atomic_write(path: str | os.PathLike, data: bytes | Callable[[Path], None], 
         except FileNotFoundError:
             pass
         raise
-    sync_file(path.parent)  # (the rename itself)
+    if durable:
+        sync_file(path.parent)  # (the rename itself)
     return path
 
 

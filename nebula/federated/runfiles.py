@@ -1,8 +1,12 @@
 """The two files through which `nebula fl status|stop` speak to a running federated job, in its controller's
 directory: the status file the controller (or FedOptima/OWL server) rewrites as the run goes, and the stop request.
 
-The status file is replaced atomically (written beside, then renamed), so a reader never sees half a document.
-A stop request is an empty-ish file; each run clears an earlier run's request when it starts.
+The status file is replaced atomically (written beside, then renamed), so a reader never sees half a document. A
+"running" document, rewritten after every round, does not wait for the disk: a killed process leaves the last one
+written, and a stopped machine at worst an older one (or, on a file system that renames before it writes, one
+`read_status` names as unreadable), which the job's next start replaces; every other state (finished, stopped) is on
+disk when `write_status` returns. A stop request is an empty-ish file; each run clears an earlier run's request when
+it starts.
 """
 from __future__ import annotations
 
@@ -13,10 +17,11 @@ from typing import Any, Callable
 
 from security._files import PUBLIC, atomic_write
 
-__all__ = ["RunFiles", "STATUS_FILE", "STOP_FILE"]
+__all__ = ["RunFiles", "STATUS_FILE", "STOP_FILE", "RUNNING"]
 
 STATUS_FILE = "status.json"
 STOP_FILE = "STOP"
+RUNNING = "running"  # the state rewritten every round: replaced without waiting for the disk
 
 
 class RunFiles:
@@ -30,13 +35,25 @@ class RunFiles:
         return self.dir / STATUS_FILE
 
     def write_status(self, doc: dict[str, Any]) -> None:
-        """Replace the status document (with the time it was written as `updated`)."""
-        atomic_write(self.status_path, json.dumps({**doc, "updated": time.time()}).encode(), PUBLIC)
+        """Replace the status document (with the time it was written as `updated`); on disk when it returns unless
+        its state is RUNNING (see the module's note)."""
+        data = json.dumps({**doc, "updated": time.time()}).encode()
+        atomic_write(self.status_path, data, PUBLIC, durable=doc.get("state") != RUNNING)
 
     def read_status(self) -> dict[str, Any] | None:
-        """The last status document written, or None before any run wrote one."""
+        """The last status document written, or None before any run wrote one; ValueError naming the file when it
+        is not a whole document (left so by a stopped machine)."""
         f = self.status_path
-        return json.loads(f.read_text()) if f.exists() else None
+        if not f.exists():
+            return None
+        try:
+            doc = json.loads(f.read_bytes())
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            raise ValueError(f"status file {f} is not a whole JSON document (the machine stopped while the job "
+                             "ran?); start the job again (it rewrites the file) or delete the file")
+        return doc
 
     def ask_stop(self) -> None:
         """Ask the running job to stop after the round in progress."""

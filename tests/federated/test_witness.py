@@ -138,3 +138,38 @@ def test_a_combiner_stopped_by_sigterm_mid_run_sends_its_closing_checkpoint_and_
     wait_exit(ctl, 60)
     status = json.loads((tmp_path / "fl" / "status.json").read_text())
     assert status["state"] == "stopped" and status["reason"] == "stopped by SIGTERM", status
+
+
+def test_a_new_key_and_a_runs_last_checkpoint_are_pinned_on_disk_at_once_a_rising_seq_once_per_interval(tmp_path):
+    """The pins file (what a restarted controller checks against) gets a combiner's key with its first checkpoint
+    and the run's last seq with its last checkpoint; between them a rising seq is written at most once per
+    `save_every_s`, and refused rewinds are refused from memory meanwhile."""
+    log = _log(tmp_path / "controller")
+    log.append("ctl", "fl.start", "j")
+    witness = CombinerWitness(tmp_path / "controller", log, lambda *a: None, save_every_s=3600)
+    comb = _log(tmp_path / "comb-B")
+
+    def pinned() -> int:
+        return json.loads((tmp_path / "controller" / PINS_FILE).read_text())["combiner-B"]["seq"]
+
+    comb.append("comb", "fl.combiner", "B")
+    first = comb.checkpoint()
+    assert witness.receive("B", first.to_json()) is None
+    assert pinned() == first.seq  # a key seen for the first time: on disk before the message is taken
+    comb.append("comb", "fl.update", "B/2")
+    second = comb.checkpoint()
+    assert witness.receive("B", second.to_json()) is None
+    assert pinned() == first.seq  # within the interval: held in memory...
+    assert "rewound" in witness.receive("B", first.to_json())  # ...and checked from there
+    comb.append("comb", "fl.update", "B/3")
+    last = comb.checkpoint()
+    assert witness.receive("B", last.to_json(), final=True) is None
+    assert pinned() == last.seq
+    eager = CombinerWitness(tmp_path / "controller", log, lambda *a: None, save_every_s=0)
+    assert "rewound" in eager.receive("B", second.to_json())  # (a restarted controller: from the file)
+    comb.append("comb", "fl.update", "B/4")
+    nxt = comb.checkpoint()
+    assert eager.receive("B", nxt.to_json()) is None
+    assert pinned() == nxt.seq  # no interval: every rise written
+    comb.close()
+    log.close()

@@ -8,6 +8,11 @@ than seen before (a rewritten or rewound log), and keeps the good ones in its ow
 (`AuditLog.store_peer_checkpoint("combiner-<cluster>", ...)`: the file `audit.log.peers/combiner-<cluster>.checkpoints`
 beside the controller's log, and a record in its chain). `nebula-admin audit verify --log <combiner log>
 --peer-dir <controller dir>` checks a combiner's log against them.
+
+A pinned key is on disk before the checkpoint that brought it is taken. A pin's seq rises with every message (a round
+or more): it is written with a run's last checkpoint and otherwise at most once per `save_every_s` (PEER_RECORD_MIN_S,
+the interval at which the controller's log keeps a combiner's checkpoint), so after a crash of the controller the pins
+lag the newest checkpoint it saw by at most that interval, as its log does.
 """
 from __future__ import annotations
 
@@ -32,9 +37,15 @@ class CombinerWitness:
     """Verifies and keeps the combiners' checkpoints in the controller's audit log `audit_log` (an AuditLog);
     `record(action, target, outcome, detail)` audits a refusal."""
 
-    def __init__(self, directory: str | Path, audit_log: Any, record: Callable[[str, str, str, dict], None]) -> None:
+    def __init__(self, directory: str | Path, audit_log: Any, record: Callable[[str, str, str, dict], None],
+                 save_every_s: float | None = None) -> None:
+        from security.audit import PEER_RECORD_MIN_S
+
         self.path = Path(directory) / PINS_FILE
         self.log, self.record = audit_log, record
+        self.save_every_s = PEER_RECORD_MIN_S if save_every_s is None else save_every_s
+        self._saved = float("-inf")  # when the pins were last written (monotonic)
+        self._unsaved = False  # whether a pin changed since
         try:
             self.pins: dict[str, dict] = json.loads(self.path.read_text()) if self.path.exists() else {}
         except ValueError:
@@ -75,6 +86,9 @@ class CombinerWitness:
         self._stored[name] = time.monotonic()
         if pin is None or cp.seq > pin["seq"]:
             self.pins[name] = {"signer": cp.signer, "seq": cp.seq}
+            self._unsaved = True
+        # a new key at once; a higher seq with the run's last checkpoint, else once per save_every_s
+        if self._unsaved and (pin is None or final or time.monotonic() - self._saved >= self.save_every_s):
             self._save()
         return None
 
@@ -82,3 +96,4 @@ class CombinerWitness:
         from security._files import atomic_write
 
         atomic_write(self.path, json.dumps(self.pins, sort_keys=True).encode())
+        self._saved, self._unsaved = time.monotonic(), False
