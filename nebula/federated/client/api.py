@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import numpy as np
+from nebula.mean import Weights
 
-__all__ = ["Client", "Weights"]
-
-Weights = dict[str, np.ndarray]
+__all__ = ["Client"]
 
 
 class Client:

@@ -4,6 +4,11 @@ serves a combiner's tasks through the switch.
 A client never opens a port: it connects to its cluster's switch as one rank of the job, says hello to every
 combiner (so any of them can take it over when its own fails), and then answers tasks: evaluate the global
 model it was sent, train it (`fit`), announce the update, and stream it once the combiner asks for it.
+
+How it answers a task is chosen once from its job file (`task_answer`, the one place the client reads
+`secure_aggregation` and `differential_privacy`): in the clear (`PlainTraining`, here) or under secure aggregation
+(`client.secure.SecureTraining`), each with what it does to its update before it leaves
+(`nebula.federated.privacy.release`: as trained, or clipped and noised).
 """
 from __future__ import annotations
 
@@ -19,17 +24,18 @@ import numpy as np
 from nebula.channel import Endpoint
 from nebula.federated.actor_channels import COMBINER_RANK, CONTROLLER_RANK, FIRST_CLIENT_RANK
 from nebula.federated.client.answers import Answers, for_me, mb_peers
-from nebula.federated.client.api import Client, Weights
-from nebula.federated.client.secure import train_secure
+from nebula.federated.client.api import Client
+from nebula.federated.client.secure import SecureTraining
 from nebula.federated.config import FederatedJob
 from nebula.federated.intake import NONE_CODEC, UpdateEncoder
 from nebula.federated.messages import (ANY_START, ClientHello, ClientUpdate, GetParameters, HelloRefused,
                                        Parameters, PullUpdate, Stop, TrainTask)
-from nebula.federated.privacy import noise_rng, privatize_weights
+from nebula.federated.privacy import AsTrained, Privatize, noise_rng
 from nebula.federated.transport import ActorMessenger
+from nebula.mean import Weights
 from nebula.messaging import Peer, fits_inline, manifest, to_json
 
-__all__ = ["Client", "PaddleClient", "run_client", "load_client", "ANY_START"]
+__all__ = ["Client", "PaddleClient", "run_client", "load_client", "ANY_START", "PlainTraining", "task_answer"]
 
 log = logging.getLogger(__name__)
 UPDATE_WINDOW_PIECES = 4  # pieces of an update in flight between a client and its combiner
@@ -126,10 +132,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     mb = ActorMessenger(ep, job.piece_bytes, Peer(job.controller.cluster, CONTROLLER_RANK),
                  incarnation=_next_incarnation(job, cluster, index))
     mb.watch()  # an idle client sleeps until a message comes
-    encoder = UpdateEncoder(job.update_codec, job.piece_bytes) if job.update_codec != NONE_CODEC else None
-    if encoder is not None and job.secure_aggregation is not None:
-        encoder = None  # masked words stand in for the codec (nebula.federated.secagg.compose)
-    rng = noise_rng() if job.differential_privacy is not None else None
+    answer = task_answer(job)
     combiners = [Peer(c.id, COMBINER_RANK) for c in job.clusters]
     controller = Peer(job.controller.cluster, CONTROLLER_RANK)
     listen = mb_peers(job)
@@ -161,10 +164,7 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
                 log.warning("%s: combiner %s refused us: %s", me, peer, msg.reason)
             elif isinstance(msg, TrainTask):
                 last = peer
-                if job.secure_aggregation is not None:
-                    ok, pending = train_secure(mb, peer, msg, client, job, me, parts, nonce, rng)
-                else:
-                    ok, pending = _train(mb, peer, msg, client, job, me, encoder, parts, nonce, rng)
+                ok, pending = answer.answer(mb, peer, msg, client, job, me, parts, nonce)
                 trained += ok
             else:  # an answer to an update we gave up on (the round moved on): nothing to do
                 log.debug("%s: ignoring %s from %s", me, msg.TYPE, peer)
@@ -173,31 +173,52 @@ def run_client(job: FederatedJob, cluster: str, index: int, client: Client, *, s
     return trained
 
 
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class PlainTraining:
+    """A client of a job without secure aggregation: each task's update in the clear (compressed with `encoder`, the
+    job's update_codec, if any), after `release` (differential privacy's clip and noise, or as trained)."""
+
+    encoder: UpdateEncoder | None
+    release: AsTrained | Privatize
+
+    def answer(self, mb: ActorMessenger, peer: Peer, task: TrainTask, client: Client, job: FederatedJob, me: str,
+               parts: list | None, nonce: str) -> tuple[bool, Any]:
+        """Run one task of combiner `peer`: (trained?, a message that came meanwhile, to be served next)."""
+        return _train(mb, peer, task, client, job, me, self.encoder, parts, nonce, self.release)
+
+
+def task_answer(job: FederatedJob) -> PlainTraining | SecureTraining:
+    """How a client of `job` answers its tasks, as its job file says (read once, when the client starts)."""
+    dp = job.differential_privacy
+    release = AsTrained() if dp is None else Privatize(dp, noise_rng())
+    if job.secure_aggregation is not None:
+        return SecureTraining(release)  # (masked words stand in for the codec: nebula.federated.secagg.compose)
+    encoder = UpdateEncoder(job.update_codec, job.piece_bytes) if job.update_codec != NONE_CODEC else None
+    return PlainTraining(encoder, release)
+
+
 def _train(mb: ActorMessenger, peer: Peer, task: TrainTask, client: Client, job: FederatedJob, me: str,
            encoder: UpdateEncoder | None = None, parts: list | None = None, nonce: str = "",
-           rng: np.random.Generator | None = None) -> tuple[bool, Any]:
+           release: AsTrained | Privatize = AsTrained()) -> tuple[bool, Any]:
     """Run one task (`parts`: the model's pieces that came with it): evaluate, fit, announce, stream on request
-    (compressed with `encoder`, if any). (trained?, a task that came meanwhile)."""
+    (compressed with `encoder`, if any; `release`: what is done to the update before it leaves). (trained?, a task
+    that came meanwhile)."""
     if task.session is not None:  # the combiner runs secure aggregation, this client's job file does not
         log.warning("%s: round %s asks for secure aggregation, which this client's job file does not set; give "
                     "every actor the same job file", me, task.round)
         return False, None
     params = mb.recv_model(peer, task, job.deadline_s, inline=parts)
     config = dict(task.config)
-    dp = job.differential_privacy
-    metrics: dict = {}
-    if dp is None:  # under differential privacy no metric leaves the client: the accountant counts none
-        loss, n_eval, em = client.evaluate(params, config)
-        metrics = {"eval_loss": loss, "eval_examples": n_eval, **em}
+    # (under differential privacy no metric leaves the client, the accountant counts none: nothing is evaluated)
+    metrics = release.evaluation(client.evaluate, params, config)
     weights, n, fm = client.fit(params, config)
-    if dp is not None:
-        try:
-            weights = privatize_weights(dp, params, weights, rng)
-        except ValueError as exc:
-            log.warning("%s: round %s: %s", me, task.round, exc)
-            return False, None
+    try:
+        weights = release.weights(params, weights)
+    except ValueError as exc:  # (differential privacy: the trained model is not shaped like the round's)
+        log.warning("%s: round %s: %s", me, task.round, exc)
+        return False, None
     update = ClientUpdate(job=job.job, round=task.round, version=task.version, num_examples=n,
-                          metrics=metrics if dp is not None else {**metrics, **fm},
+                          metrics=release.metrics(metrics, fm) or {},  # (an update's metrics are a dict)
                           codec=None if encoder is None else encoder.spec)
     # small: one message, the pieces (raw, or each piece's change encoded, error feedback kept per piece) inside
     # it, no pull round trip; a combiner refuses pushed pieces that do not come with their header

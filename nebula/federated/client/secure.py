@@ -1,6 +1,7 @@
-"""A client's part of a round with secure aggregation (`train_secure`). (Its combiner's answers are waited for by
-`nebula.federated.client.answers.Answers`, as every task's; differential privacy without secure aggregation:
-`nebula.federated.privacy.privatize_weights`.)
+"""A client's part of a round with secure aggregation (`train_secure`; `SecureTraining`, how a client of a job with
+`secure_aggregation` answers its tasks). (Its combiner's answers are waited for by
+`nebula.federated.client.answers.Answers`, as every task's; what is done to its change before it is masked:
+`nebula.federated.privacy.release`.)
 
 What a privacy-minded client does whatever its combiner asks: it runs the protocol its own job file names (a task
 without a session, in a job with `secure_aggregation`, gets nothing in the clear); it derives every parameter of the
@@ -25,21 +26,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from nebula.federated.actor_channels import FIRST_CLIENT_RANK
 from nebula.federated.client.answers import Answers
 from nebula.federated.client.api import Client
 from nebula.federated.config import FederatedJob
 from nebula.federated.messages import MASKED_TENSOR, PullUpdate, TrainTask
-from nebula.federated.privacy import privatize_update
+from nebula.federated.privacy import AsTrained, Privatize
 from nebula.federated.secagg import (KeyRoster, MemoryJournal, SecAggClient, SecAggRefused, ShareDelivery,
                                      ShareVerdict, Signer, SurvivorSet, UnmaskRequest, Verifier, flatten, load_signer,
                                      load_verifier, model_digest, word_bits_for_codec)
 from nebula.federated.transport import ActorMessenger
 from nebula.messaging import Malformed, Peer, fits_inline, manifest
 
-__all__ = ["train_secure", "FileJournal", "SecureIdentity", "secure_identity", "check_cohort"]
+__all__ = ["train_secure", "SecureTraining", "FileJournal", "SecureIdentity", "secure_identity", "check_cohort"]
 
 log = logging.getLogger(__name__)
 
@@ -147,12 +146,25 @@ def _answer(ans: Answers, want: type, end: float, what: str) -> Any:
     return got
 
 
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class SecureTraining:
+    """A client of a job with secure aggregation: each task answered through the protocol, its change masked after
+    `release` (differential privacy's clip and noise, or as trained)."""
+
+    release: AsTrained | Privatize
+
+    def answer(self, mb: ActorMessenger, peer: Peer, task: TrainTask, client: Client, job: FederatedJob, me: str,
+               parts: list | None, nonce: str) -> tuple[bool, Any]:
+        """Run one task of combiner `peer`: (took part?, a message that came meanwhile, to be served next)."""
+        return train_secure(mb, peer, task, client, job, me, parts, nonce, self.release)
+
+
 def train_secure(mb: ActorMessenger, peer: Peer, task: TrainTask, client: Client, job: FederatedJob, me: str,
-                 parts: list | None, nonce: str, rng: np.random.Generator | None = None) -> tuple[bool, Any]:
-    """Run one task under secure aggregation: keys, shares, train, mask, unmask. (Took part?, a message that came
-    meanwhile and is to be served next.)"""
+                 parts: list | None, nonce: str, release: AsTrained | Privatize = AsTrained()) -> tuple[bool, Any]:
+    """Run one task under secure aggregation: keys, shares, train, mask, unmask (`release`: what is done to the
+    change before it is masked). (Took part?, a message that came meanwhile and is to be served next.)"""
     params = mb.recv_model(peer, task, job.deadline_s, inline=parts)
-    cfg, dp = job.secure_aggregation, job.differential_privacy
+    cfg = job.secure_aggregation
     ident = None
     try:
         ident = secure_identity(job, me)
@@ -188,19 +200,13 @@ def train_secure(mb: ActorMessenger, peer: Peer, task: TrainTask, client: Client
         got = _answer(ans, ShareVerdict, end, f"share check of round {r}")
         verdict = got[0]
         config = dict(task.config)
-        metrics: dict = {}
-        if dp is None:
-            loss, n_eval, em = client.evaluate(params, config)
-            metrics = {"eval_loss": loss, "eval_examples": n_eval, **em}
+        metrics = release.evaluation(client.evaluate, params, config)  # (none under differential privacy)
         weights, n, fm = client.fit(params, config)
         names = list(params)
-        change = flatten(weights, names) - flatten(params, names)
-        if dp is not None:
-            change = privatize_update({"change": change}, dp, rng, sa.params.threshold)[0]["change"]
+        change = release.change(flatten(weights, names) - flatten(params, names), sa.params.threshold)
         m = sa.mask(verdict, change, n)
         masked = {MASKED_TENSOR: m.words}
-        head = dataclasses.replace(m, words=None, job=job.job,
-                                   metrics=None if dp is not None else {**metrics, **fm})
+        head = dataclasses.replace(m, words=None, job=job.job, metrics=release.metrics(metrics, fm))
         if masked[MASKED_TENSOR].nbytes <= task.push_bytes and fits_inline(manifest(masked), job.piece_bytes):
             mb.send_model(peer, dataclasses.replace(head, pushed=True), masked, inline=True)
         else:

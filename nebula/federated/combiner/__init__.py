@@ -3,7 +3,8 @@
 `Combiner` (`.combiner`) serves the controller's commands; what it is between rounds (hellos, grants, refusals) is
 `.base`; a synchronous round is `.rounds.SyncRound` around the pure `.round_state.RoundState`, with secure
 aggregation `.secure.SecureRound` around `.secure_state.SecureRoundState`; an asynchronous run is
-`.rounds.serve_async`.
+`.rounds.serve_async`. Which round serves a job and how it folds each update (differential privacy) is chosen once
+from the job file in `.capabilities`.
 """
 from nebula.federated.combiner.combiner import Combiner
 from nebula.federated.combiner.round_state import RoundState

@@ -23,6 +23,7 @@ from pathlib import Path
 from nebula.federated._actor import ActorAudit, JobGrants, RefusalTally
 from nebula.federated.actor_channels import CLIENT_WINDOW, CONTROLLER_RANK, FIRST_CLIENT_RANK
 from nebula.federated.checks import NONCE_CHARS, Refusal, check_hello
+from nebula.federated.combiner.capabilities import CentralClip, FoldPolicy, fold_policy, round_kind
 from nebula.federated.config import FederatedJob
 from nebula.federated.messages import (ANY_START, SECURE_FROM_CLIENT, Bye, ClientHello, ClientUpdate, HelloRefused,
                                        StatusAnswer, StatusRequest, Stop, UpdateDropped)
@@ -50,6 +51,10 @@ class CombinerBase:
         self.job, self.cluster = job, cluster
         self.workdir = Path(workdir or Path(job.controller.dir) / f"combiner-{cluster}")
         self.strategy = get_strategy(job.strategy.name, job.strategy.options)
+        # what the job's secure_aggregation and differential_privacy make of a round (combiner.capabilities): the
+        # round that serves it (by name, in combiner.rounds.ROUNDS) and how each update in the clear is folded
+        self.round_kind = round_kind(job)
+        self.fold: FoldPolicy | CentralClip = fold_policy(job)
         self.roster: dict[Peer, int] = {}  # client -> training examples it holds
         self.nonces: dict[Peer, str] = {}  # client -> the nonce of its process (from its hello)
         self.missed: set[Peer] = set()  # asked last round, never answered: not offered again until heard from

@@ -4,8 +4,8 @@ worth of memory for streaming strategies), and hands the partial with its exampl
 
 How it checks updates, counts refusals, and knows its run: `nebula.federated.combiner.base` (the rules:
 `nebula.federated.checks`); a round's state: `nebula.federated.combiner.round_state`, its I/O:
-`nebula.federated.combiner.rounds` (with secure aggregation: `.secure_state`, `.secure`); the messages:
-`nebula.federated.messages`.
+`nebula.federated.combiner.rounds` (with secure aggregation: `.secure_state`, `.secure`), chosen by the job's
+`nebula.federated.combiner.capabilities`; the messages: `nebula.federated.messages`.
 """
 from __future__ import annotations
 
@@ -15,8 +15,7 @@ from nebula.channel import Endpoint
 from nebula.federated._actor import ActorAudit, JobGrants, Terminated, check_terminated
 from nebula.federated.actor_channels import COMBINER_RANK
 from nebula.federated.combiner.base import ANY_START, CombinerBase, client_peers
-from nebula.federated.combiner.rounds import SyncRound, serve_async
-from nebula.federated.combiner.secure import SecureRound
+from nebula.federated.combiner.rounds import ROUNDS, serve_async
 from nebula.federated.intake import spool_dir
 from nebula.federated.messages import StartAsync, StartRound, Stop
 from nebula.federated.transport import MODEL_SLOTS, ActorMessenger
@@ -56,7 +55,7 @@ class Combiner(CombinerBase):
                     self.stop(cmd)
                     return
                 if isinstance(cmd, StartRound):
-                    command = (SecureRound if self.job.secure_aggregation else SyncRound).serve(self, cmd)
+                    command = ROUNDS.get(self.round_kind).serve(self, cmd)  # (combiner.capabilities.round_kind)
                 elif isinstance(cmd, StartAsync) and serve_async(self, cmd) == "stop":
                     return
         except Terminated:

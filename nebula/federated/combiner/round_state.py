@@ -12,15 +12,13 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from nebula.mean import RunningMean
+from nebula.mean import RunningMean, Weights
 from nebula.federated.checks import Refusal, check_update_header
 from nebula.federated.messages import ClientUpdate, Partial
 from nebula.federated.strategy import Strategy
 from nebula.messaging import Malformed, Peer, manifest
 
 __all__ = ["RoundState"]
-
-Weights = dict[str, np.ndarray]
 
 
 class RoundState:

@@ -1,11 +1,12 @@
 """What a combiner does with one synchronous round (`SyncRound`: the I/O around the pure `RoundState`) or with an
-asynchronous run (`serve_async`).
+asynchronous run (`serve_async`). The rounds a combiner can serve are registered by name in `ROUNDS` ("sync" here,
+"secure" in `combiner.secure`); `combiner.capabilities.round_kind` names the one a job's rounds take.
 
-Under central differential privacy the combiner clips every update it folds to `clip_norm` itself (the L2 norm of
-its change from the round's model, as decoded), whatever the client did: a client that skips its own clipping, or
-whose codec sends more than it clipped, moves the sum by at most `clip_norm`. An update whose norm is not finite is
-refused; each one clipped is logged and audited (`fl.update` "accepted" with `clipped`), and their count per round
-(`fl.dp` "clipped")."""
+Each update is folded as the job's `combiner.capabilities.fold_policy` says: under central differential privacy the
+combiner clips every update it folds to `clip_norm` itself (the L2 norm of its change from the round's model, as
+decoded), whatever the client did: a client that skips its own clipping, or whose codec sends more than it clipped,
+moves the sum by at most `clip_norm`. An update whose norm is not finite is refused; each one clipped is logged and
+audited (`fl.update` "accepted" with `clipped`), and their count per round (`fl.dp` "clipped")."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,30 +20,31 @@ import numpy as np
 from nebula.federated._actor import check_terminated
 from nebula.federated.checks import Refusal, check_received, check_update_header
 from nebula.federated.combiner.round_state import RoundState
-from nebula.federated.intake import NONE_CODEC, GlobalModel, Refused, clip_pieces, receive_update
+from nebula.federated.intake import NONE_CODEC, GlobalModel, Refused, receive_update
 from nebula.federated.messages import (AsyncUpdate, ClientHello, ClientUpdate, NewModel, PullUpdate, StartAsync,
                                        StartRound, Stop, TrainTask)
-from nebula.federated.privacy import clip_factor
 from nebula.messaging import PUSH_BYTES, Malformed, Message, Peer, manifest
+from nebula.registry import Registry
 
 if TYPE_CHECKING:
     from nebula.federated.combiner.base import CombinerBase as Combiner
 
-__all__ = ["SyncRound", "serve_async", "PULL_GRACE_S"]
+__all__ = ["SyncRound", "serve_async", "PULL_GRACE_S", "ROUNDS"]
 
 log = logging.getLogger(__name__)
 PULL_GRACE_S = 2.0  # an update announced before the deadline may finish arriving this much later
 # updates pulled beyond the one being received: the next one's transfer overlaps this one's checks and folding,
 # while what waits in the combiner's channels stays bounded (and the first update is not slowed by many at once)
 PULL_AHEAD = 2
-# an update counts as clipped (logged, audited) when its norm is this much over clip_norm, relative; it is scaled to
-# clip_norm whenever it is over at all (an honest client's clipped change, sent as float32 weights and measured
-# again, can be over by rounding alone)
-CLIP_SLACK = 1e-4
+# the rounds a combiner serves a StartRound with, by name (combiner.capabilities.round_kind chooses)
+ROUNDS: Registry[type["SyncRound"]] = Registry("combiner round", lazy={"secure": "nebula.federated.combiner.secure"})
 
 
+@ROUNDS.register("sync")
 class SyncRound:
     """One round at a combiner: its state (`RoundState`), and the model, pulls and pieces around it."""
+
+    clear_updates = True  # its clients' updates come in the clear (a secure round sees masked words only)
 
     @classmethod
     def serve(cls, comb: Combiner, cmd: StartRound) -> Message | None:
@@ -101,23 +103,20 @@ class SyncRound:
     def __init__(self, comb: Combiner, cmd: StartRound, weights: dict[str, np.ndarray], deadline: float) -> None:
         self.c, self.cmd, self.weights, self.deadline = comb, cmd, weights, deadline
         job = comb.job
+        self.fold = comb.fold  # how each update is weighed and bounded (differential privacy: combiner.capabilities)
         self.state = self.make_state(asked=[Peer.parse(s) for s in cmd.clients], job=job.job, round=cmd.round,
                                      version=cmd.version, weights=weights, strategy=comb.strategy,
                                      max_examples=job.max_examples_per_client)
-        dp = job.differential_privacy
-        # central DP: every update is clipped here (masked ones cannot be: the job file refuses that combination)
-        self.clip_norm = dp.clip_norm if dp is not None and dp.mode == "central" and not job.secure_aggregation \
-            else None
         self.clipped = 0  # updates clipped this round
         # each update's change from this model is measured (raw updates; a coded update is a change already)
-        measure = (job.max_update_norm is not None or self.clip_norm is not None) and job.update_codec == NONE_CODEC \
-            and not job.secure_aggregation
+        measure = (job.max_update_norm is not None or self.fold.measures) and job.update_codec == NONE_CODEC \
+            and self.clear_updates
         self.base = GlobalModel(weights, comb.spool) if measure else None
         self.pulled: deque[tuple[Peer, ClientUpdate]] = deque()  # accepted headers whose pieces were asked for
 
     def make_state(self, **kw) -> RoundState:
         """The round's pure state (under differential privacy every update weighs the same)."""
-        return RoundState(**kw, unit_weight=self.c.job.differential_privacy is not None)
+        return RoundState(**kw, unit_weight=self.fold.unit_weight)
 
     def task(self) -> TrainTask:
         """The round's task, as every asked client gets it (each naming its own process)."""
@@ -137,7 +136,7 @@ class SyncRound:
         self.weights = None  # sent: from here on the combiner holds the partial and one update, no global model
 
     def on_update(self, peer: Peer, msg: ClientUpdate | Malformed, parts: list | None = None) -> None:
-        who, st, job = str(peer), self.state, self.c.job
+        who, st = str(peer), self.state
         why = st.check(who, msg, known_version=self.c.known_version, grant=self.c.grant_refusal())
         if why is not None:
             first = st.refuse(who, msg, why)
@@ -165,20 +164,16 @@ class SyncRound:
         except (Refused, ValueError) as exc:
             self._refuse_received(peer, str(exc))
             return
-        pieces, detail = upd.pieces(), {}
-        if self.clip_norm is not None:
-            try:
-                factor = clip_factor(upd.norm, self.clip_norm)
-            except ValueError as exc:
-                upd.close()
-                self._refuse_received(peer, str(exc))
-                return
-            pieces = clip_pieces(pieces, factor, self.base)
-            if upd.norm > self.clip_norm * (1 + CLIP_SLACK):
-                self.clipped += 1
-                detail = {"clipped": True, "clip_norm": self.clip_norm}
-                log.warning("combiner %s: update of %s clipped from norm %.4g to clip_norm %g", self.c.cluster, peer,
-                            upd.norm, self.clip_norm)
+        try:
+            pieces, detail = self.fold.clip(upd.norm, upd.pieces(), self.base)
+        except ValueError as exc:  # (its norm is not finite: it cannot be clipped)
+            upd.close()
+            self._refuse_received(peer, str(exc))
+            return
+        if detail.get("clipped"):
+            self.clipped += 1
+            log.warning("combiner %s: update of %s clipped from norm %.4g to clip_norm %g", self.c.cluster, peer,
+                        upd.norm, detail["clip_norm"])
         try:
             st.fold(who, msg, pieces, nbytes=upd.nbytes, norm=upd.norm)
         finally:
@@ -202,9 +197,8 @@ class SyncRound:
         c.missed.update(p for p in st.missing() if p not in st.rejoined)
         counted = c.tally.take()  # what was refused since the last round, counted
         c.tally.flush(c.audit, round=st.round)
-        if self.clip_norm is not None:
-            c.audit.record("fl.dp", c.cluster, "clipped", {"round": st.round, "clipped": self.clipped,
-                                                           "clip_norm": self.clip_norm})
+        for action, outcome, detail in self.fold.round_records(st.round, self.clipped):  # (central DP: fl.dp)
+            c.audit.record(action, c.cluster, outcome, detail)
         partial, weights = st.partial(run=self.cmd.run, counted=counted, checkpoint=c.checkpoint(),
                                       delta=c.job.update_codec != NONE_CODEC)
         if weights is None:

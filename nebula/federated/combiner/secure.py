@@ -26,7 +26,7 @@ from typing import Mapping
 
 from nebula.federated.actor_channels import FIRST_CLIENT_RANK
 from nebula.federated.checks import Refusal
-from nebula.federated.combiner.rounds import PULL_GRACE_S, SyncRound
+from nebula.federated.combiner.rounds import PULL_GRACE_S, ROUNDS, SyncRound
 from nebula.federated.combiner.secure_state import SecureRoundState
 from nebula.federated.messages import MASKED_TENSOR, PullUpdate, TrainTask
 from nebula.federated.secagg import UNMASK_STAGES, MaskedInput, Verifier, load_verifier, word_bits_for_codec
@@ -99,8 +99,11 @@ def combiner_verifier(comb) -> Verifier:
     return hit
 
 
+@ROUNDS.register("secure")
 class SecureRound(SyncRound):
     """One round at a combiner whose clients' updates it learns only the sum of."""
+
+    clear_updates = False  # masked words only: no change to measure, nothing to clip
 
     def make_state(self, **kw) -> SecureRoundState:
         job = self.c.job

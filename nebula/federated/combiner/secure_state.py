@@ -23,12 +23,13 @@ from typing import Mapping
 import numpy as np
 
 from nebula.federated.checks import Refusal
-from nebula.federated.combiner.round_state import RoundState, Weights
+from nebula.federated.combiner.round_state import RoundState
 from nebula.federated.messages import MASKED_TENSOR, ClientUpdate, Partial
 from nebula.federated.secagg import (AdvertiseKeys, KeyRoster, MaskedInput, SecAggConfig, SecAggRefused,
                                      SecAggServer, SecureSum, ShareCheck, ShareDelivery, ShareKeys, ShareVerdict,
                                      SurvivorSet, SurvivorSignature, UnmaskRequest, UnmaskResponse, Verifier,
                                      model_digest, partial_mean, unflatten)
+from nebula.mean import Weights
 from nebula.messaging import Malformed, Message
 
 __all__ = ["SecureRoundState"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 from pathlib import Path
 from typing import Iterator
@@ -20,6 +19,8 @@ from typing import Iterator
 from nebula.federated._actor import ActorAudit, check_terminated
 from nebula.federated.actor_channels import COMBINER_RANK
 from nebula.federated.config import FederatedJob
+from nebula.federated.controller.capabilities import (NoRoundPrivacy, PlainRounds, SecureRounds, privacy_policy,
+                                                      secure_policy)
 from nebula.federated.controller.privacy import RoundPrivacy
 from nebula.federated.controller.trail import ModelTrail
 from nebula.federated.controller.witness import CombinerWitness
@@ -54,6 +55,7 @@ class ControllerBase:
         self.audit: ActorAudit | None = None
         self.witness: CombinerWitness | None = None
         self._seq = 0
+        self._asked = False  # a status request is out whose answers no `status()` has taken yet (`ask_status`)
         self._started = False
         self.run_id = ""  # "<epoch>.<session>": what every message of this run names (set by run())
         self.wan_bytes: list[int] = []  # bytes this controller sent to other clusters, per round
@@ -62,10 +64,11 @@ class ControllerBase:
         # cluster -> why its account home refuses the job (None: granted); only clusters with an accounts_home
         self.grant_of: dict[str, str | None] = {}
         self.guarded = {c.id for c in job.clusters if c.accounts_home}
-        self.privacy: RoundPrivacy | None = None  # differential privacy (set by run() once the trail is open)
-        # secure aggregation: model version -> the combiners whose clients revealed a sum on it in a round that
-        # did not count (they sit out further rounds on it: nebula.federated.controller)
-        self._secure_spent: dict[int, set[Peer]] = {}
+        # what the job's secure_aggregation and differential_privacy make of a round (controller.capabilities; a
+        # no-op when off). Differential privacy resumes its accountant from the trail: run() sets it once the trail
+        # is open, and until then the controller draws and reports as without it (no round is drawn before then).
+        self.secure: PlainRounds | SecureRounds = secure_policy(job)
+        self.privacy: NoRoundPrivacy | RoundPrivacy = privacy_policy(job, None)
 
     def _next_epoch(self) -> int:
         """This start's epoch: one more than the last start's (kept beside the trail)."""
@@ -91,11 +94,20 @@ class ControllerBase:
                 self.witness.receive(peer.cluster, msg.checkpoint, final=True)
 
     # participation
-    def status(self) -> tuple[list[Peer], dict[Peer, int]]:
-        """(combiners that answered, the union of their rosters: client -> examples)."""
+    def ask_status(self) -> None:
+        """Ask every combiner for its status; the next `status()` takes these answers instead of asking again (a
+        round asks for the next one's as soon as its partials are in: the answers come while it commits)."""
         self._seq += 1
         for c in self.combiners:
             self.mb.send(c, StatusRequest(seq=self._seq, run=self.run_id))
+        self._asked = True
+
+    def status(self) -> tuple[list[Peer], dict[Peer, int]]:
+        """(combiners that answered, the union of their rosters: client -> examples), to the request `ask_status`
+        sent last if no answers were taken since, else to a new one."""
+        if not self._asked:
+            self.ask_status()
+        self._asked = False
         live, roster, missed = [], {}, set()
         self.accepted_by = {}
         deadline = time.monotonic() + STATUS_WAIT_S
@@ -202,12 +214,9 @@ class ControllerBase:
                                  metrics={"initialised_by": who})
 
     def assign(self, live: list[Peer], roster: dict[Peer, int], r: int) -> dict[Peer, list[Peer]]:
-        clients = sorted(roster)
-        k = self.job.clients_per_round or len(clients)
-        if self.privacy is not None:  # the sampler the accountant analyses, unpredictable (controller.privacy)
-            chosen = self.privacy.sample(clients, r)
-        else:
-            chosen = sorted(random.Random(self.job.seed * 100003 + r).sample(clients, min(k, len(clients))))
+        # under differential privacy the sampler the accountant analyses, unpredictable (controller.privacy);
+        # otherwise from the job's seed
+        chosen = self.privacy.sample(sorted(roster), r)
         out: dict[Peer, list[Peer]] = {c: [] for c in live}
         for p in chosen:
             if self._client_refusal(p) is not None:  # its own cluster grants it no part: through no combiner
@@ -228,8 +237,7 @@ class ControllerBase:
                "pid": os.getpid()}
         if reason is not None:
             doc["reason"] = reason
-        if self.privacy is not None:
-            doc["privacy"] = self.privacy.describe()
+        doc.update(self.privacy.detail())  # (differential privacy: where the budget stands)
         self.files.write_status(doc)
 
     def stop_requested(self) -> bool:

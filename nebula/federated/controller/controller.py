@@ -7,7 +7,9 @@ reported `REPORT_GRACE_S` after it is given up for this round), check the validi
 (example-weighted, streamed piece by piece), apply the strategy's server step, and commit to the trail.
 
 Run identity, participation, grants, witnesses and the initial model: `nebula.federated.controller.base`;
-asynchronous strategies: `nebula.federated.controller.asynchronous`.
+asynchronous strategies: `nebula.federated.controller.asynchronous`. What secure aggregation and differential
+privacy change in a round (who may take part, how partials are reduced and released, what the record keeps) the
+round asks of `self.secure` and `self.privacy` (`nebula.federated.controller.capabilities`), whatever the job says.
 """
 from __future__ import annotations
 
@@ -23,19 +25,18 @@ from nebula.federated._actor import ActorAudit, Terminated, check_terminated
 from nebula.federated.actor_channels import CONTROLLER_RANK
 from nebula.federated.controller.asynchronous import run_async
 from nebula.federated.controller.base import ControllerBase
-from nebula.federated.controller.privacy import RoundPrivacy
+from nebula.federated.controller.capabilities import privacy_policy
+from nebula.federated.controller.privacy import STOPPED
 from nebula.federated.controller.reduction import Reduction
 from nebula.federated.controller.trail import ModelTrail, RoundRecord
 from nebula.federated.controller.witness import CombinerWitness
 from nebula.federated.messages import ModelCopy, Partial, StartRound
-from nebula.federated.secagg import UNMASK_STAGES
 from nebula.federated.transport import ActorMessenger
 from nebula.messaging import Peer
 
 __all__ = ["Controller", "REPORT_GRACE_S"]
 
 log = logging.getLogger(__name__)
-STOPPED = "stopped"  # a round the privacy budget forbade (recorded in the trail with the reason)
 REPORT_GRACE_S = 3.0  # partials later than deadline + this are not waited for (the round ends within deadline + 5 s)
 
 
@@ -57,8 +58,7 @@ class Controller(ControllerBase):
             head = self.trail.head()
             if head is None:
                 head = self.trail.get(self.initialise())
-            if self.job.differential_privacy is not None:
-                self.privacy = RoundPrivacy(self.job, self.trail)
+            self.privacy = privacy_policy(self.job, self.trail)  # (its accountant resumes from the trail)
             done = max([r.round for r in self.trail.rounds() if r.status != STOPPED] + [head.round])
             self.audit.record("fl.start", self.job.job, "ok", {"head": head.version, "next_round": done + 1})
             self.write_status("running", done, head.version)
@@ -70,9 +70,9 @@ class Controller(ControllerBase):
                     if self.stop_requested():
                         self.write_status("stopped", r - 1, self.trail.head().version)
                         break
-                    budget = self.privacy.budget() if self.privacy is not None else None
-                    if budget is not None and not budget.may_continue:
-                        self._budget_spent(r, budget.reason)
+                    exhausted = self.privacy.exhausted()
+                    if exhausted is not None:
+                        self._stop(r, exhausted, "budget", self.privacy.detail())
                         break
                     if self._round(r) is not None:  # no combiner can advance the model: stopped, status written
                         break
@@ -104,16 +104,14 @@ class Controller(ControllerBase):
             want = job.clients_per_round or sum(c.num_clients for c in job.clusters)
             self._started = True
         live, roster = self.wait_roster(job.validity.min_updates, want)
-        secure = job.secure_aggregation
-        # secure aggregation: a combiner whose clients revealed a sum on this model in a round that did not count
-        # is left out of rounds on it (its clients refuse a second reveal: two sums would expose a client)
-        spent = self._secure_spent.get(head.version, set()) if secure else set()
-        if spent & set(live):
-            log.warning("round %d: combiners %s already revealed a sum on model version %d in a round that did not "
-                        "count; they sit out rounds on it", r, sorted(map(str, spent & set(live))), head.version)
-            live = [c for c in live if c not in spent]
-            if not live:
-                return self._secure_stalled(r, head.version, spent)
+        # secure aggregation leaves out a combiner whose clients revealed a sum on this model in a round that did
+        # not count (they refuse a second reveal: two sums would expose a client)
+        admitted = self.secure.admit(r, live, head.version)
+        if admitted.note is not None:
+            log.warning("%s", admitted.note)
+        if admitted.stop is not None:
+            return self._stop(r, admitted.stop, "secure", {})
+        live = admitted.live
         assignment = self.assign(live, roster, r)
         log.info("round %d: live combiners %s, %d clients connected", r, [str(c) for c in live], len(roster))
         expected_examples = sum(roster[p] for cl in assignment.values() for p in cl)
@@ -129,21 +127,17 @@ class Controller(ControllerBase):
                 self.mb.send_model(comb, ModelCopy(round=r, to=self.nonces[comb]), weights)
         home = job.controller.cluster
         self.wan_bytes.append(sum(n - sent_before.get(c, 0) for c, n in self.mb.sent_bytes.items() if c != home))
-        red = Reduction(weights, coded=job.update_codec != "none" or secure is not None, update_codec=job.update_codec,
-                        validity=job.validity, expected_examples=expected_examples,
-                        max_weight=secure.max_weight if secure is not None else None)
-        # the combiners' unmask stage, then their sum (nebula.federated.combiner.secure)
-        unmask_s = (UNMASK_STAGES + 1) * secure.stage_timeout_s if secure is not None else 0.0
-        self._take_partials(r, assignment, red, t0 + job.deadline_s + REPORT_GRACE_S + unmask_s)
+        red = Reduction(weights, coded=job.update_codec != "none" or self.secure.coded, update_codec=job.update_codec,
+                        validity=job.validity, expected_examples=expected_examples, max_weight=self.secure.max_weight)
+        # (with secure aggregation the combiners' unmask stage, then their sum: nebula.federated.combiner.secure)
+        self._take_partials(r, assignment, red, t0 + job.deadline_s + REPORT_GRACE_S + self.secure.unmask_s)
+        self.ask_status()  # the next round's (or the run's end's): answered while this round is reduced and committed
         metrics = red.metrics()
-        privacy = self.privacy.spend() if self.privacy is not None else None  # every round run is counted
-        if privacy is not None:
-            metrics.update(epsilon=privacy["epsilon"], delta=privacy["delta"])
-        why, version = red.invalid(), None
-        if why is not None and self.privacy is not None and self.privacy.sampled == 0:
-            why = "the sampler drew no client: the round is skipped (the accountant counts it, the draw was made)"
+        spent = self.privacy.spend()  # every round run is counted
+        metrics.update(self.privacy.metrics(spent))
+        why, version = self.privacy.invalid(red), None
         if why is None:
-            mean = self.privacy.release(red) if self.privacy is not None else red.result()
+            mean = self.privacy.release(red)
             new, state = self.strategy.server_step(weights, mean, state)
             bad = next((k for k, v in new.items() if not np.isfinite(v).all()), None)
             if bad is not None:  # finite updates can still overflow together: never commit such a model
@@ -160,48 +154,25 @@ class Controller(ControllerBase):
                     "expected_examples": expected_examples,
                     "assignment": {str(c): [str(p) for p in v] for c, v in assignment.items()}, **metrics,
                     "wan_bytes": self.wan_bytes[-1], "update_bytes": red.update_bytes,
-                    "update_norm_max": red.norm_max, **self._privacy_detail(red, privacy)}))
+                    "update_norm_max": red.norm_max, **self.secure.detail(red), **self.privacy.detail(spent)}))
         self.audit.record("fl.round", str(r), "valid" if why is None else "invalid",
                           {"version": version, "num_updates": red.num_updates, "why": why})
         log.info("round %d: %s, %d updates, %d examples, %.2f s %s", r, "valid" if why is None else f"invalid ({why})",
                  red.num_updates, red.num_examples, duration, json.dumps(metrics))
-        if why is not None and secure is not None and red.revealed:
-            self._secure_spent.setdefault(head.version, set()).update(red.revealed)
+        self.secure.after_round(red, why, head.version)
         self.write_status("running", r, self.trail.head().version)
         return None
 
-    def _secure_stalled(self, r: int, version: int, spent: set[Peer]) -> str:
-        """No live combiner may run another secure round on model `version`: the job stops and says why."""
-        reason = (f"round {r}: no combiner can advance model version {version}: {', '.join(sorted(map(str, spent)))} "
-                  "already revealed their clients' secure sums on it in rounds that did not count, and their clients "
-                  "refuse a second sum on the same model (the difference would expose a client); relax validity "
-                  "(min_updates, min_fraction_examples) or add clusters, then run the job again")
+    def _stop(self, r: int, reason: str, outcome: str, detail: dict) -> str:
+        """Round `r` may not run (`outcome` "budget": the job's target_epsilon forbids it; "secure": no combiner may
+        advance the model): the trail (with `detail`), the audit log and the status say why the job stops."""
         log.warning("controller: %s", reason)
         self.trail.record_round(RoundRecord(
             round=r, status=STOPPED, version=None, num_updates=0, num_examples=0, rejected=[], started=time.time(),
-            duration_s=0.0, detail={"why": reason}))
-        self.audit.record("fl.stop", self.job.job, "secure", {"round": r, "reason": reason})
-        self.write_status("stopped", r - 1, version, reason=reason)
-        return reason
-
-    def _privacy_detail(self, red: Reduction, privacy: dict | None) -> dict:
-        """What the round's record keeps of secure aggregation and differential privacy."""
-        out: dict = {}
-        if self.job.secure_aggregation is not None:
-            out["secure"] = {"error_bound": red.error_bound, "dropped": sorted(red.dropped),
-                             "protocol_bytes": red.protocol_bytes, "weight": red.weight}
-        if self.privacy is not None:
-            out["privacy"] = privacy or self.privacy.describe()
-        return out
-
-    def _budget_spent(self, r: int, reason: str) -> None:
-        """The job's target_epsilon forbids round `r`: the trail, the audit log and the status say why it stops."""
-        log.warning("controller: %s", reason)
-        self.trail.record_round(RoundRecord(
-            round=r, status=STOPPED, version=None, num_updates=0, num_examples=0, rejected=[], started=time.time(),
-            duration_s=0.0, detail={"why": reason, "privacy": self.privacy.describe()}))
-        self.audit.record("fl.stop", self.job.job, "budget", {"round": r, "reason": reason})
+            duration_s=0.0, detail={"why": reason, **detail}))
+        self.audit.record("fl.stop", self.job.job, outcome, {"round": r, "reason": reason})
         self.write_status("stopped", r - 1, self.trail.head().version, reason=reason)
+        return reason
 
     def _take_partials(self, r: int, assignment: dict[Peer, list[Peer]], red: Reduction, give_up: float) -> None:
         """Take the combiners' partials of round `r` until all came or `give_up` (a monotonic time)."""

@@ -1,5 +1,7 @@
 """The controller's part of differential privacy (`RoundPrivacy`): the accountant over the rounds, the budget a
-job's `target_epsilon` sets, the sampling of each round's clients, and the central noise on the released mean.
+job's `target_epsilon` sets, the sampling of each round's clients, and the central noise on the released mean. A job
+without it gets `controller.capabilities.NoRoundPrivacy`, which has the same methods (the round calls them whatever
+the job says).
 
 Sampling (`differential_privacy.sampler`), from the OS's randomness (never the job's seed: amplification by
 sampling holds only if nobody can predict the sample), over the job's whole population of clients, not only those
@@ -32,6 +34,7 @@ from nebula.federated.actor_channels import FIRST_CLIENT_RANK
 from nebula.federated.config import FederatedJob
 from nebula.federated.controller.trail import ModelTrail
 from nebula.federated.privacy import noise_rng, server_noise_std
+from nebula.mean import Weights
 from nebula.messaging import Peer
 
 if TYPE_CHECKING:
@@ -42,8 +45,6 @@ __all__ = ["RoundPrivacy", "STOPPED", "poisson_sample", "fixed_sample"]
 
 STOPPED = "stopped"  # the status of a round that was never run (the budget forbade it, or no combiner could
 # advance the model under secure aggregation): never counted
-
-Weights = dict[str, np.ndarray]
 
 
 def poisson_sample(population: Sequence[Peer], q: float, draw: Callable[[], float]) -> list[Peer]:
@@ -81,6 +82,11 @@ class RoundPrivacy:
         """Whether one more round stays within the job's target_epsilon."""
         return self.accountant.budget(self.dp.target_epsilon)
 
+    def exhausted(self) -> str | None:
+        """Why the job's target_epsilon forbids one more round, or None."""
+        budget = self.budget()
+        return None if budget.may_continue else budget.reason
+
     def noise_std(self) -> float:
         """Std of the noise the reducer adds to the sum (central DP), 0 otherwise."""
         return server_noise_std(self.dp)
@@ -89,6 +95,22 @@ class RoundPrivacy:
         """Count one more round run; where the budget stands now."""
         self.accountant.step()
         return self.describe()
+
+    def metrics(self, spent: dict[str, Any]) -> dict[str, float]:
+        """What a round's metrics keep of where the budget stands after it (`spent`, as `spend` said)."""
+        return {"epsilon": spent["epsilon"], "delta": spent["delta"]}
+
+    def invalid(self, red: Reduction) -> str | None:
+        """Why the round does not count: the reduction's reason, or, when the sampler drew nobody, that."""
+        why = red.invalid()
+        if why is not None and self.sampled == 0:
+            return "the sampler drew no client: the round is skipped (the accountant counts it, the draw was made)"
+        return why
+
+    def detail(self, spent: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What a round's record (`spent`: where this round's `spend` left the budget) and the status file keep of
+        differential privacy."""
+        return {"privacy": spent or self.describe()}
 
     def describe(self) -> dict[str, Any]:
         """For the trail and the status file: ε at δ spent so far, what it was computed from, and the sampler run

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from nebula.mean import RunningMean
+from nebula.mean import RunningMean, Weights
 from nebula.federated.config import ValiditySpec
 from nebula.federated.messages import Partial
 
 __all__ = ["Reduction"]
-
-Weights = dict[str, np.ndarray]
 
 
 class Reduction:
