@@ -6,6 +6,12 @@ as FedOptima devices or OWL workers. What they train is the job's `task: module:
 `num_clients={cluster: n}`, `seed` and the `client.args` of the job. The server writes the controller's status
 file (state, algorithm, its measurements when done) and ends the run early when `nebula fl stop` asks. What differs
 between the two is an `ActorAlgorithm`: its server and its client (`FEDOPTIMA`, `OWL`).
+
+Every actor keeps its own signed, hash-chained audit log (`nebula.federated._actor.ActorAudit`), where FEDn's
+actors keep theirs: the server's in `controller.dir`/controller, a client's in `controller.dir`/clients/CLUSTER-INDEX.
+It holds a start record (`fl.start`), one `fl.owl` / `fl.fedoptima` record per refused message (peer, field, value,
+expected: the runtimes report each refusal through a `refused` callable and know nothing of files) and an end record
+(`fl.stop`, also when the actor failed), then the closing checkpoint.
 """
 from __future__ import annotations
 
@@ -14,37 +20,43 @@ import importlib
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
+from nebula.federated._actor import ActorAudit
 from nebula.federated.actor_channels import CONTROLLER_RANK, FIRST_CLIENT_RANK
 from nebula.federated.config import FederatedJob
 from nebula.federated.runfiles import RunFiles
 from nebula.heap import keep_freed_memory
 
-__all__ = ["ROLES", "ActorAlgorithm", "FEDOPTIMA", "OWL", "load_task", "run_actors"]
+__all__ = ["ROLES", "ActorAlgorithm", "FEDOPTIMA", "OWL", "audit_dir", "load_task", "run_actors"]
 
 log = logging.getLogger(__name__)
 ROLES = ("cluster", "controller", "clients", "client")
 Actor = tuple[str, int]  # (cluster, rank)
+VALUE_CHARS = 160  # of a refused value in its audit record: a peer chooses it, so its size is bounded here
 
 
 @dataclass(frozen=True, slots=True)
 class ActorAlgorithm:
-    """The server (`serve(ep, clients, task, job, should_stop) -> result`) and client (`client(ep, server, me,
-    clients, task, job) -> result`) of one algorithm."""
+    """The server (`serve(ep, clients, task, job, should_stop, refused) -> result`) and client (`client(ep, server,
+    me, clients, task, job, refused) -> result`) of one algorithm; `refused(peer, field, value, expected)` audits a
+    refusal."""
 
     name: str
     serve: Callable[..., Any]
     client: Callable[..., Any]
 
 
-def _fedoptima_server(ep: Any, clients: list[Actor], task: Any, job: FederatedJob, should_stop: Callable) -> dict:
+def _fedoptima_server(ep: Any, clients: list[Actor], task: Any, job: FederatedJob, should_stop: Callable,
+                      refused: Callable) -> dict:
     from nebula.federated.fedoptima.runtime import serve
 
-    return dataclasses.asdict(serve(ep, clients, task, job.fedoptima, should_stop=should_stop))
+    return dataclasses.asdict(serve(ep, clients, task, job.fedoptima, should_stop=should_stop, refused=refused))
 
 
-def _fedoptima_device(ep: Any, server: Actor, me: Actor, clients: list[Actor], task: Any, job: FederatedJob) -> Any:
+def _fedoptima_device(ep: Any, server: Actor, me: Actor, clients: list[Actor], task: Any, job: FederatedJob,
+                      refused: Callable) -> Any:
     from nebula.federated.fedoptima.runtime import run_device
     from nebula.federated.fedoptima.split import DeviceInfo, measure_flops_per_s
 
@@ -53,23 +65,56 @@ def _fedoptima_device(ep: Any, server: Actor, me: Actor, clients: list[Actor], t
     # bandwidth the job file gives
     info = DeviceInfo(flops_per_s=measure_flops_per_s(slowdown=job.fedoptima.slowdown_of(k)),
                       bandwidth_bytes_per_s=job.fedoptima.bandwidth_bytes_per_s)
-    return run_device(ep, server, k, len(clients), task, job.fedoptima, info)
+    return run_device(ep, server, k, len(clients), task, job.fedoptima, info, refused=refused)
 
 
-def _owl_server(ep: Any, clients: list[Actor], task: Any, job: FederatedJob, should_stop: Callable) -> dict:
+def _owl_server(ep: Any, clients: list[Actor], task: Any, job: FederatedJob, should_stop: Callable,
+                refused: Callable) -> dict:
     from nebula.federated.owl.runtime import serve_owl
 
-    return dataclasses.asdict(serve_owl(ep, clients, task, job.owl, should_stop=should_stop))
+    return dataclasses.asdict(serve_owl(ep, clients, task, job.owl, should_stop=should_stop, refused=refused))
 
 
-def _owl_worker(ep: Any, server: Actor, me: Actor, clients: list[Actor], task: Any, job: FederatedJob) -> Any:
+def _owl_worker(ep: Any, server: Actor, me: Actor, clients: list[Actor], task: Any, job: FederatedJob,
+                refused: Callable) -> Any:
     from nebula.federated.owl.runtime import run_owl_worker
 
-    return run_owl_worker(ep, server, task, job.owl)
+    return run_owl_worker(ep, server, task, job.owl, refused=refused)
 
 
 FEDOPTIMA = ActorAlgorithm("fedoptima", _fedoptima_server, _fedoptima_device)
 OWL = ActorAlgorithm("owl", _owl_server, _owl_worker)
+
+
+def audit_dir(job: FederatedJob, cluster: str, rank: int) -> Path:
+    """Where actor `cluster`/`rank` keeps its audit log, as FEDn's actors do: the server (the controller's rank) in
+    `controller.dir`/controller, client i of a cluster in `controller.dir`/clients/CLUSTER-i."""
+    base = Path(job.controller.dir)
+    if rank == CONTROLLER_RANK:
+        return base / "controller"
+    return base / "clients" / f"{cluster}-{rank - FIRST_CLIENT_RANK}"
+
+
+def _open_audit(job: FederatedJob, cluster: str, rank: int, algorithm: str) -> ActorAudit:
+    """The audit log of one actor (made here, before any actor starts: a directory that cannot be made is one
+    line naming it and the fix)."""
+    d = audit_dir(job, cluster, rank)
+    role = f"{algorithm}-server" if rank == CONTROLLER_RANK else f"{algorithm}-client"
+    try:
+        return ActorAudit(d, job.cluster(cluster).worker, role, cluster, rank)
+    except OSError as exc:
+        raise ValueError(f"controller.dir: the audit directory {d} of {cluster}/{rank} cannot be made or written "
+                         f"({exc.strerror or exc}); set controller.dir in the job file to a directory this user "
+                         "can write") from None
+
+
+def _refusals(audit: ActorAudit, action: str) -> Callable[[str, str, Any, str], None]:
+    """The `refused(peer, field, value, expected)` a runtime calls: one `action` record, outcome refused."""
+    def refused(peer: str, field: str, value: Any, expected: str) -> None:
+        audit.record(action, str(peer)[:VALUE_CHARS], "refused",
+                     {"peer": str(peer)[:VALUE_CHARS], "field": str(field)[:VALUE_CHARS],
+                      "value": str(value)[:VALUE_CHARS], "expected": str(expected)[:2 * VALUE_CHARS]})
+    return refused
 
 
 def load_task(job: FederatedJob) -> Any:
@@ -107,11 +152,11 @@ def run_actors(job: FederatedJob, cluster: str, algorithm: ActorAlgorithm, role:
     def status(state: str, **extra: Any) -> None:
         files.write_status({"job": job.job, "algorithm": algorithm.name, "state": state, **extra})
 
-    def run_server(ep: Any) -> dict:
+    def run_server(ep: Any, refused: Callable) -> dict:
         stop = files.stop_watch()
         status("running")
         try:
-            res = algorithm.serve(ep, clients, task, job, stop)
+            res = algorithm.serve(ep, clients, task, job, stop, refused)
         except Exception as exc:
             status("failed", error=repr(exc))
             raise
@@ -121,24 +166,42 @@ def run_actors(job: FederatedJob, cluster: str, algorithm: ActorAlgorithm, role:
         status("stopped" if stop() else "finished", round=rounds, result={"rounds": rounds, **summary})
         return res
 
-    def actor(rank: int) -> None:
+    def actor(rank: int, audit: ActorAudit) -> None:
+        refused = _refusals(audit, f"fl.{algorithm.name}")
+        outcome, detail = "ok", {"algorithm": algorithm.name}
         try:
+            audit.record("fl.start", job.job, "ok", detail)
             with Endpoint.connect(me.worker, job=job.job, rank=rank, timeout_s=job.startup_timeout_s) as ep:
                 if rank == CONTROLLER_RANK:
-                    results["server"] = run_server(ep)
+                    results["server"] = run_server(ep, refused)
                 else:
-                    results[f"{cluster}/{rank}"] = algorithm.client(ep, server, (cluster, rank), clients, task, job)
+                    results[f"{cluster}/{rank}"] = algorithm.client(ep, server, (cluster, rank), clients, task, job,
+                                                                    refused)
         except Exception as exc:  # reported with the results: one actor's failure must not hide the others'
             log.exception("%s %s/%d failed", algorithm.name, cluster, rank)
             errors.append(f"{cluster}/{rank}: {exc!r}")
+            outcome, detail = "failed", {**detail, "error": repr(exc)[:2 * VALUE_CHARS]}
+        finally:  # the end record and the closing checkpoint, whatever ended the actor
+            try:
+                audit.record("fl.stop", job.job, outcome, detail)
+            finally:
+                audit.close()
 
     ranks = [CONTROLLER_RANK] if role in ("cluster", "controller") and cluster == server[0] else []
     if role in ("cluster", "clients"):
         ranks += [FIRST_CLIENT_RANK + i for i in range(me.num_clients)]
     elif role == "client":
         ranks = [FIRST_CLIENT_RANK + index]
-    threads = [threading.Thread(target=actor, args=(r,), name=f"{algorithm.name}-{cluster}-{r}", daemon=True)
-               for r in ranks]
+    audits: dict[int, ActorAudit] = {}
+    try:
+        for r in ranks:
+            audits[r] = _open_audit(job, cluster, r, algorithm.name)
+    except ValueError:
+        for a in audits.values():  # (the ones opened before: closed, not left without their checkpoint)
+            a.close()
+        raise
+    threads = [threading.Thread(target=actor, args=(r, audits[r]), name=f"{algorithm.name}-{cluster}-{r}",
+                                daemon=True) for r in ranks]
     for t in threads:
         t.start()
     for t in threads:

@@ -234,6 +234,34 @@ def test_server_refuses_ungranted_activations_and_keeps_serving(caplog):
     assert s.held == 1 and "refused" in caplog.text and not s.model_queue
 
 
+def test_virtual_clock_runs_events_in_time_order_and_links_carry_one_transfer_at_a_time():
+    from nebula.federated.fedoptima.virtual_clock import Mailbox, SimActor, SimLink, VirtualClock
+
+    clock, seen = VirtualClock(), []
+    for t, tag in ((2.0, "b"), (1.0, "a"), (2.0, "c"), (5.0, "late")):
+        clock.at(t, lambda tag=tag: seen.append((tag, clock.now)))
+    clock.run(3.0)
+    assert seen == [("a", 1.0), ("b", 2.0), ("c", 2.0)] and clock.now == 3.0  # same time: scheduled first, run first
+
+    clock = VirtualClock()
+    box, link, arrivals = Mailbox(clock), SimLink(clock, bw=100.0, latency=0.5), []
+
+    def sender():
+        link.send(box, "x", 100)  # 1 s on the link, then 0.5 s latency
+        link.send(box, "y", 100)  # behind x: leaves the link at 2 s
+        yield "compute", 5.0
+
+    def receiver():
+        while True:
+            yield "wait", box
+            arrivals.append((box.items.popleft(), clock.now))
+
+    s, r = SimActor(clock, sender(), until=3.0), SimActor(clock, receiver(), until=3.0)
+    clock.run(3.0)
+    assert arrivals == [("x", 1.5), ("y", 2.5)]
+    assert s.busy == 3.0 and r.busy == 0.0  # busy seconds stop at `until`; waiting is not busy
+
+
 def test_virtual_clock_fedoptima_against_baselines_on_slow_and_fast_devices():
     from nebula.federated.fedoptima.simulate import SimSetting, simulate
     from tests.federated.fedoptima_task import BlobsTask

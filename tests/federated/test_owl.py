@@ -176,31 +176,31 @@ def test_overlapped_forward_runs_segments_in_arrival_order_and_matches_the_model
         graph_of(nn.Linear(2, 2))
 
 
-def test_plan_for_owl_and_server_only_and_too_many_groups():
+def test_deploy_setting_for_owl_and_server_only_and_too_many_groups():
     from nebula.federated.owl.config import OwlSpec
-    from nebula.federated.owl.runtime import plan_for
+    from nebula.federated.owl.deploy import deploy_setting_for
 
     sizes = [40, 30, 20, 10]
-    owl = plan_for(sizes, 4, OwlSpec(num_groups=2))
+    owl = deploy_setting_for(sizes, 4, OwlSpec(num_groups=2))
     assert len(owl.groups) == 2 and len(owl.from_server()) == 2
-    srv = plan_for(sizes, 4, OwlSpec(num_groups=2, distribution="server"))
+    srv = deploy_setting_for(sizes, 4, OwlSpec(num_groups=2, distribution="server"))
     assert srv.groups == owl.groups and len(srv.from_server()) == 8  # every group to every worker
-    chosen = plan_for(sizes, 3, OwlSpec(server_bytes_per_s=1.0, peer_bytes_per_s=100.0))
+    chosen = deploy_setting_for(sizes, 3, OwlSpec(server_bytes_per_s=1.0, peer_bytes_per_s=100.0))
     assert 1 <= len(chosen.groups) <= 3
     with pytest.raises(ValueError, match="3 groups for 2 workers"):
-        plan_for(sizes, 2, OwlSpec(num_groups=3))
+        deploy_setting_for(sizes, 2, OwlSpec(num_groups=3))
     with pytest.raises(ValueError, match="between 1 and the number of branches \\(4\\)"):
-        plan_for(sizes, 8, OwlSpec(num_groups=5))
+        deploy_setting_for(sizes, 8, OwlSpec(num_groups=5))
     with pytest.raises(ValueError, match="distribution='p2p' must be 'owl' or 'server'"):
         OwlSpec(distribution="p2p")
 
 
-def test_plan_for_several_clusters_keeps_peer_traffic_inside_each_cluster():
+def test_deploy_setting_for_several_clusters_keeps_peer_traffic_inside_each_cluster():
     from nebula.federated.owl.config import OwlSpec
-    from nebula.federated.owl.runtime import plan_for
+    from nebula.federated.owl.deploy import deploy_setting_for
 
     clusters = ["A", "B", "B", "A", "B"]
-    s = plan_for([40, 30, 20, 10], clusters, OwlSpec(num_groups=2))
+    s = deploy_setting_for([40, 30, 20, 10], clusters, OwlSpec(num_groups=2))
     # each group leaves the server once per cluster
     assert sorted(s.from_server()) == [(0, 0), (0, 1), (1, 2), (1, 3)]
     for w, ps in enumerate(s.pulls):
@@ -210,4 +210,4 @@ def test_plan_for_several_clusters_keeps_peer_traffic_inside_each_cluster():
                 assert clusters[p.source] == clusters[w]  # the cluster-local path only
                 assert s.pulls[p.source][0].group == p.group
     with pytest.raises(ValueError, match="2 groups for 1 workers"):
-        plan_for([40, 30], ["A", "B", "B"], OwlSpec(num_groups=2))
+        deploy_setting_for([40, 30], ["A", "B", "B"], OwlSpec(num_groups=2))

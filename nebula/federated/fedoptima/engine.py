@@ -9,7 +9,7 @@ import numpy as np
 from nebula.mean import check_model_update
 from nebula.federated.strategies.fedasync import FedAsync
 
-__all__ = ["DeviceTrainer", "ServerTrainer", "AsyncAggregator", "state_of", "load_state", "split_model"]
+__all__ = ["DeviceTrainer", "ServerTrainer", "AsyncAggregator", "state_of", "load_state", "split_model", "accuracy"]
 
 
 def state_of(layer) -> dict[str, np.ndarray]:
@@ -33,6 +33,17 @@ def split_model(layers, split: int):
     seq = list(layers)
     check_split(split, len(seq))
     return nn.Sequential(*seq[:split]), nn.Sequential(*seq[split:])
+
+
+def accuracy(parts: list, x: np.ndarray, y: np.ndarray) -> float:
+    """The share of `x` the layers `parts`, run one after another, classify as `y`."""
+    import paddle
+
+    with paddle.no_grad():
+        h = paddle.to_tensor(x)
+        for p in parts:
+            h = p(h)
+    return float((h.numpy().argmax(-1) == y).mean())
 
 
 class DeviceTrainer:

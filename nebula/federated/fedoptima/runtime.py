@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,18 +27,43 @@ import numpy as np
 from nebula.channel import ChannelError, Endpoint
 from nebula.federated.fedoptima.auxiliary import default_auxiliary
 from nebula.federated.fedoptima.config import FedOptimaSpec
-from nebula.federated.fedoptima.engine import (AsyncAggregator, DeviceTrainer, ServerTrainer, load_state, split_model,
-                                              state_of)
+from nebula.federated.fedoptima.engine import (AsyncAggregator, DeviceTrainer, ServerTrainer, accuracy, load_state,
+                                              split_model, state_of)
 from nebula.federated.fedoptima.messages import (TO_DEVICE, TO_SERVER, Activations, AggregatedModel, DeviceBye,
                                                 DeviceHello, DeviceModel, Init, SendSlot, Stop)
 from nebula.federated.fedoptima.scheduler import ActivationBatch, ModelUpdate, SchedulerError, TaskScheduler
-from nebula.federated.fedoptima.split import DeviceInfo, profile_layers, split_point
+from nebula.federated.fedoptima.split import DeviceInfo, check_split, profile_layers, split_point
+from nebula.mean import check_model_update
 from nebula.messaging import Messenger, MessageFamily, Peer, ProtocolError, decode, pack_message
 
-__all__ = ["Task", "FedOptimaError", "ServerResult", "serve", "run_device", "CHANNEL"]
+__all__ = ["Task", "FedOptimaError", "ServerResult", "Refused", "serve", "run_device", "CHANNEL"]
 
 log = logging.getLogger(__name__)
 CHANNEL = "fedoptima"
+# what an actor's caller does with each refusal besides its log line: refused(peer, field, value, expected), e.g.
+# an audit record (nebula.federated.actors); the runtime itself writes no file
+Refused = Callable[[str, str, Any, str], None]
+_FIELD = re.compile(r"(\w+)=(.*?), expected (.*)", re.S)
+
+
+def _name(who: Any) -> str:
+    """A sender as a refusal names it: cluster/rank (a Peer prints so too; a test's name as given)."""
+    return "/".join(map(str, who)) if isinstance(who, tuple) else str(who)
+
+
+def _report(refused: Refused | None, who: Any, why: Any, field: str, expected: str = "") -> None:
+    """Pass a refusal whose reason reads "name=value, expected ..." to `refused` as (peer, name, value, expected);
+    any other reason as (peer, `field`, the reason, `expected` or what follows its ", expected ")."""
+    if refused is None:
+        return
+    text = str(why)
+    m = _FIELD.fullmatch(text)
+    if m is not None:
+        field, value, expected = m.groups()
+    else:
+        value, _, rest = text.partition(", expected ")
+        expected = expected or rest
+    refused(_name(who), field, value, expected)
 
 
 class FedOptimaError(RuntimeError):
@@ -80,14 +106,31 @@ class ServerResult:
     ended: str = ""
 
 
-def _accuracy(parts: list, x: np.ndarray, y: np.ndarray) -> float:
-    import paddle
+@dataclass(frozen=True, slots=True)
+class _Expect:
+    """What the server checks a device's messages against once training starts: one sample's activations at the
+    split (shape, dtype), the label range, and the aggregator (the versions it issued, the models' tensors)."""
 
-    with paddle.no_grad():
-        h = paddle.to_tensor(x)
-        for p in parts:
-            h = p(h)
-    return float((h.numpy().argmax(-1) == y).mean())
+    act_shape: tuple[int, ...]
+    act_dtype: str
+    num_classes: int
+    agg: AsyncAggregator
+
+    def activations_refusal(self, arrays: dict) -> str | None:
+        """Why a batch of activations is not one the server can train on (None: it is)."""
+        if set(arrays) != {"h", "y"}:
+            return f"arrays={sorted(arrays)[:4]}, expected ['h', 'y']"
+        h, y = arrays["h"], arrays["y"]
+        if str(h.dtype) != self.act_dtype or h.ndim < 1 or h.shape[1:] != self.act_shape or not len(h):
+            return (f"h={h.dtype}{list(h.shape)[:8]}, expected {self.act_dtype}[batch, "
+                    f"{', '.join(map(str, self.act_shape))}] (the device network's output at the split)")
+        if y.shape != h.shape[:1] or not np.issubdtype(y.dtype, np.integer):
+            return f"y={y.dtype}{list(y.shape)[:8]}, expected integer labels [{len(h)}] (one per activation row)"
+        if y.min() < 0 or y.max() >= self.num_classes:
+            return f"y holds label {int(y.min() if y.min() < 0 else y.max())}, expected 0..{self.num_classes - 1}"
+        if not np.isfinite(h).all():
+            return "h holds NaN or Inf, expected finite activations"
+        return None
 
 
 def _receiver(mb: Messenger, who: Any, inbox: queue.Queue, stop: threading.Event, piece_timeout_s: float) -> None:
@@ -109,8 +152,9 @@ def _receiver(mb: Messenger, who: Any, inbox: queue.Queue, stop: threading.Event
 
 
 def serve(ep: Endpoint, devices: list[tuple[str, int]], task: Task, spec: FedOptimaSpec,
-          should_stop: Callable[[], bool] | None = None) -> ServerResult:
-    """Run the server side until E rounds, `duration_s`, silence or `should_stop()`; the measured result."""
+          should_stop: Callable[[], bool] | None = None, refused: Refused | None = None) -> ServerResult:
+    """Run the server side until E rounds, `duration_s`, silence or `should_stop()`; the measured result. Each
+    refusal is logged and passed to `refused`."""
     import paddle
 
     res = ServerResult()
@@ -123,7 +167,7 @@ def serve(ep: Endpoint, devices: list[tuple[str, int]], task: Task, spec: FedOpt
     for t in threads:
         t.start()
     try:
-        return _serve(res, mb, chans, inbox, task, spec, paddle, should_stop or (lambda: False))
+        return _serve(res, mb, chans, inbox, task, spec, paddle, should_stop or (lambda: False), refused)
     finally:
         stop.set()
         for t in threads:
@@ -131,18 +175,11 @@ def serve(ep: Endpoint, devices: list[tuple[str, int]], task: Task, spec: FedOpt
 
 
 def _serve(res: ServerResult, mb: Messenger, chans: dict, inbox: queue.Queue, task: Task, spec: FedOptimaSpec,
-           paddle, should_stop: Callable[[], bool]) -> ServerResult:
+           paddle, should_stop: Callable[[], bool], refused: Refused | None = None) -> ServerResult:
     # ---- initialisation: device information, split point, auxiliary network ----
-    infos: dict = {}
-    deadline = time.monotonic() + spec.join_timeout_s
-    while len(infos) < len(chans) and time.monotonic() < deadline:
-        try:
-            who, head, _ = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
-        except queue.Empty:
-            break
-        hello = _decoded(who, head)
-        if isinstance(hello, DeviceHello):
-            infos[who] = DeviceInfo(flops_per_s=hello.flops_per_s, bandwidth_bytes_per_s=hello.bandwidth_bytes_per_s)
+    hellos = _gather(inbox, DeviceHello, {}, len(chans), spec.join_timeout_s, refused=refused)
+    infos = {who: DeviceInfo(flops_per_s=h.flops_per_s, bandwidth_bytes_per_s=h.bandwidth_bytes_per_s)
+             for who, h in hellos.items()}
     res.missing = [f"{c}/{r}" for (c, r) in chans if (c, r) not in infos]
     if not infos:
         raise FedOptimaError(f"no device said hello within join_timeout_s={spec.join_timeout_s}; start the devices "
@@ -162,63 +199,119 @@ def _serve(res: ServerResult, mb: Messenger, chans: dict, inbox: queue.Queue, ta
                           max_delay=spec.max_delay)
     trainer = ServerTrainer(srv_net, lr=spec.lr_server)
     sched = TaskScheduler(devices=active, omega=spec.omega, grant_timeout_s=spec.grant_timeout_s)
+    with paddle.no_grad():
+        h = dev_net(sample).numpy()
+    expect = _Expect(tuple(h.shape[1:]), str(h.dtype), task.num_classes, agg)
+    server = _Server(res, mb, chans, inbox, spec, active, agg, trainer, sched, expect, refused)
     for d in active:
         mb.send_model(Peer(*d), Init(split=res.split, version=0), _models(agg.device, agg.aux), lane="bulk",
                       inline=True)
-
     x_test, y_test = task.test_data()
-    res.initial_accuracy = _accuracy([dev_net, srv_net], x_test, y_test)
+    res.initial_accuracy = accuracy([dev_net, srv_net], x_test, y_test)
 
-    # ---- training: Algorithm 4 fed by the Task Scheduler ----
-    t0 = time.monotonic()
-    last_heard = t0
-    byes: dict = {}
-    silent: set = set()  # devices whose grant expired unanswered
-    while True:
-        while True:  # the Receiver's queue into the scheduler (Algorithm 2)
-            try:
-                who, head, arrays = inbox.get_nowait()
-            except queue.Empty:
+    server.run(should_stop)  # ---- training: Algorithm 4 fed by the Task Scheduler ----
+
+    for d in active:
+        chans[d].send(pack_message(Stop()), lane="control")
+    byes = _gather(inbox, DeviceBye, server.byes, len(active), spec.join_timeout_s, from_=set(active),
+                   refused=refused)
+    res.devices = {f"{c}/{r}": bye.stats for (c, r), bye in byes.items()}
+    res.missing += [f"{c}/{r}" for (c, r) in active if (c, r) not in byes]
+    load_state(dev_net, agg.device)
+    res.accuracy = accuracy([dev_net, srv_net], x_test, y_test)
+    return res
+
+
+class _Server:
+    """The server's training loop: the Receiver's queue into the scheduler, grants, the Compute Engine's steps, and
+    the reasons to end; what it measures goes into `res`."""
+
+    def __init__(self, res: ServerResult, mb: Messenger, chans: dict, inbox: queue.Queue, spec: FedOptimaSpec,
+                 active: list, agg: AsyncAggregator, trainer: ServerTrainer, sched: TaskScheduler,
+                 expect: _Expect, refused: Refused | None = None) -> None:
+        self.res, self.mb, self.chans, self.inbox, self.spec, self.expect = res, mb, chans, inbox, spec, expect
+        self.refused = refused
+        self.active, self.agg, self.trainer, self.sched = active, agg, trainer, sched
+        self.byes: dict = {}  # device -> its BYE (one may come before STOP)
+        self.silent: set = set()  # devices whose grant expired unanswered
+        self.t0 = self.last_heard = 0.0
+
+    def run(self, should_stop: Callable[[], bool]) -> None:
+        """Algorithm 4 until an end (`res.ended` says which); the wall, idle and busy seconds."""
+        res, sched = self.res, self.sched
+        self.t0 = self.last_heard = time.monotonic()
+        while True:
+            self._drain()
+            while sched.expired:  # a grant went unanswered: no more grants until the device is heard from
+                self.silent.add(sched.expired.pop())
+            self._grant()
+            now = time.monotonic()
+            res.ended = self._end(now, should_stop)
+            if res.ended:
                 break
-            last_heard = time.monotonic()
-            silent.discard(who)  # heard from again: it may be granted again
-            _on_message(sched, res, byes, who, head, arrays)
-        while sched.expired:  # a grant went unanswered: no more grants until the device is heard from
-            silent.add(sched.expired.pop())
-        _send_grants(sched, chans, [d for d in active if d not in silent])
-        now = time.monotonic()
-        if res.rounds >= spec.max_rounds:
-            res.ended = f"{spec.max_rounds} rounds"
-            break
-        if now - t0 >= spec.duration_s:
-            res.ended = f"duration_s={spec.duration_s}"
-            break
+            m = sched.get()
+            if m is None:
+                if not self._idle(now):
+                    break
+                continue
+            self._work(m)
+        res.wall_s = time.monotonic() - self.t0
+        res.skipped, res.peak_held = self.agg.skipped, sched.peak_held
+        res.used = {f"{c}/{r}": n for (c, r), n in sched.counters.items()}
+
+    def _take(self, who: Any, head: dict | None, arrays: Any) -> None:
+        self.last_heard = time.monotonic()
+        self.silent.discard(who)  # heard from again: it may be granted again
+        _on_message(self.sched, self.res, self.byes, who, head, arrays, self.expect, self.refused)
+
+    def _drain(self) -> None:
+        """The Receiver's queue into the scheduler (Algorithm 2)."""
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._take(*item)
+
+    def _grant(self) -> None:
+        _send_grants(self.sched, self.chans, [d for d in self.active if d not in self.silent])
+
+    def _end(self, now: float, should_stop: Callable[[], bool]) -> str:
+        """Why the run ends now ("" while it goes on): E rounds, duration_s, or a stop asked."""
+        spec = self.spec
+        if self.res.rounds >= spec.max_rounds:
+            return f"{spec.max_rounds} rounds"
+        if now - self.t0 >= spec.duration_s:
+            return f"duration_s={spec.duration_s}"
         if should_stop():
-            res.ended = "stop asked"
-            break
-        m = sched.get()
-        if m is None:
-            if now - last_heard > spec.idle_timeout_s:
-                res.ended = f"no device sent anything for idle_timeout_s={spec.idle_timeout_s}"
-                log.warning("fedoptima server: %s; ending the run", res.ended)
-                break
-            w0 = time.monotonic()
-            try:
-                who, head, arrays = inbox.get(timeout=0.05)
-            except queue.Empty:
-                pass
-            else:
-                last_heard = time.monotonic()
-                silent.discard(who)
-                _on_message(sched, res, byes, who, head, arrays)
-            res.idle_s += time.monotonic() - w0
-            continue
+            return "stop asked"
+        return ""
+
+    def _idle(self, now: float) -> bool:
+        """Nothing to compute: wait a moment for a message, counted as idle; False when every device went silent."""
+        if now - self.last_heard > self.spec.idle_timeout_s:
+            self.res.ended = f"no device sent anything for idle_timeout_s={self.spec.idle_timeout_s}"
+            log.warning("fedoptima server: %s; ending the run", self.res.ended)
+            return False
+        w0 = time.monotonic()
+        try:
+            item = self.inbox.get(timeout=0.05)
+        except queue.Empty:
+            pass
+        else:
+            self._take(*item)
+        self.res.idle_s += time.monotonic() - w0
+        return True
+
+    def _work(self, m: ActivationBatch | ModelUpdate) -> None:
+        """One step of the Compute Engine: train on a batch, or aggregate a device's models and send the result."""
+        res, agg = self.res, self.agg
         if isinstance(m, ActivationBatch):  # the dequeue freed a slot: its turn-on goes out before this step
-            _send_grants(sched, chans, [d for d in active if d not in silent])
+            self._grant()
         b0 = time.monotonic()
         if isinstance(m, ActivationBatch):
             h, y = m.content
-            trainer.step(h, y)
+            self.trainer.step(h, y)
             res.server_batches += 1
             res.samples += len(y)
         else:
@@ -227,29 +320,28 @@ def _serve(res: ServerResult, mb: Messenger, chans: dict, inbox: queue.Queue, ta
                 res.aggregations += int(agg.apply(dstate, astate, m.version, who=str(m.origin)))
             except ValueError as exc:
                 log.warning("fedoptima server: model from %s rejected: %s", m.origin, exc)
-            mb.send_model(Peer(*m.origin), AggregatedModel(version=agg.version), _models(agg.device, agg.aux),
-                          lane="bulk", inline=True)
-            res.rounds = res.aggregations // len(active)  # a round is K aggregations (Algorithm 4, line 21)
+                _report(self.refused, m.origin, exc, "model", "a model the aggregator takes")
+            self.mb.send_model(Peer(*m.origin), AggregatedModel(version=agg.version), _models(agg.device, agg.aux),
+                               lane="bulk", inline=True)
+            res.rounds = res.aggregations // len(self.active)  # a round is K aggregations (Algorithm 4, line 21)
         res.busy_s += time.monotonic() - b0
-    res.wall_s = time.monotonic() - t0
-    res.skipped, res.peak_held = agg.skipped, sched.peak_held
-    res.used = {f"{c}/{r}": n for (c, r), n in sched.counters.items()}
-    for d in active:
-        chans[d].send(pack_message(Stop()), lane="control")
-    deadline = time.monotonic() + spec.join_timeout_s
-    while len(byes) < len(active) and time.monotonic() < deadline:
+
+
+def _gather(inbox: queue.Queue, kind: type, into: dict, count: int, timeout_s: float,
+            from_: set | None = None, refused: Refused | None = None) -> dict:
+    """Messages of type `kind` from the inbox into `into` (device -> message) until it holds `count` devices or
+    `timeout_s` has passed; anything else, or from a device not in `from_` (when given), is dropped (a refused
+    header logged)."""
+    deadline = time.monotonic() + timeout_s
+    while len(into) < count and time.monotonic() < deadline:
         try:
-            who, head, arrays = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
+            who, head, _ = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
         except queue.Empty:
             break
-        bye = _decoded(who, head)
-        if isinstance(bye, DeviceBye):
-            byes[who] = bye.stats
-    res.devices = {f"{c}/{r}": stats for (c, r), stats in byes.items()}
-    res.missing += [f"{c}/{r}" for (c, r) in active if (c, r) not in byes]
-    load_state(dev_net, agg.device)
-    res.accuracy = _accuracy([dev_net, srv_net], x_test, y_test)
-    return res
+        msg = _decoded(who, head, refused)
+        if isinstance(msg, kind) and (from_ is None or who in from_):
+            into[who] = msg
+    return into
 
 
 def _send_grants(sched: TaskScheduler, chans: dict, eligible: list) -> None:
@@ -278,116 +370,218 @@ def _typed(mb: Messenger, peer: Peer, parts: list, family: MessageFamily, timeou
         raise ProtocolError(f"from {peer}: {exc}", exc.type, exc.head) from None
 
 
-def _decoded(who: Any, head: dict | None) -> Any:
-    """The server's view of a device's header (None for a receive error, logged with the message)."""
+def _decoded(who: Any, head: dict | None, refused: Refused | None = None) -> Any:
+    """The server's view of a device's header (None for a receive error, or a malformed header: logged, and passed
+    to `refused`)."""
     if head is None:
         return None
     try:
         return decode(head, TO_SERVER)
     except ProtocolError as exc:
         log.warning("fedoptima server: message %r from %s refused: %s", str(head.get("type"))[:32], who, exc)
+        _report(refused, who, exc, "message", f"a well-formed message of {TO_SERVER.name}")
         return None
 
 
-def _on_message(sched: TaskScheduler, res: ServerResult, byes: dict, who, head, arrays) -> None:
+def _on_activations(sched: TaskScheduler, byes: dict, who: Any, msg: Activations, arrays: dict,
+                    expect: _Expect | None) -> None:
+    if expect is not None and (why := expect.activations_refusal(arrays)) is not None:
+        sched.grants.pop(who, None)  # the refused batch used its slot of omega: freed now, not at grant_timeout_s
+        raise ValueError(why)
+    sched.put(ActivationBatch(who, (arrays["h"], arrays["y"].astype(np.int64)), int(arrays["h"].nbytes)))
+
+
+def _on_model(sched: TaskScheduler, byes: dict, who: Any, msg: DeviceModel, arrays: dict,
+              expect: _Expect | None) -> None:
+    """A device's models into the model queue: one waiting per device (a device sends its next only after the
+    global model), from a version the server issued, shaped like the global models."""
+    if any(m.origin == who for m in sched.model_queue):
+        raise ValueError(f"version={msg.version}, expected no model while its previous one waits (one per "
+                         "global model received)")
+    models = _split_models(arrays)
+    if expect is not None:
+        if msg.version > expect.agg.version:
+            raise ValueError(f"version={msg.version}, expected <= {expect.agg.version} (the latest issued)")
+        for part, like in zip(models, (expect.agg.device, expect.agg.aux)):
+            check_model_update(part, 1, f"{who}", like=like)
+    sched.put(ModelUpdate(who, models, msg.version))
+
+
+def _on_bye(sched: TaskScheduler, byes: dict, who: Any, msg: DeviceBye, arrays: dict, expect: _Expect | None) -> None:
+    if who not in sched.queues:
+        raise ValueError(f"sender={who}, expected a device that joined ({list(sched.queues)[:8]})")
+    byes[who] = msg
+
+
+# what the server does with each device message during training (a HELLO again is ignored)
+_HANDLERS: dict[type, Callable[[TaskScheduler, dict, Any, Any, dict, Any], None]] = {
+    Activations: _on_activations, DeviceModel: _on_model, DeviceBye: _on_bye}
+
+
+def _on_message(sched: TaskScheduler, res: ServerResult, byes: dict, who: Any, head: dict | None, arrays: Any,
+                expect: _Expect | None = None, refused: Refused | None = None) -> None:
+    """A received message into the scheduler (activations, models) or `byes`, checked against `expect` when given;
+    a refusal is logged and passed to `refused`, never raised: the server goes on serving every device."""
     if head is None:
         log.warning("fedoptima server: from %s: %s", who, arrays)
         return
-    msg = _decoded(who, head)
+    msg = _decoded(who, head, refused)
+    handler = _HANDLERS.get(type(msg))
+    if handler is None:
+        return
     try:
-        if isinstance(msg, Activations):
-            sched.put(ActivationBatch(who, (arrays["h"], arrays["y"].astype(np.int64)), int(arrays["h"].nbytes)))
-        elif isinstance(msg, DeviceModel):
-            sched.put(ModelUpdate(who, _split_models(arrays), msg.version))
-        elif isinstance(msg, DeviceBye):
-            byes[who] = msg.stats
+        handler(sched, byes, who, msg, arrays, expect)
     except (SchedulerError, KeyError, ValueError, TypeError) as exc:
         log.warning("fedoptima server: message %r from %s refused: %s", msg.TYPE, who, exc)
+        _report(refused, who, exc, msg.TYPE)
 
 
 def run_device(ep: Endpoint, server: tuple[str, int], index: int, num_devices: int, task: Task,
-               spec: FedOptimaSpec, info: DeviceInfo, max_local_rounds: int = 1_000_000) -> dict:
-    """Algorithm 1 on one device until STOP (or `max_local_rounds`); its measured idle and busy seconds."""
+               spec: FedOptimaSpec, info: DeviceInfo, max_local_rounds: int = 1_000_000,
+               refused: Refused | None = None) -> dict:
+    """Algorithm 1 on one device until STOP (or `max_local_rounds`); its measured idle and busy seconds. Each
+    refusal of the server's messages is logged and passed to `refused`."""
     import paddle
 
-    mb, peer = Messenger(ep, TO_DEVICE, channel=CHANNEL), Peer(*server)
-    ch = mb.channel(peer)
-    ch.send(pack_message(DeviceHello(flops_per_s=info.flops_per_s, bandwidth_bytes_per_s=info.bandwidth_bytes_per_s)),
-            lane="control")
-    try:
-        init, arrays = _typed(mb, peer, ch.recv_parts(timeout_s=spec.join_timeout_s * 2), TO_DEVICE,
-                              spec.join_timeout_s)
-    except TimeoutError:
-        raise FedOptimaError(f"the server sent no INIT within {spec.join_timeout_s * 2} s; is it running "
-                             f"as {server[0]}/{server[1]} of this job?") from None
-    if not isinstance(init, Init):
-        raise FedOptimaError(f"expected INIT from the server, got {init.TYPE!r}")
+    link = _DeviceLink(Messenger(ep, TO_DEVICE, channel=CHANNEL), Peer(*server), spec, refused)
+    init, arrays = link.join(server, info)
     layers = task.layers()
-    dev_net, _ = split_model(layers, init.split)
+    try:
+        dev_net, _ = split_model(layers, check_split(init.split, len(layers)))
+    except ValueError as exc:
+        raise FedOptimaError(f"the server's INIT split={init.split} does not fit this model: {exc}") from None
     aux = default_auxiliary(list(dev_net), paddle.to_tensor(task.sample()), task.num_classes)
     trainer = DeviceTrainer(dev_net, aux, lr=spec.lr_device)
+    why = _global_refusal(arrays, trainer)
+    if why is not None:
+        raise FedOptimaError(f"the server's INIT models do not fit this model: {why}; run the same task on the "
+                             "server and every device")
     trainer.load(*_split_models(arrays))
     version = init.version
     slow = spec.slowdown_of(index)
     data = task.batches(index, num_devices)
     stats = {"idle_s": 0.0, "busy_s": 0.0, "iterations": 0, "sent_batches": 0, "rounds": 0}
-    granted, stopped = False, False
     t0 = time.monotonic()
+    for _ in range(max_local_rounds):
+        _local_iterations(link, trainer, data, slow, spec.local_iterations, stats)
+        if link.stopped:
+            break
+        version = _exchange_models(link, trainer, version, stats)
+        if link.stopped:
+            break
+    stats["wall_s"] = time.monotonic() - t0
+    stats["idle_s"] = max(0.0, stats["wall_s"] - stats["busy_s"])  # every second not spent training
+    link.ch.send(pack_message(DeviceBye(stats=stats)), lane="control")
+    ep.flush(timeout_s=10)
+    return stats
 
-    def poll(timeout_s: float) -> tuple[Any, dict] | None:
-        nonlocal granted, stopped
+
+class _DeviceLink:
+    """A device's channel to the server: the typed messages it receives and the Sender Status they set (on after
+    a GRANT, `stopped` after STOP)."""
+
+    def __init__(self, mb: Messenger, peer: Peer, spec: FedOptimaSpec, refused: Refused | None = None) -> None:
+        self.mb, self.peer, self.spec, self.ch = mb, peer, spec, mb.channel(peer)
+        self.refused = refused
+        self.granted = self.stopped = False
+
+    def join(self, server: tuple[str, int], info: DeviceInfo) -> tuple[Init, dict]:
+        """HELLO with the device's information; the server's INIT and the global models that come with it."""
+        spec = self.spec
+        self.ch.send(pack_message(DeviceHello(flops_per_s=info.flops_per_s,
+                                              bandwidth_bytes_per_s=info.bandwidth_bytes_per_s)), lane="control")
         try:
-            m, a = _typed(mb, peer, ch.recv_parts(timeout_s=timeout_s), TO_DEVICE, spec.global_timeout_s)
+            init, arrays = _typed(self.mb, self.peer, self.ch.recv_parts(timeout_s=spec.join_timeout_s * 2),
+                                  TO_DEVICE, spec.join_timeout_s)
+        except TimeoutError:
+            raise FedOptimaError(f"the server sent no INIT within {spec.join_timeout_s * 2} s; is it running "
+                                 f"as {server[0]}/{server[1]} of this job?") from None
+        if not isinstance(init, Init):
+            raise FedOptimaError(f"expected INIT from the server, got {init.TYPE!r}")
+        return init, arrays
+
+    def poll(self, timeout_s: float) -> tuple[Any, dict] | None:
+        """The next message within `timeout_s` (None: none, or one refused and logged); a GRANT or STOP noted."""
+        try:
+            m, a = _typed(self.mb, self.peer, self.ch.recv_parts(timeout_s=timeout_s), TO_DEVICE,
+                          self.spec.global_timeout_s)
         except TimeoutError:
             return None
         except ProtocolError as exc:
             log.warning("fedoptima device: %s; ignored", exc)
+            _report(self.refused, self.peer, exc, "message",
+                    f"a well-formed message of {TO_DEVICE.name}")
             return None
         if isinstance(m, SendSlot):
-            granted = True
+            self.granted = True
         elif isinstance(m, Stop):
-            stopped = True
+            self.stopped = True
         return m, a
 
-    for _ in range(max_local_rounds):
-        for _ in range(spec.local_iterations):
-            while poll(0.0) is not None:
-                pass
-            if stopped:
-                break
-            x, y = next(data)
-            b0 = time.monotonic()
-            h, _loss = trainer.step(x, y)
-            took = time.monotonic() - b0
-            if slow > 1:
-                time.sleep((slow - 1) * took)  # a slower device: the same work takes `slow` times as long
-            stats["busy_s"] += time.monotonic() - b0
-            stats["iterations"] += 1
-            while poll(0.0) is not None:  # the Sender Status after the iteration: a grant may have come in
-                pass
-            if granted and not stopped:  # the Sender is on: send, then switch it off until the next grant
-                ch.send(pack_message(Activations(), {"h": h, "y": np.asarray(y, np.int64)}), lane="activation")
-                granted = False
-                stats["sent_batches"] += 1
-        if stopped:
+    def drain(self) -> None:
+        """Take every message already here (the Sender Status as of now)."""
+        while self.poll(0.0) is not None:
+            pass
+
+
+def _local_iterations(link: _DeviceLink, trainer: DeviceTrainer, data: Iterator, slow: float, n: int,
+                      stats: dict) -> None:
+    """Algorithm 1's H iterations (fewer on STOP): train on the local loss, send the activations when granted."""
+    for _ in range(n):
+        link.drain()
+        if link.stopped:
+            return
+        x, y = next(data)
+        b0 = time.monotonic()
+        h, _loss = trainer.step(x, y)
+        took = time.monotonic() - b0
+        if slow > 1:
+            time.sleep((slow - 1) * took)  # a slower device: the same work takes `slow` times as long
+        stats["busy_s"] += time.monotonic() - b0
+        stats["iterations"] += 1
+        link.drain()  # the Sender Status after the iteration: a grant may have come in
+        if link.granted and not link.stopped:  # the Sender is on: send, then switch it off until the next grant
+            link.ch.send(pack_message(Activations(), {"h": h, "y": np.asarray(y, np.int64)}), lane="activation")
+            link.granted = False
+            stats["sent_batches"] += 1
+
+
+def _global_refusal(arrays: dict, trainer: DeviceTrainer) -> str | None:
+    """Why global models from the server do not fit the device's (keys, shapes, dtypes, finite); None when they do."""
+    try:
+        for part, like in zip(_split_models(arrays), trainer.models()):
+            check_model_update(part, 1, "server", like=like)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _exchange_models(link: _DeviceLink, trainer: DeviceTrainer, version: int, stats: dict) -> int:
+    """The device's models to the server, then its global models within `global_timeout_s` (else the device
+    trains on with its own); the version the next models are trained from."""
+    timeout_s = link.spec.global_timeout_s
+    dstate, astate = trainer.models()
+    link.mb.send_model(link.peer, DeviceModel(version=version), _models(dstate, astate), lane="bulk", inline=True)
+    got, w0 = None, time.monotonic()
+    while not link.stopped and time.monotonic() - w0 < timeout_s:
+        r = link.poll(min(0.5, timeout_s))
+        if r is not None and isinstance(r[0], AggregatedModel):
+            got = r
             break
-        dstate, astate = trainer.models()
-        mb.send_model(peer, DeviceModel(version=version), _models(dstate, astate), lane="bulk", inline=True)
-        got, w0 = None, time.monotonic()
-        while not stopped and time.monotonic() - w0 < spec.global_timeout_s:
-            r = poll(min(0.5, spec.global_timeout_s))
-            if r is not None and isinstance(r[0], AggregatedModel):
-                got = r
-                break
-        stats["wait_global_s"] = stats.get("wait_global_s", 0.0) + time.monotonic() - w0
-        if got is not None:
-            trainer.load(*_split_models(got[1]))
-            version = got[0].version
-            stats["rounds"] += 1
-        if stopped:
-            break
-    stats["wall_s"] = time.monotonic() - t0
-    stats["idle_s"] = max(0.0, stats["wall_s"] - stats["busy_s"])  # every second not spent training
-    ch.send(pack_message(DeviceBye(stats=stats)), lane="control")
-    ep.flush(timeout_s=10)
-    return stats
+    stats["wait_global_s"] = stats.get("wait_global_s", 0.0) + time.monotonic() - w0
+    if got is None:
+        return version
+    if got[0].version < version:
+        log.warning("fedoptima device: global from the server refused: version=%d, expected >= %d (the version "
+                    "it trained from); training on with its own", got[0].version, version)
+        _report(link.refused, link.peer, f"version={got[0].version}, expected >= {version} (the version it "
+                "trained from)", "version")
+        return version
+    why = _global_refusal(got[1], trainer)
+    if why is not None:
+        log.warning("fedoptima device: global from the server refused: %s; training on with its own", why)
+        _report(link.refused, link.peer, why, "model", "the device's models' tensors")
+        return version
+    trainer.load(*_split_models(got[1]))
+    stats["rounds"] += 1
+    return got[0].version

@@ -14,20 +14,19 @@ training would take this machine hours (MobileNetV3 on 16 devices) can be timed.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator
+from typing import Any, Generator
 
 import numpy as np
 
 from nebula.federated.aggregate import fedavg
 from nebula.federated.fedoptima.auxiliary import default_auxiliary
-from nebula.federated.fedoptima.engine import (AsyncAggregator, DeviceTrainer, ServerTrainer, load_state,
+from nebula.federated.fedoptima.engine import (AsyncAggregator, DeviceTrainer, ServerTrainer, accuracy, load_state,
                                                split_model, state_of)
 from nebula.federated.fedoptima.scheduler import ActivationBatch, ModelUpdate, TaskScheduler
 from nebula.federated.fedoptima.split import profile_layers
+from nebula.federated.fedoptima.virtual_clock import Mailbox, SimActor, SimLink, VirtualClock
 
 __all__ = ["SimSetting", "SimResult", "simulate", "METHODS"]
 
@@ -83,74 +82,6 @@ class SimResult:
         return self.samples / self.wall_s
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._q: list = []
-        self._seq = itertools.count()
-
-    def at(self, t: float, fn: Callable[[], None]) -> None:
-        heapq.heappush(self._q, (t, next(self._seq), fn))
-
-    def run(self, until: float) -> None:
-        while self._q and self._q[0][0] <= until:
-            t, _, fn = heapq.heappop(self._q)
-            self.now = t
-            fn()
-        self.now = until
-
-
-class _Box:
-    """A mailbox: items arrive at a time; a waiting coroutine resumes on arrival."""
-
-    def __init__(self, clock: _Clock) -> None:
-        self.clock, self.items, self.waiter = clock, deque(), None
-        self.sink: Callable[[Any], None] | None = None  # takes each item on arrival instead of the queue
-
-    def put(self, item: Any) -> None:
-        if self.sink is not None:
-            self.sink(item)
-        else:
-            self.items.append(item)
-        if self.waiter is not None:
-            w, self.waiter = self.waiter, None
-            w()
-
-
-class _Link:
-    """One direction of a link: transfers one after another at a bandwidth, plus latency."""
-
-    def __init__(self, clock: _Clock, bw: float, latency: float) -> None:
-        self.clock, self.bw, self.latency, self.free = clock, bw, latency, 0.0
-
-    def send(self, box: _Box, item: Any, nbytes: float) -> None:
-        start = max(self.clock.now, self.free)
-        self.free = start + nbytes / self.bw
-        self.clock.at(self.free + self.latency, lambda: box.put(item))
-
-
-class _Actor:
-    """Drives a generator yielding ("compute", seconds) or ("wait", box); counts busy seconds."""
-
-    def __init__(self, clock: _Clock, gen: Generator, until: float) -> None:
-        self.clock, self.gen, self.until, self.busy = clock, gen, until, 0.0
-        clock.at(0.0, self.step)
-
-    def step(self) -> None:
-        try:
-            kind, arg = next(self.gen)
-        except StopIteration:
-            return
-        if kind == "compute":
-            end = self.clock.now + arg
-            self.busy += max(0.0, min(end, self.until) - self.clock.now)
-            self.clock.at(end, self.step)
-        elif arg.items:
-            self.clock.at(self.clock.now, self.step)
-        else:
-            arg.waiter = self.step
-
-
 def _train_flops(layers: list, prof: list, input_grad: bool) -> float:
     """Forward plus backward FLOPs per sample of `layers`: the backward pass costs about twice the forward (weight
     and input gradients), less the first weighted layer's input gradient when nothing upstream needs it."""
@@ -160,6 +91,263 @@ def _train_flops(layers: list, prof: list, input_grad: bool) -> float:
     return total - next((p.flops for layer, p in zip(layers, prof) if list(layer.parameters())), 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class _Costs:
+    """The cost model per batch: FLOPs each side computes, bytes of activations on a link, each device's FLOP/s."""
+
+    dev_fwd: float  # the device-side forward
+    dev_flops: float  # the device-side forward and backward
+    srv_flops: float  # the server-side forward and backward
+    act_bytes: float
+    dev_speed: tuple[float, ...]
+
+
+def _costs(method: str, layers: list, prof: list, s: SimSetting) -> _Costs:
+    """What one batch costs under `method` at split point `s.split` (no input gradient where nothing needs one)."""
+    return _Costs(
+        dev_fwd=s.batch * sum(p.flops for p in prof[: s.split]),
+        dev_flops=s.batch * _train_flops(layers[: s.split], prof[: s.split], input_grad=False),
+        # offloading sends d loss / d activations back: the server's first layer computes its input gradient too
+        srv_flops=s.batch * _train_flops(layers[s.split:], prof[s.split:], input_grad=method == "oafl"),
+        act_bytes=s.batch * prof[s.split - 1].output_bytes,
+        dev_speed=tuple(s.device_flops_per_s / f for f in s.slowdown))
+
+
+class _World:
+    """What every method runs in: the setting, the clock, one link each way per device, the server's and each
+    device's mailbox, each device's data, the cost model, and the examples the devices trained on."""
+
+    def __init__(self, s: SimSetting, clock: VirtualClock, data: list, costs: _Costs) -> None:
+        k_dev = len(s.slowdown)
+        self.s, self.clock, self.data, self.costs, self.samples = s, clock, data, costs, 0
+        self.up = [SimLink(clock, s.bandwidth_bytes_per_s, s.latency_s) for _ in range(k_dev)]
+        self.down = [SimLink(clock, s.bandwidth_bytes_per_s, s.latency_s) for _ in range(k_dev)]
+        self.srv_box = Mailbox(clock)
+        self.dev_box = [Mailbox(clock) for _ in range(k_dev)]
+
+
+class _FedAvg:
+    """Synchronous FedAvg: each device trains the whole model H iterations from the global one and sends it back;
+    the server waits for all K, averages, and sends the average to every device."""
+
+    def __init__(self, w: _World, task: Any, layers: list, prof: list) -> None:
+        import paddle
+
+        s = w.s
+        self.w = w
+        self.full = paddle.nn.Sequential(*layers)
+        self.global_w = state_of(self.full)
+        self.model_bytes = sum(v.nbytes for v in self.global_w.values())
+        self.full_flops = s.batch * _train_flops(layers, prof, input_grad=False)
+        self.locals = []
+        for _ in range(len(s.slowdown)):
+            m = paddle.nn.Sequential(*task.layers())
+            self.locals.append((m, paddle.optimizer.SGD(learning_rate=s.lr, parameters=m.parameters())))
+
+    def device(self, k: int) -> Generator:
+        """Device k: wait for the global model, H local iterations, send the model."""
+        import paddle
+
+        w, s = self.w, self.w.s
+        m, opt = self.locals[k]
+        while True:
+            yield "wait", w.dev_box[k]
+            load_state(m, w.dev_box[k].items.popleft())
+            for _ in range(s.local_iterations):
+                x, y = next(w.data[k])
+                if s.train:
+                    loss = paddle.nn.functional.cross_entropy(m(paddle.to_tensor(x)),
+                                                              paddle.to_tensor(y.reshape(-1, 1)))
+                    loss.backward()
+                    opt.step()
+                    opt.clear_grad()
+                w.samples += len(y)
+                yield "compute", self.full_flops / w.costs.dev_speed[k]
+            w.up[k].send(w.srv_box, (k, state_of(m)), self.model_bytes)
+
+    def server(self) -> Generator:
+        """The server: the global model to every device, all K models back, their average."""
+        w, s = self.w, self.w.s
+        k_dev = len(s.slowdown)
+        while True:
+            for k in range(k_dev):
+                w.down[k].send(w.dev_box[k], self.global_w, self.model_bytes)
+            got = []
+            while len(got) < k_dev:
+                yield "wait", w.srv_box
+                got.append(w.srv_box.items.popleft())
+            self.global_w = fedavg([(m, 1) for _, m in sorted(got, key=lambda t: t[0])])
+            yield "compute", 2.0 * k_dev * self.model_bytes / 4 / s.server_flops_per_s
+
+    def finish(self, res: SimResult) -> list:
+        """The trained model's layers, in order."""
+        load_state(self.full, self.global_w)
+        return [self.full]
+
+
+class _ArrivalOrder:
+    """Offloading's server queue: device models first, then activations in arrival order (counted per device)."""
+
+    def __init__(self, k_dev: int) -> None:
+        self.models: deque = deque()
+        self.acts: deque = deque()
+        self.used = [0] * k_dev
+
+    def put(self, m: ActivationBatch | ModelUpdate) -> None:
+        (self.models if isinstance(m, ModelUpdate) else self.acts).append(m)
+
+    def get(self) -> ActivationBatch | ModelUpdate | None:
+        if self.models:
+            return self.models.popleft()
+        if self.acts:
+            m = self.acts.popleft()
+            self.used[m.origin] += 1
+            return m
+        return None
+
+
+class _Offloaded:
+    """The split model: FedOptima (device-side training with the auxiliary network, activations sent under grants
+    from the Task Scheduler, asynchronous aggregation) or OAFL (the device waits for the server's gradient every
+    iteration; its queue serves models first, then activations as they came)."""
+
+    def __init__(self, method: str, w: _World, task: Any, layers: list, sample: Any, prof: list) -> None:
+        s, k_dev = w.s, len(w.s.slowdown)
+        self.w, self.fedoptima = w, method == "fedoptima"
+        self.dev_net, self.srv_net = split_model(layers, s.split)
+        aux = default_auxiliary(list(self.dev_net), sample, task.num_classes)
+        self.aux_flops = 3 * s.batch * sum(p.flops for p in profile_layers(list(aux), self.dev_net(sample)))
+        self.agg = AsyncAggregator(state_of(self.dev_net), state_of(aux), alpha=s.alpha, max_delay=s.max_delay)
+        self.model_bytes = sum(v.nbytes for v in self.agg.device.values()) + \
+            (sum(v.nbytes for v in self.agg.aux.values()) if self.fedoptima else 0)
+        self.srv_trainer = ServerTrainer(self.srv_net, lr=s.lr)
+        self.trainers = []
+        for _ in range(k_dev):
+            d_net, _ = split_model(task.layers(), s.split)
+            a_net = default_auxiliary(list(d_net), sample, task.num_classes)
+            t = DeviceTrainer(d_net, a_net, lr=s.lr)
+            t.load(self.agg.device, self.agg.aux)
+            self.trainers.append(t)
+        self.sched = TaskScheduler(devices=list(range(k_dev)), omega=s.omega, clock=lambda: w.clock.now)  # virtual
+        self.queue = self.sched if self.fedoptima else _ArrivalOrder(k_dev)  # Algorithm 3, or arrival order
+        self.granted = [False] * k_dev  # each device's Sender Status
+        if self.fedoptima:
+            w.srv_box.sink = self._receive
+
+    # ---- devices ----
+    def device(self, k: int) -> Generator:
+        """Device k: H iterations, its models to the server, the next global models."""
+        w, t, version = self.w, self.trainers[k], 0
+        iteration = self._fedoptima_iteration if self.fedoptima else self._offloaded_iteration
+        while True:
+            for _ in range(w.s.local_iterations):
+                x, y = next(w.data[k])
+                w.samples += len(y)
+                yield from iteration(k, t, x, y)
+            d, a = t.models()
+            w.up[k].send(w.srv_box, ModelUpdate(k, (d, a), version), self.model_bytes)
+            msg = yield from self._await_global(k)
+            t.load(msg[1], msg[2] if self.fedoptima else t.models()[1])
+            version = msg[3]
+
+    def _fedoptima_iteration(self, k: int, t: DeviceTrainer, x: Any, y: Any) -> Generator:
+        """Algorithm 1, lines 5-11: forward, activations to the Sender when granted, the local loss's backward."""
+        w, c = self.w, self.w.costs
+        # the Sender Status as the last iteration left it: a grant may have come in meanwhile
+        while w.dev_box[k].items and w.dev_box[k].items[0][0] == "grant":
+            w.dev_box[k].items.popleft()
+            self.granted[k] = True
+        h = t.step(x, y)[0] if w.s.train else None
+        yield "compute", c.dev_fwd / c.dev_speed[k]  # Algorithm 1, line 5: the device-side forward
+        if self.granted[k]:  # line 6: the activations go to the Sender, which uploads them meanwhile
+            w.up[k].send(w.srv_box, ActivationBatch(k, (h, y)), c.act_bytes)
+            self.granted[k] = False
+        yield "compute", (c.dev_flops - c.dev_fwd + self.aux_flops) / c.dev_speed[k]  # lines 7-11
+
+    def _offloaded_iteration(self, k: int, t: DeviceTrainer, x: Any, y: Any) -> Generator:
+        """Offloading: forward, wait for the server's gradient, backward."""
+        import paddle
+
+        w, c = self.w, self.w.costs
+        h = t.net(paddle.to_tensor(x)) if w.s.train else None
+        yield "compute", c.dev_fwd / c.dev_speed[k]
+        w.up[k].send(w.srv_box, ActivationBatch(k, (h.detach().numpy() if w.s.train else None, y)), c.act_bytes)
+        while True:
+            yield "wait", w.dev_box[k]
+            msg = w.dev_box[k].items.popleft()
+            if msg[0] == "grad":
+                break
+        if w.s.train:
+            h.backward(paddle.to_tensor(msg[1]))
+            t.opt.step()
+            t.opt.clear_grad()
+        yield "compute", (c.dev_flops - c.dev_fwd) / c.dev_speed[k]
+
+    def _await_global(self, k: int) -> Generator:
+        """Wait for the global models (a grant meanwhile turns the Sender on); the "global" message."""
+        box = self.w.dev_box[k]
+        while True:
+            yield "wait", box
+            msg = box.items.popleft()
+            if msg[0] == "grant":
+                self.granted[k] = True
+            elif msg[0] == "global":
+                return msg
+
+    # ---- the server ----
+    def _send_grants(self) -> None:
+        for g in self.sched.grant():
+            self.w.down[g].send(self.w.dev_box[g], ("grant",), 64)
+
+    def _receive(self, m: ActivationBatch | ModelUpdate) -> None:
+        # FedOptima's Task Scheduler runs beside the Compute Engine (§V-A: its own thread): it files each
+        # message as it arrives (Algorithm 2) and sends the turn-on signal at once (§IV-C)
+        self.sched.put(m)
+        self._send_grants()
+
+    def server(self) -> Generator:
+        """The server: the next task from its queue, a batch trained on or a device's models aggregated."""
+        w = self.w
+        if self.fedoptima:
+            self._send_grants()  # the first turn-on signals
+        while True:
+            while w.srv_box.items:  # offloading: models first, then activations in arrival order
+                self.queue.put(w.srv_box.items.popleft())
+            m = self.queue.get()
+            if m is None:
+                yield "wait", w.srv_box
+                continue
+            if self.fedoptima:
+                self._send_grants()  # the dequeue freed a slot: its turn-on goes out now, not after this step
+            if isinstance(m, ActivationBatch):
+                yield from self._train(m)
+            else:
+                yield from self._aggregate(m)
+
+    def _train(self, m: ActivationBatch) -> Generator:
+        w, oafl = self.w, not self.fedoptima
+        h, y = m.content
+        grad = self.srv_trainer.step(h, y, want_grad=oafl)[1] if w.s.train else None
+        yield "compute", w.costs.srv_flops / w.s.server_flops_per_s
+        if oafl:
+            w.down[m.origin].send(w.dev_box[m.origin], ("grad", grad), w.costs.act_bytes)
+
+    def _aggregate(self, m: ModelUpdate) -> Generator:
+        w, agg = self.w, self.agg
+        d, a = m.content
+        agg.apply(d, a if self.fedoptima else agg.aux, m.version)
+        yield "compute", 2.0 * self.model_bytes / 4 / w.s.server_flops_per_s
+        w.down[m.origin].send(w.dev_box[m.origin], ("global", agg.device, agg.aux, agg.version), self.model_bytes)
+
+    def finish(self, res: SimResult) -> list:
+        """The trained model's layers, in order; the batches used per device and the most held at once."""
+        load_state(self.dev_net, self.agg.device)
+        k_dev = len(self.w.s.slowdown)
+        res.used = [self.sched.counters[k] for k in range(k_dev)] if self.fedoptima else self.queue.used
+        res.peak_held = self.sched.peak_held
+        return [self.dev_net, self.srv_net]
+
+
 def simulate(method: str, task: Any, s: SimSetting, seed: int = 0) -> SimResult:
     """Run `method` (fedoptima, fedavg or oafl) for `s.wall_s` virtual seconds; measured idle, throughput, accuracy."""
     import paddle
@@ -167,204 +355,21 @@ def simulate(method: str, task: Any, s: SimSetting, seed: int = 0) -> SimResult:
     if method not in METHODS:
         raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}")
     paddle.seed(seed)
-    clock = _Clock()
-    k_dev = len(s.slowdown)
+    clock = VirtualClock()
     layers = task.layers()
     sample = paddle.to_tensor(task.sample())
     prof = profile_layers(layers, sample)
-    # per batch: what each side computes (forward and backward, no input gradient where nothing needs one)
-    dev_fwd = s.batch * sum(p.flops for p in prof[: s.split])
-    dev_flops = s.batch * _train_flops(layers[: s.split], prof[: s.split], input_grad=False)
-    # offloading sends d loss / d activations back: the server's first layer computes its input gradient too
-    srv_flops = s.batch * _train_flops(layers[s.split:], prof[s.split:], input_grad=method == "oafl")
-    act_bytes = s.batch * prof[s.split - 1].output_bytes
-    dev_speed = [s.device_flops_per_s / f for f in s.slowdown]
+    costs = _costs(method, layers, prof, s)
+    w = _World(s, clock, [task.batches(k, len(s.slowdown)) for k in range(len(s.slowdown))], costs)
+    run = _FedAvg(w, task, layers, prof) if method == "fedavg" else _Offloaded(method, w, task, layers, sample, prof)
+    devices = [SimActor(clock, run.device(k), s.wall_s) for k in range(len(s.slowdown))]
+    server = SimActor(clock, run.server(), s.wall_s)
+    clock.run(s.wall_s)
     res = SimResult(method=method, wall_s=s.wall_s)
-    up = [_Link(clock, s.bandwidth_bytes_per_s, s.latency_s) for _ in range(k_dev)]
-    down = [_Link(clock, s.bandwidth_bytes_per_s, s.latency_s) for _ in range(k_dev)]
-    srv_box = _Box(clock)
-    dev_box = [_Box(clock) for _ in range(k_dev)]
-    data = [task.batches(k, k_dev) for k in range(k_dev)]
-    samples = [0]
-
-    if method == "fedavg":
-        full = paddle.nn.Sequential(*layers)
-        global_w = state_of(full)
-        model_bytes = sum(v.nbytes for v in global_w.values())
-        full_flops = s.batch * _train_flops(layers, prof, input_grad=False)
-        locals_ = []
-        for _ in range(k_dev):
-            m = paddle.nn.Sequential(*task.layers())
-            locals_.append((m, paddle.optimizer.SGD(learning_rate=s.lr, parameters=m.parameters())))
-
-        def device(k: int):
-            m, opt = locals_[k]
-            while True:
-                yield "wait", dev_box[k]
-                load_state(m, dev_box[k].items.popleft())
-                for _ in range(s.local_iterations):
-                    x, y = next(data[k])
-                    if s.train:
-                        loss = paddle.nn.functional.cross_entropy(m(paddle.to_tensor(x)),
-                                                                  paddle.to_tensor(y.reshape(-1, 1)))
-                        loss.backward()
-                        opt.step()
-                        opt.clear_grad()
-                    samples[0] += len(y)
-                    yield "compute", full_flops / dev_speed[k]
-                up[k].send(srv_box, (k, state_of(m)), model_bytes)
-
-        def server():
-            nonlocal global_w
-            while True:
-                for k in range(k_dev):
-                    down[k].send(dev_box[k], global_w, model_bytes)
-                got = []
-                while len(got) < k_dev:
-                    yield "wait", srv_box
-                    got.append(srv_box.items.popleft())
-                global_w = fedavg([(w, 1) for _, w in sorted(got, key=lambda t: t[0])])
-                yield "compute", 2.0 * k_dev * model_bytes / 4 / s.server_flops_per_s
-
-        actors = [_Actor(clock, device(k), s.wall_s) for k in range(k_dev)]
-        srv = _Actor(clock, server(), s.wall_s)
-        clock.run(s.wall_s)
-        load_state(full, global_w)
-        parts = [full]
-    else:
-        dev_net, srv_net = split_model(layers, s.split)
-        aux = default_auxiliary(list(dev_net), sample, task.num_classes)
-        aux_flops = 3 * s.batch * sum(p.flops for p in profile_layers(list(aux), dev_net(sample)))
-        agg = AsyncAggregator(state_of(dev_net), state_of(aux), alpha=s.alpha, max_delay=s.max_delay)
-        model_bytes = sum(v.nbytes for v in agg.device.values()) + \
-            (sum(v.nbytes for v in agg.aux.values()) if method == "fedoptima" else 0)
-        srv_trainer = ServerTrainer(srv_net, lr=s.lr)
-        trainers = []
-        for _ in range(k_dev):
-            d_net, _ = split_model(task.layers(), s.split)
-            a_net = default_auxiliary(list(d_net), sample, task.num_classes)
-            t = DeviceTrainer(d_net, a_net, lr=s.lr)
-            t.load(agg.device, agg.aux)
-            trainers.append(t)
-        sched = TaskScheduler(devices=list(range(k_dev)), omega=s.omega, clock=lambda: clock.now)  # virtual time
-
-        def send_global(k: int) -> None:
-            down[k].send(dev_box[k], ("global", agg.device, agg.aux, agg.version), model_bytes)
-
-        def device(k: int):
-            t = trainers[k]
-            version, granted = 0, False
-            while True:
-                for _ in range(s.local_iterations):
-                    x, y = next(data[k])
-                    samples[0] += len(y)
-                    if method == "fedoptima":
-                        # the Sender Status as the last iteration left it: a grant may have come in meanwhile
-                        while dev_box[k].items and dev_box[k].items[0][0] == "grant":
-                            dev_box[k].items.popleft()
-                            granted = True
-                        h = t.step(x, y)[0] if s.train else None
-                        yield "compute", dev_fwd / dev_speed[k]  # Algorithm 1, line 5: the device-side forward
-                        if granted:  # line 6: the activations go to the Sender, which uploads them meanwhile
-                            up[k].send(srv_box, ActivationBatch(k, (h, y)), act_bytes)
-                            granted = False
-                        yield "compute", (dev_flops - dev_fwd + aux_flops) / dev_speed[k]  # lines 7-11
-                    else:  # offloading: forward, wait for the server's gradient, backward
-                        h = t.net(paddle.to_tensor(x)) if s.train else None
-                        yield "compute", dev_fwd / dev_speed[k]
-                        up[k].send(srv_box, ActivationBatch(k, (h.detach().numpy() if s.train else None, y)),
-                                   act_bytes)
-                        while True:
-                            yield "wait", dev_box[k]
-                            msg = dev_box[k].items.popleft()
-                            if msg[0] == "grad":
-                                break
-                        if s.train:
-                            h.backward(paddle.to_tensor(msg[1]))
-                            t.opt.step()
-                            t.opt.clear_grad()
-                        yield "compute", (dev_flops - dev_fwd) / dev_speed[k]
-                d, a = t.models()
-                up[k].send(srv_box, ModelUpdate(k, (d, a), version), model_bytes)
-                while True:
-                    yield "wait", dev_box[k]
-                    msg = dev_box[k].items.popleft()
-                    if msg[0] == "grant":
-                        granted = True
-                    elif msg[0] == "global":
-                        break
-                t.load(msg[1], msg[2] if method == "fedoptima" else t.models()[1])
-                version = msg[3]
-
-        models_q: deque = deque()
-        acts_q: deque = deque()
-        used = [0] * k_dev
-
-        def next_task():
-            if method == "fedoptima":
-                return sched.get()  # Algorithm 3
-            if models_q:  # offloading serves models first, then activations in arrival order
-                return models_q.popleft()
-            if acts_q:
-                m = acts_q.popleft()
-                used[m.origin] += 1
-                return m
-            return None
-
-        def send_grants() -> None:
-            for g in sched.grant():
-                down[g].send(dev_box[g], ("grant",), 64)
-
-        def receive(m) -> None:
-            # FedOptima's Task Scheduler runs beside the Compute Engine (§V-A: its own thread): it files each
-            # message as it arrives (Algorithm 2) and sends the turn-on signal at once (§IV-C)
-            sched.put(m)
-            send_grants()
-
-        if method == "fedoptima":
-            srv_box.sink = receive
-
-        def server():
-            if method == "fedoptima":
-                send_grants()  # the first turn-on signals
-            while True:
-                while srv_box.items:  # offloading: models first, then activations in arrival order
-                    m = srv_box.items.popleft()
-                    (models_q if isinstance(m, ModelUpdate) else acts_q).append(m)
-                m = next_task()
-                if m is None:
-                    yield "wait", srv_box
-                    continue
-                if method == "fedoptima":
-                    send_grants()  # the dequeue freed a slot: its turn-on goes out now, not after this step
-                if isinstance(m, ActivationBatch):
-                    h, y = m.content
-                    grad = srv_trainer.step(h, y, want_grad=(method == "oafl"))[1] if s.train else None
-                    yield "compute", srv_flops / s.server_flops_per_s
-                    if method == "oafl":
-                        down[m.origin].send(dev_box[m.origin], ("grad", grad), act_bytes)
-                else:
-                    d, a = m.content
-                    agg.apply(d, a if method == "fedoptima" else agg.aux, m.version)
-                    yield "compute", 2.0 * model_bytes / 4 / s.server_flops_per_s
-                    send_global(m.origin)
-
-        actors = [_Actor(clock, device(k), s.wall_s) for k in range(k_dev)]
-        srv = _Actor(clock, server(), s.wall_s)
-        clock.run(s.wall_s)
-        load_state(dev_net, agg.device)
-        parts = [dev_net, srv_net]
-        res.used = [sched.counters[k] for k in range(k_dev)] if method == "fedoptima" else used
-        res.peak_held = sched.peak_held
-    res.server_busy_s = srv.busy
-    res.device_busy_s = [a.busy for a in actors]
-    res.samples = samples[0]
+    parts = run.finish(res)
+    res.server_busy_s = server.busy
+    res.device_busy_s = [a.busy for a in devices]
+    res.samples = w.samples
     if s.train:
-        x, y = task.test_data()
-        with paddle.no_grad():
-            h = paddle.to_tensor(x)
-            for p in parts:
-                h = p(h)
-        res.accuracy = float((h.numpy().argmax(-1) == y).mean())
+        res.accuracy = accuracy(parts, *task.test_data())
     return res
-

@@ -9,18 +9,18 @@ import importlib
 from typing import Any
 
 from nebula.federated.owl.config import OwlSpec
-from nebula.federated.owl.deploy import (SERVER, DeploySetting, Pull, centralized, deploy, estimate_round_s,
-                                         server_only_round_s)
+from nebula.federated.owl.deploy import (SERVER, DeploySetting, Pull, centralized, deploy, deploy_setting_for,
+                                         estimate_round_s, server_only_round_s)
 from nebula.federated.owl.graph import Base, Branch, GraphError, segments, topo_order
 from nebula.federated.owl.grouping import all_groupings, group_branches, group_sizes
 
-__all__ = ["OwlSpec", "SERVER", "DeploySetting", "Pull", "centralized", "deploy", "estimate_round_s",
-           "server_only_round_s", "Base", "Branch", "GraphError", "segments", "topo_order", "all_groupings",
-           "group_branches", "group_sizes", "OverlappedForward", "Parallel", "graph_of", "model_branches",
-           "OwlError", "OwlResult", "OwlTask", "plan_for", "run_owl_worker", "serve_owl"]
+__all__ = ["OwlSpec", "SERVER", "DeploySetting", "Pull", "centralized", "deploy", "deploy_setting_for",
+           "estimate_round_s", "server_only_round_s", "Base", "Branch", "GraphError", "segments", "topo_order",
+           "all_groupings", "group_branches", "group_sizes", "OverlappedForward", "Parallel", "graph_of",
+           "model_branches", "OwlError", "OwlResult", "OwlTask", "run_owl_worker", "serve_owl"]
 
 _PADDLE_SIDE = {"OverlappedForward": "model", "Parallel": "model", "graph_of": "model", "model_branches": "model",
-                "OwlError": "runtime", "OwlResult": "runtime", "OwlTask": "runtime", "plan_for": "runtime",
+                "OwlError": "runtime", "OwlResult": "runtime", "OwlTask": "runtime",
                 "run_owl_worker": "runtime", "serve_owl": "runtime"}
 
 

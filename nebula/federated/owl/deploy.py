@@ -7,16 +7,20 @@ communication group c' (spread over its members), which has it first (the paper'
 the model exactly once whatever n is, and workers fetch different groups at the same time (Fig. 4(c)).
 Algorithm 2 tries every D = 1 .. n, profiles one round of each (here a callable; by default the transfer and
 compute model of `estimate_round_s`) and keeps the fastest. D is also bounded by the number of branches. With
-workers in several clusters, each cluster gets its own deployment of the same groups (`owl.runtime.plan_for`).
+workers in several clusters, each cluster gets its own deployment of the same groups (`deploy_setting_for`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from nebula.federated.owl.grouping import group_branches, group_sizes
 
-__all__ = ["SERVER", "Pull", "DeploySetting", "centralized", "deploy", "estimate_round_s", "server_only_round_s"]
+if TYPE_CHECKING:
+    from nebula.federated.owl.config import OwlSpec
+
+__all__ = ["SERVER", "Pull", "DeploySetting", "centralized", "deploy", "estimate_round_s", "server_only_round_s",
+           "deploy_setting_for"]
 
 SERVER = -1
 
@@ -133,3 +137,32 @@ def deploy(sizes: Sequence[int], num_workers: int, profile: Callable[[DeploySett
         if best is None or times[d] < times[len(best.groups)]:
             best = s
     return best, times
+
+
+def deploy_setting_for(sizes: list[int], workers: int | Sequence[str], spec: OwlSpec) -> DeploySetting:
+    """The deploy setting of a run: OWL's (given D, or Algorithm 2's choice), or server-only over the same groups.
+
+    `workers` is their number, or each worker's cluster: then every cluster gets its own centralized deployment of
+    the same groups (each group leaves the server once per cluster, and peers pass groups only inside a cluster,
+    over its cluster-local path); D is chosen for, and bounded by, the smallest cluster.
+    """
+    clusters = ["_"] * workers if isinstance(workers, int) else list(workers)
+    n = len(clusters)
+    names = list(dict.fromkeys(clusters))
+    members = {c: [i for i, x in enumerate(clusters) if x == c] for c in names}
+    smallest = min(len(m) for m in members.values()) if members else 0
+    if spec.num_groups is not None:  # more groups than branches or than workers: ValueError naming the limit
+        groups = group_branches(sizes, spec.num_groups)
+        centralized(smallest, groups)
+    else:
+        groups = list(deploy(sizes, smallest, server_bytes_per_s=spec.server_bytes_per_s,
+                             peer_bytes_per_s=spec.peer_bytes_per_s)[0].groups)
+    pulls: list = [None] * n
+    for c, idx in members.items():
+        local = centralized(len(idx), groups)
+        for j, ps in enumerate(local.pulls):
+            pulls[idx[j]] = tuple(Pull(p.group, SERVER if spec.distribution == "server" or p.source == SERVER
+                                       else idx[p.source]) for p in ps)
+    if spec.distribution == "server":
+        pulls = [tuple(Pull(g, SERVER) for g in range(len(groups))) for _ in range(n)]
+    return DeploySetting(n, tuple(tuple(g) for g in groups), tuple(pulls))
