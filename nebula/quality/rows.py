@@ -129,6 +129,7 @@ class RowResult:
     traffic: Traffic = field(default_factory=Traffic)
     train_loss: float = float("nan")
     extra: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # the run's settings (size, lr, outer step) it was measured at
 
     @property
     def perplexity(self) -> float:
@@ -159,11 +160,12 @@ class RowResult:
 
 
 def write_rows(path: str | Path, rows: Iterable[RowResult], meta: dict[str, Any] | None = None) -> None:
-    """Write rows as a JSON list (one object per row; `meta` goes into each row's `meta` key)."""
+    """Write rows as a JSON list (one object per row). `meta`, the settings of this run, goes into the `meta` key
+    of each row measured by it; a row read from an earlier file keeps the meta it was measured with."""
     out = []
     for r in rows:
         d = r.to_json()
-        if meta:
+        if meta and not r.meta:
             d["meta"] = meta
         out.append(d)
     Path(path).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")

@@ -3,6 +3,7 @@ bytes are the codecs' frames, and each mode computes what it claims (all-reduce 
 stale weights, FedAvg's rounds)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -117,6 +118,11 @@ def test_rows_round_trip_through_json(bench, tmp_path):
     assert back.spec == r.spec and back.heldout_loss == r.heldout_loss and back.traffic == r.traffic
     keys = set(json.loads((tmp_path / "rows.json").read_text())[0])
     assert {"mode", "codec", "sync_every", "heldout_loss", "wan_bytes", "wall_s"} <= keys
+
+    # rows added to an earlier file keep the settings they were measured with; only the new ones get this run's
+    write_rows(tmp_path / "more.json", [back, dataclasses.replace(r, seed=1)], meta={"size": "test", "outer_lr": 1.0})
+    more = json.loads((tmp_path / "more.json").read_text())
+    assert [d["meta"] for d in more] == [{"size": "test"}, {"size": "test", "outer_lr": 1.0}]
 
 
 def test_bad_budgets_and_rows_say_what_to_change():

@@ -1,5 +1,5 @@
 """README "Quality per WAN byte": the full table, the largest model, the rows files, their report, the extra rows, the
-rows without outer momentum and the activation deltas run as printed, in the README's order, at their smallest size
+rows without outer momentum, a row added with another outer step and the activation deltas run as printed, in the README's order, at their smallest size
 (NEBULA_SMOKE: a tiny Llama for 20 steps; every row of each command still runs) in a view of the checkout with its
 own runs/, so the rows measured at the full size are never overwritten. Each command prints the rows the README's
 table beside it lists."""
@@ -34,9 +34,10 @@ ROWS = _one("--rows 'diloco H=100 int8,all-reduce", "rows.json")
 ROWS2 = _one("--json runs/wan_quality/rows2.json")
 REPORT = _one("--report runs/wan_quality/rows.json runs/wan_quality/rows2.json")
 EXTRA = _one("--json runs/wan_quality/extra.json")
-M0 = _one("--outer-momentum 0")
+M0 = _one("--outer-momentum 0", "rows-m0.json")
+SWEEP = _one("--add-to runs/wan_quality/rows.json --outer-lr 1.0")
 DELTA = next(c for c in _ALL if "--rows '4 epochs'" in c)  # (a --quick command: the deltas' table)
-PRINTED = [FULL, SCALE, ROWS, ROWS2, REPORT, EXTRA, M0, DELTA]
+PRINTED = [FULL, SCALE, ROWS, ROWS2, REPORT, EXTRA, M0, SWEEP, DELTA]
 assert FULL in _ALL
 
 
@@ -110,6 +111,12 @@ def test_every_printed_wan_quality_command_runs_at_its_smallest_size_in_the_read
         assert (view / command.split("--json ")[1]).is_file()
     m0 = json.loads((view / "runs" / "wan_quality" / "rows-m0.json").read_text())
     assert m0[0]["meta"]["outer_momentum"] == 0.0
+
+    sweep = run_printed(SWEEP, smallest=True, cwd=view)  # a row added to rows.json's, with its own outer step
+    assert _names(sweep) == _readme_rows(SWEEP), sweep[-2000:]
+    added = json.loads((view / SWEEP.split("--json ")[1]).read_text())
+    assert [(r["meta"]["outer_lr"], r["meta"]["outer_momentum"]) for r in added if r["mode"] == "streaming-diloco"
+            ] == [(1.0, 0.0)]
 
     delta = run_printed(DELTA, smallest=True, cwd=view)  # the deltas beside their twin, and their own table
     assert _names(delta) == _readme_rows(DELTA), delta[-2000:]
