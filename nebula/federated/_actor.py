@@ -9,12 +9,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from nebula.config.worker import load_worker_config
 from nebula.federated.checks import Refusal
 
-__all__ = ["ActorAudit", "JobGrants", "RefusalTally", "Terminated", "stop_on_sigterm", "check_terminated"]
+__all__ = ["ActorAudit", "RefusalSink", "JobGrants", "RefusalTally", "Terminated", "stop_on_sigterm", "check_terminated"]
 
 log = logging.getLogger(__name__)
 _TERMINATE = threading.Event()  # set by SIGTERM: the process's actors end their run at their next poll
@@ -38,6 +38,11 @@ def check_terminated() -> None:
     """Raise `Terminated` once SIGTERM came (see `stop_on_sigterm`)."""
     if _TERMINATE.is_set():
         raise Terminated("SIGTERM")
+
+
+# where a runtime reports a refusal: (peer, field, value, expected); FedOptima and OWL get one from
+# nebula.federated.actors, which audits it
+RefusalSink = Callable[[str, str, Any, str], None]
 
 
 class ActorAudit:

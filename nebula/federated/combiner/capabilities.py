@@ -23,7 +23,7 @@ from nebula.federated.privacy import clip_factor
 
 __all__ = ["FoldPolicy", "CentralClip", "fold_policy", "round_kind", "CLIP_SLACK"]
 
-Pieces = Iterator[tuple[str, int, np.ndarray]]  # (tensor, element offset, values) of one update
+UpdatePieces = Iterator[tuple[str, int, np.ndarray]]  # (tensor, element offset, values) of one update
 Record = tuple[str, str, dict[str, Any]]  # an audit record of the combiner's cluster: (action, outcome, detail)
 # an update counts as clipped (logged, audited) when its norm is this much over clip_norm, relative; it is scaled to
 # clip_norm whenever it is over at all (an honest client's clipped change, sent as float32 weights and measured
@@ -43,7 +43,7 @@ class FoldPolicy:
         """Whether each update's change from the round's model must be measured for this policy: no."""
         return False
 
-    def clip(self, norm: float | None, pieces: Pieces, base: GlobalModel | None) -> tuple[Pieces, dict[str, Any]]:
+    def clip(self, norm: float | None, pieces: UpdatePieces, base: GlobalModel | None) -> tuple[UpdatePieces, dict[str, Any]]:
         """(The update's pieces to fold, what its audit record adds): as they came, nothing."""
         return pieces, {}
 
@@ -74,7 +74,7 @@ class CentralClip:
         """Each update's change from the round's model is measured (raw updates; a coded one is a change already)."""
         return True
 
-    def clip(self, norm: float | None, pieces: Pieces, base: GlobalModel | None) -> tuple[Pieces, dict[str, Any]]:
+    def clip(self, norm: float | None, pieces: UpdatePieces, base: GlobalModel | None) -> tuple[UpdatePieces, dict[str, Any]]:
         """(The update's pieces scaled to clip_norm, what its audit record adds: `clipped` when it was over);
         ValueError when its norm is not finite."""
         factor = clip_factor(norm, self.clip_norm)

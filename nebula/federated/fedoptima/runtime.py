@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy as np
 
 from nebula.channel import ChannelError, Endpoint
+from nebula.federated._actor import RefusalSink
 from nebula.federated.fedoptima.auxiliary import default_auxiliary
 from nebula.federated.fedoptima.config import FedOptimaSpec
 from nebula.federated.fedoptima.engine import (AsyncAggregator, DeviceTrainer, ServerTrainer, accuracy, load_state,
@@ -36,13 +37,12 @@ from nebula.federated.fedoptima.split import DeviceInfo, check_split, profile_la
 from nebula.mean import check_model_update
 from nebula.messaging import Messenger, MessageFamily, Peer, ProtocolError, decode, pack_message
 
-__all__ = ["Task", "FedOptimaError", "ServerResult", "Refused", "serve", "run_device", "CHANNEL"]
+__all__ = ["Task", "FedOptimaError", "ServerResult", "serve", "run_device", "CHANNEL"]
 
 log = logging.getLogger(__name__)
 CHANNEL = "fedoptima"
 # what an actor's caller does with each refusal besides its log line: refused(peer, field, value, expected), e.g.
 # an audit record (nebula.federated.actors); the runtime itself writes no file
-Refused = Callable[[str, str, Any, str], None]
 _FIELD = re.compile(r"(\w+)=(.*?), expected (.*)", re.S)
 
 
@@ -51,7 +51,7 @@ def _name(who: Any) -> str:
     return "/".join(map(str, who)) if isinstance(who, tuple) else str(who)
 
 
-def _report(refused: Refused | None, who: Any, why: Any, field: str, expected: str = "") -> None:
+def _report(refused: RefusalSink | None, who: Any, why: Any, field: str, expected: str = "") -> None:
     """Pass a refusal whose reason reads "name=value, expected ..." to `refused` as (peer, name, value, expected);
     any other reason as (peer, `field`, the reason, `expected` or what follows its ", expected ")."""
     if refused is None:
@@ -152,7 +152,7 @@ def _receiver(mb: Messenger, who: Any, inbox: queue.Queue, stop: threading.Event
 
 
 def serve(ep: Endpoint, devices: list[tuple[str, int]], task: Task, spec: FedOptimaSpec,
-          should_stop: Callable[[], bool] | None = None, refused: Refused | None = None) -> ServerResult:
+          should_stop: Callable[[], bool] | None = None, refused: RefusalSink | None = None) -> ServerResult:
     """Run the server side until E rounds, `duration_s`, silence or `should_stop()`; the measured result. Each
     refusal is logged and passed to `refused`."""
     import paddle
@@ -175,7 +175,7 @@ def serve(ep: Endpoint, devices: list[tuple[str, int]], task: Task, spec: FedOpt
 
 
 def _serve(res: ServerResult, mb: Messenger, chans: dict, inbox: queue.Queue, task: Task, spec: FedOptimaSpec,
-           paddle, should_stop: Callable[[], bool], refused: Refused | None = None) -> ServerResult:
+           paddle, should_stop: Callable[[], bool], refused: RefusalSink | None = None) -> ServerResult:
     # ---- initialisation: device information, split point, auxiliary network ----
     hellos = _gather(inbox, DeviceHello, {}, len(chans), spec.join_timeout_s, refused=refused)
     infos = {who: DeviceInfo(flops_per_s=h.flops_per_s, bandwidth_bytes_per_s=h.bandwidth_bytes_per_s)
@@ -228,7 +228,7 @@ class _Server:
 
     def __init__(self, res: ServerResult, mb: Messenger, chans: dict, inbox: queue.Queue, spec: FedOptimaSpec,
                  active: list, agg: AsyncAggregator, trainer: ServerTrainer, sched: TaskScheduler,
-                 expect: _Expect, refused: Refused | None = None) -> None:
+                 expect: _Expect, refused: RefusalSink | None = None) -> None:
         self.res, self.mb, self.chans, self.inbox, self.spec, self.expect = res, mb, chans, inbox, spec, expect
         self.refused = refused
         self.active, self.agg, self.trainer, self.sched = active, agg, trainer, sched
@@ -328,7 +328,7 @@ class _Server:
 
 
 def _gather(inbox: queue.Queue, kind: type, into: dict, count: int, timeout_s: float,
-            from_: set | None = None, refused: Refused | None = None) -> dict:
+            from_: set | None = None, refused: RefusalSink | None = None) -> dict:
     """Messages of type `kind` from the inbox into `into` (device -> message) until it holds `count` devices or
     `timeout_s` has passed; anything else, or from a device not in `from_` (when given), is dropped (a refused
     header logged)."""
@@ -370,7 +370,7 @@ def _typed(mb: Messenger, peer: Peer, parts: list, family: MessageFamily, timeou
         raise ProtocolError(f"from {peer}: {exc}", exc.type, exc.head) from None
 
 
-def _decoded(who: Any, head: dict | None, refused: Refused | None = None) -> Any:
+def _decoded(who: Any, head: dict | None, refused: RefusalSink | None = None) -> Any:
     """The server's view of a device's header (None for a receive error, or a malformed header: logged, and passed
     to `refused`)."""
     if head is None:
@@ -419,7 +419,7 @@ _HANDLERS: dict[type, Callable[[TaskScheduler, dict, Any, Any, dict, Any], None]
 
 
 def _on_message(sched: TaskScheduler, res: ServerResult, byes: dict, who: Any, head: dict | None, arrays: Any,
-                expect: _Expect | None = None, refused: Refused | None = None) -> None:
+                expect: _Expect | None = None, refused: RefusalSink | None = None) -> None:
     """A received message into the scheduler (activations, models) or `byes`, checked against `expect` when given;
     a refusal is logged and passed to `refused`, never raised: the server goes on serving every device."""
     if head is None:
@@ -438,7 +438,7 @@ def _on_message(sched: TaskScheduler, res: ServerResult, byes: dict, who: Any, h
 
 def run_device(ep: Endpoint, server: tuple[str, int], index: int, num_devices: int, task: Task,
                spec: FedOptimaSpec, info: DeviceInfo, max_local_rounds: int = 1_000_000,
-               refused: Refused | None = None) -> dict:
+               refused: RefusalSink | None = None) -> dict:
     """Algorithm 1 on one device until STOP (or `max_local_rounds`); its measured idle and busy seconds. Each
     refusal of the server's messages is logged and passed to `refused`."""
     import paddle
@@ -480,7 +480,7 @@ class _DeviceLink:
     """A device's channel to the server: the typed messages it receives and the Sender Status they set (on after
     a GRANT, `stopped` after STOP)."""
 
-    def __init__(self, mb: Messenger, peer: Peer, spec: FedOptimaSpec, refused: Refused | None = None) -> None:
+    def __init__(self, mb: Messenger, peer: Peer, spec: FedOptimaSpec, refused: RefusalSink | None = None) -> None:
         self.mb, self.peer, self.spec, self.ch = mb, peer, spec, mb.channel(peer)
         self.refused = refused
         self.granted = self.stopped = False

@@ -16,11 +16,12 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
 from nebula.channel import ChannelError, Endpoint
+from nebula.federated._actor import RefusalSink
 from nebula.federated.aggregate import fedavg
 from nebula.federated.owl.config import OwlSpec
 from nebula.federated.owl.deploy import DeploySetting, deploy_setting_for
@@ -29,13 +30,12 @@ from nebula.federated.owl.model import OverlappedForward, model_branches
 from nebula.mean import check_model_update
 from nebula.messaging import Messenger, MessageFamily, Peer, ProtocolError, decode, pack_message, unpack_message
 
-__all__ = ["OwlTask", "OwlError", "OwlResult", "Refused", "serve_owl", "run_owl_worker", "CHANNEL"]
+__all__ = ["OwlTask", "OwlError", "OwlResult", "serve_owl", "run_owl_worker", "CHANNEL"]
 
 log = logging.getLogger(__name__)
 CHANNEL = "owl"
 # what an actor's caller does with each refusal besides its log line: refused(peer, field, value, expected), e.g.
 # an audit record (nebula.federated.actors); the runtime itself writes no file
-Refused = Callable[[str, str, Any, str], None]
 
 
 class OwlError(RuntimeError):
@@ -95,7 +95,7 @@ def _receive(mb: Messenger, peer: Peer, who, inbox: queue.Queue, stop: threading
 
 
 def _refuse(role: str, who, msg, field: str, value, expected: str,  # noqa: ANN001
-            refused: Refused | None = None) -> None:
+            refused: RefusalSink | None = None) -> None:
     """The one line a refused message gets: who sent it, the field, its value and what the receiver expected; then
     `refused` (the actor's audit record). The message is dropped, every other peer served as before."""
     name = "/".join(map(str, who)) if isinstance(who, tuple) else str(who)
@@ -114,7 +114,7 @@ def _model_refusal(arrays, like: dict, who, num_examples: int = 1) -> str | None
 
 
 def _decoded(who, head: dict | None, arrays, family, role: str, quiet: bool = False,  # noqa: ANN001,ANN202
-             refused: Refused | None = None):
+             refused: RefusalSink | None = None):
     """The typed message of a received header (None: a receive error, logged, or a malformed header, logged and
     passed to `refused` unless `quiet`)."""
     if head is None:
@@ -161,7 +161,7 @@ def _messenger(ep: Endpoint, inbox: MessageFamily) -> Messenger:
 
 # ---- the server ----
 def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec: OwlSpec,
-              should_stop: Callable[[], bool] | None = None, refused: Refused | None = None) -> OwlResult:
+              should_stop: Callable[[], bool] | None = None, refused: RefusalSink | None = None) -> OwlResult:
     """Run `spec.rounds` rounds of federated training with OWL (or server-only) distribution, fewer when
     `should_stop()` turns true between rounds; what was measured. Each refusal is logged and passed to `refused`."""
     import paddle
@@ -205,7 +205,7 @@ class _OwlServer:
     """The server's rounds: groups out as the deploy setting says (and on a PULL), updates in, their FedAvg."""
 
     def __init__(self, mb: Messenger, workers: list[tuple[str, int]], setting: DeploySetting, group_keys: list,
-                 spec: OwlSpec, res: OwlResult, refused: Refused | None = None) -> None:
+                 spec: OwlSpec, res: OwlResult, refused: RefusalSink | None = None) -> None:
         self.mb, self.workers, self.setting, self.spec, self.res = mb, workers, setting, spec, res
         self.refused = refused
         self.group_keys = group_keys  # the state-dict keys of each group's tensors
@@ -313,7 +313,7 @@ class _OwlServer:
 
 # ---- a worker ----
 def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: OwlSpec,
-                   refused: Refused | None = None) -> dict:
+                   refused: RefusalSink | None = None) -> dict:
     """One worker: receive groups (from the server or peers), forward them on, train overlapped, send updates; each
     refusal logged and passed to `refused`."""
     mb = _messenger(ep, TO_WORKER)
@@ -370,7 +370,7 @@ class _OwlWorker:
     cluster's first), and the wait for the next round's first message or STOP."""
 
     def __init__(self, mb: Messenger, srv, server: tuple[str, int], task: OwlTask, spec: OwlSpec,  # noqa: ANN001
-                 role: _WorkerRole, refused: Refused | None = None) -> None:
+                 role: _WorkerRole, refused: RefusalSink | None = None) -> None:
         import paddle
 
         self.mb, self.srv, self.spec, self.role, self.refused = mb, srv, spec, role, refused
