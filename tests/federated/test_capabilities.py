@@ -127,8 +127,8 @@ def test_with_differential_privacy_the_budget_the_draw_and_the_record_are_the_ac
         on = privacy_policy(job, trail)
         assert on.exhausted() is None and on.detail()["privacy"]["rounds"] == 0
         on.draw_rng = random.Random(1)
-        while on.sample([], 1) or on.sampled:  # a draw of nobody (none connected either)
-            pass
+        # drawn again until a draw of nobody (none connected either): Poisson at q = 1/population finds one soon
+        assert any(not on.sample([], 1) and not on.sampled for _ in range(1000)), "1000 Poisson draws, none empty"
         spent = on.spend()
         assert on.metrics(spent) == {"epsilon": spent["epsilon"], "delta": 1e-5} and spent["epsilon"] > 0
         assert on.detail(spent) == {"privacy": spent} and on.detail()["privacy"]["rounds"] == 1
