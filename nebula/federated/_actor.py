@@ -40,9 +40,11 @@ def check_terminated() -> None:
         raise Terminated("SIGTERM")
 
 
-# where a runtime reports a refusal: (peer, field, value, expected); FedOptima and OWL get one from
-# nebula.federated.actors, which audits it
-RefusalSink = Callable[[str, str, Any, str], None]
+# where a runtime reports a refusal: refused(peer, field, value, expected, message="") (message: the refused
+# message's type, when known); FedOptima and OWL get one from nebula.federated.actors, which audits it (counted:
+# RefusalTally). It returns False when the refusal's log line is to be left out (a repeat of the same (peer, message,
+# field) within the interval); None or True: log it
+RefusalSink = Callable[..., "bool | None"]
 
 
 class ActorAudit:
@@ -101,24 +103,36 @@ class _Count:
     count: int = 0
     reason: str = ""
     clients: list[str] = field(default_factory=list)
+    first: dict = field(default_factory=dict)  # the first counted refusal's own fields, written with the count
 
 
 class RefusalTally:
     """Refusals that a sender can repeat at will (late, uninvited or duplicate updates, hellos, messages of another
     run) are counted by (action, kind), not written one by one: `flush` writes one audit record per (action, kind)
     with the count, the first reason and the first few senders, and `take` gives the same as entries of a round's
-    rejected list. So 3000 late updates cost one record and one entry per round, not 3000."""
+    rejected list. So 3000 late updates cost one record and one entry per round, not 3000.
+
+    `by_sender` (OWL's and FedOptima's actors) counts by (action, kind, sender) instead: the caller audits the
+    `first` refusal of each at once, `add`s the repeats and `flush`es them when `due` (at most every `interval_s`,
+    and at the end); `loud` says which refusals get a log line (the first, then at most one per interval)."""
 
     KEEP = 8  # senders named per entry
 
-    def __init__(self) -> None:
-        self._audit: dict[tuple[str, str], _Count] = {}
-        self._trail: dict[tuple[str, str], _Count] = {}
+    def __init__(self, by_sender: bool = False, interval_s: float = 1.0) -> None:
+        self._audit: dict[tuple[str, ...], _Count] = {}
+        self._trail: dict[tuple[str, ...], _Count] = {}
+        self.by_sender, self.interval_s = by_sender, interval_s
+        self._seen: set[tuple[str, ...]] = set()  # (action, kind, sender) already refused once
+        self._logged: dict[tuple[str, ...], float] = {}  # (action, kind, sender) -> when its last log line went
+        self._flushed = time.monotonic()
 
-    def add(self, action: str, refusal: Refusal, who: str, trail: bool = True) -> None:
-        """Count one refusal of `who` (`trail`: also for the next round's rejected list)."""
+    def add(self, action: str, refusal: Refusal, who: str, trail: bool = True,
+            first: Mapping[str, Any] | None = None) -> None:
+        """Count one refusal of `who` (`trail`: also for the next round's rejected list; `first`: fields written
+        with the count, those of the first refusal counted)."""
+        key = (action, refusal.kind, who) if self.by_sender else (action, refusal.kind)
         for book in (self._audit, self._trail) if trail else (self._audit,):
-            c = book.setdefault((action, refusal.kind), _Count(reason=refusal.reason))
+            c = book.setdefault(key, _Count(reason=refusal.reason, first=dict(first or {})))
             c.count += 1
             if len(c.clients) < self.KEEP and who not in c.clients:
                 c.clients.append(who)
@@ -128,10 +142,33 @@ class RefusalTally:
 
     def flush(self, audit: "ActorAudit", **detail: Any) -> None:
         """One audit record per (action, kind) counted since the last flush."""
-        for (action, kind), c in self._audit.items():
-            audit.record(action, _name(c), "refused",
-                         {**detail, "kind": kind, "count": c.count, "clients": c.clients, "reason": c.reason})
+        for (action, kind, *_), c in self._audit.items():
+            audit.record(action, _name(c), "refused", {**detail, **c.first, "kind": kind, "count": c.count,
+                                                      "clients": c.clients, "reason": c.reason})
         self._audit = {}
+        self._flushed = time.monotonic()
+
+    def first(self, action: str, refusal: Refusal, who: str) -> bool:
+        """Whether this is `who`'s first refusal of (action, kind): the caller audits that one at once, on a record
+        of its own, and `add`s the repeats."""
+        key = (action, refusal.kind, who)
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+    def loud(self, action: str, refusal: Refusal, who: str) -> bool:
+        """Whether this refusal gets a log line: the first of each (action, kind, sender), then at most one per
+        `interval_s` (a peer repeating a bad message must not flood the log; every one is still counted)."""
+        key, now = (action, refusal.kind, who), time.monotonic()
+        if now - self._logged.get(key, float("-inf")) < self.interval_s:
+            return False
+        self._logged[key] = now
+        return True
+
+    def due(self) -> bool:
+        """Whether counted refusals wait and `interval_s` has passed since the last `flush`."""
+        return bool(self._audit) and time.monotonic() - self._flushed >= self.interval_s
 
     def take(self) -> list[dict]:
         """The counted refusals as rejected-list entries ({client, reason, count, clients}); the count restarts."""

@@ -9,22 +9,27 @@ between the two is an `ActorAlgorithm`: its server and its client (`FEDOPTIMA`, 
 
 Every actor keeps its own signed, hash-chained audit log (`nebula.federated._actor.ActorAudit`), where FEDn's
 actors keep theirs: the server's in `controller.dir`/controller, a client's in `controller.dir`/clients/CLUSTER-INDEX.
-It holds a start record (`fl.start`), one `fl.owl` / `fl.fedoptima` record per refused message (peer, field, value,
-expected: the runtimes report each refusal through a `refused` callable and know nothing of files) and an end record
-(`fl.stop`, also when the actor failed), then the closing checkpoint.
+It holds a start record (`fl.start`), an `fl.owl` / `fl.fedoptima` record for the first refusal of each (peer,
+message type, field) (peer, message, field, value, expected: the runtimes report each refusal through a `refused`
+callable and know nothing of files), its repeats counted (`RefusalTally`) and written as one record with their count
+at most once a second and at the end, and an end record (`fl.stop`: ok, failed, or stopped by SIGTERM), then the
+closing checkpoint.
+SIGTERM ends the actors cleanly while `run_actors` runs: the runtimes poll `check_terminated` while they wait.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import logging
+import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from nebula.federated._actor import ActorAudit
+from nebula.federated._actor import ActorAudit, RefusalTally, Terminated, stop_on_sigterm
 from nebula.federated.actor_channels import CONTROLLER_RANK, FIRST_CLIENT_RANK
+from nebula.federated.checks import Refusal
 from nebula.federated.config import FederatedJob
 from nebula.federated.runfiles import RunFiles
 from nebula.heap import keep_freed_memory
@@ -108,12 +113,24 @@ def _open_audit(job: FederatedJob, cluster: str, rank: int, algorithm: str) -> A
                          "can write") from None
 
 
-def _refusals(audit: ActorAudit, action: str) -> Callable[[str, str, Any, str], None]:
-    """The `refused(peer, field, value, expected)` a runtime calls: one `action` record, outcome refused."""
-    def refused(peer: str, field: str, value: Any, expected: str) -> None:
-        audit.record(action, str(peer)[:VALUE_CHARS], "refused",
-                     {"peer": str(peer)[:VALUE_CHARS], "field": str(field)[:VALUE_CHARS],
-                      "value": str(value)[:VALUE_CHARS], "expected": str(expected)[:2 * VALUE_CHARS]})
+def _refusals(audit: ActorAudit, action: str, tally: RefusalTally) -> Callable[..., bool]:
+    """The `refused(peer, field, value, expected, message="")` a runtime calls: the first of each (peer, message
+    type, field) one `action` record (outcome refused, count 1), the repeats counted in `tally` and flushed as one
+    record with their count when due; True when the refusal gets its log line (at most one per (peer, message, field)
+    and interval)."""
+    def refused(peer: str, field: str, value: Any, expected: str, message: str = "") -> bool:
+        d = {"peer": str(peer)[:VALUE_CHARS], "message": str(message)[:32], "field": str(field)[:VALUE_CHARS],
+             "value": str(value)[:VALUE_CHARS], "expected": str(expected)[:2 * VALUE_CHARS]}
+        kind = f"{d['message']}.{d['field']}" if d["message"] else d["field"]  # (types and fields: the code's own)
+        why = Refusal(kind, f"{d['field']}={d['value']}, expected {d['expected']}")
+        loud = tally.loud(action, why, d["peer"])
+        if tally.first(action, why, d["peer"]):
+            audit.record(action, d["peer"], "refused", {**d, "count": 1})
+        else:
+            tally.add(action, why, d["peer"], trail=False, first=d)
+        if tally.due():
+            tally.flush(audit)
+        return loud
     return refused
 
 
@@ -124,7 +141,12 @@ def load_task(job: FederatedJob) -> Any:
         factory = getattr(importlib.import_module(mod), name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"task {job.task!r} cannot be loaded ({exc}); name an importable 'module:factory'") from None
-    return factory(num_clients={c.id: c.num_clients for c in job.clusters}, seed=job.seed, **job.client.args)
+    task = factory(num_clients={c.id: c.num_clients for c in job.clusters}, seed=job.seed, **job.client.args)
+    batch = getattr(task, "batch", None)  # what bounds a peer's counts: examples per update, activation rows
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"task {job.task!r}: batch={batch!r}, expected a positive integer attribute `batch` (the "
+                         "most examples one of its batches holds); give the task's class a batch size")
+    return task
 
 
 def run_actors(job: FederatedJob, cluster: str, algorithm: ActorAlgorithm, role: str = "cluster", index: int = 0
@@ -157,6 +179,9 @@ def run_actors(job: FederatedJob, cluster: str, algorithm: ActorAlgorithm, role:
         status("running")
         try:
             res = algorithm.serve(ep, clients, task, job, stop, refused)
+        except Terminated:
+            status("stopped", ended="SIGTERM")
+            raise
         except Exception as exc:
             status("failed", error=repr(exc))
             raise
@@ -167,7 +192,8 @@ def run_actors(job: FederatedJob, cluster: str, algorithm: ActorAlgorithm, role:
         return res
 
     def actor(rank: int, audit: ActorAudit) -> None:
-        refused = _refusals(audit, f"fl.{algorithm.name}")
+        tally = RefusalTally(by_sender=True)
+        refused = _refusals(audit, f"fl.{algorithm.name}", tally)
         outcome, detail = "ok", {"algorithm": algorithm.name}
         try:
             audit.record("fl.start", job.job, "ok", detail)
@@ -177,12 +203,17 @@ def run_actors(job: FederatedJob, cluster: str, algorithm: ActorAlgorithm, role:
                 else:
                     results[f"{cluster}/{rank}"] = algorithm.client(ep, server, (cluster, rank), clients, task, job,
                                                                     refused)
+        except Terminated:  # SIGTERM: an end asked for, not a failure
+            log.warning("%s %s/%d stopped by SIGTERM", algorithm.name, cluster, rank)
+            results["server" if rank == CONTROLLER_RANK else f"{cluster}/{rank}"] = {"ended": "SIGTERM"}
+            outcome, detail = "stopped", {**detail, "ended": "SIGTERM"}
         except Exception as exc:  # reported with the results: one actor's failure must not hide the others'
             log.exception("%s %s/%d failed", algorithm.name, cluster, rank)
             errors.append(f"{cluster}/{rank}: {exc!r}")
             outcome, detail = "failed", {**detail, "error": repr(exc)[:2 * VALUE_CHARS]}
-        finally:  # the end record and the closing checkpoint, whatever ended the actor
+        finally:  # the counted refusals, the end record and the closing checkpoint, whatever ended the actor
             try:
+                tally.flush(audit)
                 audit.record("fl.stop", job.job, outcome, detail)
             finally:
                 audit.close()
@@ -202,10 +233,18 @@ def run_actors(job: FederatedJob, cluster: str, algorithm: ActorAlgorithm, role:
         raise
     threads = [threading.Thread(target=actor, args=(r, audits[r]), name=f"{algorithm.name}-{cluster}-{r}",
                                 daemon=True) for r in ranks]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    before = signal.getsignal(signal.SIGTERM)
+    # SIGTERM (`nebula fl start` stopped by its supervisor) ends the actors at their next poll, each with its end
+    # record and closing checkpoint; the handler before is back once they are done
+    hooked = stop_on_sigterm()
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        if hooked:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)
     if errors:
         results["errors"] = errors
     return results

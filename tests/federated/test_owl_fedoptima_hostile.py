@@ -2,7 +2,9 @@
 real TLS switch servers, the hostile member in this test process on the same job. Every bad field a peer controls
 (an index, a count, a round or version, the sender against the channel, tensors' keys and shapes, labels) is
 refused with one line naming the sender, the field, the value and what was expected, and audited in the receiving
-actor's signed audit log (which `nebula-admin audit verify` finds intact), and the honest ones finish every round."""
+actor's signed audit log (which `nebula-admin audit verify` finds intact), and the honest ones finish every round.
+A refusal the peer repeats is counted: its first on a record of its own, the repeats as records with their count,
+and its log line at most once per (peer, field) and interval."""
 from __future__ import annotations
 
 import json
@@ -63,6 +65,11 @@ def _has(refusals: list[dict], peer: str, field: str, value: str, expected: str)
                and r["expected"].startswith(expected) for r in refusals)
 
 
+def _counted(refusals: list[dict], peer: str, field: str, message: str = "update") -> list[int]:
+    """The counts of the records of `peer`'s refusals of `field` of a `message` type (the first's record counts 1)."""
+    return [r["count"] for r in refusals if r["peer"] == peer and r["field"] == field and r["message"] == message]
+
+
 def _poll(mb, chans: dict, deadline: float):  # noqa: ANN001
     """The next (peer, header, arrays) from any of `chans`, or None past `deadline`."""
     while time.monotonic() < deadline:
@@ -99,8 +106,10 @@ def _owl_attack(mb, rnd: int, model: dict) -> None:  # noqa: ANN001
     mb.send_model(peer, ModelGroup(round=rnd, group=7), model, inline=True)
     _say(mb, peer, pack_message(Stop()))
     mb.send_model(peer, OwlUpdate(round=rnd, num_examples=32), model, inline=True)
-    # its combiner: an update claiming five workers, one with tensors of another model, then its real update
+    # its combiner: an update claiming five workers, one claiming more examples than local_steps x batch (2 x 32),
+    # one with tensors of another model, then its real update
     mb.send_model(combiner, OwlUpdate(round=rnd, num_examples=32, num_updates=5), model, inline=True)
+    mb.send_model(combiner, OwlUpdate(round=rnd, num_examples=10**6), model, inline=True)
     mb.send_model(combiner, OwlUpdate(round=rnd, num_examples=32), junk, inline=True)
     mb.send_model(combiner, OwlUpdate(round=rnd, num_examples=32), model, inline=True)
 
@@ -152,6 +161,7 @@ def test_owl_refuses_and_audits_every_bad_field_of_a_hostile_worker_and_the_othe
                  "update from B/4 refused: sender=B/4, expected a worker of its cluster []"):
         assert line in o_log, (line, o_log)
     for line in ("update from B/4 refused: num_updates=5, expected one update of its own per round",
+                 "update from B/4 refused: num_examples=1000000, expected 1..64 (local_steps x the task's batch)",
                  "update from B/4 refused: model=B/4: keys differ from the global model's"):
         assert line in c_log, (line, c_log)
     # and each refusal is a record of the refusing actor's audit log, whose chain and checkpoints verify
@@ -167,13 +177,23 @@ def test_owl_refuses_and_audits_every_bad_field_of_a_hostile_worker_and_the_othe
         assert _has(audited, "B/4", field, value, expected), (field, audited)
     audited = _audited(fl / "clients" / "B-0" / "audit.log", "fl.owl")  # B/2, its cluster's combiner
     assert _has(audited, "B/4", "num_updates", "5", "one update of its own")
+    assert _has(audited, "B/4", "num_examples", "1000000", "1..64 (local_steps x the task's batch)")
     assert _has(audited, "B/4", "model", "B/4: keys differ", "this model's tensors")
     assert all(r["peer"] == "B/4" for r in audited)  # the honest ones' messages: none refused
+    # a refusal repeated round after round (the combiner takes all of B/4's messages of a round before its own
+    # update): its first on a record of its own, the repeats counted; the counts sum to the rounds
+    for field in ("num_updates", "num_examples", "model"):
+        counts = _counted(audited, "B/4", field)
+        assert counts[0] == 1 and sum(counts) == rounds, (field, counts)
 
 
 # ---- FedOptima ----
+REPEATS = 20  # malformed hellos the hostile device sends in a burst
+
+
 def _fedoptima_hostile(worker_file, max_s: float) -> dict:  # noqa: ANN001
-    """Device B/4 of the FedOptima job: joins honestly, then sends each kind of bad field; what it saw."""
+    """Device B/4 of the FedOptima job: joins honestly, then sends each kind of bad field (a malformed hello
+    REPEATS times); what it saw."""
     from nebula.channel import Endpoint
     from nebula.federated.fedoptima.messages import (TO_DEVICE, Activations, DeviceBye, DeviceHello, DeviceModel,
                                                     Init, SendSlot, Stop)
@@ -197,7 +217,9 @@ def _fedoptima_hostile(worker_file, max_s: float) -> dict:  # noqa: ANN001
             if isinstance(msg, Init):
                 seen["init"] += 1
                 model = arrays
-                ch.send(pack({"type": "hello", "flops_per_s": -1.0, "bandwidth_bytes_per_s": 1.0}), lane="control")
+                for _ in range(REPEATS):
+                    ch.send(pack({"type": "hello", "flops_per_s": -1.0, "bandwidth_bytes_per_s": 1.0}),
+                            lane="control")
                 # a model from a version never issued, one with another model's tensors, then its own
                 mb.send_model(server, DeviceModel(version=999), model, inline=True)
                 mb.send_model(server, DeviceModel(version=0), {"d.x": np.zeros(2, np.float32)}, inline=True)
@@ -205,9 +227,10 @@ def _fedoptima_hostile(worker_file, max_s: float) -> dict:  # noqa: ANN001
             elif isinstance(msg, SendSlot):
                 seen["grants"] += 1
                 bad = [{"h": np.zeros((4, 3), np.float32), "y": np.zeros(4, np.int64)},  # not the split's width
-                       {"h": np.zeros((4, 32), np.float32), "y": np.full(4, 99, np.int64)}]  # label 99 of 4
-                h = bad[seen["attacks"] % 2]
-                if seen["attacks"] < 4:  # (a refused batch frees its slot: a new grant comes; after 4, silence)
+                       {"h": np.zeros((4, 32), np.float32), "y": np.full(4, 99, np.int64)},  # label 99 of 4
+                       {"h": np.zeros((33, 32), np.float32), "y": np.zeros(33, np.int64)}]  # more rows than batch
+                h = bad[seen["attacks"] % 3]
+                if seen["attacks"] < 6:  # (a refused batch frees its slot: a new grant comes; after 6, silence)
                     ch.send(pack_message(Activations(), h), lane="activation")
                     seen["attacks"] += 1
         ep.flush(timeout_s=10)
@@ -224,7 +247,7 @@ def test_fedoptima_refuses_and_audits_every_bad_field_of_a_hostile_device_and_th
     for d in honest:
         stats, _ = _result(d, 60)
         assert stats["iterations"] >= 4 and stats["rounds"] >= 1
-    assert seen["init"] == 1 and seen["stop"] == 1 and seen["attacks"] >= 2  # a refused batch freed its slot
+    assert seen["init"] == 1 and seen["stop"] == 1 and seen["attacks"] >= 3  # a refused batch freed its slot
     # the run ended on its rounds with the honest devices' activations (none of the hostile one's trained on)
     assert res["ended"] == "6 rounds" and res["used"]["B/2"] > 0 and res["used"]["B/3"] > 0
     assert res["used"].get("B/4", 0) == 0 and set(res["devices"]) == {"B/2", "B/3", "B/4"}
@@ -233,6 +256,7 @@ def test_fedoptima_refuses_and_audits_every_bad_field_of_a_hostile_device_and_th
                  "'model' from ('B', 4) refused: ('B', 4): keys differ from the global model's",
                  "'act' from ('B', 4) refused: h=float32[4, 3], expected float32[batch, 32]",
                  "'act' from ('B', 4) refused: y holds label 99, expected 0..3",
+                 "'act' from ('B', 4) refused: rows=33, expected 1..32 (the task's batch)",
                  "'bye' from ('B', 4) refused: bye: stats 'idle_s'=lots is not a short name with a finite"):
         assert line in log, (line, log)
     # and each refusal is a record of the server's audit log, whose chain and checkpoints verify; the honest
@@ -241,10 +265,16 @@ def test_fedoptima_refuses_and_audits_every_bad_field_of_a_hostile_device_and_th
     audited = _audited(fl / "controller" / "audit.log", "fl.fedoptima")
     for field, value, expected in (("version", "999", "<= "), ("model", "('B', 4): keys differ", ""),
                                    ("h", "float32[4, 3]", "float32[batch, 32]"), ("act", "y holds label 99", "0..3"),
+                                   ("rows", "33", "1..32 (the task's batch)"),
                                    ("message", "hello: flops_per_s=-1.0", "a well-formed message"),
                                    ("message", "bye: stats 'idle_s'=lots", "a well-formed message")):
         assert _has(audited, "B/4", field, value, expected), (field, audited)
     assert all(r["peer"] == "B/4" for r in audited)
+    # the same bad hello REPEATS times: its first record, then the repeats counted, at most one record a second;
+    # the counts sum to REPEATS, and its log line is not repeated REPEATS times
+    counts = _counted(audited, "B/4", "message", "hello")
+    assert counts[0] == 1 and sum(counts) == REPEATS and len(counts) < REPEATS and max(counts) > 1, counts
+    assert log.count("'hello' from ('B', 4) refused") < REPEATS // 2, log
     for i in (0, 1):
         assert _audited(fl / "clients" / f"B-{i}" / "audit.log", "fl.fedoptima") == []
 
@@ -320,15 +350,16 @@ def test_fedoptima_server_takes_one_waiting_model_per_device_and_byes_only_from_
     s = TaskScheduler(devices=["d0", "d1"], omega=2)
     model = {"d.w": np.ones(2, np.float32), "a.w": np.ones(1, np.float32)}
     refused: list = []  # what the actor's audit gets: (peer, field, value, expected)
-    _on_message(s, None, {}, "d0", {"type": "model", "version": 0}, model, refused=lambda *r: refused.append(r))
+    _on_message(s, None, {}, "d0", {"type": "model", "version": 0}, model,
+                refused=lambda *r, **_: refused.append(r))
     _on_message(s, None, {}, "d0", {"type": "model", "version": 0}, model,  # the first still waits: refused
-                refused=lambda *r: refused.append(r))
+                refused=lambda *r, **_: refused.append(r))
     assert len(s.model_queue) == 1 and "version=0, expected no model while its previous one waits" in caplog.text
     assert refused == [("d0", "version", "0", "no model while its previous one waits (one per global model "
                                               "received)")]
     _on_message(s, None, {}, "d1", {"type": "model", "version": 0}, model)  # another device's: taken
     assert len(s.model_queue) == 2
     _on_message(s, None, {}, "d9", {"type": "bye", "stats": {}}, {},  # not a device of the run
-                refused=lambda *r: refused.append(r))
+                refused=lambda *r, **_: refused.append(r))
     assert "sender=d9, expected a device that joined" in caplog.text
     assert refused[1] == ("d9", "sender", "d9", "a device that joined (['d0', 'd1'])")

@@ -11,6 +11,8 @@ an error); a grant unanswered for `grant_timeout_s` is withdrawn and that device
 heard from again (a device that died holds no slot of ω); the server ends the run when no device sent
 anything for `idle_timeout_s`; a device that gets no global model within `global_timeout_s` trains on with its
 own; after STOP the server waits at most `join_timeout_s` for BYEs and reports the devices that sent none.
+A batch of activations holds at most the task's `batch` rows (what the server knows of the devices' batches). Every
+wait polls `check_terminated` (SIGTERM ends the actor with its audit record).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from typing import Any, Callable, Iterator, Protocol
 import numpy as np
 
 from nebula.channel import ChannelError, Endpoint
-from nebula.federated._actor import RefusalSink
+from nebula.federated._actor import RefusalSink, check_terminated
 from nebula.federated.fedoptima.auxiliary import default_auxiliary
 from nebula.federated.fedoptima.config import FedOptimaSpec
 from nebula.federated.fedoptima.engine import (AsyncAggregator, DeviceTrainer, ServerTrainer, accuracy, load_state,
@@ -51,11 +53,14 @@ def _name(who: Any) -> str:
     return "/".join(map(str, who)) if isinstance(who, tuple) else str(who)
 
 
-def _report(refused: RefusalSink | None, who: Any, why: Any, field: str, expected: str = "") -> None:
-    """Pass a refusal whose reason reads "name=value, expected ..." to `refused` as (peer, name, value, expected);
-    any other reason as (peer, `field`, the reason, `expected` or what follows its ", expected ")."""
+def _report(refused: RefusalSink | None, who: Any, why: Any, field: str, expected: str = "", message: str = ""
+            ) -> bool:
+    """Pass a refusal of a `message` (its type) whose reason reads "name=value, expected ..." to `refused` as (peer,
+    name, value, expected); any other reason as (peer, `field`, the reason, `expected` or what follows its
+    ", expected "). Whether the refusal gets its log line (False: `refused` counts it as a repeat within its
+    interval)."""
     if refused is None:
-        return
+        return True
     text = str(why)
     m = _FIELD.fullmatch(text)
     if m is not None:
@@ -63,7 +68,7 @@ def _report(refused: RefusalSink | None, who: Any, why: Any, field: str, expecte
     else:
         value, _, rest = text.partition(", expected ")
         expected = expected or rest
-    refused(_name(who), field, value, expected)
+    return refused(_name(who), field, value, expected, message=message) is not False
 
 
 class FedOptimaError(RuntimeError):
@@ -71,9 +76,11 @@ class FedOptimaError(RuntimeError):
 
 
 class Task(Protocol):
-    """What a FedOptima run trains: a sequential model, local data per device, held-out data."""
+    """What a FedOptima run trains: a sequential model, local data per device (batches of at most `batch`
+    examples), held-out data."""
 
     num_classes: int
+    batch: int
 
     def layers(self) -> list: ...  # a fresh model as a list of Paddle layers (same seed on every rank)
 
@@ -115,6 +122,7 @@ class _Expect:
     act_dtype: str
     num_classes: int
     agg: AsyncAggregator
+    max_rows: int = 1 << 30  # a batch's rows: the task's batch (a device sends one batch's activations at a time)
 
     def activations_refusal(self, arrays: dict) -> str | None:
         """Why a batch of activations is not one the server can train on (None: it is)."""
@@ -124,6 +132,8 @@ class _Expect:
         if str(h.dtype) != self.act_dtype or h.ndim < 1 or h.shape[1:] != self.act_shape or not len(h):
             return (f"h={h.dtype}{list(h.shape)[:8]}, expected {self.act_dtype}[batch, "
                     f"{', '.join(map(str, self.act_shape))}] (the device network's output at the split)")
+        if len(h) > self.max_rows:
+            return f"rows={len(h)}, expected 1..{self.max_rows} (the task's batch)"
         if y.shape != h.shape[:1] or not np.issubdtype(y.dtype, np.integer):
             return f"y={y.dtype}{list(y.shape)[:8]}, expected integer labels [{len(h)}] (one per activation row)"
         if y.min() < 0 or y.max() >= self.num_classes:
@@ -201,7 +211,7 @@ def _serve(res: ServerResult, mb: Messenger, chans: dict, inbox: queue.Queue, ta
     sched = TaskScheduler(devices=active, omega=spec.omega, grant_timeout_s=spec.grant_timeout_s)
     with paddle.no_grad():
         h = dev_net(sample).numpy()
-    expect = _Expect(tuple(h.shape[1:]), str(h.dtype), task.num_classes, agg)
+    expect = _Expect(tuple(h.shape[1:]), str(h.dtype), task.num_classes, agg, max_rows=int(task.batch))
     server = _Server(res, mb, chans, inbox, spec, active, agg, trainer, sched, expect, refused)
     for d in active:
         mb.send_model(Peer(*d), Init(split=res.split, version=0), _models(agg.device, agg.aux), lane="bulk",
@@ -241,6 +251,7 @@ class _Server:
         res, sched = self.res, self.sched
         self.t0 = self.last_heard = time.monotonic()
         while True:
+            check_terminated()
             self._drain()
             while sched.expired:  # a grant went unanswered: no more grants until the device is heard from
                 self.silent.add(sched.expired.pop())
@@ -319,8 +330,8 @@ class _Server:
             try:
                 res.aggregations += int(agg.apply(dstate, astate, m.version, who=str(m.origin)))
             except ValueError as exc:
-                log.warning("fedoptima server: model from %s rejected: %s", m.origin, exc)
-                _report(self.refused, m.origin, exc, "model", "a model the aggregator takes")
+                if _report(self.refused, m.origin, exc, "model", "a model the aggregator takes", "model"):
+                    log.warning("fedoptima server: model from %s rejected: %s", m.origin, exc)
             self.mb.send_model(Peer(*m.origin), AggregatedModel(version=agg.version), _models(agg.device, agg.aux),
                                lane="bulk", inline=True)
             res.rounds = res.aggregations // len(self.active)  # a round is K aggregations (Algorithm 4, line 21)
@@ -334,10 +345,11 @@ def _gather(inbox: queue.Queue, kind: type, into: dict, count: int, timeout_s: f
     header logged)."""
     deadline = time.monotonic() + timeout_s
     while len(into) < count and time.monotonic() < deadline:
+        check_terminated()
         try:
-            who, head, _ = inbox.get(timeout=max(0.01, deadline - time.monotonic()))
+            who, head, _ = inbox.get(timeout=max(0.01, min(0.5, deadline - time.monotonic())))
         except queue.Empty:
-            break
+            continue
         msg = _decoded(who, head, refused)
         if isinstance(msg, kind) and (from_ is None or who in from_):
             into[who] = msg
@@ -378,8 +390,10 @@ def _decoded(who: Any, head: dict | None, refused: RefusalSink | None = None) ->
     try:
         return decode(head, TO_SERVER)
     except ProtocolError as exc:
-        log.warning("fedoptima server: message %r from %s refused: %s", str(head.get("type"))[:32], who, exc)
-        _report(refused, who, exc, "message", f"a well-formed message of {TO_SERVER.name}")
+        # (counted by the type when it is one of the family's: a bounded set, a peer cannot mint new keys)
+        kind = exc.type if exc.type in TO_SERVER.types else ""
+        if _report(refused, who, exc, "message", f"a well-formed message of {TO_SERVER.name}", kind):
+            log.warning("fedoptima server: message %r from %s refused: %s", str(head.get("type"))[:32], who, exc)
         return None
 
 
@@ -432,8 +446,8 @@ def _on_message(sched: TaskScheduler, res: ServerResult, byes: dict, who: Any, h
     try:
         handler(sched, byes, who, msg, arrays, expect)
     except (SchedulerError, KeyError, ValueError, TypeError) as exc:
-        log.warning("fedoptima server: message %r from %s refused: %s", msg.TYPE, who, exc)
-        _report(refused, who, exc, msg.TYPE)
+        if _report(refused, who, exc, msg.TYPE, message=msg.TYPE):
+            log.warning("fedoptima server: message %r from %s refused: %s", msg.TYPE, who, exc)
 
 
 def run_device(ep: Endpoint, server: tuple[str, int], index: int, num_devices: int, task: Task,
@@ -490,27 +504,33 @@ class _DeviceLink:
         spec = self.spec
         self.ch.send(pack_message(DeviceHello(flops_per_s=info.flops_per_s,
                                               bandwidth_bytes_per_s=info.bandwidth_bytes_per_s)), lane="control")
-        try:
-            init, arrays = _typed(self.mb, self.peer, self.ch.recv_parts(timeout_s=spec.join_timeout_s * 2),
-                                  TO_DEVICE, spec.join_timeout_s)
-        except TimeoutError:
-            raise FedOptimaError(f"the server sent no INIT within {spec.join_timeout_s * 2} s; is it running "
-                                 f"as {server[0]}/{server[1]} of this job?") from None
+        deadline = time.monotonic() + spec.join_timeout_s * 2
+        while True:  # (in half-second waits: SIGTERM is polled meanwhile)
+            check_terminated()
+            try:
+                parts = self.ch.recv_parts(timeout_s=max(0.01, min(0.5, deadline - time.monotonic())))
+                break
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise FedOptimaError(f"the server sent no INIT within {spec.join_timeout_s * 2} s; is it "
+                                         f"running as {server[0]}/{server[1]} of this job?") from None
+        init, arrays = _typed(self.mb, self.peer, parts, TO_DEVICE, spec.join_timeout_s)
         if not isinstance(init, Init):
             raise FedOptimaError(f"expected INIT from the server, got {init.TYPE!r}")
         return init, arrays
 
     def poll(self, timeout_s: float) -> tuple[Any, dict] | None:
         """The next message within `timeout_s` (None: none, or one refused and logged); a GRANT or STOP noted."""
+        check_terminated()
         try:
             m, a = _typed(self.mb, self.peer, self.ch.recv_parts(timeout_s=timeout_s), TO_DEVICE,
                           self.spec.global_timeout_s)
         except TimeoutError:
             return None
         except ProtocolError as exc:
-            log.warning("fedoptima device: %s; ignored", exc)
-            _report(self.refused, self.peer, exc, "message",
-                    f"a well-formed message of {TO_DEVICE.name}")
+            kind = exc.type if exc.type in TO_DEVICE.types else ""
+            if _report(self.refused, self.peer, exc, "message", f"a well-formed message of {TO_DEVICE.name}", kind):
+                log.warning("fedoptima device: %s; ignored", exc)
             return None
         if isinstance(m, SendSlot):
             self.granted = True
@@ -572,16 +592,11 @@ def _exchange_models(link: _DeviceLink, trainer: DeviceTrainer, version: int, st
     if got is None:
         return version
     if got[0].version < version:
-        log.warning("fedoptima device: global from the server refused: version=%d, expected >= %d (the version "
-                    "it trained from); training on with its own", got[0].version, version)
-        _report(link.refused, link.peer, f"version={got[0].version}, expected >= {version} (the version it "
-                "trained from)", "version")
-        return version
-    why = _global_refusal(got[1], trainer)
-    if why is not None:
+        why = f"version={got[0].version}, expected >= {version} (the version it trained from)"
+    elif (why := _global_refusal(got[1], trainer)) is None:
+        trainer.load(*_split_models(got[1]))
+        stats["rounds"] += 1
+        return got[0].version
+    if _report(link.refused, link.peer, why, "model", "the device's models' tensors", "global"):
         log.warning("fedoptima device: global from the server refused: %s; training on with its own", why)
-        _report(link.refused, link.peer, why, "model", "the device's models' tensors")
-        return version
-    trainer.load(*_split_models(got[1]))
-    stats["rounds"] += 1
-    return got[0].version
+    return version

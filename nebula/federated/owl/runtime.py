@@ -6,7 +6,8 @@ Channel `owl` between every pair of actors. Server -> worker: PLAN (control) onc
 group's tensors (bulk), STOP. Worker -> worker: GROUP, as the deploy setting says. Worker -> server: UPDATE
 {round, num_examples} + its model (bulk); PULL {round, groups} when a peer has not forwarded a group within
 `peer_timeout_s` (the fallback: the server sends it itself). The server leaves out updates later than
-`round_timeout_s`; a round with none is an error.
+`round_timeout_s`; a round with none is an error. An update's `num_examples` is bounded by what the server knows:
+`local_steps` x the task's `batch` for each worker it stands for. Every wait polls `check_terminated` (SIGTERM).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Callable, Iterator, Protocol
 import numpy as np
 
 from nebula.channel import ChannelError, Endpoint
-from nebula.federated._actor import RefusalSink
+from nebula.federated._actor import RefusalSink, check_terminated
 from nebula.federated.aggregate import fedavg
 from nebula.federated.owl.config import OwlSpec
 from nebula.federated.owl.deploy import DeploySetting, deploy_setting_for
@@ -43,7 +44,10 @@ class OwlError(RuntimeError):
 
 
 class OwlTask(Protocol):
-    """What an OWL run trains: an nn.Sequential with Parallel blocks, local data per worker, held-out data."""
+    """What an OWL run trains: an nn.Sequential with Parallel blocks, local data per worker (batches of at most
+    `batch` examples), held-out data."""
+
+    batch: int
 
     def model(self): ...
 
@@ -96,12 +100,35 @@ def _receive(mb: Messenger, peer: Peer, who, inbox: queue.Queue, stop: threading
 
 def _refuse(role: str, who, msg, field: str, value, expected: str,  # noqa: ANN001
             refused: RefusalSink | None = None) -> None:
-    """The one line a refused message gets: who sent it, the field, its value and what the receiver expected; then
-    `refused` (the actor's audit record). The message is dropped, every other peer served as before."""
+    """`refused` (the actor's audit, counted), then the one line a refused message gets unless `refused` says it is
+    a repeat within its interval: who sent it, the field, its value and what the receiver expected. The message is
+    dropped, every other peer served as before."""
     name = "/".join(map(str, who)) if isinstance(who, tuple) else str(who)
-    log.warning("%s: %s from %s refused: %s=%s, expected %s", role, msg.TYPE, name, field, str(value)[:160], expected)
-    if refused is not None:
-        refused(name, field, value, expected)
+    if refused is None or refused(name, field, value, expected, message=msg.TYPE) is not False:
+        log.warning("%s: %s from %s refused: %s=%s, expected %s", role, msg.TYPE, name, field, str(value)[:160],
+                    expected)
+
+
+def _get(inbox: queue.Queue, timeout_s: float):  # noqa: ANN202
+    """The next item of `inbox` within `timeout_s` (queue.Empty if none), polling `check_terminated` (SIGTERM)
+    at least every half second meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        check_terminated()
+        try:
+            return inbox.get(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+        except queue.Empty:
+            if time.monotonic() >= deadline:
+                raise
+
+
+def _batch_of(task: OwlTask, num_workers: int) -> int:
+    """The most examples one of a worker's batches holds: the task's `batch`, or (a task that does not say) the
+    size of the first batch its data gives worker 0."""
+    batch = getattr(task, "batch", None)
+    if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0:
+        return batch
+    return len(next(iter(task.batches(0, num_workers)))[1])
 
 
 def _model_refusal(arrays, like: dict, who, num_examples: int = 1) -> str | None:  # noqa: ANN001
@@ -124,11 +151,14 @@ def _decoded(who, head: dict | None, arrays, family, role: str, quiet: bool = Fa
     try:
         return decode(head, family)
     except ProtocolError as exc:
-        if not quiet:
+        if quiet:
+            return None
+        name = "/".join(map(str, who)) if isinstance(who, tuple) else str(who)
+        # counted by the type when it is one of the family's (a bounded set: a peer cannot mint new keys)
+        kind = exc.type if exc.type in family.types else ""
+        if refused is None or refused(name, "message", exc, f"a well-formed message of {family.name}",
+                                      message=kind) is not False:
             log.warning("%s: message from %s refused: %s", role, who, exc)
-            if refused is not None:
-                refused("/".join(map(str, who)) if isinstance(who, tuple) else str(who), "message", exc,
-                        f"a well-formed message of {family.name}")
         return None
 
 
@@ -176,13 +206,15 @@ def serve_owl(ep: Endpoint, workers: list[tuple[str, int]], task: OwlTask, spec:
                     group_bytes=[sum(sizes[b] for b in g) for g in setting.groups])
     x_test, y_test = task.test_data()
     res.initial_accuracy = _accuracy(model, x_test, y_test)
-    server = _OwlServer(_messenger(ep, TO_SERVER), workers, setting, group_keys, spec, res, refused)
+    server = _OwlServer(_messenger(ep, TO_SERVER), workers, setting, group_keys, spec, res, refused,
+                        max_examples=spec.local_steps * _batch_of(task, len(workers)))
     with _receivers(server.mb, server.addr, server.inbox, spec.round_timeout_s):
         plan = _deploy_plan(workers, setting, spec)
         for ch in server.chans.values():
             ch.send(pack_message(plan), lane="control")
         weights = {k: v.numpy().copy() for k, v in model.state_dict().items()}
         for rnd in range(spec.rounds):
+            check_terminated()
             if rnd and should_stop is not None and should_stop():
                 break
             weights = server.round(rnd, weights)
@@ -205,9 +237,10 @@ class _OwlServer:
     """The server's rounds: groups out as the deploy setting says (and on a PULL), updates in, their FedAvg."""
 
     def __init__(self, mb: Messenger, workers: list[tuple[str, int]], setting: DeploySetting, group_keys: list,
-                 spec: OwlSpec, res: OwlResult, refused: RefusalSink | None = None) -> None:
+                 spec: OwlSpec, res: OwlResult, refused: RefusalSink | None = None, *, max_examples: int) -> None:
         self.mb, self.workers, self.setting, self.spec, self.res = mb, workers, setting, spec, res
         self.refused = refused
+        self.max_examples = max_examples  # one worker's examples in a round: local_steps x the task's batch
         self.group_keys = group_keys  # the state-dict keys of each group's tensors
         self.addr = {w: Peer(*w) for w in workers}
         self.chans = {w: mb.channel(p) for w, p in self.addr.items()}
@@ -257,7 +290,7 @@ class _OwlServer:
         egress = 0
         while len(updates) < len(self.senders) and time.monotonic() < deadline:
             try:
-                who, head, arrays = self.inbox.get(timeout=max(0.01, deadline - time.monotonic()))
+                who, head, arrays = _get(self.inbox, max(0.01, deadline - time.monotonic()))
             except queue.Empty:
                 break
             msg = _decoded(who, head, arrays, TO_SERVER, "owl server", refused=self.refused)
@@ -287,6 +320,9 @@ class _OwlServer:
                     f"1..{self.stands_for[who]} (the workers it combines)")
         elif who in updates:
             self._no(who, msg, "round", msg.round, "one update per sender and round")
+        elif msg.num_examples > (most := msg.num_updates * self.max_examples):
+            self._no(who, msg, "num_examples", msg.num_examples,
+                     f"1..{most} (local_steps x the task's batch for each of its {msg.num_updates} updates)")
         elif (why := _model_refusal(arrays, weights, f"{who[0]}/{who[1]}", msg.num_examples)) is not None:
             self._no(who, msg, "model", why, "the global model's tensors")
         else:
@@ -318,10 +354,17 @@ def run_owl_worker(ep: Endpoint, server: tuple[str, int], task: OwlTask, spec: O
     refusal logged and passed to `refused`."""
     mb = _messenger(ep, TO_WORKER)
     srv = mb.channel(Peer(*server))
-    try:
-        plan, _ = unpack_message(srv.recv_parts(timeout_s=spec.round_timeout_s), TO_WORKER, "server")
-    except TimeoutError:
-        raise OwlError(f"no plan from the server {server[0]}/{server[1]} within {spec.round_timeout_s} s") from None
+    deadline = time.monotonic() + spec.round_timeout_s
+    while True:  # (in half-second waits: SIGTERM is polled meanwhile)
+        check_terminated()
+        try:
+            parts = srv.recv_parts(timeout_s=max(0.01, min(0.5, deadline - time.monotonic())))
+            break
+        except TimeoutError:
+            if time.monotonic() >= deadline:
+                raise OwlError(f"no plan from the server {server[0]}/{server[1]} within {spec.round_timeout_s} s"
+                               ) from None
+    plan, _ = unpack_message(parts, TO_WORKER, "server")
     if not isinstance(plan, DeployPlan):
         raise OwlError(f"expected the plan from the server, got {plan.TYPE!r}")
     try:
@@ -389,6 +432,7 @@ class _OwlWorker:
         self.addr = {"server": Peer(*server), **{i: Peer(c, r) for i, (c, r) in enumerate(role.peers) if i != role.me}}
         self.inbox: queue.Queue = queue.Queue()
         self.data = task.batches(role.me, len(role.peers))
+        self.max_examples = spec.local_steps * _batch_of(task, len(role.peers))  # what a member's update may claim
         self.stats = {"rounds": 0, "dist_s": [], "order": [], "pulled": 0, "forwarded_bytes": 0}
         self.rnd, self.stopped, self.early = 0, False, []
         self._new_round()
@@ -442,6 +486,9 @@ class _OwlWorker:
                 self._no(who, msg, "round", msg.round, f"{self.rnd} (the round in progress)")
         elif msg.num_updates != 1 or who in self.peer_updates:
             self._no(who, msg, "num_updates", msg.num_updates, "one update of its own per round")
+        elif msg.num_examples > self.max_examples:
+            self._no(who, msg, "num_examples", msg.num_examples,
+                     f"1..{self.max_examples} (local_steps x the task's batch)")
         elif (why := _model_refusal(arrays, self.like, self._peer(who), msg.num_examples)) is not None:
             self._no(who, msg, "model", why, "this model's tensors")
         else:
@@ -489,7 +536,7 @@ class _OwlWorker:
         if self.stopped:
             raise OwlError("stopped")
         try:
-            self.handle(*self.inbox.get(timeout=self.spec.peer_timeout_s))
+            self.handle(*_get(self.inbox, self.spec.peer_timeout_s))
         except queue.Empty:  # a peer is late: pull what is missing from the server (the fallback)
             missing = [g for g, members in enumerate(self.role.groups) if not set(members) <= self.arrived]
             self.srv.send(pack_message(GroupPull(round=self.rnd, groups=tuple(missing))), lane="control")
@@ -546,7 +593,7 @@ class _OwlWorker:
         deadline = time.monotonic() + self.spec.round_timeout_s
         while len(self.peer_updates) < len(self.role.members) and not self.stopped and time.monotonic() < deadline:
             try:
-                self.handle(*self.inbox.get(timeout=max(0.01, deadline - time.monotonic())))
+                self.handle(*_get(self.inbox, max(0.01, deadline - time.monotonic())))
             except queue.Empty:
                 break
         got = [(state, n)] + [self.peer_updates[w] for w in sorted(self.peer_updates)]
@@ -556,7 +603,7 @@ class _OwlWorker:
     def _await_next_round(self) -> None:
         """The next round's first message (kept for that round), or STOP."""
         try:
-            item = self.inbox.get(timeout=self.spec.round_timeout_s)
+            item = _get(self.inbox, self.spec.round_timeout_s)
         except queue.Empty:
             raise OwlError(f"worker {self.role.me}: nothing from the server or peers within "
                            f"round_timeout_s={self.spec.round_timeout_s}") from None
