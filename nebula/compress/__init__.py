@@ -36,6 +36,9 @@ Better codecs
                             sample ids[i] as inner(x - m) against the cached m both ends hold, or first(x) when
                             absent; each end keeps a cache of cache_mb MiB (LRU) updated with what the receiver
                             decodes; the receiver decodes with its own instance; a desync is refused (DesyncError).
+  huffman(inner)            lossless: the inner encoding's integer codes Huffman-coded (zlib deflate, Huffman only),
+                            a part that would not shrink sent as it was; outermost (inside ef at most), e.g.
+                            ef(huffman(fp4(block=64))); int4 codes shrink 12-28%, FP4's 1-14% (normal to heavy-tailed data).
   ef(inner)                 error feedback: sends inner(x + e), keeps e = (x + e) - decoded per tensor shape, so the
                             sum of decoded tensors tracks the sum of inputs (use for lossy gradient codecs).
   auto(budget[, cand, ...], mbit=100, every=500)
@@ -61,7 +64,7 @@ A codec whose encoding at some shape is larger than the raw tensor (``svd(r)`` o
 nested codec larger than its outer codec alone (``fp16(svd(0.6))`` vs ``fp16``), logs one warning per shape on the
 ``nebula.compress`` logger naming a smaller alternative; ``auto`` never picks such a candidate.
 """
-from . import cast, delta, feedback, integer, lowbit, lowrank, sparse  # noqa: F401  (register codecs)
+from . import cast, delta, entropy, feedback, integer, lowbit, lowrank, sparse  # noqa: F401  (register codecs)
 from .auto import AutoCodec, Measurement
 from .backend import codec_path
 from .base import (Codec, CodecError, Encoded, NonFiniteError, SpecError, decode_encoded, get_codec, known_codecs,

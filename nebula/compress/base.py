@@ -72,6 +72,7 @@ class Codec(ABC):
 
     name: ClassVar[str]
     lossy: ClassVar[bool] = True
+    raw_parts: ClassVar[bool] = False  # True: `_decode` gets its child nodes undecoded (a lossless outer stage)
 
     @property
     @abstractmethod
@@ -211,7 +212,11 @@ def split_inner(node: SpecNode, usage: str) -> tuple[Codec | None, SpecNode]:
     if len(inner) > 1:
         raise SpecError(f"codec {format_spec(node)!r}: takes at most one inner codec; usage: {usage}")
     rest = SpecNode(node.name, tuple(a for a in node.args if not isinstance(a, SpecNode)), node.kwargs)
-    return (codec_from_node(inner[0]) if inner else None), rest
+    codec = codec_from_node(inner[0]) if inner else None
+    if codec is not None and codec.raw_parts:  # it codes the finished tree: nothing may re-encode its parts
+        raise SpecError(f"codec {format_spec(node)!r}: {codec.name} must be the outermost codec (inside ef at most), "
+                        f"e.g. {codec.name}({node.name}); usage: {usage}")
+    return codec, rest
 
 
 CODECS: Registry[type[Codec]] = Registry("codec", known="codecs", error=SpecError)
@@ -248,8 +253,10 @@ def decode_encoded(enc: Encoded) -> Any:
     """Decode any Encoded tree without codec state (nodes name their codec)."""
     if not isinstance(enc, Encoded):
         raise CodecError(f"decode expects an Encoded (from Codec.encode), got {type(enc).__name__}")
-    parts = {k: decode_encoded(v) if isinstance(v, Encoded) else v for k, v in enc.parts.items()}
-    y = _decoder(enc.codec)._decode(enc, parts)
+    codec = _decoder(enc.codec)
+    parts = enc.parts if codec.raw_parts else {k: decode_encoded(v) if isinstance(v, Encoded) else v
+                                                for k, v in enc.parts.items()}
+    y = codec._decode(enc, parts)
     if B.shape_of(y) != enc.shape:
         y = B.reshape(y, enc.shape)
     if B.is_paddle(y) or enc.dtype != "bfloat16":

@@ -16,7 +16,7 @@ __all__ = ["check_inflation", "svd_break_even_ratio", "smaller_alternatives", "f
 log = logging.getLogger("nebula.compress")
 
 _FACTOR_CODECS = ("svd", "lowrank")
-_WRAPPERS = ("ef", "auto")  # their inner codec is what is sent: there is no outer codec to compare with
+_WRAPPERS = ("ef", "auto", "huffman")  # their inner codec is what is sent: there is no outer codec to compare with
 _MAX_SEEN = 4096  # (spec, shape, dtype) keys already checked; bounded so a job with ever-new shapes cannot grow it
 _seen: set[tuple[str, tuple[int, ...], str]] = set()
 _lock = threading.Lock()
