@@ -21,6 +21,7 @@ import numpy as np
 
 from . import backend as B
 from .base import CodecError, ElementCodec, Encoded, SpecError, decode_encoded, parse_args, register_codec, split_inner
+from .delta import is_keyed
 from .spec import SpecNode
 
 __all__ = ["HuffmanCodec", "deflate_codes", "inflate_codes"]
@@ -83,6 +84,9 @@ class HuffmanCodec(ElementCodec):
         parse_args(rest, (), {}, cls.usage)
         if inner is None:
             raise SpecError(f"codec 'huffman' needs the codec whose codes it entropy-codes; usage: {cls.usage}")
+        if is_keyed(inner):  # its rows need their sample ids, which only the keyed codec itself is given
+            raise SpecError(f"codec 'huffman({inner.spec})': a keyed codec goes outside, with huffman on its deltas: "
+                            f"e.g. delta(huffman(int2_block), first=int4_block)")
         return cls(inner)
 
     def _encode_leaf(self, x: Any) -> Encoded:  # never called: _encode codes the inner tree

@@ -12,6 +12,7 @@ import pytest
 
 from nebula.compress import (CodecError, FrameError, SpecError, decode_encoded, decode_from_frames,
                              encoded_to_frames, frames_to_encoded, get_codec, known_codecs)
+from nebula.compress.delta import is_keyed
 from nebula.compress.encoded import HEADER_PREFIX, MAGIC
 from nebula.compress.entropy import deflate_codes, inflate_codes
 
@@ -92,11 +93,25 @@ def test_error_feedback_around_it_tracks_the_sum_and_keeps_its_state():
     ("huffman(fp4, 3)", "usage"),
     ("fp16(huffman(int8))", "must be the outermost codec"),
     ("huffman(huffman(int8))", "must be the outermost codec"),
+    ("huffman(delta(int2_block))", "a keyed codec goes outside"),
 ])
 def test_bad_specs_are_refused_in_one_line(spec, says):
     with pytest.raises(SpecError, match=says) as e:
         get_codec(spec)
     assert "\n" not in str(e.value)
+
+
+def test_activation_deltas_can_huffman_code_their_deltas():
+    codec = get_codec("delta(huffman(int2_block), first=int4_block)")
+    assert is_keyed(codec)
+    rng = np.random.default_rng(5)
+    x = rng.standard_t(3, (8, 256)).astype(np.float32)
+    ids = np.arange(8)
+    peer = get_codec("delta(huffman(int2_block), first=int4_block)")
+    first = codec.encode_keyed(x, ids)
+    np.testing.assert_array_equal(peer.decode(first), decode_encoded(get_codec("int4_block").encode(x)))
+    second = codec.encode_keyed(x + 0.01 * rng.standard_normal(x.shape).astype(np.float32), ids)
+    assert peer.decode(second).shape == x.shape
 
 
 # -- hostile frames ---------------------------------------------------------------------------------------------
