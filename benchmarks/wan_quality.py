@@ -89,20 +89,26 @@ def rows_for(size: Size, quick: bool) -> list[Any]:
     outer = ("none", "int4_block") if quick else ("none", "int8", "int4_block")
     out += [RowSpec("diloco", codec=c, sync_every=h) for h in size.intervals for c in outer]
     h = size.intervals[-1]
-    if not quick:  # the low-bit outer gradients of today's papers, at the longest interval
-        out += [RowSpec("diloco", codec=c, sync_every=h) for c in ("fp4", "ef(topk2(0.05))")]
+    if not quick:  # the low-bit outer gradients of today's papers, at the longest interval, and 4-bit codes
+        # Huffman-coded (lossless: the same loss as without, fewer bytes)
+        out += [RowSpec("diloco", codec=c, sync_every=h) for c in ("fp4", "ef(topk2(0.05))", *HUFFMAN)]
     # streaming at the longest interval, a fragment per quarter of the model, overlapped
     out += [RowSpec("streaming-diloco", codec=c, sync_every=h, fragments=4, delay=1) for c in ("none", "int4_block")]
     out.append(RowSpec("federated", sync_every=size.intervals[0]))
     # activation deltas (AQ-SGD) pay on examples seen again: DELTA_EPOCHS passes over a smaller training set, beside
     # the uncompressed pipeline on the same data; gradients back in 4 bits
     out.append(RowSpec("pipeline", epochs=DELTA_EPOCHS))
-    out += [RowSpec("pipeline", codec=c, grad_codec="int4_block", epochs=DELTA_EPOCHS) for c in DELTAS]
+    out += [RowSpec("pipeline", codec=c, grad_codec=g, epochs=DELTA_EPOCHS) for c, g in DELTAS]
     return out
 
 
 DELTA_EPOCHS = 4
-DELTAS = ("delta(int2_block, first=int4_block)", "delta(int2_block, first=int8_block)")
+HUFFMAN = ("huffman(fp4(block=64))", "huffman(int4_block)", "huffman(int8)")
+# (forward, backward): the cache's default 64 MiB holds about half the full size's 4,000 examples (32 KiB each), so
+# there, seen in the same order each epoch, every one is evicted before it comes back; 160 MiB holds them all
+DELTAS = (("delta(int2_block, first=int4_block)", "int4_block"), ("delta(int2_block, first=int8_block)", "int4_block"),
+          ("delta(int2_block, first=int4_block, cache_mb=160)", "int4_block"),
+          ("delta(huffman(int2_block), first=huffman(int4_block), cache_mb=160)", "huffman(int4_block)"))
 
 
 # -- data and model -----------------------------------------------------------------------------------------------
@@ -427,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from nebula import smoke
     from nebula.quality.engine import Budget
-    from nebula.quality.rows import read_rows, write_rows
+    from nebula.quality.rows import check_same_data, data_fingerprint, read_rows, write_rows
 
     size = SIZES["quick" if args.quick or args.real else "scale" if args.scale else "full"]
     if args.steps:
@@ -438,6 +444,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.report:
         rows = merge_rows([read_rows(f) for f in args.report])
+        try:
+            check_same_data(rows)
+        except ValueError as exc:
+            raise SystemExit(f"--report: {exc}") from None
         print(report(rows, args.out))
         if args.json:  # with the first file's meta (the size the rows were measured at)
             first = json.loads(args.report[0].read_text(encoding="utf-8"))
@@ -463,15 +473,24 @@ def main(argv: list[str] | None = None) -> int:
         specs.sort(key=lambda s: -1 if s.mode == "one-cluster" else min(i for i, w in enumerate(words) if w in s.name))
     t0 = time.monotonic()
     model, train, heldout = prepare(args.out, size, install=not args.no_install)
+    data = data_fingerprint(model, train, heldout)
+    try:
+        unknown = check_same_data(earlier, data)
+    except ValueError as exc:
+        raise SystemExit(f"{args.add_to or args.json}: {exc}") from None
+    if unknown:
+        print(f"note: {len(unknown)} earlier rows carry no data fingerprint (measured before it was kept); that they "
+              f"share this run's corpus and model ({data}) cannot be checked", flush=True)
     budget = Budget(steps=size.steps, global_batch=size.global_batch, seq_len=size.seq_len, lr=args.lr,
                     outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
     jobs = [(s, budget) for s in specs]
     if not args.add_to:
         jobs += [(specs[0], replace(budget, seed=budget.seed + k)) for k in range(1, args.seeds)]
+    planned = [(s, b.seed) for s, b in jobs]  # the order an uninterrupted run prints its rows in
     have = {(r.spec, r.seed) for r in earlier}
     jobs = [(s, b) for s, b in jobs if (s, b.seed) not in have]
     kept = list(earlier)
-    meta = {"size": asdict(size), "lr": args.lr, "model": model.name, "outer_lr": args.outer_lr,
+    meta = {"size": asdict(size), "lr": args.lr, "model": model.name, "data": data, "outer_lr": args.outer_lr,
             "outer_momentum": args.outer_momentum}
 
     def save(row: Any) -> None:
@@ -485,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
                     done=save) if jobs else []
     if earlier:  # the earlier run's rows first (its baseline leads the table), a row run again replaced
         rows = merge_rows([earlier, rows])
+    if args.resume:  # a resumed run prints what the run it finishes would have printed
+        rank = {k: i for i, k in enumerate(planned)}
+        rows.sort(key=lambda r: rank.get((r.spec, r.seed), len(rank)))
     print(report(rows, args.out))
     print(f"total {time.monotonic() - t0:,.0f} s")
     if args.json:

@@ -12,13 +12,15 @@ over each cluster's clients every `sync_every` local steps). Results serialise t
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-__all__ = ["MODES", "RowSpec", "RowResult", "Traffic", "write_rows", "read_rows"]
+__all__ = ["MODES", "RowSpec", "RowResult", "Traffic", "write_rows", "read_rows", "data_fingerprint",
+           "check_same_data"]
 
 MODES = ("one-cluster", "all-reduce", "pipeline", "diloco", "streaming-diloco", "federated")
 
@@ -182,3 +184,36 @@ def read_rows(path: str | Path) -> list[RowResult]:
     if not isinstance(doc, list):
         raise ValueError(f"{p}: benchmark rows must be a JSON list, got {type(doc).__name__}")
     return [RowResult.from_json(d) for d in doc]
+
+
+def data_fingerprint(model_dir: str | Path, *texts: str | Path) -> str:
+    """What a row's loss depends on besides its settings: the model's initial weights, config and tokenizer and the
+    train and held-out texts, as 16 hex digits of their SHA-256 (the corpus is built from the machine's installed
+    packages, so two machines, or one after an install, can build different ones)."""
+    h = hashlib.sha256()
+    d = Path(model_dir)
+    for f in [*sorted(p for p in d.iterdir() if p.suffix in (".json", ".safetensors")), *map(Path, texts)]:
+        h.update(f.name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+def check_same_data(rows: Iterable[RowResult], data: str | None = None) -> list[str]:
+    """Refuse rows measured on different data (ValueError naming two of them and the fix); the names of the rows
+    that carry no fingerprint (measured before it was kept), which nothing can check."""
+    seen: dict[str, str] = {data: "this run"} if data else {}
+    unknown = []
+    for r in rows:
+        fp = r.meta.get("data")
+        if not fp:
+            unknown.append(r.spec.name)
+        elif seen and fp not in seen:
+            other = next(iter(seen.items()))
+            raise ValueError(f"row {r.spec.name!r} was measured on data {fp} and {other[1]!r} on {other[0]} (the "
+                             "corpus or the model was built again); compare rows of one corpus and model: run the "
+                             "rows again into a new file")
+        else:
+            seen.setdefault(fp, r.spec.name)
+    return unknown

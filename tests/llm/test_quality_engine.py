@@ -125,6 +125,37 @@ def test_rows_round_trip_through_json(bench, tmp_path):
     assert [d["meta"] for d in more] == [{"size": "test"}, {"size": "test", "outer_lr": 1.0}]
 
 
+def test_rows_of_another_corpus_or_model_are_refused_not_compared(tmp_path):
+    from nebula.quality.rows import RowResult, RowSpec, check_same_data, data_fingerprint
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"w" * 100)
+    train, held = tmp_path / "train.txt", tmp_path / "heldout.txt"
+    train.write_text("a b c\n")
+    held.write_text("d e\n")
+    fp = data_fingerprint(model, train, held)
+    assert fp == data_fingerprint(model, train, held) and len(fp) == 16
+    (model / "saved_signal_0").write_text("1")  # not what a row depends on
+    assert data_fingerprint(model, train, held) == fp
+    train.write_text("a b c d\n")  # the corpus built again: another fingerprint
+    other = data_fingerprint(model, train, held)
+    assert other != fp
+
+    def row(name: str, data: str | None) -> RowResult:
+        return RowResult(RowSpec("diloco", codec=name), 5.0, 1, 1.0, 1.0, 10, 100, 1000, 0,
+                         meta={"data": data} if data else {})
+
+    assert check_same_data([row("int8", fp), row("fp4", fp)], fp) == []
+    assert check_same_data([row("int8", None), row("fp4", fp)], fp) == ["diloco H=1 int8"]
+    with pytest.raises(ValueError, match=f"'diloco H=1 fp4' was measured on data {other} and 'diloco H=1 int8' on "
+                                         f"{fp} .* run the rows again into a new file"):
+        check_same_data([row("int8", fp), row("fp4", other)])
+    with pytest.raises(ValueError, match="'this run'"):
+        check_same_data([row("int8", other)], fp)
+
+
 def test_bad_budgets_and_rows_say_what_to_change():
     from nebula.quality.engine import Budget
     from nebula.quality.rows import RowSpec

@@ -1,5 +1,5 @@
 """README "Quality per WAN byte": the full table, the largest model, the rows files, their report, the extra rows, the
-rows without outer momentum, a row added with another outer step and the activation deltas run as printed, in the README's order, at their smallest size
+rows without outer momentum, a row added with another outer step, the Huffman-coded rows and the activation deltas run as printed, in the README's order, at their smallest size
 (NEBULA_SMOKE: a tiny Llama for 20 steps; every row of each command still runs) in a view of the checkout with its
 own runs/, so the rows measured at the full size are never overwritten. Each command prints the rows the README's
 table beside it lists."""
@@ -36,8 +36,10 @@ REPORT = _one("--report runs/wan_quality/rows.json runs/wan_quality/rows2.json")
 EXTRA = _one("--json runs/wan_quality/extra.json")
 M0 = _one("--outer-momentum 0", "rows-m0.json")
 SWEEP = _one("--add-to runs/wan_quality/rows.json --outer-lr 1.0")
-DELTA = next(c for c in _ALL if "--rows '4 epochs'" in c)  # (a --quick command: the deltas' table)
-PRINTED = [FULL, SCALE, ROWS, ROWS2, REPORT, EXTRA, M0, SWEEP, DELTA]
+LOWBIT = _one("--json runs/wan_quality/lowbit.json")
+DELTA_FULL = _one("--rows '4 epochs'", "--json runs/wan_quality/delta.json")
+DELTA = next(c for c in _ALL if "--rows '4 epochs'" in c and "--quick" in c)  # (the deltas' table at the quick size)
+PRINTED = [FULL, SCALE, ROWS, ROWS2, REPORT, EXTRA, M0, SWEEP, LOWBIT, DELTA, DELTA_FULL]
 assert FULL in _ALL
 
 
@@ -88,9 +90,13 @@ def test_every_printed_wan_quality_command_runs_at_its_smallest_size_in_the_read
                                                                                         "int4_block"}
     assert {r["name"] for r in rows if r["epochs"]} == {  # activation deltas beside their uncompressed twin
         "pipeline none 4 epochs", "pipeline delta(int2_block, first=int4_block) grad int4_block 4 epochs",
-        "pipeline delta(int2_block, first=int8_block) grad int4_block 4 epochs"}
-    assert {r["name"] for r in rows} >= {"diloco H=100 fp4", "diloco H=100 ef(topk2(0.05))"}
-    assert len(_names(full)) == len(rows) == 28 and "Baseline noise" in full and "Best row of each mode" in full
+        "pipeline delta(int2_block, first=int8_block) grad int4_block 4 epochs",
+        "pipeline delta(int2_block, first=int4_block, cache_mb=160) grad int4_block 4 epochs",
+        "pipeline delta(huffman(int2_block), first=huffman(int4_block), cache_mb=160) grad huffman(int4_block) 4 epochs"}
+    assert {r["name"] for r in rows} >= {"diloco H=100 fp4", "diloco H=100 ef(topk2(0.05))",
+                                         "diloco H=100 huffman(fp4(block=64))", "diloco H=100 huffman(int4_block)",
+                                         "diloco H=100 huffman(int8)"}
+    assert len(_names(full)) == len(rows) == 33 and "Baseline noise" in full and "Best row of each mode" in full
     assert (view / "runs" / "wan_quality" / "wan_quality.png").is_file()
     assert not (REPO / "runs" / "wan_quality" / "corpus-200k").exists()  # (the view's runs/, not the checkout's)
 
@@ -118,8 +124,31 @@ def test_every_printed_wan_quality_command_runs_at_its_smallest_size_in_the_read
     assert [(r["meta"]["outer_lr"], r["meta"]["outer_momentum"]) for r in added if r["mode"] == "streaming-diloco"
             ] == [(1.0, 0.0)]
 
-    delta = run_printed(DELTA, smallest=True, cwd=view)  # the deltas beside their twin, and their own table
-    assert _names(delta) == _readme_rows(DELTA), delta[-2000:]
-    assert "Activation deltas against the uncompressed pipeline on the same data:" in delta
-    assert re.search(r"^\| pipeline delta\(int2_block, first=int4_block\) grad int4_block 4 epochs \| [\d.]+ \| "
-                     r"[-+][\d.]+% \| [\d,]+ \| [\d.]+ \| [\d.]+ MiB \|$", delta, re.M), delta[-2000:]
+    low = run_printed(LOWBIT, smallest=True, cwd=view)  # 4-bit outer gradients, Huffman-coded, beside int8
+    assert _names(low) == _readme_rows(LOWBIT), low[-2000:]
+    coded = {r["name"]: r for r in json.loads((view / LOWBIT.split("--json ")[1]).read_text())}
+    assert coded["diloco H=100 huffman(int8)"]["heldout_loss"] == coded["diloco H=100 int8"]["heldout_loss"]  # lossless
+    assert coded["diloco H=100 huffman(int8)"]["wan_bytes"] < coded["diloco H=100 int8"]["wan_bytes"]
+    assert len({r["meta"]["data"] for r in coded.values()}) == 1  # one corpus and model, fingerprinted
+    # stopped after some rows and finished with --resume (as the README's table was): the rows kept, the others
+    # run, printed in the order the uninterrupted run prints them
+    low_file = view / LOWBIT.split("--json ")[1]
+    kept = [r for r in json.loads(low_file.read_text()) if r["name"] not in ("diloco H=100 int8", "diloco H=100 fp4")]
+    low_file.write_text(json.dumps(kept))
+    resumed = run_printed(LOWBIT + " --resume", smallest=True, cwd=view)
+    assert f"{len(kept)} rows kept" in resumed and _names(resumed) == _names(low)
+    again = {r["name"]: r for r in json.loads(low_file.read_text())}
+    assert again["diloco H=100 huffman(int8)"] == coded["diloco H=100 huffman(int8)"]  # kept as it was
+    assert again["diloco H=100 int8"]["heldout_loss"] == coded["diloco H=100 int8"]["heldout_loss"]  # run again
+    runs_before = json.loads(low_file.read_text())
+    runs_before[1]["meta"]["data"] = "0" * 16  # a row of another corpus or model: refused, not compared
+    low_file.write_text(json.dumps(runs_before))
+    with pytest.raises(AssertionError, match="run the rows again into a new file"):
+        run_printed(LOWBIT + " --resume", smallest=True, cwd=view)
+
+    for command in (DELTA, DELTA_FULL):  # the deltas beside their twin, and their own table
+        delta = run_printed(command, smallest=True, cwd=view)
+        assert _names(delta) == _readme_rows(command), delta[-2000:]
+        assert "Activation deltas against the uncompressed pipeline on the same data:" in delta
+        assert re.search(r"^\| pipeline delta\(int2_block, first=int4_block\) grad int4_block 4 epochs \| [\d.]+ \| "
+                         r"[-+][\d.]+% \| [\d,]+ \| [\d.]+ \| [\d.]+ MiB \|$", delta, re.M), delta[-2000:]
