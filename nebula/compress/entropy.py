@@ -118,6 +118,9 @@ class HuffmanCodec(ElementCodec):
         if not isinstance(tree, Encoded) or not isinstance(coded, list):
             raise CodecError(f"{where}: malformed encoding (no inner tree or no list of coded parts); the frames are "
                              "corrupted or from another format")
+        if tuple(tree.shape) != tuple(enc.shape):  # the budget below is the outer shape's: the inner must be it
+            raise CodecError(f"{where}: the inner tree decodes to shape {list(tree.shape)[:8]}, not the "
+                             f"{list(enc.shape)} its header names; the frames are corrupted or hostile")
         n = int(np.prod(enc.shape, dtype=np.int64))
         budget = 8 * n + 4096  # codes of a lossy codec of n elements never exceed 8 bytes each
         plan: dict[int, tuple[str, tuple[int, ...]]] = {}

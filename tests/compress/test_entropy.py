@@ -164,6 +164,17 @@ def test_hostile_headers_and_payloads_are_refused_in_one_line(meta_fn, payload_f
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
+def test_an_inner_tree_of_another_shape_than_the_node_is_refused():
+    enc = get_codec("huffman(int4_block)").encode(_heavy((100, 100)))
+    frames = [bytes(f) for f in encoded_to_frames(enc)]
+    doc = json.loads(frames[0][HEADER_PREFIX.size:])
+    doc["tree"]["p"][0][1]["s"] = [10000, 10000]  # the inner claims a far larger tensor than the node
+    body = json.dumps(doc).encode()
+    with pytest.raises(CodecError, match="inner tree decodes to shape") as e:
+        decode_from_frames([HEADER_PREFIX.pack(MAGIC, len(body)) + body, *frames[1:]])
+    assert "\n" not in str(e.value)
+
+
 def test_a_decompression_bomb_is_never_inflated_past_the_declared_size():
     bomb = deflate_codes(b"\x00" * (16 << 20))  # Huffman-only: a bit per zero byte, 2 MiB
     with pytest.raises(CodecError, match="more than 1000 bytes"):
