@@ -1,4 +1,5 @@
-"""Integer quantization codecs with absmax scales: `int8` (per tensor, the paper's), `int8_row`, `int8_block`, `int4_block`."""
+"""Integer quantization codecs with absmax scales: `int8` (per tensor, the paper's), `int8_row`, `int8_block`,
+`int4_block`, `int3_block`."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +11,7 @@ from . import quantize as Q
 from .base import CodecError, ElementCodec, Encoded, check_finite, parse_args, register_codec, split_inner
 from .spec import SpecNode
 
-__all__ = ["Int8Codec", "Int8RowCodec", "Int8BlockCodec", "Int4BlockCodec", "BlockArgs"]
+__all__ = ["Int8Codec", "Int8RowCodec", "Int8BlockCodec", "Int4BlockCodec", "Int3BlockCodec", "BlockArgs"]
 
 
 def _is_block(v: Any) -> bool:
@@ -119,3 +120,14 @@ class Int4BlockCodec(Int8BlockCodec):
     usage = "int4_block, int4_block(block=64) or int4_block(inner, block=64); block in 1..2^24"
     levels = 7
     packed = True
+
+
+@register_codec
+class Int3BlockCodec(Int8BlockCodec):
+    """Seven levels (-3..3) per block of absmax (default 64), |error| <= max|block| / 6, a code per byte: meant
+    inside `huffman`, which sends the codes at about their entropy (2-2.5 bits for deltas, which cluster at zero)."""
+
+    name = "int3_block"
+    usage = ("int3_block, int3_block(block=64) or int3_block(inner, block=64); block in 1..2^24; one byte per code "
+             "as sent, so wrap it: huffman(int3_block)")
+    levels = 3

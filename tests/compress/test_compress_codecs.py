@@ -13,7 +13,7 @@ from nebula.compress import (CodecError, NonFiniteError, SpecError, decode_encod
                              get_codec, known_codecs, relative_error)
 
 EVERY_CODEC = ["none", "fp16", "bf16", "int8", "int8_row", "int8_block", "int8_block(7)", "int4_block",
-               "int4_block(5)", "svd(0.5)", "svd(1.0)", "fp16(svd(0.6))", "int8(svd(0.3))", "lowrank(rank=2)",
+               "int4_block(5)", "int3_block", "int3_block(9)", "svd(0.5)", "svd(1.0)", "fp16(svd(0.6))", "int8(svd(0.3))", "lowrank(rank=2)",
                "lowrank(ratio=0.5)", "lowrank(energy=0.9)", "int8_row(lowrank(rank=3))", "topk(0.25)",
                "fp16(topk(0.5))", "ef(int8)", "ef(topk(0.1))", "auto(0.05)", "auto(0.5, fp16, int8, mbit=1)"]
 
@@ -59,7 +59,7 @@ def _blocks(a: np.ndarray, block: int) -> np.ndarray:
 @pytest.mark.parametrize("spec,block_of,levels", [
     ("int8", lambda x: x.size, 127), ("int8_row", lambda x: x.shape[-1] if x.ndim else 1, 127),
     ("int8_block", lambda x: 64, 127), ("int8_block(5)", lambda x: 5, 127), ("int4_block", lambda x: 64, 7),
-    ("int4_block(3)", lambda x: 3, 7)])
+    ("int4_block(3)", lambda x: 3, 7), ("int3_block", lambda x: 64, 3), ("int3_block(5)", lambda x: 5, 3)])
 @settings(max_examples=40, deadline=None)
 @given(x=arrays(st.just(np.float32)))
 def test_integer_codecs_stay_within_half_a_step_per_block(spec, block_of, levels, x):

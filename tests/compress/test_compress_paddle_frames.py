@@ -13,7 +13,7 @@ from nebula.config.job import CompressionConfig
 from nebula.config.schema import ConfigError, from_dict
 
 
-PADDLE_CODECS = ["none", "fp16", "bf16", "int8", "int8_row", "int8_block(16)", "int4_block(16)", "svd(0.5)",
+PADDLE_CODECS = ["none", "fp16", "bf16", "int8", "int8_row", "int8_block(16)", "int4_block(16)", "int3_block(16)", "svd(0.5)",
                  "svd(1.0)", "fp16(svd(0.6))", "lowrank(rank=3)", "lowrank(energy=0.9)", "int8_row(lowrank(rank=3))",
                  "topk(0.2)", "fp16(topk(0.2))", "ef(int8)", "auto(0.05)"]
 

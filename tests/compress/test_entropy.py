@@ -11,13 +11,13 @@ import paddle
 import pytest
 
 from nebula.compress import (CodecError, FrameError, SpecError, decode_encoded, decode_from_frames,
-                             encoded_to_frames, frames_to_encoded, get_codec, known_codecs)
+                             encoded_to_frames, frames_to_encoded, get_codec, known_codecs, relative_error)
 from nebula.compress.delta import is_keyed
 from nebula.compress.encoded import HEADER_PREFIX, MAGIC
 from nebula.compress.entropy import deflate_codes, inflate_codes
 
 INNERS = ["fp4(block=64)", "fp4", "int4_block", "int8", "int8_block", "topk2(0.05)", "lowrank(rank=2)",
-          "int2_block"]
+          "int2_block", "int3_block"]
 
 
 def _heavy(shape=(300, 200), seed=0) -> np.ndarray:
@@ -43,12 +43,23 @@ def test_decodes_exactly_what_the_inner_codec_decodes(inner, shape):
     np.testing.assert_array_equal(decode_from_frames([b"".join(bytes(f) for f in frames)]), plain)
 
 
-@pytest.mark.parametrize("inner, at_most", [("int4_block", 0.85), ("int8", 0.5), ("fp4(block=64)", 0.97)])
+@pytest.mark.parametrize("inner, at_most", [("int4_block", 0.85), ("int8", 0.5), ("fp4(block=64)", 0.97),
+                                             ("int3_block", 0.4)])
 def test_skewed_codes_cost_fewer_bytes(inner, at_most):
     x = _heavy((1000, 400))
     plain = get_codec(inner).encode(x).nbytes
     coded = get_codec(f"huffman({inner})").encode(x).nbytes
     assert coded <= at_most * plain, (inner, coded / plain)
+
+
+def test_three_bit_codes_huffman_coded_beat_two_bit_codes_on_delta_like_data():
+    # deltas cluster at zero (Laplace-like): 7 levels with a zero, Huffman-coded, cost about int2_block's bytes at
+    # well under half its error (int2_block has no zero level)
+    x = np.random.default_rng(3).laplace(size=200_000).astype(np.float32)
+    int2 = get_codec("int2_block").encode(x)
+    int3 = get_codec("huffman(int3_block)").encode(x)
+    assert int3.nbytes / x.size < 0.33 and int3.nbytes < 1.05 * int2.nbytes
+    assert relative_error(x, decode_encoded(int3)) < 0.5 * relative_error(x, decode_encoded(int2))
 
 
 def test_a_part_that_would_not_shrink_goes_as_it_was():
