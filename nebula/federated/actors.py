@@ -33,6 +33,7 @@ from nebula.federated.checks import Refusal
 from nebula.federated.config import FederatedJob
 from nebula.federated.runfiles import RunFiles
 from nebula.heap import keep_freed_memory
+from nebula.paddle_threads import dygraph_before_threads
 
 __all__ = ["ROLES", "ActorAlgorithm", "FEDOPTIMA", "OWL", "audit_dir", "load_task", "run_actors"]
 
@@ -164,6 +165,7 @@ def run_actors(job: FederatedJob, cluster: str, algorithm: ActorAlgorithm, role:
     if role == "client" and not 0 <= index < me.num_clients:
         raise ValueError(f"client index {index} is outside cluster {cluster}'s num_clients={me.num_clients}")
     keep_freed_memory()
+    dygraph_before_threads()  # the actors' threads train Paddle models; this thread may use Paddle after them
     task = load_task(job)
     clients = [(c.id, FIRST_CLIENT_RANK + i) for c in job.clusters for i in range(c.num_clients)]
     server = (job.controller.cluster, CONTROLLER_RANK)
