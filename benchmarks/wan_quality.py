@@ -11,8 +11,8 @@ Mbit/s with 20 ms RTT; `nebula.plan.link` from each row's measured critical-path
 at a time in worker processes with one thread each (CPU Paddle trains these sizes faster so).
 
     .venv/bin/python benchmarks/wan_quality.py --quick --json rows.json   # every mode at a small size, <= 10 min
-    .venv/bin/python benchmarks/wan_quality.py --json rows.json           # the full table (~2 h on 2 cores)
-    .venv/bin/python benchmarks/wan_quality.py --scale --from rows.json   # the largest model, baseline + best rows
+    .venv/bin/python benchmarks/wan_quality.py --json rows.json           # the full table (~2.5 h on 2 cores)
+    .venv/bin/python benchmarks/wan_quality.py --scale --from rows.json   # the largest model: baseline, best rows
     .venv/bin/python benchmarks/wan_quality.py --real                     # two rows through real switches
     .venv/bin/python benchmarks/wan_quality.py --rows streaming --add-to rows.json --json rows.json   # rows added
     .venv/bin/python benchmarks/wan_quality.py --report rows.json more.json   # earlier runs' table, headline, plot
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import sys
@@ -104,11 +105,37 @@ def rows_for(size: Size, quick: bool) -> list[Any]:
 
 DELTA_EPOCHS = 4
 HUFFMAN = ("huffman(fp4(block=64))", "huffman(int4_block)", "huffman(int8)")
+# the fewest bytes within 1% of the uncompressed pipeline at the full size (delta.json): 3-bit deltas, Huffman-coded
+DELTA_BEST = ("delta(huffman(int3_block), first=huffman(int4_block), cache_mb={mb})", "huffman(int4_block)")
 # (forward, backward): the cache's default 64 MiB holds about half the full size's 4,000 examples (32 KiB each), so
 # there, seen in the same order each epoch, every one is evicted before it comes back; 160 MiB holds them all
 DELTAS = (("delta(int2_block, first=int4_block)", "int4_block"), ("delta(int2_block, first=int8_block)", "int4_block"),
           ("delta(int2_block, first=int4_block, cache_mb=160)", "int4_block"),
-          ("delta(huffman(int2_block), first=huffman(int4_block), cache_mb=160)", "huffman(int4_block)"))
+          ("delta(huffman(int2_block), first=huffman(int4_block), cache_mb=160)", "huffman(int4_block)"),
+          # 2-bit deltas have no zero level (each code is off by a third of its block's largest delta): deltas of
+          # 3 and 4 bits, their codes Huffman-coded, and beside them the same 4 bits with no cache at all
+          ("delta(huffman(int4_block), first=huffman(int4_block), cache_mb=160)", "huffman(int4_block)"),
+          ("huffman(int4_block)", "huffman(int4_block)"),
+          (DELTA_BEST[0].format(mb=160), DELTA_BEST[1]),
+          ("delta(huffman(int4_block(block=128)), first=huffman(int4_block), cache_mb=160)",
+           "huffman(int4_block(block=128))"))
+
+
+def frontier_rows(size: Size) -> list[Any]:
+    """The frontier methods beside their references, at `size` (what --scale adds to the best row of each mode):
+    DiLoCo at the longest interval with int8 and with 4-bit Huffman-coded outer gradients (the reference of both
+    the low-bit codes and Streaming DiLoCo), and the uncompressed pipeline beside the best activation deltas on the
+    same data, their cache sized to hold every example's activations at this size."""
+    from nebula.quality.rows import RowSpec
+
+    h = size.intervals[-1]
+    examples = size.steps * size.global_batch // DELTA_EPOCHS
+    need_mb = examples * size.seq_len * size.hidden * 4 / (1 << 20)  # float32 activations at the cut
+    mb = 32 * math.ceil(need_mb * 1.25 / 32)  # (the cache's entries carry a little bookkeeping)
+    fwd, grad = DELTA_BEST
+    return [RowSpec("diloco", codec="int8", sync_every=h), RowSpec("diloco", codec="huffman(int4_block)", sync_every=h),
+            RowSpec("pipeline", epochs=DELTA_EPOCHS),
+            RowSpec("pipeline", codec=fwd.format(mb=mb), grad_codec=grad, epochs=DELTA_EPOCHS)]
 
 
 # -- data and model -----------------------------------------------------------------------------------------------
@@ -401,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="every mode at a small size (about 10 minutes here)")
     ap.add_argument("--scale", action="store_true",
-                    help="the largest model (>= 10M parameters): the baseline and the best row of each mode")
+                    help="the largest model (>= 10M parameters): the baseline, the best row of each mode, and "
+                         "the frontier methods beside their references (frontier_rows)")
     ap.add_argument("--from", dest="source", type=Path,
                     help="with --scale: the rows JSON of a full run, to pick the best row of each mode from")
     ap.add_argument("--json", type=Path, help="write the rows to this file (a JSON list)")
@@ -457,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.source:
             raise SystemExit("--scale needs --from ROWS.json (a full run's rows) to pick the best row of each mode")
         specs = best_of_each_mode(read_rows(args.source))
+        specs += [s for s in frontier_rows(size) if s not in specs]
     else:
         specs = rows_for(size, args.quick)
     earlier = read_rows(args.add_to) if args.add_to else []

@@ -92,17 +92,26 @@ def test_every_printed_wan_quality_command_runs_at_its_smallest_size_in_the_read
         "pipeline none 4 epochs", "pipeline delta(int2_block, first=int4_block) grad int4_block 4 epochs",
         "pipeline delta(int2_block, first=int8_block) grad int4_block 4 epochs",
         "pipeline delta(int2_block, first=int4_block, cache_mb=160) grad int4_block 4 epochs",
-        "pipeline delta(huffman(int2_block), first=huffman(int4_block), cache_mb=160) grad huffman(int4_block) 4 epochs"}
+        "pipeline delta(huffman(int2_block), first=huffman(int4_block), cache_mb=160) grad huffman(int4_block) 4 epochs",
+        "pipeline delta(huffman(int4_block), first=huffman(int4_block), cache_mb=160) grad huffman(int4_block) 4 epochs",
+        "pipeline huffman(int4_block) 4 epochs",
+        "pipeline delta(huffman(int3_block), first=huffman(int4_block), cache_mb=160) grad huffman(int4_block) 4 epochs",
+        "pipeline delta(huffman(int4_block(block=128)), first=huffman(int4_block), cache_mb=160) grad "
+        "huffman(int4_block(block=128)) 4 epochs"}
     assert {r["name"] for r in rows} >= {"diloco H=100 fp4", "diloco H=100 ef(topk2(0.05))",
                                          "diloco H=100 huffman(fp4(block=64))", "diloco H=100 huffman(int4_block)",
                                          "diloco H=100 huffman(int8)"}
-    assert len(_names(full)) == len(rows) == 33 and "Baseline noise" in full and "Best row of each mode" in full
+    assert len(_names(full)) == len(rows) == 37 and "Baseline noise" in full and "Best row of each mode" in full
     assert (view / "runs" / "wan_quality" / "wan_quality.png").is_file()
     assert not (REPO / "runs" / "wan_quality" / "corpus-200k").exists()  # (the view's runs/, not the checkout's)
 
     best = [s.name for s in best_of_each_mode(read_rows(rows_file))]
-    scale = run_printed(SCALE, smallest=True, cwd=view)  # the baseline (two seeds) and the best row of each mode
-    assert _names(scale) == [*best, "one-cluster (seed 2)"]
+    bench = _bench_module()
+    frontier = [s.name for s in bench.frontier_rows(bench.smallest(bench.SIZES["scale"])) if s.name not in best]
+    # the baseline (two seeds), the best row of each mode and the frontier methods beside their references (the
+    # deltas' cache sized for the smallest size's activations)
+    scale = run_printed(SCALE, smallest=True, cwd=view)
+    assert "cache_mb=32)" in frontier[-1] and _names(scale) == [*best, *frontier, "one-cluster (seed 2)"]
 
     for command in (ROWS, ROWS2):  # the two files the report reads, each the README's rows
         out = view / command.split("--json ")[1]
