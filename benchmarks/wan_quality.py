@@ -11,7 +11,7 @@ Mbit/s with 20 ms RTT; `nebula.plan.link` from each row's measured critical-path
 at a time in worker processes with one thread each (CPU Paddle trains these sizes faster so).
 
     .venv/bin/python benchmarks/wan_quality.py --quick --json rows.json   # every mode at a small size, <= 10 min
-    .venv/bin/python benchmarks/wan_quality.py --json rows.json           # the full table (~2.5 h on 2 cores)
+    .venv/bin/python benchmarks/wan_quality.py --json rows.json           # the full table (~2 h on 2 cores)
     .venv/bin/python benchmarks/wan_quality.py --scale --from rows.json   # the largest model: baseline, best rows
     .venv/bin/python benchmarks/wan_quality.py --real                     # two rows through real switches
     .venv/bin/python benchmarks/wan_quality.py --rows streaming --add-to rows.json --json rows.json   # rows added
@@ -79,9 +79,10 @@ def smallest(size: Size) -> Size:
                    global_batch=4, seq_len=32, max_chars=200_000, heldout_examples=20)
 
 
-def rows_for(size: Size, quick: bool) -> list[Any]:
+def rows_for(size: Size, quick: bool, variants: bool = False) -> list[Any]:
     """The rows of a run: baseline (two seeds), all-reduce, pipeline codecs x stale weights, DiLoCo intervals x
-    outer codecs, FedAvg."""
+    outer codecs, the frontier methods (low-bit outer gradients, Streaming DiLoCo, activation deltas), FedAvg; with
+    `variants`, also the variants measured on the way to the frontier rows (what `--rows` picks from)."""
     from nebula.quality.rows import RowSpec
 
     out = [RowSpec("one-cluster"), RowSpec("all-reduce")]
@@ -90,35 +91,39 @@ def rows_for(size: Size, quick: bool) -> list[Any]:
     outer = ("none", "int4_block") if quick else ("none", "int8", "int4_block")
     out += [RowSpec("diloco", codec=c, sync_every=h) for h in size.intervals for c in outer]
     h = size.intervals[-1]
-    if not quick:  # the low-bit outer gradients of today's papers, at the longest interval, and 4-bit codes
-        # Huffman-coded (lossless: the same loss as without, fewer bytes)
-        out += [RowSpec("diloco", codec=c, sync_every=h) for c in ("fp4", "ef(topk2(0.05))", *HUFFMAN)]
+    if not quick:  # the low-bit outer gradients of today's papers at the longest interval, 4-bit codes Huffman-coded
+        # (lossless: the same loss as without, fewer bytes)
+        out += [RowSpec("diloco", codec=c, sync_every=h)
+                for c in ("fp4", "ef(topk2(0.05))", *HUFFMAN, *(HUFFMAN_VARIANTS if variants else ()))]
     # streaming at the longest interval, a fragment per quarter of the model, overlapped
     out += [RowSpec("streaming-diloco", codec=c, sync_every=h, fragments=4, delay=1) for c in ("none", "int4_block")]
     out.append(RowSpec("federated", sync_every=size.intervals[0]))
     # activation deltas (AQ-SGD) pay on examples seen again: DELTA_EPOCHS passes over a smaller training set, beside
-    # the uncompressed pipeline on the same data; gradients back in 4 bits
+    # the uncompressed pipeline on the same data
     out.append(RowSpec("pipeline", epochs=DELTA_EPOCHS))
-    out += [RowSpec("pipeline", codec=c, grad_codec=g, epochs=DELTA_EPOCHS) for c, g in DELTAS]
+    out += [RowSpec("pipeline", codec=c, grad_codec=g, epochs=DELTA_EPOCHS)
+            for c, g in (*DELTAS, *(DELTA_VARIANTS if variants else ()))]
     return out
 
 
 DELTA_EPOCHS = 4
-HUFFMAN = ("huffman(fp4(block=64))", "huffman(int4_block)", "huffman(int8)")
-# the fewest bytes within 1% of the uncompressed pipeline at the full size (delta.json): 3-bit deltas, Huffman-coded
+HUFFMAN = ("huffman(int4_block)",)
+HUFFMAN_VARIANTS = ("huffman(fp4(block=64))", "huffman(int8)")
+# (forward, backward): the fewest bytes within 1% of the uncompressed pipeline at the full size (delta.json), 3-bit
+# deltas Huffman-coded (the cache sized to hold every example), and beside it the same 4-bit codes as its first
+# sight and its gradients with no cache at all
 DELTA_BEST = ("delta(huffman(int3_block), first=huffman(int4_block), cache_mb={mb})", "huffman(int4_block)")
-# (forward, backward): the cache's default 64 MiB holds about half the full size's 4,000 examples (32 KiB each), so
-# there, seen in the same order each epoch, every one is evicted before it comes back; 160 MiB holds them all
-DELTAS = (("delta(int2_block, first=int4_block)", "int4_block"), ("delta(int2_block, first=int8_block)", "int4_block"),
-          ("delta(int2_block, first=int4_block, cache_mb=160)", "int4_block"),
-          ("delta(huffman(int2_block), first=huffman(int4_block), cache_mb=160)", "huffman(int4_block)"),
-          # 2-bit deltas have no zero level (each code is off by a third of its block's largest delta): deltas of
-          # 3 and 4 bits, their codes Huffman-coded, and beside them the same 4 bits with no cache at all
-          ("delta(huffman(int4_block), first=huffman(int4_block), cache_mb=160)", "huffman(int4_block)"),
-          ("huffman(int4_block)", "huffman(int4_block)"),
-          (DELTA_BEST[0].format(mb=160), DELTA_BEST[1]),
-          ("delta(huffman(int4_block(block=128)), first=huffman(int4_block), cache_mb=160)",
-           "huffman(int4_block(block=128))"))
+DELTAS = ((DELTA_BEST[0].format(mb=160), DELTA_BEST[1]), ("huffman(int4_block)", "huffman(int4_block)"))
+# the way there: the cache's default 64 MiB holds about half the full size's 4,000 examples (32 KiB each), so there,
+# seen in the same order each epoch, every one is evicted before it comes back; 160 MiB holds them all; 2-bit deltas
+# have no zero level (each code is off by a third of its block's largest delta); 4-bit ones cost 4-bit bytes
+DELTA_VARIANTS = (
+    ("delta(int2_block, first=int4_block)", "int4_block"), ("delta(int2_block, first=int8_block)", "int4_block"),
+    ("delta(int2_block, first=int4_block, cache_mb=160)", "int4_block"),
+    ("delta(huffman(int2_block), first=huffman(int4_block), cache_mb=160)", "huffman(int4_block)"),
+    ("delta(huffman(int4_block), first=huffman(int4_block), cache_mb=160)", "huffman(int4_block)"),
+    ("delta(huffman(int4_block(block=128)), first=huffman(int4_block), cache_mb=160)",
+     "huffman(int4_block(block=128))"))
 
 
 def frontier_rows(size: Size) -> list[Any]:
@@ -437,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the corpus, the model and the plot go (default runs/wan_quality)")
     ap.add_argument("--steps", type=int, help="optimizer steps per row (default: the size's)")
     ap.add_argument("--rows", help="only rows whose name contains one of these comma-separated words, run in that "
-                                   "order (the baseline first)")
+                                   "order (the baseline first), among the full run's rows and the variants measured "
+                                   "on the way to its frontier rows")
     ap.add_argument("--add-to", type=Path, metavar="ROWS.json",
                     help="run only the --rows rows (no baseline) at the size of this earlier run's rows and print "
                          "them with its rows (written back with --json)")
@@ -487,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         specs = best_of_each_mode(read_rows(args.source))
         specs += [s for s in frontier_rows(size) if s not in specs]
     else:
-        specs = rows_for(size, args.quick)
+        specs = rows_for(size, args.quick, variants=bool(args.rows))
     earlier = read_rows(args.add_to) if args.add_to else []
     if args.resume:
         if not (args.json and args.json.is_file()):

@@ -38,8 +38,10 @@ def test_the_quick_table_runs_as_printed_with_every_mode(command):
     assert rows["diloco H=50 int4_block"]["wan_bytes"] * 4 < rows["diloco H=50 none"]["wan_bytes"]
     stream = rows["streaming-diloco H=50 F=4 tau=1 none"]  # a quarter of the model at a time
     assert stream["peak_wan_bytes"] * 3.5 < rows["diloco H=50 none"]["peak_wan_bytes"]
-    delta = rows["pipeline delta(int2_block, first=int4_block) grad int4_block 4 epochs"]
-    assert delta["wan_bytes"] * 6 < rows["pipeline none 4 epochs"]["wan_bytes"]  # 2-bit deltas on examples seen again
+    delta = rows["pipeline delta(huffman(int3_block), first=huffman(int4_block), cache_mb=160) grad huffman(int4_block) "
+                 "4 epochs"]
+    assert delta["wan_bytes"] * 6 < rows["pipeline none 4 epochs"]["wan_bytes"]  # 3-bit deltas on examples seen again
+    assert delta["wan_bytes"] < rows["pipeline huffman(int4_block) 4 epochs"]["wan_bytes"]  # and below 4-bit codes
     assert delta["extra"]["cache_bytes"] > 0 and "Activation deltas against the uncompressed pipeline" in stdout
     assert "one-cluster seed 2" in rows and "Baseline noise" in stdout
     assert "| one-cluster |" in stdout and (REPO / "runs" / "wan_quality" / "wan_quality.png").is_file()
