@@ -18,7 +18,7 @@ Better codecs
   int8_block[(inner,] [block=64])   INT8 with one FP32 scale per `block` consecutive elements.
   int4_block[(inner,] [block=64])   4-bit (levels -7..7) per block, two per byte: |error| <= max|block|/14.
   int3_block[(inner,] [block=64])   levels -3..3 per block, a code per byte: |error| <= max|block|/6; meant
-                            inside huffman, which sends deltas' codes (clustered at zero) in 2-2.5 bits.
+                            inside huffman: about 2 bits a code on Laplace-like data (deltas).
   lowrank(rank=K | ratio=R | energy=E, power=0, oversample=8, warm=1, seed=0)
                             rank-k factors P=U*S [m,k], Q=V^T [k,n] by randomized range finding (sketch width
                             k+oversample) with `power` extra iterations; the start block is the previous call's right
