@@ -125,8 +125,8 @@ class Int4BlockCodec(Int8BlockCodec):
 @register_codec
 class Int3BlockCodec(Int8BlockCodec):
     """Seven levels (-3..3) per block of absmax (default 64), |error| <= max|block| / 6, a code per byte: meant
-    inside `huffman`, which sends the codes at about their entropy (about 2 bits a code on Laplace-like data, as deltas tend to
-    be: 0.31 bytes per element with the scales)."""
+    inside `huffman`, which sends the codes at about their entropy (about 2 bits a code on Laplace-like data, as
+    deltas tend to be: 0.31 bytes per element with the scales)."""
 
     name = "int3_block"
     usage = ("int3_block, int3_block(block=64) or int3_block(inner, block=64); block in 1..2^24; one byte per code "

@@ -90,7 +90,8 @@ def test_every_printed_wan_quality_command_runs_at_its_smallest_size_in_the_read
                                                                                         "int4_block"}
     assert {r["name"] for r in rows if r["epochs"]} == {  # activation deltas beside their uncompressed twin
         "pipeline none 4 epochs", "pipeline huffman(int4_block) 4 epochs",
-        "pipeline delta(huffman(int3_block), first=huffman(int4_block), cache_mb=160) grad huffman(int4_block) 4 epochs"}
+        "pipeline delta(huffman(int3_block), first=huffman(int4_block), cache_mb=160) grad huffman(int4_block) "
+        "4 epochs"}
     assert {r["name"] for r in rows} >= {"diloco H=100 fp4", "diloco H=100 ef(topk2(0.05))",
                                          "diloco H=100 huffman(int4_block)"}
     assert "diloco H=100 huffman(int8)" not in {r["name"] for r in rows}  # (a variant: --rows runs it)
