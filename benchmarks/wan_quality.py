@@ -79,6 +79,26 @@ def smallest(size: Size) -> Size:
                    global_batch=4, seq_len=32, max_chars=200_000, heldout_examples=20)
 
 
+DELTA_EPOCHS = 4
+HUFFMAN = ("huffman(int4_block)",)
+HUFFMAN_VARIANTS = ("huffman(fp4(block=64))", "huffman(int8)")
+# (forward, backward): the fewest bytes within 1% of the uncompressed pipeline at the full size (delta.json), 3-bit
+# deltas Huffman-coded (the cache sized to hold every example), and beside it the same 4-bit codes as its first
+# sight and its gradients with no cache at all
+DELTA_BEST = ("delta(huffman(int3_block), first=huffman(int4_block), cache_mb={mb})", "huffman(int4_block)")
+DELTAS = ((DELTA_BEST[0].format(mb=160), DELTA_BEST[1]), ("huffman(int4_block)", "huffman(int4_block)"))
+# the way there: the cache's default 64 MiB holds about half the full size's 4,000 examples (32 KiB each), so there,
+# seen in the same order each epoch, every one is evicted before it comes back; 160 MiB holds them all; 2-bit deltas
+# have no zero level (each code is off by a third of its block's largest delta); 4-bit ones cost 4-bit bytes
+DELTA_VARIANTS = (
+    ("delta(int2_block, first=int4_block)", "int4_block"), ("delta(int2_block, first=int8_block)", "int4_block"),
+    ("delta(int2_block, first=int4_block, cache_mb=160)", "int4_block"),
+    ("delta(huffman(int2_block), first=huffman(int4_block), cache_mb=160)", "huffman(int4_block)"),
+    ("delta(huffman(int4_block), first=huffman(int4_block), cache_mb=160)", "huffman(int4_block)"),
+    ("delta(huffman(int4_block(block=128)), first=huffman(int4_block), cache_mb=160)",
+     "huffman(int4_block(block=128))"))
+
+
 def rows_for(size: Size, quick: bool, variants: bool = False) -> list[Any]:
     """The rows of a run: baseline (two seeds), all-reduce, pipeline codecs x stale weights, DiLoCo intervals x
     outer codecs, the frontier methods (low-bit outer gradients, Streaming DiLoCo, activation deltas), FedAvg; with
@@ -104,26 +124,6 @@ def rows_for(size: Size, quick: bool, variants: bool = False) -> list[Any]:
     out += [RowSpec("pipeline", codec=c, grad_codec=g, epochs=DELTA_EPOCHS)
             for c, g in (*DELTAS, *(DELTA_VARIANTS if variants else ()))]
     return out
-
-
-DELTA_EPOCHS = 4
-HUFFMAN = ("huffman(int4_block)",)
-HUFFMAN_VARIANTS = ("huffman(fp4(block=64))", "huffman(int8)")
-# (forward, backward): the fewest bytes within 1% of the uncompressed pipeline at the full size (delta.json), 3-bit
-# deltas Huffman-coded (the cache sized to hold every example), and beside it the same 4-bit codes as its first
-# sight and its gradients with no cache at all
-DELTA_BEST = ("delta(huffman(int3_block), first=huffman(int4_block), cache_mb={mb})", "huffman(int4_block)")
-DELTAS = ((DELTA_BEST[0].format(mb=160), DELTA_BEST[1]), ("huffman(int4_block)", "huffman(int4_block)"))
-# the way there: the cache's default 64 MiB holds about half the full size's 4,000 examples (32 KiB each), so there,
-# seen in the same order each epoch, every one is evicted before it comes back; 160 MiB holds them all; 2-bit deltas
-# have no zero level (each code is off by a third of its block's largest delta); 4-bit ones cost 4-bit bytes
-DELTA_VARIANTS = (
-    ("delta(int2_block, first=int4_block)", "int4_block"), ("delta(int2_block, first=int8_block)", "int4_block"),
-    ("delta(int2_block, first=int4_block, cache_mb=160)", "int4_block"),
-    ("delta(huffman(int2_block), first=huffman(int4_block), cache_mb=160)", "huffman(int4_block)"),
-    ("delta(huffman(int4_block), first=huffman(int4_block), cache_mb=160)", "huffman(int4_block)"),
-    ("delta(huffman(int4_block(block=128)), first=huffman(int4_block), cache_mb=160)",
-     "huffman(int4_block(block=128))"))
 
 
 def frontier_rows(size: Size) -> list[Any]:
