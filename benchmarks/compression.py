@@ -154,7 +154,8 @@ def codec_table(name: str, x: np.ndarray, rows: list[Row]) -> None:
 
 def codec_specs() -> list[str]:
     paper = ["none", "fp16", "int8"] + [f"fp16(svd({r}))" for r in PAPER_R]
-    better = ["bf16", "int8_row", "int8_block(64)", "int4_block(64)", "int4_block(32)"]
+    better = ["bf16", "int8_row", "int8_block(64)", "int4_block(64)", "int4_block(32)", "fp4(block=64)",
+              "huffman(int4_block(64))", "huffman(int3_block(64))", "huffman(fp4(block=64))"]
     better += [f"lowrank(rank={k})" for k in SMALL_RANKS]
     better += [f"int8_row(lowrank(ratio={x}))" for x in (0.1, 0.6, 1.0)]
     better += ["int4_block(lowrank(ratio=0.6), 32)"]
@@ -164,9 +165,11 @@ def codec_specs() -> list[str]:
 
 
 def throughput_table(pair: tuple[np.ndarray, np.ndarray]) -> bool:
-    """FP16/INT8 (and other quantizers) encode+decode speed: wall clock, and CPU time of all threads."""
+    """FP16/INT8 (and other quantizers, and the Huffman stage over 3- and 4-bit codes) encode+decode speed: wall
+    clock, and CPU time of all threads."""
     rows, ok_all = [], True
-    for spec in ("fp16", "int8", "bf16", "int8_row", "int8_block(64)", "int4_block(64)"):
+    for spec in ("fp16", "int8", "bf16", "int8_row", "int8_block(64)", "int4_block(64)", "fp4(block=64)",
+                 "huffman(int4_block(64))", "huffman(int3_block(64))", "huffman(fp4(block=64))"):
         for which, x in zip(("activation", "gradient"), pair):
             codec = get_codec(spec)
             enc_s, enc = timed(lambda: codec.encode(x), budget_s=1.0, max_reps=15, min_reps=5)
