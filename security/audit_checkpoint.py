@@ -3,6 +3,7 @@ chain carries one (`security.audit` writes them, `security.audit_verify` checks 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -120,15 +121,25 @@ def verify_checkpoint(cp: Checkpoint, public_key_pem: bytes | None = None) -> No
     try:
         signer = base64.b64decode(cp.signer, validate=True)
         sig = base64.b64decode(cp.signature, validate=True)
-        key = ed25519.Ed25519PublicKey.from_public_bytes(signer)
+        holds = _signature_holds(signer, sig, cp.message())
     except ValueError as exc:
         raise AuditError(f"checkpoint at seq {cp.seq} has a malformed signer or signature ({exc})") from None
     if public_key_pem is not None and _raw_public(public_key_pem) != signer:
         raise AuditError(f"checkpoint at seq {cp.seq} was signed by a different key than the one pinned")
+    if not holds:
+        raise AuditError(f"checkpoint at seq {cp.seq} has an invalid signature (checkpoint edited)")
+
+
+@functools.lru_cache(maxsize=256)
+def _signature_holds(signer: bytes, sig: bytes, message: bytes) -> bool:
+    """Whether `sig` is `signer`'s Ed25519 signature of `message` (ValueError for a malformed key). Remembered by
+    value: a combiner's checkpoint comes back with each of a round's messages and is checked at each step that takes
+    it (the witness, the audit log), and the same bytes verify the same way every time."""
     try:
-        key.verify(sig, cp.message())
+        ed25519.Ed25519PublicKey.from_public_bytes(signer).verify(sig, message)
     except InvalidSignature:
-        raise AuditError(f"checkpoint at seq {cp.seq} has an invalid signature (checkpoint edited)") from None
+        return False
+    return True
 
 
 def checkpoint_of_record(rec: dict) -> Checkpoint | None:
