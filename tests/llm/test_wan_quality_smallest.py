@@ -32,14 +32,18 @@ FULL = f"{_BENCH} --json runs/wan_quality/rows.json"  # the full table
 SCALE = _one("--scale --from runs/wan_quality/rows.json")
 ROWS = _one("--rows 'diloco H=100 int8,all-reduce", "rows.json")
 ROWS2 = _one("--json runs/wan_quality/rows2.json")
-REPORT = _one("--report runs/wan_quality/rows.json runs/wan_quality/rows2.json")
+REPORT = next(c for c in _ALL if c.endswith("--report runs/wan_quality/rows.json runs/wan_quality/rows2.json"))
 EXTRA = _one("--json runs/wan_quality/extra.json")
 M0 = _one("--outer-momentum 0", "rows-m0.json")
 SWEEP = _one("--add-to runs/wan_quality/rows.json --outer-lr 1.0")
 LOWBIT = _one("--json runs/wan_quality/lowbit.json")
 DELTA_FULL = _one("--rows '4 epochs'", "--json runs/wan_quality/delta.json")
 DELTA = next(c for c in _ALL if "--rows '4 epochs'" in c and "--quick" in c)  # (the deltas' table at the quick size)
-PRINTED = [FULL, SCALE, ROWS, ROWS2, REPORT, EXTRA, M0, SWEEP, LOWBIT, DELTA, DELTA_FULL]
+ALL_FULL = _one("--json runs/wan_quality/all-full.json")  # the full-size tables' rows in one file
+SCALE_RUN = _one("--scale --from runs/wan_quality/all-full.json")  # the largest model, as run here
+SCALE_REPORT = _one("--report runs/wan_quality/scale.json")  # its rows so far
+PRINTED = [FULL, SCALE, ROWS, ROWS2, REPORT, EXTRA, M0, SWEEP, ALL_FULL, SCALE_RUN, SCALE_REPORT, LOWBIT, DELTA,
+           DELTA_FULL]
 assert FULL in _ALL
 
 
@@ -126,6 +130,18 @@ def test_every_printed_wan_quality_command_runs_at_its_smallest_size_in_the_read
     added = json.loads((view / SWEEP.split("--json ")[1]).read_text())
     assert [(r["meta"]["outer_lr"], r["meta"]["outer_momentum"]) for r in added if r["mode"] == "streaming-diloco"
             ] == [(1.0, 0.0)]
+
+    run_printed(ALL_FULL, smallest=True, cwd=view)  # the rows files above in one, a later file's row winning
+    merged = {r["name"]: r for r in json.loads((view / "runs" / "wan_quality" / "all-full.json").read_text())}
+    assert merged["streaming-diloco H=100 F=4 tau=1 int4_block"]["meta"]["outer_momentum"] == 0.0  # (the sweep's)
+    assert merged["diloco H=10 int8"]["meta"]["outer_momentum"] == 0.0  # (rows-m0's)
+    picked = [s.name for s in best_of_each_mode(read_rows(view / "runs" / "wan_quality" / "all-full.json"))]
+    scale_run = run_printed(SCALE_RUN, smallest=True, cwd=view)
+    every = [s.name for s in bench.frontier_rows(bench.smallest(bench.SIZES["scale"]))]
+    assert sorted(_names(scale_run)) == sorted([*picked, *[n for n in every if n not in picked],
+                                                "one-cluster (seed 2)"]), scale_run[-2000:]
+    scale_report = run_printed(SCALE_REPORT, smallest=True, cwd=view)  # the README lists the rows finished so far
+    assert set(_readme_rows(SCALE_REPORT)) <= set(_names(scale_report)), scale_report[-2000:]
 
     low = run_printed(LOWBIT, smallest=True, cwd=view)  # 4-bit outer gradients, Huffman-coded, beside int8
     assert _names(low) == _readme_rows(LOWBIT), low[-2000:]
