@@ -5,7 +5,8 @@ its tracer, when it first touches Paddle, from a module global. When Paddle is f
 the main one, that global is empty once the importing thread has ended (measured with Paddle 3): the main thread, and
 every thread started afterwards, then run in static mode (`paddle.randn` returns a `pir.Value`, and a model's
 forward fails). Imported in the main thread first, threads that start and end leave it as it was. So code that starts
-threads which use Paddle imports it in its own thread before them."""
+threads which use Paddle imports it in its own thread before them: called from the main thread (as `nebula fl start`
+and the recipes call `run_actors`) that holds for good; called first from another thread, only while that one lives."""
 from __future__ import annotations
 
 __all__ = ["dygraph_before_threads"]
